@@ -1,0 +1,263 @@
+// cleave: the command-line front end.
+//   cleave generate -m MODEL.gguf -p "text" -n 64
+//   cleave inspect MODEL.gguf
+//   cleave make-model --out M.gguf --vocab VOCAB.gguf --dim 288 ...
+// Exit codes: 0 ok, 1 run-time error, 2 usage error. Errors are one line.
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <thread>
+
+#include "model/engine.h"
+#include "model/generate.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+#include "model/make_model.h"
+#include "model/tokenizer.h"
+
+using namespace cleave;
+
+namespace {
+
+struct RunError {
+  std::string message;
+};
+
+[[noreturn]] void fail(const Status& st) { throw RunError{st.to_string()}; }
+
+template <class T>
+T unwrap(Result<T> r) {
+  if (!r.ok()) fail(r.status());
+  return std::move(*r);
+}
+
+std::vector<int32_t> parse_ids(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::stringstream ss(text);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (...) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size() || v < 0 || v > INT32_MAX)
+      throw CLI::ValidationError("--prompt-ids", "'" + item + "' is not a token id");
+    ids.push_back(int32_t(v));
+  }
+  if (ids.empty()) throw CLI::ValidationError("--prompt-ids", "no token ids given");
+  return ids;
+}
+
+// ---- generate ----------------------------------------------------------
+struct GenerateArgs {
+  std::string model, prompt, prompt_ids, logits_path;
+  int32_t n_predict = 64, threads = 0, ctx = 0, ubatch = 512;
+  SamplingParams sampling;
+  bool json = false, ignore_eos = false, no_bos = false;
+};
+
+int run_generate(const GenerateArgs& a) {
+  if (a.prompt.empty() == a.prompt_ids.empty())
+    throw CLI::ValidationError("generate", "give exactly one of -p/--prompt and --prompt-ids");
+  auto file = unwrap(GgufFile::open(a.model));
+  EngineOptions eo;
+  eo.threads = a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+  eo.context = a.ctx;
+  auto engine = unwrap(Engine::create(file, eo));
+
+  std::unique_ptr<Tokenizer> tok;
+  auto t = Tokenizer::from_gguf(*file);
+  if (t.ok()) tok = std::move(*t);
+  else if (!a.prompt.empty()) fail(t.status());
+
+  GenerateRequest req;
+  req.prompt = a.prompt_ids.empty() ? tok->encode(a.prompt, !a.no_bos) : parse_ids(a.prompt_ids);
+  req.sampling = a.sampling;
+  req.sampling.max_tokens = a.n_predict;
+  req.prefill_chunk = a.ubatch;
+  req.ignore_eos = a.ignore_eos;
+  req.keep_logits = !a.logits_path.empty();
+
+  auto on_text = [&](const std::string& piece) {
+    if (a.json) return;
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+  };
+  GenerateResult r = unwrap(generate(*engine, tok.get(), req, on_text));
+
+  if (!a.logits_path.empty()) {
+    std::ofstream f(a.logits_path, std::ios::binary);
+    f.write(reinterpret_cast<const char*>(r.logits.data()), std::streamsize(r.logits.size() * 4));
+    if (!f) fail(Status(Code::io_error, "cannot write logits to '" + a.logits_path + "'"));
+  }
+  const double pf_tps = r.prefill_seconds > 0 ? r.prefill_tokens / r.prefill_seconds : 0;
+  const double dc_tps = r.decode_seconds > 0 ? r.decode_tokens / r.decode_seconds : 0;
+  if (a.json) {
+    nlohmann::json j;
+    j["prompt_ids"] = req.prompt;
+    j["generated_ids"] = r.tokens;
+    j["text"] = r.text;
+    j["finish_reason"] = r.finish_reason;
+    j["timings"] = {{"prefill_tokens", r.prefill_tokens},   {"prefill_seconds", r.prefill_seconds},
+                    {"prefill_tok_per_s", pf_tps},          {"decode_tokens", r.decode_tokens},
+                    {"decode_seconds", r.decode_seconds},   {"decode_tok_per_s", dc_tps},
+                    {"threads", eo.threads}};
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fprintf(stderr, "\n\nprefill: %d tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s | %s\n",
+                 r.prefill_tokens, pf_tps, r.decode_tokens, dc_tps, r.finish_reason.c_str());
+  }
+  return 0;
+}
+
+// ---- inspect -------------------------------------------------------------
+std::string value_str(const GgufValue& v) {
+  switch (v.type) {
+    case GgufType::STRING: return "\"" + v.s + "\"";
+    case GgufType::BOOL: return v.u ? "true" : "false";
+    case GgufType::FLOAT32:
+    case GgufType::FLOAT64: {
+      std::ostringstream s;
+      s << v.f;
+      return s.str();
+    }
+    case GgufType::INT8:
+    case GgufType::INT16:
+    case GgufType::INT32:
+    case GgufType::INT64: return std::to_string(v.i);
+    case GgufType::ARRAY:
+      return std::string("[") + gguf_type_name(v.array_type) + " x " +
+             std::to_string(v.array_len()) + "]";
+    default: return std::to_string(v.u);
+  }
+}
+
+int run_inspect(const std::string& path) {
+  auto file = unwrap(GgufFile::open(path));
+  std::printf("file: %s\nGGUF version %u, alignment %llu, %zu bytes, %zu metadata keys, %zu tensors\n\n",
+              path.c_str(), file->version(), (unsigned long long)file->alignment(),
+              file->file_size(), file->metadata().size(), file->tensors().size());
+  std::printf("%-48s %-8s %s\n", "key", "type", "value");
+  for (const GgufKv& kv : file->metadata())
+    std::printf("%-48s %-8s %s\n", kv.key.c_str(), gguf_type_name(kv.value.type),
+                value_str(kv.value).c_str());
+  uint64_t params = 0, bytes = 0;
+  if (!file->tensors().empty()) {
+    std::printf("\n%-36s %-5s %-24s %12s %12s\n", "tensor", "type", "shape (ne)", "offset", "bytes");
+    for (const GgufTensorInfo& t : file->tensors()) {
+      std::string shape;
+      for (uint32_t i = 0; i < t.n_dims; ++i) shape += (i ? " x " : "") + std::to_string(t.ne[i]);
+      std::printf("%-36s %-5s %-24s %12llu %12llu\n", t.name.c_str(), dtype_name(t.type),
+                  shape.c_str(), (unsigned long long)t.offset, (unsigned long long)t.bytes);
+      params += uint64_t(t.n_elements());
+      bytes += t.bytes;
+    }
+  }
+  std::printf("\nparameters: %llu (%.2f M), tensor bytes: %llu (%.2f MiB)\n",
+              (unsigned long long)params, params / 1e6, (unsigned long long)bytes,
+              bytes / 1048576.0);
+  return 0;
+}
+
+// ---- make-model ----------------------------------------------------------
+struct MakeArgs {
+  ModelSpec spec;
+  std::string out, vocab, type = "f32";
+};
+
+int run_make_model(MakeArgs a) {
+  a.spec.type = unwrap(dtype_from_name(a.type));
+  Status st = write_test_model(a.spec, a.vocab, a.out);
+  if (!st.ok()) fail(st);
+  std::printf("wrote %s\n", a.out.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cleave: disaggregated inference runtime"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "cleave 0.1");
+
+  GenerateArgs g;
+  auto* gen = app.add_subcommand("generate", "generate text from a prompt");
+  gen->add_option("-m,--model", g.model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  gen->add_option("-p,--prompt", g.prompt, "prompt text");
+  gen->add_option("--prompt-ids", g.prompt_ids, "prompt as comma-separated token ids");
+  gen->add_option("-n,--n-predict", g.n_predict, "tokens to generate")->check(CLI::Range(0, 1 << 24));
+  gen->add_option("--temp", g.sampling.temperature, "temperature (0: greedy)")->check(CLI::Range(0.0, 100.0));
+  gen->add_option("-s,--seed", g.sampling.seed, "sampling seed");
+  gen->add_option("--top-k", g.sampling.top_k, "top-k (0: off)")->check(CLI::Range(0, 1 << 30));
+  gen->add_option("--top-p", g.sampling.top_p, "top-p (1: off)")->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--min-p", g.sampling.min_p, "min-p (0: off)")->check(CLI::Range(0.0, 1.0));
+  gen->add_option("--repeat-penalty", g.sampling.repeat_penalty, "repetition penalty (1: off)")
+      ->check(CLI::Range(0.01, 100.0));
+  gen->add_option("--repeat-last-n", g.sampling.repeat_last_n, "tokens the penalty looks back")
+      ->check(CLI::Range(0, 1 << 24));
+  gen->add_option("--stop,-r,--reverse-prompt", g.sampling.stop, "stop string (repeatable)");
+  gen->add_option("-t,--threads", g.threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
+  gen->add_option("-c,--ctx-size", g.ctx, "context size (0: the model's)")->check(CLI::Range(0, 1 << 24));
+  gen->add_option("--ubatch-size", g.ubatch, "prompt tokens per prefill step")->check(CLI::Range(1, 1 << 20));
+  gen->add_flag("--ignore-eos", g.ignore_eos, "keep generating after EOS");
+  gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
+  gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
+  gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");
+
+  std::string inspect_path;
+  auto* ins = app.add_subcommand("inspect", "print a GGUF file's metadata and tensors");
+  ins->add_option("model", inspect_path, "GGUF file")->required()->check(CLI::ExistingFile);
+
+  MakeArgs mk;
+  auto* make = app.add_subcommand("make-model", "write a GGUF test model with deterministic weights");
+  make->add_option("-o,--out", mk.out, "output GGUF path")->required();
+  make->add_option("--vocab", mk.vocab, "GGUF file whose tokenizer the model takes")->required()->check(CLI::ExistingFile);
+  make->add_option("--dim", mk.spec.dim);
+  make->add_option("--layers", mk.spec.n_layers);
+  make->add_option("--heads", mk.spec.n_heads);
+  make->add_option("--kv-heads", mk.spec.n_kv_heads);
+  make->add_option("--ffn", mk.spec.ffn);
+  make->add_option("--experts", mk.spec.n_experts);
+  make->add_option("--experts-used", mk.spec.n_experts_used);
+  make->add_option("--ctx", mk.spec.context);
+  make->add_option("--rope-base", mk.spec.rope_base);
+  make->add_option("--rms-eps", mk.spec.rms_eps);
+  make->add_option("--type", mk.type, "f32, f16, bf16 or q8_0");
+  make->add_option("--seed", mk.spec.seed);
+  make->add_option("--name", mk.spec.name);
+  make->add_flag("--tied", mk.spec.tied_output, "reuse token_embd as the output matrix");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "cleave: usage error: %s (see --help)\n", e.what());
+    return 2;
+  }
+  try {
+    if (*gen) return run_generate(g);
+    if (*ins) return run_inspect(inspect_path);
+    if (*make) return run_make_model(mk);
+  } catch (const CLI::ParseError& e) {
+    std::fprintf(stderr, "cleave: usage error: %s\n", e.what());
+    return 2;
+  } catch (const RunError& e) {
+    std::fprintf(stderr, "cleave: error: %s\n", e.message.c_str());
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cleave: error: %s\n", e.what());
+    return 1;
+  }
+  return 2;
+}

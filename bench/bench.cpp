@@ -1,0 +1,331 @@
+// cleave_bench: prefill and decode speed beside the machine's limits,
+// measured in the same run.
+//   decode limit  = memory read bandwidth / bytes read per token
+//   prefill limit = FP32 FMA peak / FLOPs per token
+// Each model runs in a child process (this binary with --run-one) so its
+// peak RSS is its own.
+#include <immintrin.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "model/engine.h"
+#include "model/make_model.h"
+
+using namespace cleave;
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// Runs fn(thread_index) on `threads` threads started together.
+template <class Fn>
+void on_threads(int threads, Fn fn) {
+  std::vector<std::thread> ts;
+  for (int t = 1; t < threads; ++t) ts.emplace_back(fn, t);
+  fn(0);
+  for (auto& t : ts) t.join();
+}
+
+// STREAM-like read: sum 64-byte lines with AVX2 loads (every byte is read).
+__attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 16 <= n; i += 16) {
+    a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i*)(p + i)));
+    b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i*)(p + i + 4)));
+    c = _mm256_add_epi64(c, _mm256_load_si256((const __m256i*)(p + i + 8)));
+    d = _mm256_add_epi64(d, _mm256_load_si256((const __m256i*)(p + i + 12)));
+  }
+  a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
+  alignas(32) uint64_t out[4];
+  _mm256_store_si256((__m256i*)out, a);
+  return out[0] + out[1] + out[2] + out[3];
+}
+
+// Best-of-N read bandwidth in GB/s over `bytes` split across threads.
+double read_bandwidth(size_t bytes, int threads, int reps) {
+  size_t n = bytes / 8;
+  auto* buf = static_cast<uint64_t*>(std::aligned_alloc(64, n * 8));
+  for (size_t i = 0; i < n; ++i) buf[i] = i;
+  std::atomic<uint64_t> sink{0};
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now_s();
+    on_threads(threads, [&](int t) {
+      size_t lo = n / threads * t, hi = t + 1 == threads ? n : n / threads * (t + 1);
+      sink += read_sum_avx2(buf + lo, hi - lo);
+    });
+    best = std::min(best, now_s() - t0);
+  }
+  std::free(buf);
+  return bytes / best / 1e9;
+}
+
+// Peak FP32 FMA throughput: 12 independent accumulators per thread.
+__attribute__((target("avx512f"))) double fma_loop_512(int64_t iters) {
+  __m512 acc[12], m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+  for (auto& x : acc) x = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& x : acc) x = _mm512_fmadd_ps(x, m, a);
+  alignas(64) float o[16];
+  float s = 0;
+  for (auto& x : acc) {
+    _mm512_store_ps(o, x);
+    for (float f : o) s += f;
+  }
+  return s;
+}
+__attribute__((target("avx2,fma"))) double fma_loop_256(int64_t iters) {
+  __m256 acc[12], m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
+  for (auto& x : acc) x = _mm256_set1_ps(1.0f);
+  for (int64_t i = 0; i < iters; ++i)
+    for (auto& x : acc) x = _mm256_fmadd_ps(x, m, a);
+  alignas(32) float o[8];
+  float s = 0;
+  for (auto& x : acc) {
+    _mm256_store_ps(o, x);
+    for (float f : o) s += f;
+  }
+  return s;
+}
+
+double fma_peak_gflops(Isa isa, int threads) {
+  const int64_t iters = 20'000'000;
+  const int lanes = isa == Isa::avx512 ? 16 : 8;
+  double best = 1e30;
+  std::atomic<double> sink{0};
+  for (int r = 0; r < 3; ++r) {
+    double t0 = now_s();
+    on_threads(threads, [&](int) {
+      double v = isa == Isa::avx512 ? fma_loop_512(iters) : fma_loop_256(iters);
+      sink = sink + v;
+    });
+    best = std::min(best, now_s() - t0);
+  }
+  return 2.0 * lanes * 12 * iters * threads / best / 1e9;
+}
+
+// Fraction of the last `seconds` the CPUs were busy (from /proc/stat).
+double cpu_busy(double seconds) {
+  auto read = [] {
+    std::ifstream f("/proc/stat");
+    std::string cpu;
+    uint64_t v[8] = {};
+    f >> cpu;
+    for (auto& x : v) f >> x;
+    uint64_t idle = v[3] + v[4], total = 0;
+    for (auto x : v) total += x;
+    return std::pair{idle, total};
+  };
+  auto a = read();
+  std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+  auto b = read();
+  double total = double(b.second - a.second);
+  return total > 0 ? 1.0 - double(b.first - a.first) / total : 0;
+}
+
+struct Shape {
+  std::string name;
+  ModelSpec spec;
+};
+
+std::vector<Shape> shapes(bool quick) {
+  std::vector<Shape> s;
+  ModelSpec m15;
+  m15.dim = 288; m15.n_layers = 6; m15.n_heads = 6; m15.n_kv_heads = 6; m15.ffn = 768;
+  m15.context = 1024;
+  s.push_back({"15M", m15});
+  if (quick) return s;
+  ModelSpec gqa;
+  gqa.dim = 768; gqa.n_layers = 12; gqa.n_heads = 12; gqa.n_kv_heads = 4; gqa.ffn = 2048;
+  gqa.context = 1024;
+  s.push_back({"100M-GQA", gqa});
+  ModelSpec moe;
+  moe.dim = 512; moe.n_layers = 6; moe.n_heads = 8; moe.n_kv_heads = 2; moe.ffn = 1024;
+  moe.n_experts = 8; moe.n_experts_used = 2; moe.context = 1024;
+  s.push_back({"100M-MoE", moe});
+  return s;
+}
+
+// One model at one thread count, in this (child) process. Prints one JSON line.
+int run_one(const std::string& path, int threads, int prompt_len, int decode_len) {
+  auto file = GgufFile::open(path);
+  if (!file.ok()) {
+    std::fprintf(stderr, "%s\n", file.status().to_string().c_str());
+    return 1;
+  }
+  EngineOptions o;
+  o.threads = threads;
+  o.context = 256;
+  auto e = Engine::create(*file, o);
+  if (!e.ok()) {
+    std::fprintf(stderr, "%s\n", e.status().to_string().c_str());
+    return 1;
+  }
+  Engine& eng = **e;
+  const LlamaConfig& c = eng.config();
+  std::vector<int32_t> prompt(prompt_len);
+  for (int i = 0; i < prompt_len; ++i) prompt[i] = 3 + (i * 7919) % (c.n_vocab - 3);
+  std::vector<float> logits(c.n_vocab);
+
+  double prefill_best = 1e30, decode_best = 1e30;
+  for (int rep = 0; rep < 3; ++rep) {
+    int32_t seq = *eng.open_sequence();
+    double t0 = now_s();
+    Status st = eng.forward({{seq, prompt.data(), prompt_len}}, logits.data());
+    prefill_best = std::min(prefill_best, now_s() - t0);
+    CLEAVE_CHECK(st.ok());
+    t0 = now_s();
+    for (int i = 0; i < decode_len; ++i) {
+      int32_t tok = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      CLEAVE_CHECK(eng.forward({{seq, &tok, 1}}, logits.data()).ok());
+    }
+    decode_best = std::min(decode_best, now_s() - t0);
+    eng.close_sequence(seq);
+  }
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
+  const double kv_bytes_per_pos = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 4;
+  const double avg_ctx = prompt_len + decode_len / 2.0;
+  json j;
+  j["prefill_tok_s"] = prompt_len / prefill_best;
+  j["decode_tok_s"] = decode_len / decode_best;
+  j["bytes_per_token"] = double(eng.model().weight_bytes_per_token()) + kv_bytes_per_pos * avg_ctx;
+  j["attn_flops_prefill_per_token"] = 4.0 * c.n_heads * c.head_dim * (prompt_len / 2.0) * c.n_layers;
+  j["max_rss_bytes"] = double(ru.ru_maxrss) * 1024;
+  j["kv_cache_bytes"] = double(eng.options().context) * kv_bytes_per_pos;
+  j["isa"] = eng.backend().caps().isa;
+  std::printf("%s\n", j.dump().c_str());
+  return 0;
+}
+
+// Matrix elements touched per token (for FLOPs): from the model's shapes.
+double weight_elems_per_token(const ModelSpec& s) {
+  const double d = s.dim, hd = double(s.dim) / s.n_heads, q = s.n_heads * hd,
+               kv = s.n_kv_heads * hd, f = s.ffn;
+  double per_layer = d * q + 2 * d * kv + q * d;
+  per_layer += s.n_experts ? s.n_experts_used * 3 * d * f + d * s.n_experts : 3 * d * f;
+  return per_layer * s.n_layers + d * 32000;  // + output matrix (vocab 32000)
+}
+
+json spawn_one(const std::string& self, const std::string& model, int threads, int prompt,
+               int decode) {
+  std::string out_path = model + "." + std::to_string(threads) + ".json";
+  std::string cmd = "'" + self + "' --run-one '" + model + "' -t " + std::to_string(threads) +
+                    " --prompt " + std::to_string(prompt) + " --decode " +
+                    std::to_string(decode) + " > '" + out_path + "'";
+  int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    std::fprintf(stderr, "bench: child failed: %s\n", cmd.c_str());
+    std::exit(1);
+  }
+  std::ifstream f(out_path);
+  return json::parse(f);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"cleave_bench: prefill/decode tok/s beside bandwidth and FMA limits"};
+  std::string run_one_path, out_json = "bench-results.json", vocab, workdir;
+  int threads = 1, prompt = 128, decode = 64;
+  bool quick = false;
+  std::vector<std::string> types = {"f32", "f16"};
+  app.add_option("--run-one", run_one_path, "internal: run one model in this process");
+  app.add_option("-t,--threads", threads);
+  app.add_option("--prompt", prompt, "prompt tokens for prefill")->check(CLI::Range(1, 200));
+  app.add_option("--decode", decode, "tokens to decode at batch 1")->check(CLI::Range(1, 200));
+  app.add_option("--vocab", vocab, "vocab GGUF (default: models/vocab/ggml-vocab-llama-spm.gguf)");
+  app.add_option("--types", types, "weight types to run");
+  app.add_option("--workdir", workdir, "where generated models go (default: a temp dir)");
+  app.add_option("--json", out_json, "where to write the results");
+  app.add_flag("--quick", quick, "only the 15M model (for a smoke run)");
+  CLI11_PARSE(app, argc, argv);
+  if (!run_one_path.empty()) return run_one(run_one_path, threads, prompt, decode);
+
+  if (vocab.empty()) vocab = std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
+  if (workdir.empty()) workdir = (std::filesystem::temp_directory_path() / "cleave-bench").string();
+  std::filesystem::create_directories(workdir);
+  const std::string self = std::filesystem::canonical("/proc/self/exe").string();
+
+  double busy = cpu_busy(1.0);
+  if (busy > 0.10)
+    std::fprintf(stderr, "WARNING: the machine is %.0f%% busy; 2-thread figures will be low\n",
+                 busy * 100);
+  const Isa isa = detect_isa();
+  json results;
+  results["cpu_busy_before"] = busy;
+  results["isa"] = isa_name(isa);
+  results["hardware_threads"] = std::thread::hardware_concurrency();
+  double bw[3], peak[3];
+  for (int t = 1; t <= 2; ++t) {
+    bw[t] = read_bandwidth(512ull << 20, t, 10);
+    peak[t] = isa == Isa::scalar ? 0 : fma_peak_gflops(isa, t);
+    results["limits"][std::to_string(t)] = {{"read_GBps", bw[t]}, {"fma_peak_GFLOPs", peak[t]}};
+  }
+  std::printf("memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw[1], bw[2]);
+  std::printf("FP32 FMA peak (%s): %.1f GFLOP/s (1 thread), %.1f GFLOP/s (2 threads)\n\n",
+              isa_name(isa), peak[1], peak[2]);
+  std::printf("%-9s %-4s %2s | %9s %9s %6s | %9s %9s %6s | %8s %8s\n", "model", "type", "t",
+              "prefill", "limit", "%", "decode", "limit", "%", "RSS MiB", "budget");
+  for (const Shape& sh : shapes(quick)) {
+    for (const std::string& tname : types) {
+      auto dt = dtype_from_name(tname);
+      if (!dt.ok()) {
+        std::fprintf(stderr, "%s\n", dt.status().to_string().c_str());
+        return 2;
+      }
+      ModelSpec spec = sh.spec;
+      spec.type = *dt;
+      std::string path = workdir + "/" + sh.name + "-" + tname + ".gguf";
+      if (!std::filesystem::exists(path)) {
+        Status st = write_test_model(spec, vocab, path);
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s\n", st.to_string().c_str());
+          return 1;
+        }
+      }
+      const double file_bytes = double(std::filesystem::file_size(path));
+      for (int t = 1; t <= 2; ++t) {
+        json r = spawn_one(self, path, t, prompt, decode);
+        const double decode_limit = bw[t] * 1e9 / r["bytes_per_token"].get<double>();
+        const double flops = 2 * weight_elems_per_token(spec) + r["attn_flops_prefill_per_token"].get<double>();
+        const double prefill_limit = peak[t] * 1e9 / flops;
+        const double budget = file_bytes + r["kv_cache_bytes"].get<double>() + 64.0 * 1048576;
+        r["model"] = sh.name;
+        r["type"] = tname;
+        r["threads"] = t;
+        r["decode_limit_tok_s"] = decode_limit;
+        r["prefill_limit_tok_s"] = prefill_limit;
+        r["flops_per_token"] = flops;
+        r["file_bytes"] = file_bytes;
+        r["rss_budget_bytes"] = budget;
+        results["runs"].push_back(r);
+        std::printf("%-9s %-4s %2d | %9.1f %9.1f %5.0f%% | %9.1f %9.1f %5.0f%% | %8.1f %8.1f\n",
+                    sh.name.c_str(), tname.c_str(), t, r["prefill_tok_s"].get<double>(),
+                    prefill_limit, 100 * r["prefill_tok_s"].get<double>() / prefill_limit,
+                    r["decode_tok_s"].get<double>(), decode_limit,
+                    100 * r["decode_tok_s"].get<double>() / decode_limit,
+                    r["max_rss_bytes"].get<double>() / 1048576, budget / 1048576);
+        std::fflush(stdout);
+      }
+    }
+  }
+  std::ofstream(out_json) << results.dump(2) << "\n";
+  std::printf("\nwrote %s\n", out_json.c_str());
+  return 0;
+}

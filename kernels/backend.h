@@ -1,0 +1,140 @@
+// The compute backend interface: every op the model needs, over memory the
+// backend can address (host memory for the CPU backend, device memory for
+// CUDA). Buffers are moved with alloc/upload/download so the same test can
+// drive every backend.
+//
+// Batch invariance (DESIGN.md invariant 1): for every op, the result for one
+// row depends only on that row's inputs, never on how many rows are in the
+// call, where the row sits, or how many threads run. Implementations reduce
+// in a fixed order per row and split work across threads by output rows only.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "common/status.h"
+#include "kernels/dtype.h"
+
+namespace cleave {
+
+// A 2-D weight matrix in its stored type: `rows` rows of `cols` elements,
+// row r starting at data + r * row_bytes. GGUF ne[0] = cols, ne[1] = rows.
+struct WeightView {
+  DType type = DType::F32;
+  const void* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+};
+
+// The paged KV cache the attention ops read and write. One block holds
+// `block_size` consecutive token positions of K and V for every layer;
+// each (block, layer) part is contiguous so a layer can be moved on its own.
+// Element layout (F32): [block][layer][k=0|v=1][kv_head][slot][head_dim].
+struct PagedKv {
+  float* data = nullptr;
+  int32_t n_blocks = 0;
+  int32_t block_size = 0;
+  int32_t n_layers = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+
+  size_t layer_elems() const { return size_t(2) * n_kv_heads * block_size * head_dim; }
+  size_t block_elems() const { return layer_elems() * n_layers; }
+  size_t offset(int32_t block, int32_t layer, int32_t kv, int32_t head, int32_t slot) const {
+    return size_t(block) * block_elems() + size_t(layer) * layer_elems() +
+           ((size_t(kv) * n_kv_heads + head) * block_size + slot) * head_dim;
+  }
+};
+
+// One query row of attention: the token at absolute position `pos` of a
+// sequence whose blocks are block_table[0..n_blocks). It attends keys at
+// positions [0, pos] (causal). Prefill passes many rows of one sequence;
+// decode passes one row for each of many sequences.
+struct AttnRow {
+  const int32_t* block_table = nullptr;  // backend-addressable memory
+  int32_t n_blocks = 0;
+  int32_t pos = 0;
+};
+
+enum class Op {
+  matmul,
+  rmsnorm,
+  rope,
+  softmax,
+  silu_mul,
+  embed,
+  topk_gating,
+  kv_write,
+  attention,
+};
+
+struct Caps {
+  std::string name;      // "cpu", "cuda"
+  std::string isa;       // "avx512", "avx2", "scalar", "sm_90"
+  int threads = 1;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+
+  virtual Caps caps() const = 0;
+  virtual bool supports(Op op, DType weight_type) const = 0;
+
+  // Memory the backend's ops can address.
+  virtual void* alloc(size_t bytes) = 0;
+  virtual void free(void* ptr) = 0;
+  virtual void upload(void* dst, const void* src, size_t bytes) = 0;
+  virtual void download(void* dst, const void* src, size_t bytes) = 0;
+  virtual void sync() = 0;
+
+  // y[i][r] = sum_c x[i][c] * w[r][c] for i < n, r < w.rows.
+  // x is n x w.cols, y is n x w.rows (row-major, dense).
+  virtual void matmul(const WeightView& w, const float* x, int64_t n, float* y) = 0;
+  // y[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight, for n rows of dim.
+  virtual void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
+                       float* y) = 0;
+  // In place, adjacent pairs (2j, 2j+1) of each head rotated by
+  // pos * freq_base^(-2j/head_dim). x is n x n_heads x head_dim.
+  virtual void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim,
+                    const int32_t* positions, float freq_base) = 0;
+  // In place, softmax over each of n rows of len.
+  virtual void softmax(float* x, int64_t n, int64_t len) = 0;
+  // out = silu(gate) * up, elementwise over count values.
+  virtual void silu_mul(const float* gate, const float* up, int64_t count, float* out) = 0;
+  // out[i] = dequantised row ids[i] of table (n x table.cols).
+  virtual void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) = 0;
+  // Mixtral routing per row: softmax over n_expert logits, take the k largest
+  // (ties: lower index first) in descending order, renormalise their weights
+  // to sum to 1. ids/weights are n x k.
+  virtual void topk_gating(const float* logits, int64_t n, int64_t n_expert, int64_t k,
+                           int32_t* ids, float* weights) = 0;
+  // Store k and v (n x n_kv_heads x head_dim) of each row at its position.
+  virtual void kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
+                        const AttnRow* rows, int64_t n) = 0;
+  // out[i][h] = softmax(q[i][h] . K[0..pos] * scale) V, query head h reading
+  // kv head h / (n_heads / n_kv_heads). Reduction runs over whole blocks of
+  // absolute positions in order (online softmax), so a row's result does not
+  // depend on the other rows or on how the prompt was chunked.
+  // q and out are n x n_heads x head_dim.
+  virtual void attention(const PagedKv& kv, int32_t layer, const float* q, const AttnRow* rows,
+                         int64_t n, int32_t n_heads, float scale, float* out) = 0;
+};
+
+enum class Isa { scalar, avx2, avx512 };
+const char* isa_name(Isa isa);
+// Best ISA this CPU supports (run-time detection).
+Isa detect_isa();
+
+// The CPU backend, always built. `threads` workers on its own pool (never on
+// an actor scheduler's threads); isa defaults to the best this CPU supports
+// and may be lowered for testing.
+std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa = detect_isa());
+
+// The CUDA backend when compiled in and a GPU is present; otherwise the
+// Status says why not (unavailable).
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device = 0);
+
+}  // namespace cleave

@@ -1,0 +1,197 @@
+#include "model/llama.h"
+
+#include <string>
+
+namespace cleave {
+namespace {
+
+std::string shape_str(const GgufTensorInfo& t) {
+  std::string s = "[";
+  for (uint32_t i = 0; i < t.n_dims; ++i) s += (i ? ", " : "") + std::to_string(t.ne[i]);
+  return s + "]";
+}
+
+std::string shape_str(const std::vector<int64_t>& ne) {
+  std::string s = "[";
+  for (size_t i = 0; i < ne.size(); ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+// Binds tensors by name with their expected shapes.
+class Binder {
+ public:
+  explicit Binder(const GgufFile& f) : f_(f) {}
+
+  Result<const GgufTensorInfo*> find(const std::string& name, std::vector<int64_t> ne) {
+    const GgufTensorInfo* t = f_.find_tensor(name);
+    if (!t) return Status(Code::not_found, "model: missing tensor '" + name + "'");
+    bool same = t->n_dims == ne.size();
+    for (size_t i = 0; same && i < ne.size(); ++i) same = t->ne[i] == ne[i];
+    if (!same)
+      return Status(Code::corruption, "model: tensor '" + name + "' has shape " + shape_str(*t) +
+                                          ", expected " + shape_str(ne));
+    return t;
+  }
+
+  Result<const float*> vector(const std::string& name, int64_t n) {
+    auto t = find(name, {n});
+    if (!t.ok()) return t.status();
+    if ((*t)->type != DType::F32)
+      return Status(Code::unsupported, "model: tensor '" + name + "' has type " +
+                                           dtype_name((*t)->type) + ", norms must be F32");
+    return reinterpret_cast<const float*>(f_.tensor_data(**t));
+  }
+
+  Result<WeightView> matrix(const std::string& name, int64_t cols, int64_t rows) {
+    auto t = find(name, {cols, rows});
+    if (!t.ok()) return t.status();
+    return f_.view(**t);
+  }
+
+  // Stacked experts [cols, rows, n]: one view per expert.
+  Result<std::vector<WeightView>> experts(const std::string& name, int64_t cols, int64_t rows,
+                                          int64_t n) {
+    auto t = find(name, {cols, rows, n});
+    if (!t.ok()) return t.status();
+    WeightView all = f_.view(**t);
+    std::vector<WeightView> out(n);
+    for (int64_t e = 0; e < n; ++e) {
+      out[e] = all;
+      out[e].rows = rows;
+      out[e].data = static_cast<const uint8_t*>(all.data) + e * rows * all.row_bytes;
+    }
+    return out;
+  }
+
+ private:
+  const GgufFile& f_;
+};
+
+Result<int32_t> get_dim(const GgufFile& f, const std::string& key, bool required = true,
+                        int32_t fallback = 0) {
+  auto v = f.get_uint(key);
+  if (!v.ok()) {
+    if (!required && v.status().code() == Code::not_found) return fallback;
+    return Status(v.status().code(), "model: " + v.status().message());
+  }
+  if (*v == 0 || *v > (1u << 24))
+    return Status(Code::corruption,
+                  "model: " + key + " = " + std::to_string(*v) + " is out of range");
+  return static_cast<int32_t>(*v);
+}
+
+}  // namespace
+
+#define CLEAVE_ASSIGN(lhs, expr)           \
+  do {                                     \
+    auto _r = (expr);                      \
+    if (!_r.ok()) return _r.status();      \
+    lhs = std::move(*_r);                  \
+  } while (0)
+
+Result<std::unique_ptr<LlamaModel>> LlamaModel::load(std::shared_ptr<const GgufFile> file) {
+  const GgufFile& f = *file;
+  auto arch = f.get_string("general.architecture");
+  if (!arch.ok()) return Status(arch.status().code(), "model: " + arch.status().message());
+  if (*arch != "llama")
+    return Status(Code::unsupported, "model: unknown architecture '" + *arch +
+                                         "' (supported: llama)");
+
+  auto m = std::unique_ptr<LlamaModel>(new LlamaModel());
+  m->file_ = file;
+  LlamaConfig& c = m->config_;
+  CLEAVE_ASSIGN(c.dim, get_dim(f, "llama.embedding_length"));
+  CLEAVE_ASSIGN(c.n_layers, get_dim(f, "llama.block_count"));
+  CLEAVE_ASSIGN(c.n_heads, get_dim(f, "llama.attention.head_count"));
+  CLEAVE_ASSIGN(c.n_kv_heads, get_dim(f, "llama.attention.head_count_kv", false, c.n_heads));
+  CLEAVE_ASSIGN(c.ffn, get_dim(f, "llama.feed_forward_length"));
+  CLEAVE_ASSIGN(c.context, get_dim(f, "llama.context_length"));
+  auto experts = f.get_uint("llama.expert_count");
+  if (experts.ok() && *experts > 0) {
+    CLEAVE_ASSIGN(c.n_experts, get_dim(f, "llama.expert_count"));
+    CLEAVE_ASSIGN(c.n_experts_used, get_dim(f, "llama.expert_used_count"));
+  } else if (!experts.ok() && experts.status().code() != Code::not_found) {
+    return Status(experts.status().code(), "model: " + experts.status().message());
+  }
+  auto base = f.get_float("llama.rope.freq_base");
+  if (base.ok()) c.rope_base = static_cast<float>(*base);
+  else if (base.status().code() != Code::not_found) return base.status();
+  auto eps = f.get_float("llama.attention.layer_norm_rms_epsilon");
+  if (eps.ok()) c.rms_eps = static_cast<float>(*eps);
+  else if (eps.status().code() != Code::not_found) return eps.status();
+
+  if (c.dim % c.n_heads != 0 || c.n_heads % c.n_kv_heads != 0 || (c.dim / c.n_heads) % 2 != 0)
+    return Status(Code::corruption, "model: embedding_length " + std::to_string(c.dim) +
+                                        ", head_count " + std::to_string(c.n_heads) +
+                                        ", head_count_kv " + std::to_string(c.n_kv_heads) +
+                                        " do not give whole, even heads");
+  if (c.n_experts > 0 && (c.n_experts_used < 1 || c.n_experts_used > c.n_experts))
+    return Status(Code::corruption, "model: expert_used_count " +
+                                        std::to_string(c.n_experts_used) + " not in [1, " +
+                                        std::to_string(c.n_experts) + "]");
+  c.head_dim = c.dim / c.n_heads;
+  if (!(c.rms_eps > 0.f) || !(c.rope_base > 0.f))
+    return Status(Code::corruption, "model: rms epsilon and rope base must be positive");
+
+  const GgufTensorInfo* embd = f.find_tensor("token_embd.weight");
+  if (!embd) return Status(Code::not_found, "model: missing tensor 'token_embd.weight'");
+  c.n_vocab = static_cast<int32_t>(embd->ne[1]);
+
+  Binder b(f);
+  const int64_t q_dim = int64_t(c.n_heads) * c.head_dim, kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
+  CLEAVE_ASSIGN(m->token_embd_, b.matrix("token_embd.weight", c.dim, c.n_vocab));
+  CLEAVE_ASSIGN(m->output_norm_, b.vector("output_norm.weight", c.dim));
+  if (f.find_tensor("output.weight")) {
+    CLEAVE_ASSIGN(m->output_, b.matrix("output.weight", c.dim, c.n_vocab));
+  } else {
+    m->output_ = m->token_embd_;
+    c.tied_output = true;
+  }
+  m->layers_.resize(c.n_layers);
+  for (int i = 0; i < c.n_layers; ++i) {
+    LlamaLayer& l = m->layers_[i];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    CLEAVE_ASSIGN(l.attn_norm, b.vector(p + "attn_norm.weight", c.dim));
+    CLEAVE_ASSIGN(l.wq, b.matrix(p + "attn_q.weight", c.dim, q_dim));
+    CLEAVE_ASSIGN(l.wk, b.matrix(p + "attn_k.weight", c.dim, kv_dim));
+    CLEAVE_ASSIGN(l.wv, b.matrix(p + "attn_v.weight", c.dim, kv_dim));
+    CLEAVE_ASSIGN(l.wo, b.matrix(p + "attn_output.weight", q_dim, c.dim));
+    CLEAVE_ASSIGN(l.ffn_norm, b.vector(p + "ffn_norm.weight", c.dim));
+    if (c.n_experts == 0) {
+      CLEAVE_ASSIGN(l.gate, b.matrix(p + "ffn_gate.weight", c.dim, c.ffn));
+      CLEAVE_ASSIGN(l.up, b.matrix(p + "ffn_up.weight", c.dim, c.ffn));
+      CLEAVE_ASSIGN(l.down, b.matrix(p + "ffn_down.weight", c.ffn, c.dim));
+    } else {
+      CLEAVE_ASSIGN(l.router, b.matrix(p + "ffn_gate_inp.weight", c.dim, c.n_experts));
+      CLEAVE_ASSIGN(l.gate_exps, b.experts(p + "ffn_gate_exps.weight", c.dim, c.ffn, c.n_experts));
+      CLEAVE_ASSIGN(l.up_exps, b.experts(p + "ffn_up_exps.weight", c.dim, c.ffn, c.n_experts));
+      CLEAVE_ASSIGN(l.down_exps, b.experts(p + "ffn_down_exps.weight", c.ffn, c.dim, c.n_experts));
+    }
+  }
+  return m;
+}
+
+uint64_t LlamaModel::weight_bytes_per_token() const {
+  const LlamaConfig& c = config_;
+  auto bytes = [](const WeightView& w) { return uint64_t(w.rows) * w.row_bytes; };
+  uint64_t total = token_embd_.row_bytes + bytes(output_) + uint64_t(c.dim) * 4;
+  for (const LlamaLayer& l : layers_) {
+    total += bytes(l.wq) + bytes(l.wk) + bytes(l.wv) + bytes(l.wo) + 2ull * c.dim * 4;
+    if (c.n_experts == 0) {
+      total += bytes(l.gate) + bytes(l.up) + bytes(l.down);
+    } else {
+      total += bytes(l.router) + uint64_t(c.n_experts_used) *
+                                     (bytes(l.gate_exps[0]) + bytes(l.up_exps[0]) +
+                                      bytes(l.down_exps[0]));
+    }
+  }
+  return total;
+}
+
+uint64_t LlamaModel::n_params() const {
+  uint64_t n = 0;
+  for (const GgufTensorInfo& t : file_->tensors()) n += uint64_t(t.n_elements());
+  return n;
+}
+
+}  // namespace cleave

@@ -1,0 +1,68 @@
+// The llama architecture (dense and Mixtral-style MoE) as weight views into a
+// mapped GGUF file: nothing is converted or copied up front; the kernels read
+// each matrix in its stored type.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "model/gguf.h"
+
+namespace cleave {
+
+struct LlamaConfig {
+  int32_t n_vocab = 0;
+  int32_t dim = 0;
+  int32_t n_layers = 0;
+  int32_t n_heads = 0;
+  int32_t n_kv_heads = 0;
+  int32_t head_dim = 0;
+  int32_t ffn = 0;
+  int32_t n_experts = 0;       // 0: dense
+  int32_t n_experts_used = 0;
+  int32_t context = 0;
+  float rope_base = 10000.f;
+  float rms_eps = 1e-5f;
+  bool tied_output = false;
+};
+
+struct LlamaLayer {
+  const float* attn_norm = nullptr;
+  WeightView wq, wk, wv, wo;
+  const float* ffn_norm = nullptr;
+  WeightView gate, up, down;                       // dense
+  WeightView router;                               // MoE: n_experts x dim
+  std::vector<WeightView> gate_exps, up_exps, down_exps;  // MoE: one view per expert
+};
+
+class LlamaModel {
+ public:
+  // Reads the config and binds every tensor, checking names, shapes and
+  // types: unsupported for another architecture or tensor type, not_found
+  // for a missing tensor, corruption for a wrong shape; each names the values.
+  static Result<std::unique_ptr<LlamaModel>> load(std::shared_ptr<const GgufFile> file);
+
+  const LlamaConfig& config() const { return config_; }
+  const GgufFile& file() const { return *file_; }
+  const WeightView& token_embd() const { return token_embd_; }
+  const WeightView& output() const { return output_; }
+  const float* output_norm() const { return output_norm_; }
+  const LlamaLayer& layer(int i) const { return layers_[i]; }
+  // Bytes of weights read to produce one token at batch 1 (all matrices
+  // except the embedding table, plus one embedding row; MoE counts only the
+  // experts used).
+  uint64_t weight_bytes_per_token() const;
+  uint64_t n_params() const;
+
+ private:
+  std::shared_ptr<const GgufFile> file_;
+  LlamaConfig config_;
+  WeightView token_embd_, output_;
+  const float* output_norm_ = nullptr;
+  std::vector<LlamaLayer> layers_;
+};
+
+}  // namespace cleave

@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Installs, builds, makes the default demo model (deterministic weights with
+# the Llama-2 vocabulary) and streams a generation from it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh build
+MODEL=build/demo-15m-f16.gguf
+if [ ! -f "$MODEL" ]; then
+  build/apps/cleave make-model --out "$MODEL" --vocab models/vocab/ggml-vocab-llama-spm.gguf \
+    --dim 288 --layers 6 --heads 6 --kv-heads 6 --ffn 768 --ctx 512 --type f16 --seed 7
+fi
+build/apps/cleave inspect "$MODEL" | head -n 3
+build/apps/cleave generate -m "$MODEL" -p "Once upon a time" -n 48 --temp 0.8 --seed 42
