@@ -89,6 +89,10 @@ int run_generate(const GenerateArgs& a) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
   };
+  if (!a.json && !a.prompt.empty()) {  // echo the prompt, as llama.cpp does
+    std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
+    std::fflush(stdout);
+  }
   GenerateResult r = unwrap(generate(*engine, tok.get(), req, on_text));
 
   if (!a.logits_path.empty()) {

@@ -48,7 +48,7 @@ Result<GenerateResult> generate(Engine& engine, const Tokenizer* tokenizer,
 
   StopMatcher stops(req.sampling.stop);
   std::unique_ptr<StreamDecoder> stream;
-  if (tokenizer) stream = std::make_unique<StreamDecoder>(*tokenizer);
+  if (tokenizer) stream = std::make_unique<StreamDecoder>(*tokenizer, /*at_text_start=*/false);
   auto emit = [&](const std::string& piece) {
     std::string safe = stops.push(piece);
     out.text += safe;

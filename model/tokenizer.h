@@ -42,14 +42,17 @@ class Tokenizer {
 // an incomplete UTF-8 sequence are held until it completes.
 class StreamDecoder {
  public:
-  explicit StreamDecoder(const Tokenizer& tok) : tok_(tok) {}
+  // at_text_start: the first piece starts the text, so SPM's dummy-prefix
+  // space is dropped from it; false when the tokens continue a prompt.
+  explicit StreamDecoder(const Tokenizer& tok, bool at_text_start = true)
+      : tok_(tok), first_(at_text_start) {}
   std::string push(int32_t id);
   std::string flush();  // what is held, with invalid bytes as U+FFFD
 
  private:
   const Tokenizer& tok_;
   std::string pending_;
-  bool first_ = true;
+  bool first_;
 };
 
 }  // namespace cleave

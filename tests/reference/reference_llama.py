@@ -1,0 +1,195 @@
+"""Float64 numpy reference forward pass for llama-architecture GGUF models.
+
+Dense and Mixtral-style MoE, llama.cpp semantics:
+  - RMSNorm x / sqrt(mean(x^2) + eps), then times the norm weight
+  - RoPE on adjacent pairs (2i, 2i+1), theta = pos * base^(-2i/n_rot)
+  - causal GQA attention, query head h reads kv head h // (H / KV),
+    scale 1/sqrt(head_dim)
+  - SwiGLU FFN down(silu(gate h) * up h)
+  - MoE: softmax over all router logits, top-k (ties -> lower index),
+    renormalise the k weights to sum to 1
+  - output.weight, or token_embd.weight when tied
+
+Independent of cleave: uses only gguf_reader.py (its own reader) and numpy.
+"""
+
+import numpy as np
+
+from gguf_reader import GGUFFile, GGUFError
+
+
+def rmsnorm(x, w, eps):
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * w
+
+
+def silu(x):
+    return x / (1.0 + np.exp(-x))
+
+
+def softmax(x, axis=-1):
+    m = np.max(x, axis=axis, keepdims=True)
+    e = np.exp(x - m)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def rope(x, positions, base, n_rot):
+    """x: (T, n_heads, head_dim). Rotates adjacent pairs of the first n_rot dims."""
+    T, _, hd = x.shape
+    half = n_rot // 2
+    inv_freq = base ** (-2.0 * np.arange(half, dtype=np.float64) / n_rot)  # (half,)
+    ang = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, half)
+    cos = np.cos(ang)[:, None, :]
+    sin = np.sin(ang)[:, None, :]
+    out = x.copy()
+    x0 = x[:, :, 0:n_rot:2]
+    x1 = x[:, :, 1:n_rot:2]
+    out[:, :, 0:n_rot:2] = x0 * cos - x1 * sin
+    out[:, :, 1:n_rot:2] = x0 * sin + x1 * cos
+    return out
+
+
+def moe_topk(probs, k):
+    """probs: (T, E). Returns (idx (T,k), weights (T,k)) with ties -> lower index."""
+    idx = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
+    w = np.take_along_axis(probs, idx, axis=-1)
+    w = w / np.sum(w, axis=-1, keepdims=True)
+    return idx, w
+
+
+class LlamaReference:
+    def __init__(self, path):
+        g = GGUFFile(path)
+        self.gguf = g
+        self.route_log = []
+        arch = g.kv.get("general.architecture", "llama")
+        if arch != "llama":
+            raise GGUFError(f"{path}: architecture {arch!r} is not llama")
+        p = "llama."
+
+        def key(name, default=None):
+            if p + name in g.kv:
+                return g.kv[p + name]
+            if default is None:
+                raise GGUFError(f"{path}: missing metadata {p + name}")
+            return default
+
+        self.D = int(key("embedding_length"))
+        self.L = int(key("block_count"))
+        self.H = int(key("attention.head_count"))
+        self.KV = int(key("attention.head_count_kv", self.H))
+        self.hd = self.D // self.H
+        self.n_rot = int(key("rope.dimension_count", self.hd))
+        self.base = float(key("rope.freq_base", 10000.0))
+        self.eps = float(key("attention.layer_norm_rms_epsilon", 1e-5))
+        self.E = int(key("expert_count", 0))
+        self.K = int(key("expert_used_count", 0))
+        if self.D % self.H or self.H % self.KV or self.n_rot % 2 or self.n_rot > self.hd:
+            raise GGUFError(f"{path}: inconsistent dims D={self.D} H={self.H} KV={self.KV} "
+                            f"n_rot={self.n_rot}")
+
+        t = g.tensor
+        self.tok_embd = t("token_embd.weight")  # (V, D)
+        self.n_vocab = self.tok_embd.shape[0]
+        self.output_norm = t("output_norm.weight")
+        self.tied = not g.has("output.weight")
+        self.output = self.tok_embd if self.tied else t("output.weight")
+        self.layers = []
+        for i in range(self.L):
+            b = f"blk.{i}."
+            lay = {
+                "attn_norm": t(b + "attn_norm.weight"),
+                "wq": t(b + "attn_q.weight"),
+                "wk": t(b + "attn_k.weight"),
+                "wv": t(b + "attn_v.weight"),
+                "wo": t(b + "attn_output.weight"),
+                "ffn_norm": t(b + "ffn_norm.weight"),
+            }
+            if self.E > 0:
+                lay["router"] = t(b + "ffn_gate_inp.weight")       # (E, D)
+                lay["gate_exps"] = t(b + "ffn_gate_exps.weight")   # (E, F, D)
+                lay["up_exps"] = t(b + "ffn_up_exps.weight")       # (E, F, D)
+                lay["down_exps"] = t(b + "ffn_down_exps.weight")   # (E, D, F)
+            else:
+                lay["gate"] = t(b + "ffn_gate.weight")             # (F, D)
+                lay["up"] = t(b + "ffn_up.weight")                 # (F, D)
+                lay["down"] = t(b + "ffn_down.weight")             # (D, F)
+            self._check_layer(i, lay)
+            self.layers.append(lay)
+        if self.output.shape != (self.n_vocab, self.D):
+            raise GGUFError(f"output matrix shape {self.output.shape}, expected ({self.n_vocab}, {self.D})")
+
+    def _check_layer(self, i, lay):
+        D, H, KV, hd = self.D, self.H, self.KV, self.hd
+        exp = {"attn_norm": (D,), "ffn_norm": (D,), "wq": (H * hd, D), "wk": (KV * hd, D),
+               "wv": (KV * hd, D), "wo": (D, H * hd)}
+        for k, s in exp.items():
+            if lay[k].shape != s:
+                raise GGUFError(f"blk.{i} {k}: shape {lay[k].shape}, expected {s}")
+        if self.E > 0:
+            E = self.E
+            F = lay["gate_exps"].shape[1]
+            for k, s in {"router": (E, D), "gate_exps": (E, F, D), "up_exps": (E, F, D),
+                         "down_exps": (E, D, F)}.items():
+                if lay[k].shape != s:
+                    raise GGUFError(f"blk.{i} {k}: shape {lay[k].shape}, expected {s}")
+            if not (1 <= self.K <= E):
+                raise GGUFError(f"expert_used_count {self.K} not in [1, {E}]")
+
+    # ---- forward ------------------------------------------------------------
+    def attention(self, lay, h, positions):
+        T = h.shape[0]
+        H, KV, hd = self.H, self.KV, self.hd
+        q = (h @ lay["wq"].T).reshape(T, H, hd)
+        k = (h @ lay["wk"].T).reshape(T, KV, hd)
+        v = (h @ lay["wv"].T).reshape(T, KV, hd)
+        q = rope(q, positions, self.base, self.n_rot)
+        k = rope(k, positions, self.base, self.n_rot)
+        group = H // KV
+        kh = np.repeat(k, group, axis=1)  # (T, H, hd): head h -> kv head h // group
+        vh = np.repeat(v, group, axis=1)
+        scores = np.einsum("thd,shd->hts", q, kh) / np.sqrt(hd)  # (H, T, T)
+        mask = np.triu(np.ones((T, T), dtype=bool), k=1)
+        scores = np.where(mask[None], -np.inf, scores)
+        p = softmax(scores, axis=-1)
+        o = np.einsum("hts,shd->thd", p, vh).reshape(T, H * hd)
+        return o @ lay["wo"].T
+
+    def ffn(self, lay, h):
+        if self.E == 0:
+            return (silu(h @ lay["gate"].T) * (h @ lay["up"].T)) @ lay["down"].T
+        probs = softmax(h @ lay["router"].T, axis=-1)  # (T, E)
+        idx, w = moe_topk(probs, self.K)
+        self.route_log.append(idx)
+        out = np.zeros_like(h)
+        for e in range(self.E):
+            rows, slot = np.nonzero(idx == e)
+            if rows.size == 0:
+                continue
+            he = h[rows]
+            y = (silu(he @ lay["gate_exps"][e].T) * (he @ lay["up_exps"][e].T)) @ lay["down_exps"][e].T
+            out[rows] += w[rows, slot][:, None] * y
+        return out
+
+    def forward(self, tokens):
+        """Logits (T, n_vocab) for every position of one causal sequence."""
+        tokens = np.asarray(tokens, dtype=np.int64)
+        if tokens.min() < 0 or tokens.max() >= self.n_vocab:
+            raise ValueError("token id out of range")
+        positions = np.arange(len(tokens))
+        self.route_log = []  # per MoE layer: (T, K) chosen experts, for test diagnostics
+        x = self.tok_embd[tokens].copy()
+        for lay in self.layers:
+            x = x + self.attention(lay, rmsnorm(x, lay["attn_norm"], self.eps), positions)
+            x = x + self.ffn(lay, rmsnorm(x, lay["ffn_norm"], self.eps))
+        h = rmsnorm(x, self.output_norm, self.eps)
+        return h @ self.output.T
+
+    def greedy(self, prompt, n):
+        """Reference greedy decoding (recomputes the full sequence each step)."""
+        seq = list(prompt)
+        out = []
+        for _ in range(n):
+            t = int(np.argmax(self.forward(seq)[-1]))
+            out.append(t)
+            seq.append(t)
+        return out
