@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# Build the CUDA backend and its tests, then run them on the GPU (H200).
+# Usage: scripts/gpu_check.sh [build-dir]      (default build-gpu)
+# Env:   BUILD_TYPE (default Release), JOBS (default: nproc),
+#        TEST_TIMEOUT seconds per test executable (default 600).
+# Prints every command it runs; exits non-zero if the build or a test fails.
+set -uo pipefail
+
+cd "$(dirname "$0")/.."
+BUILD_DIR=${1:-build-gpu}
+BUILD_TYPE=${BUILD_TYPE:-Release}
+JOBS=${JOBS:-$(nproc)}
+TEST_TIMEOUT=${TEST_TIMEOUT:-600}
+
+run() {
+  echo "+ $*" >&2
+  "$@"
+}
+
+echo "== gpu_check: $(date -u +%FT%TZ) in $(pwd)"
+if command -v nvidia-smi >/dev/null; then
+  run nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+else
+  echo "warning: nvidia-smi not found"
+fi
+
+# CMake packages the configure step needs; install what is missing, but go on
+# without network (the configure step will then say what is absent).
+missing=()
+for pkg in doctest-dev nlohmann-json3-dev libcli11-dev; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || missing+=("$pkg")
+done
+if ((${#missing[@]})); then
+  echo "== installing missing packages: ${missing[*]}"
+  SUDO=""
+  [ "$(id -u)" -ne 0 ] && command -v sudo >/dev/null && SUDO="sudo"
+  run $SUDO apt-get update -qq || echo "warning: apt-get update failed (no network?)"
+  run $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+    "${missing[@]}" || echo "warning: apt-get install failed; continuing"
+fi
+
+NVCC=/usr/local/cuda/bin/nvcc
+[ -x "$NVCC" ] || NVCC=$(command -v nvcc || true)
+[ -n "$NVCC" ] || { echo "error: nvcc not found"; exit 2; }
+run "$NVCC" --version | tail -1
+
+echo "== configure + build ($BUILD_TYPE, -j$JOBS)"
+mkdir -p "$BUILD_DIR"
+run cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
+  -DCMAKE_CUDA_COMPILER="$NVCC" 2>&1 | tee "$BUILD_DIR/gpu_check_configure.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+grep -q "CUDA backend ON" "$BUILD_DIR/gpu_check_configure.log" ||
+  { echo "error: CMake did not enable the CUDA backend"; exit 1; }
+targets=(test_cuda)
+ls tests/kernels/*.cpp >/dev/null 2>&1 && targets+=(test_kernels)
+run cmake --build "$BUILD_DIR" -j"$JOBS" --target "${targets[@]}" || exit 1
+
+status=0
+echo "== test_cuda (CUDA backend vs CPU backend, batch invariance, benchmark)"
+run timeout "$TEST_TIMEOUT" "$BUILD_DIR/tests/test_cuda" --duration=true 2>&1 | tee "$BUILD_DIR/gpu_check_test_cuda.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+if [ -x "$BUILD_DIR/tests/test_kernels" ]; then
+  echo "== test_kernels (CPU backend)"
+  run timeout "$TEST_TIMEOUT" "$BUILD_DIR/tests/test_kernels" || status=1
+fi
+if grep -q "SKIPPED: no GPU" "$BUILD_DIR/gpu_check_test_cuda.log"; then
+  echo "warning: test_cuda found no GPU: the CUDA cases were skipped, not run"
+  status=1
+fi
+echo "== gpu_check: $([ $status -eq 0 ] && echo PASSED || echo FAILED)"
+exit $status
