@@ -1,0 +1,345 @@
+// The CPU backend: run-time ISA detection, the kernel table for that ISA, and
+// the threading (work is split by output rows / heads only, never inside a
+// reduction, so results do not depend on the thread count).
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "kernels/cpu/kern.h"
+#include "kernels/thread_pool.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <cpuid.h>
+#define CLEAVE_X86 1
+#endif
+
+namespace cleave {
+
+const char* isa_name(Isa isa) {
+  switch (isa) {
+    case Isa::scalar: return "scalar";
+    case Isa::avx2: return "avx2";
+    case Isa::avx512: return "avx512";
+  }
+  return "?";
+}
+
+Isa detect_isa() {
+#ifdef CLEAVE_X86
+  unsigned a, b, c, d;
+  if (!__get_cpuid(1, &a, &b, &c, &d)) return Isa::scalar;
+  const bool osxsave = c & (1u << 27);
+  const bool avx = c & (1u << 28);
+  const bool fma = c & (1u << 12);
+  const bool f16c = c & (1u << 29);
+  if (!osxsave || !avx) return Isa::scalar;
+  uint32_t xlo, xhi;
+  __asm__ volatile("xgetbv" : "=a"(xlo), "=d"(xhi) : "c"(0));
+  const uint64_t xcr0 = (uint64_t(xhi) << 32) | xlo;
+  const bool os_ymm = (xcr0 & 0x6) == 0x6;
+  const bool os_zmm = (xcr0 & 0xe6) == 0xe6;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return Isa::scalar;
+  const bool avx2 = b & (1u << 5);
+  const bool avx512f = b & (1u << 16), avx512dq = b & (1u << 17), avx512bw = b & (1u << 30),
+             avx512vl = b & (1u << 31);
+  if (!(os_ymm && avx2 && fma && f16c)) return Isa::scalar;
+  if (os_zmm && avx512f && avx512dq && avx512bw && avx512vl) return Isa::avx512;
+  return Isa::avx2;
+#else
+  return Isa::scalar;
+#endif
+}
+
+namespace {
+
+const cpu::Kernels& kernels_for(Isa isa) {
+  switch (isa) {
+    case Isa::avx512: return cpu::kKernelsAvx512;
+    case Isa::avx2: return cpu::kKernelsAvx2;
+    case Isa::scalar: break;
+  }
+  return cpu::kKernelsScalar;
+}
+
+// Below this many multiply-adds an op runs on the calling thread only.
+constexpr int64_t kMinParallelWork = 64 * 1024;
+
+class CpuBackend final : public Backend {
+ public:
+  CpuBackend(int threads, Isa isa)
+      : isa_(isa), k_(kernels_for(isa)), pool_(threads < 1 ? 1 : threads) {}
+
+  Caps caps() const override {
+    Caps c;
+    c.name = "cpu";
+    c.isa = isa_name(isa_);
+    c.threads = pool_.threads();
+    return c;
+  }
+
+  bool supports(Op, DType t) const override {
+    return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
+  }
+
+  void* alloc(size_t bytes) override {
+    const size_t size = (bytes + 63) / 64 * 64;
+    return std::aligned_alloc(64, size == 0 ? 64 : size);
+  }
+  void free(void* ptr) override { std::free(ptr); }
+  void upload(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void download(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void sync() override {}
+
+  void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
+    if (n <= 0 || w.rows <= 0) return;
+    CLEAVE_CHECK(dtype_known(static_cast<uint32_t>(w.type)));
+    CLEAVE_CHECK(w.cols > 0);
+    CLEAVE_CHECK(w.cols % dtype_block_elems(w.type) == 0);
+    CLEAVE_CHECK(w.row_bytes >= dtype_row_bytes(w.type, w.cols));
+    cpu::MatmulArgs a{static_cast<int>(w.type),
+                      static_cast<const uint8_t*>(w.data),
+                      w.row_bytes,
+                      w.rows,
+                      w.cols,
+                      x,
+                      n,
+                      y};
+    const cpu::Kernels& k = k_;
+    const int64_t nr = k.nr;
+    const int64_t blocks = (w.rows + nr - 1) / nr;
+    auto body = [&a, &k, nr](int64_t b0, int64_t b1, int) {
+      const int64_t r0 = b0 * nr;
+      const int64_t r1 = b1 * nr < a.rows ? b1 * nr : a.rows;
+      k.matmul(&a, r0, r1);
+    };
+    if (n * w.rows * w.cols < kMinParallelWork || pool_.threads() == 1) {
+      body(0, blocks, 0);
+    } else {
+      pool_.parallel_for(blocks, body);
+    }
+  }
+
+  void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
+               float* y) override {
+    const cpu::Kernels& k = k_;
+    rows_for(n, dim, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) k.rmsnorm_row(x + i * dim, weight, dim, eps, y + i * dim);
+    });
+  }
+
+  void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* positions,
+            float freq_base) override {
+    CLEAVE_CHECK(head_dim % 2 == 0);
+    const int64_t half = head_dim / 2;
+    // Inverse frequencies depend only on (freq_base, head_dim).
+    if (rope_base_ != freq_base || rope_dim_ != head_dim) {
+      rope_freq_.resize(static_cast<size_t>(half));
+      for (int64_t j = 0; j < half; ++j)
+        rope_freq_[j] = std::pow(double(freq_base), -2.0 * double(j) / double(head_dim));
+      rope_base_ = freq_base;
+      rope_dim_ = head_dim;
+    }
+    ensure_scratch(static_cast<size_t>(2 * half));
+    const double* freq = rope_freq_.data();
+    float* scratch = scratch_.data();
+    const size_t stride = scratch_stride_;
+    rows_for(n, n_heads * head_dim * 8, [&](int64_t i0, int64_t i1, int t) {
+      float* cs = scratch + size_t(t) * stride;
+      float* sn = cs + half;
+      for (int64_t i = i0; i < i1; ++i) {
+        const double p = double(positions[i]);
+        for (int64_t j = 0; j < half; ++j) {
+          const double theta = p * freq[j];
+          cs[j] = static_cast<float>(std::cos(theta));
+          sn[j] = static_cast<float>(std::sin(theta));
+        }
+        float* row = x + i * n_heads * head_dim;
+        for (int64_t h = 0; h < n_heads; ++h) {
+          float* v = row + h * head_dim;
+          for (int64_t j = 0; j < half; ++j) {
+            const float x0 = v[2 * j], x1 = v[2 * j + 1];
+            const float a = x0 * cs[j], b = x1 * sn[j];
+            const float c = x0 * sn[j], d = x1 * cs[j];
+            v[2 * j] = a - b;
+            v[2 * j + 1] = c + d;
+          }
+        }
+      }
+    });
+  }
+
+  void softmax(float* x, int64_t n, int64_t len) override {
+    const cpu::Kernels& k = k_;
+    rows_for(n, len * 4, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) k.softmax_row(x + i * len, len);
+    });
+  }
+
+  void silu_mul(const float* gate, const float* up, int64_t count, float* out) override {
+    const cpu::Kernels& k = k_;
+    // Chunks of 1024 elements; every element is computed the same way anywhere.
+    constexpr int64_t chunk = 1024;
+    const int64_t chunks = (count + chunk - 1) / chunk;
+    rows_for(chunks, chunk * 8, [&](int64_t c0, int64_t c1, int) {
+      const int64_t b = c0 * chunk;
+      const int64_t e = c1 * chunk < count ? c1 * chunk : count;
+      k.silu_mul(gate + b, up + b, e - b, out + b);
+    });
+  }
+
+  void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
+    for (int64_t i = 0; i < n; ++i) {
+      CLEAVE_CHECK(ids[i] >= 0 && ids[i] < table.rows);
+      dequantize_row(table.type, static_cast<const uint8_t*>(table.data) + size_t(ids[i]) * table.row_bytes,
+                     table.cols, out + i * table.cols);
+    }
+  }
+
+  void topk_gating(const float* logits, int64_t n, int64_t n_expert, int64_t k, int32_t* ids,
+                   float* weights) override {
+    CLEAVE_CHECK(k >= 1 && k <= n_expert);
+    ensure_scratch(static_cast<size_t>(n_expert));
+    float* scratch = scratch_.data();
+    const size_t stride = scratch_stride_;
+    rows_for(n, n_expert * 16, [&](int64_t i0, int64_t i1, int t) {
+      float* p = scratch + size_t(t) * stride;
+      for (int64_t i = i0; i < i1; ++i) {
+        const float* x = logits + i * n_expert;
+        float m = x[0];
+        for (int64_t e = 1; e < n_expert; ++e) m = x[e] > m ? x[e] : m;
+        float sum = 0.0f;
+        for (int64_t e = 0; e < n_expert; ++e) {
+          p[e] = std::exp(x[e] - m);
+          sum += p[e];
+        }
+        const float inv = 1.0f / sum;
+        for (int64_t e = 0; e < n_expert; ++e) p[e] = p[e] * inv;
+        int32_t* id = ids + i * k;
+        float* w = weights + i * k;
+        float wsum = 0.0f;
+        for (int64_t j = 0; j < k; ++j) {
+          int64_t best = -1;
+          for (int64_t e = 0; e < n_expert; ++e) {
+            if (p[e] < 0.0f) continue;  // taken
+            if (best < 0 || p[e] > p[best]) best = e;
+          }
+          id[j] = static_cast<int32_t>(best);
+          w[j] = p[best];
+          wsum += p[best];
+          p[best] = -1.0f;
+        }
+        const float winv = 1.0f / wsum;
+        for (int64_t j = 0; j < k; ++j) w[j] = w[j] * winv;
+      }
+    });
+  }
+
+  void kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
+                const AttnRow* rows, int64_t n) override {
+    CLEAVE_CHECK(layer >= 0 && layer < kv.n_layers);
+    const size_t row_elems = size_t(kv.n_kv_heads) * kv.head_dim;
+    const size_t bytes = size_t(kv.head_dim) * 4;
+    for (int64_t i = 0; i < n; ++i) {
+      const AttnRow& r = rows[i];
+      CLEAVE_CHECK(r.pos >= 0);
+      const int32_t b = r.pos / kv.block_size, slot = r.pos % kv.block_size;
+      CLEAVE_CHECK(b < r.n_blocks);
+      const int32_t blk = r.block_table[b];
+      CLEAVE_CHECK(blk >= 0 && blk < kv.n_blocks);
+      for (int32_t h = 0; h < kv.n_kv_heads; ++h) {
+        std::memcpy(kv.data + kv.offset(blk, layer, 0, h, slot), k + i * row_elems + size_t(h) * kv.head_dim, bytes);
+        std::memcpy(kv.data + kv.offset(blk, layer, 1, h, slot), v + i * row_elems + size_t(h) * kv.head_dim, bytes);
+      }
+    }
+  }
+
+  void attention(const PagedKv& kv, int32_t layer, const float* q, const AttnRow* rows, int64_t n,
+                 int32_t n_heads, float scale, float* out) override {
+    CLEAVE_CHECK(layer >= 0 && layer < kv.n_layers);
+    CLEAVE_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0);
+    for (int64_t i = 0; i < n; ++i) {
+      CLEAVE_CHECK(rows[i].pos >= 0 && rows[i].pos / kv.block_size < rows[i].n_blocks);
+    }
+    cpu::AttnArgs a;
+    a.layer_base = kv.data + size_t(layer) * kv.layer_elems();
+    a.block_elems = kv.block_elems();
+    a.head_elems = size_t(kv.block_size) * kv.head_dim;
+    a.v_offset = size_t(kv.n_kv_heads) * a.head_elems;
+    a.block_size = kv.block_size;
+    a.head_dim = kv.head_dim;
+    a.group = n_heads / kv.n_kv_heads;
+    a.scale = scale;
+    ensure_scratch(CLEAVE_ATTN_SCRATCH(kv.block_size, a.group));
+    float* scratch = scratch_.data();
+    const size_t stride = scratch_stride_;
+    const cpu::Kernels& k = k_;
+    const int32_t nkv = kv.n_kv_heads;
+    const size_t row_elems = size_t(n_heads) * kv.head_dim;
+    const size_t grp_elems = size_t(a.group) * kv.head_dim;
+    auto body = [&](int64_t t0, int64_t t1, int t) {
+      float* s = scratch + size_t(t) * stride;
+      for (int64_t task = t0; task < t1; ++task) {
+        const int64_t i = task / nkv;
+        const int32_t h = static_cast<int32_t>(task % nkv);
+        k.attn(&a, q + i * row_elems + h * grp_elems, h, rows[i].block_table, rows[i].pos,
+               out + i * row_elems + h * grp_elems, s);
+      }
+    };
+    const int64_t tasks = n * nkv;
+    int64_t work = 0;
+    for (int64_t i = 0; i < n && work < kMinParallelWork; ++i)
+      work += int64_t(rows[i].pos + 1) * n_heads * kv.head_dim * 2;
+    if (work < kMinParallelWork || pool_.threads() == 1) {
+      body(0, tasks, 0);
+    } else {
+      pool_.parallel_for(tasks, body);
+    }
+  }
+
+ private:
+  // Run fn over n rows, threaded when rows * cost_per_row is large enough.
+  template <class F>
+  void rows_for(int64_t n, int64_t cost_per_row, F&& fn) {
+    if (n <= 0) return;
+    if (pool_.threads() == 1 || n * cost_per_row < kMinParallelWork || n == 1) {
+      fn(int64_t(0), n, 0);
+    } else {
+      pool_.parallel_for(n, fn);
+    }
+  }
+
+  // Per-thread scratch of at least `floats` floats (grown outside parallel regions).
+  void ensure_scratch(size_t floats) {
+    const size_t stride = (floats + 15) / 16 * 16;
+    if (stride > scratch_stride_) {
+      scratch_stride_ = stride;
+      scratch_.assign(stride * size_t(pool_.threads()), 0.0f);
+    }
+  }
+
+  Isa isa_;
+  const cpu::Kernels& k_;
+  ThreadPool pool_;
+  std::vector<float> scratch_;
+  size_t scratch_stride_ = 0;
+  std::vector<double> rope_freq_;
+  float rope_base_ = 0.0f;
+  int64_t rope_dim_ = 0;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa) {
+  // Never run code this CPU cannot execute: clamp to what it supports.
+  const Isa best = detect_isa();
+  if (static_cast<int>(isa) > static_cast<int>(best)) isa = best;
+  return std::make_unique<CpuBackend>(threads, isa);
+}
+
+}  // namespace cleave

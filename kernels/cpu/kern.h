@@ -1,0 +1,65 @@
+// The CPU backend's per-ISA kernel tables. Each ISA file (kern_scalar.cpp,
+// kern_avx2.cpp, kern_avx512.cpp) defines one table of plain functions on raw
+// pointers; cpu_backend.cpp picks a table at run time and does the threading.
+//
+// This header is included by files compiled with AVX-512 flags: it must stay
+// free of anything with vague linkage (no STL, no inline functions, no
+// templates), or an AVX-512 copy could be picked for a caller on another CPU.
+#pragma once
+
+#include <stddef.h>
+#include <stdint.h>
+
+namespace cleave::cpu {
+
+// Weight type codes (the DType values).
+enum WeightCode : int { kWF32 = 0, kWF16 = 1, kWQ8 = 8, kWBF16 = 30 };
+
+struct MatmulArgs {
+  int wtype;
+  const uint8_t* w;
+  size_t row_bytes;
+  int64_t rows;
+  int64_t cols;
+  const float* x;  // n x cols, dense
+  int64_t n;
+  float* y;  // n x rows, dense
+};
+
+// Attention over one layer of the paged KV cache.
+struct AttnArgs {
+  const float* layer_base;  // kv.data + layer * layer_elems (block 0 of that layer)
+  size_t block_elems;       // floats per block (all layers)
+  size_t head_elems;        // block_size * head_dim
+  size_t v_offset;          // floats from a head's K to its V: n_kv_heads * head_elems
+  int32_t block_size;
+  int32_t head_dim;
+  int32_t group;  // query heads per kv head
+  float scale;
+};
+
+// Floats of scratch the attention kernel needs (per thread).
+#define CLEAVE_ATTN_SCRATCH(block_size, group) (size_t(block_size) + 2 * size_t(group) + 64)
+
+struct Kernels {
+  int lanes;  // SIMD width of the reductions
+  int mr;     // matmul microkernel: x rows ...
+  int nr;     // ... by weight rows
+  // y[i][r] for every i < n and r in [r0, r1).
+  void (*matmul)(const MatmulArgs* a, int64_t r0, int64_t r1);
+  void (*rmsnorm_row)(const float* x, const float* w, int64_t dim, float eps, float* y);
+  void (*softmax_row)(float* x, int64_t len);
+  // out = silu(g) * u, elementwise; each element computed the same way
+  // wherever it sits.
+  void (*silu_mul)(const float* g, const float* u, int64_t count, float* out);
+  // One query row against one kv head: the `group` query heads that read it,
+  // q and out hold group * head_dim floats. scratch: CLEAVE_ATTN_SCRATCH floats.
+  void (*attn)(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
+               int32_t pos, float* out, float* scratch);
+};
+
+extern const Kernels kKernelsScalar;
+extern const Kernels kKernelsAvx2;
+extern const Kernels kKernelsAvx512;
+
+}  // namespace cleave::cpu

@@ -1,0 +1,65 @@
+// AVX-512 kernels (compiled with -mavx512f/bw/vl/dq ... by kernels/CMakeLists.txt).
+// Plain functions on raw pointers only: no STL here (see kern.h).
+// GCC 12 warns on _mm512_undefined_*() inside its own intrinsics (a GCC bug).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "kernels/cpu/kern.h"
+
+namespace {
+
+struct V {
+  using vec = __m512;
+  static constexpr int W = 16;
+  static constexpr int MR = 4;  // 4 x rows by 6 weight rows = 24 accumulators
+  static constexpr int NR = 6;
+  static vec zero() { return _mm512_setzero_ps(); }
+  static vec set1(float f) { return _mm512_set1_ps(f); }
+  static vec loadu(const float* p) { return _mm512_loadu_ps(p); }
+  static void storeu(float* p, vec v) { _mm512_storeu_ps(p, v); }
+  static vec add(vec a, vec b) { return _mm512_add_ps(a, b); }
+  static vec sub(vec a, vec b) { return _mm512_sub_ps(a, b); }
+  static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
+  static vec div(vec a, vec b) { return _mm512_div_ps(a, b); }
+  static vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
+  static vec min(vec a, vec b) { return _mm512_min_ps(a, b); }
+  static vec fmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
+  static float fmas(float a, float b, float c) { return __builtin_fmaf(a, b, c); }
+  // Fixed tree: lanes i + i+8, then i + i+4, then i + i+2, then 0 + 1.
+  static float hsum(vec v) {
+    const __m256 s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1));
+    const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps(s8, 1));
+    const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
+    return _mm_cvtss_f32(s1);
+  }
+  static float hmax(vec v) { return _mm512_reduce_max_ps(v); }
+  static vec load_f16(const uint8_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static vec load_bf16(const uint8_t* p) {
+    const __m512i u = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(u, 16));
+  }
+  static vec load_q8(const int8_t* q, vec d) {
+    const __m512i i = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(i), d);
+  }
+  static float f16(uint16_t h) { return _cvtsh_ss(h); }
+  // 2^n for integral n in [-126, 127].
+  static vec pow2n(vec n) {
+    const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
+  }
+  static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  static float sqrt1(float x) { return __builtin_sqrtf(x); }
+};
+
+}  // namespace
+
+#include "kernels/cpu/simd_impl.h"
+
+namespace cleave::cpu {
+CLEAVE_DEFINE_KERNEL_TABLE(kKernelsAvx512)
+}  // namespace cleave::cpu

@@ -1,0 +1,83 @@
+// Portable kernels: the same algorithms as the SIMD files over an 8-lane
+// array "vector" (mul then add, no fused multiply-add).
+#include <cmath>
+#include <cstring>
+
+#include "kernels/cpu/kern.h"
+#include "kernels/dtype.h"
+
+namespace {
+
+struct V {
+  struct vec {
+    float v[8];
+  };
+  static constexpr int W = 8;
+  static constexpr int MR = 2;
+  static constexpr int NR = 2;
+#define CLEAVE_LANES(expr) \
+  vec r;                   \
+  for (int i = 0; i < 8; ++i) r.v[i] = (expr); \
+  return r
+  static vec zero() { CLEAVE_LANES(0.0f); }
+  static vec set1(float f) { CLEAVE_LANES(f); }
+  static vec loadu(const float* p) {  // p may be unaligned (odd weight row strides)
+    vec r;
+    std::memcpy(r.v, static_cast<const void*>(p), sizeof r.v);
+    return r;
+  }
+  static void storeu(float* p, vec a) { std::memcpy(p, a.v, sizeof a.v); }
+  static vec add(vec a, vec b) { CLEAVE_LANES(a.v[i] + b.v[i]); }
+  static vec sub(vec a, vec b) { CLEAVE_LANES(a.v[i] - b.v[i]); }
+  static vec mul(vec a, vec b) { CLEAVE_LANES(a.v[i] * b.v[i]); }
+  static vec div(vec a, vec b) { CLEAVE_LANES(a.v[i] / b.v[i]); }
+  static vec max(vec a, vec b) { CLEAVE_LANES(a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
+  static vec min(vec a, vec b) { CLEAVE_LANES(a.v[i] < b.v[i] ? a.v[i] : b.v[i]); }
+  static float fmas(float a, float b, float c) {
+    const float p = a * b;
+    return p + c;
+  }
+  static vec fmadd(vec a, vec b, vec c) { CLEAVE_LANES(fmas(a.v[i], b.v[i], c.v[i])); }
+  static float hsum(vec a) {
+    float s4[4], s2[2];
+    for (int i = 0; i < 4; ++i) s4[i] = a.v[i] + a.v[i + 4];
+    for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
+    return s2[0] + s2[1];
+  }
+  static float hmax(vec a) {
+    float m = a.v[0];
+    for (int i = 1; i < 8; ++i) m = a.v[i] > m ? a.v[i] : m;
+    return m;
+  }
+  static float f16(uint16_t h) { return cleave::fp16_to_fp32(h); }
+  static vec load_f16(const uint8_t* p) {
+    uint16_t h[8];
+    std::memcpy(h, p, 16);
+    CLEAVE_LANES(f16(h[i]));
+  }
+  static vec load_bf16(const uint8_t* p) {
+    uint16_t h[8];
+    std::memcpy(h, p, 16);
+    CLEAVE_LANES(cleave::bf16_to_fp32(h[i]));
+  }
+  static vec load_q8(const int8_t* q, vec d) { CLEAVE_LANES(float(q[i]) * d.v[i]); }
+  static vec pow2n(vec n) {
+    vec r;
+    for (int i = 0; i < 8; ++i) {
+      const uint32_t e = uint32_t(int32_t(n.v[i]) + 127) << 23;
+      std::memcpy(&r.v[i], &e, 4);
+    }
+    return r;
+  }
+  static void prefetch(const uint8_t* p) { (void)p; }
+  static float sqrt1(float x) { return std::sqrt(x); }
+#undef CLEAVE_LANES
+};
+
+}  // namespace
+
+#include "kernels/cpu/simd_impl.h"
+
+namespace cleave::cpu {
+CLEAVE_DEFINE_KERNEL_TABLE(kKernelsScalar)
+}  // namespace cleave::cpu

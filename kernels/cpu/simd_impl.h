@@ -1,0 +1,445 @@
+// The kernels, written once over a SIMD traits struct V and included by each
+// ISA file (kern_scalar.cpp, kern_avx2.cpp, kern_avx512.cpp) after it defines
+// V. Everything here has internal linkage (anonymous namespace), so an ISA
+// file's copies never leak into another.
+//
+// V provides: vec, W (lanes), MR/NR (matmul microkernel), zero, set1, loadu,
+// storeu, add, sub, mul, div, max, min, fmadd(a, b, c) = a*b+c, hsum/hmax
+// (a fixed reduction tree), load_f16, load_bf16, load_q8(q, d), f16 (scalar),
+// fmas(a, b, c) (scalar a*b+c, fused exactly when fmadd is), pow2n, sqrt1.
+//
+// Batch invariance: every dot product y[i][r] runs the same operations in the
+// same order in every microkernel: one accumulator vector over k in W-steps,
+// V::hsum, then the scalar tail in k order. Elementwise functions handle a
+// ragged end by padding into a full vector, so an element's value never
+// depends on where it sits.
+#pragma once
+
+#include "kernels/cpu/kern.h"
+
+#ifndef CLEAVE_PF_BYTES
+#define CLEAVE_PF_BYTES 1024
+#endif
+
+namespace {
+
+using cleave::cpu::AttnArgs;
+using cleave::cpu::MatmulArgs;
+
+template <class T>
+inline T min_of(T a, T b) {
+  return a < b ? a : b;
+}
+
+inline uint16_t load_u16(const uint8_t* p) {
+  uint16_t h;
+  __builtin_memcpy(&h, p, 2);
+  return h;
+}
+
+// ---- weight loaders: W weights of one row starting at element k ----------
+
+template <class V>
+struct LF32 {
+  static constexpr int kBlock = 1;
+  static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 4 * k; }
+  static typename V::vec load(const uint8_t* row, int64_t k) {
+    return V::loadu(reinterpret_cast<const float*>(row) + k);
+  }
+  static float at(const uint8_t* row, int64_t k) {
+    float f;
+    __builtin_memcpy(&f, row + 4 * k, 4);
+    return f;
+  }
+};
+
+template <class V>
+struct LF16 {
+  static constexpr int kBlock = 1;
+  static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 2 * k; }
+  static typename V::vec load(const uint8_t* row, int64_t k) { return V::load_f16(row + 2 * k); }
+  static float at(const uint8_t* row, int64_t k) { return V::f16(load_u16(row + 2 * k)); }
+};
+
+template <class V>
+struct LBF16 {
+  static constexpr int kBlock = 1;
+  static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 2 * k; }
+  static typename V::vec load(const uint8_t* row, int64_t k) { return V::load_bf16(row + 2 * k); }
+  static float at(const uint8_t* row, int64_t k) {
+    uint32_t u = uint32_t(load_u16(row + 2 * k)) << 16;
+    float f;
+    __builtin_memcpy(&f, &u, 4);
+    return f;
+  }
+};
+
+// Q8_0: 34-byte blocks (fp16 d, 32 x int8); W divides 32, k is a multiple of W.
+template <class V>
+struct LQ8 {
+  static constexpr int kBlock = 32;
+  // The 32 / W vectors of the block starting at k (k a multiple of 32).
+  static void load_block(const uint8_t* row, int64_t k, typename V::vec* out) {
+    const uint8_t* blk = row + (k >> 5) * 34;
+    const typename V::vec d = V::set1(V::f16(load_u16(blk)));
+    for (int v = 0; v < 32 / V::W; ++v)
+      out[v] = V::load_q8(reinterpret_cast<const int8_t*>(blk + 2 + v * V::W), d);
+  }
+  static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + (k >> 5) * 34; }
+  static typename V::vec load(const uint8_t* row, int64_t k) {
+    const uint8_t* blk = row + (k >> 5) * 34;
+    const float d = V::f16(load_u16(blk));
+    return V::load_q8(reinterpret_cast<const int8_t*>(blk + 2 + (k & 31)), V::set1(d));
+  }
+  static float at(const uint8_t* row, int64_t k) {
+    const uint8_t* blk = row + (k >> 5) * 34;
+    return float(int8_t(blk[2 + (k & 31)])) * V::f16(load_u16(blk));
+  }
+};
+
+// ---- matmul ----------------------------------------------------------------
+
+// MI x-rows (stride cols) times NR weight rows (stride rb): y[i*ldy + j].
+template <class V, class L, int MI, int NR>
+void mk(const float* x, int64_t cols, const uint8_t* w, size_t rb, float* y, int64_t ldy) {
+  using vec = typename V::vec;
+  vec acc[MI][NR];
+#pragma GCC unroll 8
+  for (int i = 0; i < MI; ++i)
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
+  const int64_t kv = cols / V::W * V::W;
+  int64_t k0 = 0;
+  if constexpr (MI == 1 && L::kBlock > V::W) {
+    // Decode over Q8_0: one scale load per 32-element block, chunks still
+    // accumulated in k order (the same operations as the loop below).
+    constexpr int VB = L::kBlock / V::W;
+    const int64_t kb = cols / L::kBlock * L::kBlock;
+    for (; k0 < kb; k0 += L::kBlock) {
+      vec xv[VB];
+#pragma GCC unroll 8
+      for (int v = 0; v < VB; ++v) xv[v] = V::loadu(x + k0 + v * V::W);
+#pragma GCC unroll 8
+      for (int j = 0; j < NR; ++j) {
+        V::prefetch(L::addr(w + j * rb, k0) + CLEAVE_PF_BYTES);
+        vec wv[VB];
+        L::load_block(w + j * rb, k0, wv);
+#pragma GCC unroll 8
+        for (int v = 0; v < VB; ++v) acc[0][j] = V::fmadd(xv[v], wv[v], acc[0][j]);
+      }
+    }
+  }
+  for (int64_t k = k0; k < kv; k += V::W) {
+    vec xv[MI];
+#pragma GCC unroll 8
+    for (int i = 0; i < MI; ++i) xv[i] = V::loadu(x + i * cols + k);
+#pragma GCC unroll 8
+    for (int j = 0; j < NR; ++j) {
+      if constexpr (MI == 1) V::prefetch(L::addr(w + j * rb, k) + CLEAVE_PF_BYTES);
+      const vec wv = L::load(w + j * rb, k);
+#pragma GCC unroll 8
+      for (int i = 0; i < MI; ++i) acc[i][j] = V::fmadd(xv[i], wv, acc[i][j]);
+    }
+  }
+  for (int i = 0; i < MI; ++i) {
+    for (int j = 0; j < NR; ++j) {
+      float s = V::hsum(acc[i][j]);
+      for (int64_t k = kv; k < cols; ++k) s = V::fmas(x[i * cols + k], L::at(w + j * rb, k), s);
+      y[i * ldy + j] = s;
+    }
+  }
+}
+
+template <class V, class L, int MI>
+void mk_nr(int nr, const float* x, int64_t cols, const uint8_t* w, size_t rb, float* y,
+           int64_t ldy) {
+  switch (nr) {
+    case 1: mk<V, L, MI, 1>(x, cols, w, rb, y, ldy); return;
+    case 2: mk<V, L, MI, (V::NR >= 2 ? 2 : 1)>(x, cols, w, rb, y, ldy); return;
+    case 3: mk<V, L, MI, (V::NR >= 3 ? 3 : 1)>(x, cols, w, rb, y, ldy); return;
+    case 4: mk<V, L, MI, (V::NR >= 4 ? 4 : 1)>(x, cols, w, rb, y, ldy); return;
+    case 5: mk<V, L, MI, (V::NR >= 5 ? 5 : 1)>(x, cols, w, rb, y, ldy); return;
+    case 6: mk<V, L, MI, (V::NR >= 6 ? 6 : 1)>(x, cols, w, rb, y, ldy); return;
+    case 7: mk<V, L, MI, (V::NR >= 7 ? 7 : 1)>(x, cols, w, rb, y, ldy); return;
+    case 8: mk<V, L, MI, (V::NR >= 8 ? 8 : 1)>(x, cols, w, rb, y, ldy); return;
+    default: __builtin_trap();
+  }
+}
+
+template <class V, class L>
+void mk_any(int mi, int nr, const float* x, int64_t cols, const uint8_t* w, size_t rb, float* y,
+            int64_t ldy) {
+  switch (mi) {
+    case 1: mk_nr<V, L, 1>(nr, x, cols, w, rb, y, ldy); return;
+    case 2: mk_nr<V, L, (V::MR >= 2 ? 2 : 1)>(nr, x, cols, w, rb, y, ldy); return;
+    case 3: mk_nr<V, L, (V::MR >= 3 ? 3 : 1)>(nr, x, cols, w, rb, y, ldy); return;
+    case 4: mk_nr<V, L, (V::MR >= 4 ? 4 : 1)>(nr, x, cols, w, rb, y, ldy); return;
+    default: __builtin_trap();
+  }
+}
+
+template <class V, class L>
+void matmul_t(const MatmulArgs* a, int64_t r0, int64_t r1) {
+  const int64_t cols = a->cols, rows = a->rows, n = a->n;
+  const size_t rb = a->row_bytes;
+  // x rows per pass: keep them within ~512 KiB (L2), weights stream once per pass.
+  int64_t xg = (int64_t(512) * 1024) / (cols * 4 > 0 ? cols * 4 : 1);
+  xg = xg / V::MR * V::MR;
+  if (xg < V::MR) xg = V::MR;
+  for (int64_t i0 = 0; i0 < n; i0 += xg) {
+    const int64_t i1 = min_of(n, i0 + xg);
+    for (int64_t r = r0; r < r1; r += V::NR) {
+      const int nr = int(min_of<int64_t>(V::NR, r1 - r));
+      const uint8_t* w = a->w + size_t(r) * rb;
+      int64_t i = i0;
+      for (; i + V::MR <= i1; i += V::MR)
+        mk_nr<V, L, V::MR>(nr, a->x + i * cols, cols, w, rb, a->y + i * rows + r, rows);
+      if (i < i1) mk_any<V, L>(int(i1 - i), nr, a->x + i * cols, cols, w, rb, a->y + i * rows + r, rows);
+    }
+  }
+}
+
+template <class V>
+void matmul_k(const MatmulArgs* a, int64_t r0, int64_t r1) {
+  switch (a->wtype) {
+    case cleave::cpu::kWF32: matmul_t<V, LF32<V>>(a, r0, r1); return;
+    case cleave::cpu::kWF16: matmul_t<V, LF16<V>>(a, r0, r1); return;
+    case cleave::cpu::kWBF16: matmul_t<V, LBF16<V>>(a, r0, r1); return;
+    case cleave::cpu::kWQ8: matmul_t<V, LQ8<V>>(a, r0, r1); return;
+    default: __builtin_trap();
+  }
+}
+
+// ---- elementwise helpers ---------------------------------------------------
+
+// exp(x) for x in about [-87, 88] (clamped outside), ~1 ulp (Cephes expf).
+template <class V>
+typename V::vec vexp(typename V::vec x) {
+  using vec = typename V::vec;
+  x = V::min(V::max(x, V::set1(-87.0f)), V::set1(88.0f));
+  const vec magic = V::set1(12582912.0f);  // 1.5 * 2^23: round to nearest integer
+  const vec n = V::sub(V::fmadd(x, V::set1(1.44269504088896341f), magic), magic);
+  vec r = V::fmadd(n, V::set1(-0.693359375f), x);
+  r = V::fmadd(n, V::set1(2.12194440e-4f), r);
+  vec p = V::set1(1.9875691500E-4f);
+  p = V::fmadd(p, r, V::set1(1.3981999507E-3f));
+  p = V::fmadd(p, r, V::set1(8.3334519073E-3f));
+  p = V::fmadd(p, r, V::set1(4.1665795894E-2f));
+  p = V::fmadd(p, r, V::set1(1.6666665459E-1f));
+  p = V::fmadd(p, r, V::set1(5.0000001201E-1f));
+  p = V::fmadd(p, V::mul(r, r), r);
+  p = V::add(p, V::set1(1.0f));
+  return V::mul(p, V::pow2n(n));
+}
+
+template <class V>
+float sexp(float x) {
+  float buf[V::W];
+  V::storeu(buf, vexp<V>(V::set1(x)));
+  return buf[0];
+}
+
+// Fixed-order dot product: lanes over k, hsum, scalar tail.
+template <class V>
+float dot(const float* a, const float* b, int64_t n) {
+  typename V::vec acc = V::zero();
+  const int64_t nv = n / V::W * V::W;
+  for (int64_t k = 0; k < nv; k += V::W) acc = V::fmadd(V::loadu(a + k), V::loadu(b + k), acc);
+  float s = V::hsum(acc);
+  for (int64_t k = nv; k < n; ++k) s = V::fmas(a[k], b[k], s);
+  return s;
+}
+
+// dot<V> of a with four consecutive rows of b (stride n) at once: each result runs
+// exactly the operations dot<V> runs, the four chains just interleave.
+template <class V>
+void dot4(const float* a, const float* b, int64_t n, float* out) {
+  using vec = typename V::vec;
+  vec c0 = V::zero(), c1 = V::zero(), c2 = V::zero(), c3 = V::zero();
+  const int64_t nv = n / V::W * V::W;
+  for (int64_t k = 0; k < nv; k += V::W) {
+    const vec av = V::loadu(a + k);
+    c0 = V::fmadd(av, V::loadu(b + k), c0);
+    c1 = V::fmadd(av, V::loadu(b + n + k), c1);
+    c2 = V::fmadd(av, V::loadu(b + 2 * n + k), c2);
+    c3 = V::fmadd(av, V::loadu(b + 3 * n + k), c3);
+  }
+  float s0 = V::hsum(c0), s1 = V::hsum(c1), s2 = V::hsum(c2), s3 = V::hsum(c3);
+  for (int64_t k = nv; k < n; ++k) {
+    s0 = V::fmas(a[k], b[k], s0);
+    s1 = V::fmas(a[k], b[n + k], s1);
+    s2 = V::fmas(a[k], b[2 * n + k], s2);
+    s3 = V::fmas(a[k], b[3 * n + k], s3);
+  }
+  out[0] = s0;
+  out[1] = s1;
+  out[2] = s2;
+  out[3] = s3;
+}
+
+template <class V>
+void rmsnorm_row_k(const float* x, const float* w, int64_t dim, float eps, float* y) {
+  const float ss = dot<V>(x, x, dim);
+  const float mean = ss / float(dim);
+  const float scale = 1.0f / V::sqrt1(mean + eps);
+  const typename V::vec sv = V::set1(scale);
+  const int64_t nv = dim / V::W * V::W;
+  for (int64_t k = 0; k < nv; k += V::W)
+    V::storeu(y + k, V::mul(V::mul(V::loadu(x + k), sv), V::loadu(w + k)));
+  for (int64_t k = nv; k < dim; ++k) {
+    const float t = x[k] * scale;
+    y[k] = t * w[k];
+  }
+}
+
+template <class V>
+void softmax_row_k(float* x, int64_t len) {
+  using vec = typename V::vec;
+  const int64_t nv = len / V::W * V::W;
+  float m = -__builtin_inff();
+  {
+    vec mv = V::set1(m);
+    for (int64_t k = 0; k < nv; k += V::W) mv = V::max(mv, V::loadu(x + k));
+    m = V::hmax(mv);
+    for (int64_t k = nv; k < len; ++k) m = x[k] > m ? x[k] : m;
+  }
+  const vec msv = V::set1(m);
+  vec acc = V::zero();
+  for (int64_t k = 0; k < nv; k += V::W) {
+    const vec e = vexp<V>(V::sub(V::loadu(x + k), msv));
+    V::storeu(x + k, e);
+    acc = V::add(acc, e);
+  }
+  float s = V::hsum(acc);
+  if (nv < len) {
+    float buf[V::W];
+    for (int j = 0; j < V::W; ++j) buf[j] = nv + j < len ? x[nv + j] : m;
+    V::storeu(buf, vexp<V>(V::sub(V::loadu(buf), msv)));
+    for (int64_t k = nv; k < len; ++k) {
+      x[k] = buf[k - nv];
+      s += x[k];
+    }
+  }
+  const float inv = 1.0f / s;
+  const vec iv = V::set1(inv);
+  for (int64_t k = 0; k < nv; k += V::W) V::storeu(x + k, V::mul(V::loadu(x + k), iv));
+  for (int64_t k = nv; k < len; ++k) x[k] = x[k] * inv;
+}
+
+template <class V>
+typename V::vec silu_mul_v(typename V::vec g, typename V::vec u) {
+  const typename V::vec one = V::set1(1.0f);
+  const typename V::vec e = vexp<V>(V::sub(V::zero(), g));
+  return V::mul(V::div(g, V::add(one, e)), u);
+}
+
+template <class V>
+void silu_mul_k(const float* g, const float* u, int64_t count, float* out) {
+  const int64_t nv = count / V::W * V::W;
+  for (int64_t k = 0; k < nv; k += V::W)
+    V::storeu(out + k, silu_mul_v<V>(V::loadu(g + k), V::loadu(u + k)));
+  if (nv < count) {
+    float gb[V::W], ub[V::W];
+    for (int j = 0; j < V::W; ++j) {
+      gb[j] = nv + j < count ? g[nv + j] : 0.0f;
+      ub[j] = nv + j < count ? u[nv + j] : 0.0f;
+    }
+    V::storeu(gb, silu_mul_v<V>(V::loadu(gb), V::loadu(ub)));
+    for (int64_t k = nv; k < count; ++k) out[k] = gb[k - nv];
+  }
+}
+
+// ---- attention ---------------------------------------------------------------
+
+template <class V>
+void attn_k(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
+            int32_t pos, float* out, float* scratch) {
+  using vec = typename V::vec;
+  const int64_t hd = a->head_dim;
+  const int32_t bs = a->block_size;
+  const int32_t G = a->group;
+  const int64_t hv = hd / V::W * V::W;
+  float* s = scratch;            // block_size scores, padded to a multiple of W
+  float* m = scratch + bs + 32;  // running max per head
+  float* l = m + G;              // running sum per head
+  for (int32_t g = 0; g < G; ++g) {
+    m[g] = -__builtin_inff();
+    l[g] = 0.0f;
+    for (int64_t k = 0; k < hd; ++k) out[g * hd + k] = 0.0f;
+  }
+  const int32_t nb = pos / bs + 1;
+  for (int32_t b = 0; b < nb; ++b) {
+    const float* K = a->layer_base + size_t(block_table[b]) * a->block_elems +
+                     size_t(kv_head) * a->head_elems;
+    const float* Vb = K + a->v_offset;
+    const int32_t len = b == nb - 1 ? pos - b * bs + 1 : bs;
+    for (int32_t g = 0; g < G; ++g) {
+      const float* qg = q + g * hd;
+      float* og = out + g * hd;
+      float tmax = -__builtin_inff();
+      int32_t t4 = 0;
+      for (; t4 + 4 <= len; t4 += 4) dot4<V>(qg, K + t4 * hd, hd, s + t4);
+      for (int32_t t = t4; t < len; ++t) s[t] = dot<V>(qg, K + t * hd, hd);
+      for (int32_t t = 0; t < len; ++t) {
+        s[t] = s[t] * a->scale;
+        tmax = s[t] > tmax ? s[t] : tmax;
+      }
+      const float m_new = m[g] > tmax ? m[g] : tmax;
+      const float alpha = m[g] == -__builtin_inff() ? 0.0f : sexp<V>(m[g] - m_new);
+      const vec mv = V::set1(m_new);
+      const int32_t lenp = (len + V::W - 1) / V::W * V::W;
+      for (int32_t t = len; t < lenp; ++t) s[t] = m_new;
+      for (int32_t t = 0; t < lenp; t += V::W) V::storeu(s + t, vexp<V>(V::sub(V::loadu(s + t), mv)));
+      float sum = l[g] * alpha;
+      for (int32_t t = 0; t < len; ++t) sum += s[t];
+      l[g] = sum;
+      m[g] = m_new;
+      const vec av = V::set1(alpha);
+      for (int64_t k = 0; k < hv; k += V::W) V::storeu(og + k, V::mul(V::loadu(og + k), av));
+      for (int64_t k = hv; k < hd; ++k) og[k] = og[k] * alpha;
+      // og += p[t] * v[t] for t in order; per element the same sequence
+      // whichever way the loops are grouped (chunks of 4 vectors in registers).
+      int64_t k = 0;
+      for (; k + 4 * V::W <= hv; k += 4 * V::W) {
+        vec o0 = V::loadu(og + k), o1 = V::loadu(og + k + V::W), o2 = V::loadu(og + k + 2 * V::W),
+            o3 = V::loadu(og + k + 3 * V::W);
+        for (int32_t t = 0; t < len; ++t) {
+          const float* vt = Vb + t * hd + k;
+          const vec pv = V::set1(s[t]);
+          o0 = V::fmadd(pv, V::loadu(vt), o0);
+          o1 = V::fmadd(pv, V::loadu(vt + V::W), o1);
+          o2 = V::fmadd(pv, V::loadu(vt + 2 * V::W), o2);
+          o3 = V::fmadd(pv, V::loadu(vt + 3 * V::W), o3);
+        }
+        V::storeu(og + k, o0);
+        V::storeu(og + k + V::W, o1);
+        V::storeu(og + k + 2 * V::W, o2);
+        V::storeu(og + k + 3 * V::W, o3);
+      }
+      for (; k < hv; k += V::W) {
+        vec o0 = V::loadu(og + k);
+        for (int32_t t = 0; t < len; ++t) o0 = V::fmadd(V::set1(s[t]), V::loadu(Vb + t * hd + k), o0);
+        V::storeu(og + k, o0);
+      }
+      for (; k < hd; ++k) {
+        float o = og[k];
+        for (int32_t t = 0; t < len; ++t) o = V::fmas(s[t], Vb[t * hd + k], o);
+        og[k] = o;
+      }
+    }
+  }
+  for (int32_t g = 0; g < G; ++g) {
+    const float inv = 1.0f / l[g];
+    float* og = out + g * hd;
+    const vec iv = V::set1(inv);
+    for (int64_t k = 0; k < hv; k += V::W) V::storeu(og + k, V::mul(V::loadu(og + k), iv));
+    for (int64_t k = hv; k < hd; ++k) og[k] = og[k] * inv;
+  }
+}
+
+}  // namespace
+
+#define CLEAVE_DEFINE_KERNEL_TABLE(name)                                                     \
+  const ::cleave::cpu::Kernels name = {V::W,          V::MR,           V::NR,              \
+                                       &matmul_k<V>,  &rmsnorm_row_k<V>, &softmax_row_k<V>, \
+                                       &silu_mul_k<V>, &attn_k<V>};

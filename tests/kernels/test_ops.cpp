@@ -1,0 +1,388 @@
+// Every CPU op on every ISA this machine runs, against float64 references,
+// and batch invariance bit for bit (batch size, position, thread count).
+#include <doctest/doctest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+
+using namespace cleave;
+
+namespace {
+
+std::vector<Isa> isas() {
+  std::vector<Isa> out{Isa::scalar};
+  const Isa best = detect_isa();
+  if (best == Isa::avx2 || best == Isa::avx512) out.push_back(Isa::avx2);
+  if (best == Isa::avx512) out.push_back(Isa::avx512);
+  return out;
+}
+
+std::vector<float> randv(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(lo, hi);
+  std::vector<float> v(n);
+  for (auto& x : v) {
+    do x = u(rng);
+    while (x == 0.0f);
+  }
+  return v;
+}
+
+// A weight matrix in its stored type, built from random floats.
+struct Weights {
+  DType type;
+  int64_t rows, cols;
+  size_t row_bytes;
+  std::vector<uint8_t> data;
+  std::vector<float> deq;  // dequantised, rows x cols
+  WeightView view() const { return WeightView{type, data.data(), rows, cols, row_bytes}; }
+};
+
+Weights make_weights(DType t, int64_t rows, int64_t cols, uint32_t seed, size_t pad = 0) {
+  Weights w{t, rows, cols, dtype_row_bytes(t, cols) + pad, {}, {}};
+  w.data.assign(w.row_bytes * rows + 64, 0xab);
+  const std::vector<float> f = randv(size_t(rows * cols), seed);
+  for (int64_t r = 0; r < rows; ++r) {
+    uint8_t* dst = w.data.data() + r * w.row_bytes;
+    const float* src = f.data() + r * cols;
+    switch (t) {
+      case DType::F32: std::memcpy(dst, src, cols * 4); break;
+      case DType::F16:
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint16_t h = fp32_to_fp16(src[c]);
+          std::memcpy(dst + 2 * c, &h, 2);
+        }
+        break;
+      case DType::BF16:
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint16_t h = fp32_to_bf16(src[c]);
+          std::memcpy(dst + 2 * c, &h, 2);
+        }
+        break;
+      case DType::Q8_0: quantize_row_q8_0(src, cols, dst); break;
+    }
+  }
+  w.deq.resize(size_t(rows * cols));
+  for (int64_t r = 0; r < rows; ++r)
+    dequantize_row(t, w.data.data() + r * w.row_bytes, cols, w.deq.data() + r * cols);
+  return w;
+}
+
+double max_abs(const std::vector<double>& v) {
+  double m = 0;
+  for (double x : v) m = std::max(m, std::fabs(x));
+  return m;
+}
+
+// max |y - ref| / (max |ref| + tiny)
+double norm_err(const float* y, const std::vector<double>& ref) {
+  double e = 0;
+  for (size_t i = 0; i < ref.size(); ++i) e = std::max(e, std::fabs(double(y[i]) - ref[i]));
+  return e / (max_abs(ref) + 1e-30);
+}
+
+std::vector<double> ref_matmul(const Weights& w, const float* x, int64_t n) {
+  std::vector<double> y(size_t(n * w.rows));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      double s = 0;
+      for (int64_t c = 0; c < w.cols; ++c) s += double(x[i * w.cols + c]) * w.deq[r * w.cols + c];
+      y[i * w.rows + r] = s;
+    }
+  return y;
+}
+
+const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
+
+}  // namespace
+
+TEST_CASE("cpu backend: caps - isa and memory") {
+  const Isa best = detect_isa();
+  MESSAGE("detected isa: " << std::string(isa_name(best)));
+  for (Isa isa : isas()) {
+    auto be = make_cpu_backend(2, isa);
+    const Caps c = be->caps();
+    CHECK(c.name == "cpu");
+    CHECK(c.isa == isa_name(isa));
+    CHECK(c.threads == 2);
+    for (DType t : kTypes) CHECK(be->supports(Op::matmul, t));
+    void* p = be->alloc(1000);
+    REQUIRE(p != nullptr);
+    CHECK(reinterpret_cast<uintptr_t>(p) % 64 == 0);
+    std::vector<uint8_t> a(1000, 7), b(1000, 0);
+    be->upload(p, a.data(), 1000);
+    be->sync();
+    be->download(b.data(), p, 1000);
+    CHECK(a == b);
+    be->free(p);
+  }
+  CHECK(std::string(isa_name(Isa::scalar)) == "scalar");
+}
+
+TEST_CASE("matmul vs float64 reference - every dtype and isa") {
+  struct Shape {
+    int64_t rows, cols;
+  };
+  for (Isa isa : isas()) {
+    for (int threads : {1, 2}) {
+      auto be = make_cpu_backend(threads, isa);
+      for (DType t : kTypes) {
+        const bool q8 = t == DType::Q8_0;
+        const Shape shapes[] = {{1, q8 ? 32 : 7},    {7, q8 ? 64 : 37},   {13, q8 ? 96 : 45},
+                                {25, q8 ? 160 : 100}, {67, q8 ? 256 : 203}, {6, q8 ? 32 : 16}};
+        for (const Shape& s : shapes) {
+          const Weights w = make_weights(t, s.rows, s.cols, uint32_t(s.rows * 131 + s.cols), s.rows == 13 ? 6 : 0);
+          for (int64_t n : {1, 3, 17, 128}) {
+            const auto x = randv(size_t(n * s.cols), uint32_t(n + 5));
+            std::vector<float> y(size_t(n * s.rows), -999.0f);
+            be->matmul(w.view(), x.data(), n, y.data());
+            const double err = norm_err(y.data(), ref_matmul(w, x.data(), n));
+            INFO(isa_name(isa) << " " << dtype_name(t) << " rows=" << s.rows << " cols=" << s.cols
+                               << " n=" << n << " threads=" << threads << " err=" << err);
+            CHECK(err <= 2e-6 * std::sqrt(double(s.cols)));
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul: quantised weights give the same bits as their dequantised F32") {
+  // Conversions are exact and every kernel runs the same FMA sequence, so
+  // F16/BF16/Q8_0 equal F32 on the dequantised matrix, bit for bit.
+  for (Isa isa : isas()) {
+    auto be = make_cpu_backend(2, isa);
+    for (DType t : {DType::F16, DType::BF16, DType::Q8_0}) {
+      const int64_t rows = 29, cols = t == DType::Q8_0 ? 224 : 211, n = 9;
+      const Weights w = make_weights(t, rows, cols, 11);
+      const auto x = randv(size_t(n * cols), 12);
+      std::vector<float> y1(size_t(n * rows)), y2(size_t(n * rows));
+      be->matmul(w.view(), x.data(), n, y1.data());
+      WeightView f32{DType::F32, w.deq.data(), rows, cols, size_t(cols) * 4};
+      be->matmul(f32, x.data(), n, y2.data());
+      INFO(isa_name(isa) << " " << dtype_name(t));
+      CHECK(std::memcmp(y1.data(), y2.data(), y1.size() * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("matmul batch invariance: batch size - row position - thread count") {
+  for (Isa isa : isas()) {
+    std::unique_ptr<Backend> be[3] = {make_cpu_backend(1, isa), make_cpu_backend(2, isa),
+                                      make_cpu_backend(3, isa)};
+    for (DType t : kTypes) {
+      const int64_t rows = 401, cols = t == DType::Q8_0 ? 192 : 167;
+      const Weights w = make_weights(t, rows, cols, 21);
+      const int64_t total = 128 + 7;
+      const auto x = randv(size_t(total * cols), 22);
+      // Reference: every row alone, one thread.
+      std::vector<float> alone(size_t(total * rows));
+      for (int64_t i = 0; i < total; ++i)
+        be[0]->matmul(w.view(), x.data() + i * cols, 1, alone.data() + i * rows);
+      for (int64_t n : {1, 2, 5, 33, 128}) {
+        for (int64_t off : {int64_t(0), int64_t(3), total - n}) {
+          for (int ti = 0; ti < 3; ++ti) {
+            std::vector<float> y(size_t(n * rows));
+            be[ti]->matmul(w.view(), x.data() + off * cols, n, y.data());
+            INFO(isa_name(isa) << " " << dtype_name(t) << " n=" << n << " off=" << off
+                               << " threads=" << ti + 1);
+            CHECK(std::memcmp(y.data(), alone.data() + off * rows, y.size() * 4) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("rmsnorm vs reference and batch invariance") {
+  for (Isa isa : isas()) {
+    auto be1 = make_cpu_backend(1, isa);
+    auto be3 = make_cpu_backend(3, isa);
+    for (int64_t dim : {int64_t(7), int64_t(64), int64_t(203), int64_t(1000)}) {
+      const int64_t n = 80;
+      const auto x = randv(size_t(n * dim), 31, -3.0f, 3.0f);
+      const auto w = randv(size_t(dim), 32, 0.5f, 1.5f);
+      const float eps = 1e-5f;
+      std::vector<float> y(size_t(n * dim));
+      be3->rmsnorm(x.data(), w.data(), n, dim, eps, y.data());
+      std::vector<double> ref(size_t(n * dim));
+      for (int64_t i = 0; i < n; ++i) {
+        double ss = 0;
+        for (int64_t k = 0; k < dim; ++k) ss += double(x[i * dim + k]) * x[i * dim + k];
+        const double sc = 1.0 / std::sqrt(ss / dim + eps);
+        for (int64_t k = 0; k < dim; ++k) ref[i * dim + k] = x[i * dim + k] * sc * w[k];
+      }
+      INFO(isa_name(isa) << " dim=" << dim);
+      CHECK(norm_err(y.data(), ref) <= 2e-6);
+      for (int64_t i : {int64_t(0), int64_t(17), n - 1}) {
+        std::vector<float> one(static_cast<size_t>(dim));
+        be1->rmsnorm(x.data() + i * dim, w.data(), 1, dim, eps, one.data());
+        CHECK(std::memcmp(one.data(), y.data() + i * dim, dim * 4) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("rope vs reference and batch invariance") {
+  for (Isa isa : isas()) {
+    auto be1 = make_cpu_backend(1, isa);
+    auto be2 = make_cpu_backend(2, isa);
+    const int64_t n = 50, heads = 6, hd = 48;
+    const float base = 10000.0f;
+    const auto x = randv(size_t(n * heads * hd), 41);
+    std::vector<int32_t> pos(n);
+    for (int64_t i = 0; i < n; ++i) pos[i] = int32_t(i * 97 % 4099);
+    std::vector<float> y = x;
+    be2->rope(y.data(), n, heads, hd, pos.data(), base);
+    std::vector<double> ref(x.size());
+    for (int64_t i = 0; i < n; ++i)
+      for (int64_t h = 0; h < heads; ++h)
+        for (int64_t j = 0; j < hd / 2; ++j) {
+          const double th = pos[i] * std::pow(double(base), -2.0 * j / hd);
+          const size_t o = size_t((i * heads + h) * hd + 2 * j);
+          ref[o] = x[o] * std::cos(th) - x[o + 1] * std::sin(th);
+          ref[o + 1] = x[o] * std::sin(th) + x[o + 1] * std::cos(th);
+        }
+    INFO(isa_name(isa));
+    CHECK(norm_err(y.data(), ref) <= 1e-6);
+    for (int64_t i : {int64_t(0), int64_t(9), n - 1}) {
+      std::vector<float> one(x.begin() + i * heads * hd, x.begin() + (i + 1) * heads * hd);
+      be1->rope(one.data(), 1, heads, hd, &pos[i], base);
+      CHECK(std::memcmp(one.data(), y.data() + i * heads * hd, one.size() * 4) == 0);
+    }
+    // Another base on the same backend recomputes the frequencies.
+    std::vector<float> z = x;
+    be2->rope(z.data(), n, heads, hd, pos.data(), 500000.0f);
+    CHECK(std::memcmp(z.data(), y.data(), z.size() * 4) != 0);
+  }
+}
+
+TEST_CASE("softmax vs reference and batch invariance") {
+  for (Isa isa : isas()) {
+    auto be1 = make_cpu_backend(1, isa);
+    auto be3 = make_cpu_backend(3, isa);
+    for (int64_t len : {int64_t(1), int64_t(5), int64_t(33), int64_t(1000)}) {
+      const int64_t n = 70;
+      const auto x = randv(size_t(n * len), 51, -20.0f, 20.0f);
+      std::vector<float> y = x;
+      be3->softmax(y.data(), n, len);
+      std::vector<double> ref(x.size());
+      for (int64_t i = 0; i < n; ++i) {
+        double m = -1e300, s = 0;
+        for (int64_t k = 0; k < len; ++k) m = std::max(m, double(x[i * len + k]));
+        for (int64_t k = 0; k < len; ++k) s += std::exp(double(x[i * len + k]) - m);
+        for (int64_t k = 0; k < len; ++k) ref[i * len + k] = std::exp(double(x[i * len + k]) - m) / s;
+      }
+      INFO(isa_name(isa) << " len=" << len);
+      // Per element relative error (the small probabilities matter too).
+      double rel = 0;
+      for (size_t k = 0; k < ref.size(); ++k)
+        rel = std::max(rel, std::fabs(y[k] - ref[k]) / std::max(ref[k], 1e-30));
+      INFO("rel=" << rel);
+      CHECK(rel <= 1e-5);
+      for (int64_t i : {int64_t(0), int64_t(33), n - 1}) {
+        std::vector<float> one(x.begin() + i * len, x.begin() + (i + 1) * len);
+        be1->softmax(one.data(), 1, len);
+        CHECK(std::memcmp(one.data(), y.data() + i * len, len * 4) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("silu_mul vs reference and position invariance") {
+  for (Isa isa : isas()) {
+    auto be1 = make_cpu_backend(1, isa);
+    auto be2 = make_cpu_backend(2, isa);
+    const int64_t count = 100003;
+    const auto g = randv(size_t(count), 61, -12.0f, 12.0f);
+    const auto u = randv(size_t(count), 62, -2.0f, 2.0f);
+    std::vector<float> y(static_cast<size_t>(count));
+    be2->silu_mul(g.data(), u.data(), count, y.data());
+    std::vector<double> ref(static_cast<size_t>(count));
+    for (int64_t k = 0; k < count; ++k) ref[k] = g[k] / (1.0 + std::exp(-double(g[k]))) * u[k];
+    INFO(isa_name(isa));
+    double rel = 0;
+    for (int64_t k = 0; k < count; ++k)
+      rel = std::max(rel, std::fabs(y[k] - ref[k]) / std::max(std::fabs(ref[k]), 1e-3));
+    CHECK(rel <= 2e-6);
+    for (int64_t off : {int64_t(1), int64_t(3), int64_t(1021)}) {
+      for (int64_t len : {int64_t(1), int64_t(13), int64_t(3000)}) {
+        std::vector<float> z(static_cast<size_t>(len));
+        be1->silu_mul(g.data() + off, u.data() + off, len, z.data());
+        CHECK(std::memcmp(z.data(), y.data() + off, len * 4) == 0);
+      }
+    }
+  }
+}
+
+TEST_CASE("embed: dequantised rows - every dtype") {
+  for (Isa isa : isas()) {
+    auto be = make_cpu_backend(2, isa);
+    for (DType t : kTypes) {
+      const int64_t rows = 50, cols = 96;
+      const Weights w = make_weights(t, rows, cols, 71);
+      const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+      std::vector<float> out(ids.size() * cols);
+      be->embed(w.view(), ids.data(), int64_t(ids.size()), out.data());
+      for (size_t i = 0; i < ids.size(); ++i)
+        CHECK(std::memcmp(out.data() + i * cols, w.deq.data() + ids[i] * cols, cols * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("topk_gating vs reference - ties and batch invariance") {
+  for (Isa isa : isas()) {
+    auto be1 = make_cpu_backend(1, isa);
+    auto be2 = make_cpu_backend(2, isa);
+    for (int64_t ne : {int64_t(8), int64_t(60)}) {
+      for (int64_t k : {int64_t(1), int64_t(2), int64_t(6)}) {
+        const int64_t n = 300;
+        const auto x = randv(size_t(n * ne), uint32_t(81 + ne + k), -4.0f, 4.0f);
+        std::vector<int32_t> ids(size_t(n * k));
+        std::vector<float> w(size_t(n * k));
+        be2->topk_gating(x.data(), n, ne, k, ids.data(), w.data());
+        for (int64_t i = 0; i < n; ++i) {
+          std::vector<double> p(static_cast<size_t>(ne));
+          double m = -1e300, s = 0;
+          for (int64_t e = 0; e < ne; ++e) m = std::max(m, double(x[i * ne + e]));
+          for (int64_t e = 0; e < ne; ++e) s += p[e] = std::exp(x[i * ne + e] - m);
+          std::vector<int32_t> order(static_cast<size_t>(ne));
+          std::iota(order.begin(), order.end(), 0);
+          std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[a] > p[b]; });
+          double ws = 0;
+          for (int64_t j = 0; j < k; ++j) ws += p[order[j]];
+          for (int64_t j = 0; j < k; ++j) {
+            REQUIRE(ids[i * k + j] == order[j]);
+            CHECK(std::fabs(w[i * k + j] - p[order[j]] / ws) <= 2e-6);
+          }
+        }
+        for (int64_t i : {int64_t(0), int64_t(150), n - 1}) {
+          std::vector<int32_t> id1(static_cast<size_t>(k));
+          std::vector<float> w1(static_cast<size_t>(k));
+          be1->topk_gating(x.data() + i * ne, 1, ne, k, id1.data(), w1.data());
+          CHECK(std::memcmp(id1.data(), ids.data() + i * k, k * 4) == 0);
+          CHECK(std::memcmp(w1.data(), w.data() + i * k, k * 4) == 0);
+        }
+      }
+    }
+    // Ties: lower index first.
+    const float tied[8] = {0.5f, 2.0f, 1.0f, 2.0f, 2.0f, -1.0f, 1.0f, 0.0f};
+    int32_t ids[4];
+    float w[4];
+    be1->topk_gating(tied, 1, 8, 4, ids, w);
+    CHECK(ids[0] == 1);
+    CHECK(ids[1] == 3);
+    CHECK(ids[2] == 4);
+    CHECK(ids[3] == 2);
+    CHECK(w[0] == w[1]);
+    CHECK(std::fabs(w[0] + w[1] + w[2] + w[3] - 1.0f) <= 1e-6f);
+  }
+}
