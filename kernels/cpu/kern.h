@@ -45,6 +45,7 @@ struct Kernels {
   int lanes;  // SIMD width of the reductions
   int mr;     // matmul microkernel: x rows ...
   int nr;     // ... by weight rows
+  int nr1;    // weight rows per block when n == 1 (decode)
   // y[i][r] for every i < n and r in [r0, r1).
   void (*matmul)(const MatmulArgs* a, int64_t r0, int64_t r1);
   void (*rmsnorm_row)(const float* x, const float* w, int64_t dim, float eps, float* y);
@@ -56,6 +57,9 @@ struct Kernels {
   // q and out hold group * head_dim floats. scratch: CLEAVE_ATTN_SCRATCH floats.
   void (*attn)(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
                int32_t pos, float* out, float* scratch);
+  // Test hook: the matmul's combined horizontal sums (combined) against
+  // per-accumulator hsum (single) for n <= 24 accumulators of `lanes` floats.
+  void (*hsums_check)(const float* acc, int n, float* combined, float* single);
 };
 
 extern const Kernels kKernelsScalar;

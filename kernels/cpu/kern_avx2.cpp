@@ -11,6 +11,7 @@ struct V {
   static constexpr int W = 8;
   static constexpr int MR = 4;  // 4 x rows by 3 weight rows = 12 accumulators
   static constexpr int NR = 3;
+  static constexpr int NR1 = 6;  // weight rows per decode (1 x row) block
   static vec zero() { return _mm256_setzero_ps(); }
   static vec set1(float f) { return _mm256_set1_ps(f); }
   static vec loadu(const float* p) { return _mm256_loadu_ps(p); }
@@ -29,6 +30,41 @@ struct V {
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
     return _mm_cvtss_f32(s1);
+  }
+  // out[j] = hsum(a[j]) for j < N, bit for bit: 8 accumulators at a time,
+  // transposed so each one gets exactly hsum's additions (same operands, same
+  // order): lanes i + i+4, i + i+2, 0 + 1.
+  template <int N>
+  [[gnu::always_inline]] static inline void hsums(const vec* a, float* out) {
+    for (int g = 0; g < N; g += 8) {
+      const int cnt = N - g < 8 ? N - g : 8;
+      // Slot 2m + k holds accumulator 4k + m; the result's lane 4k + m is then
+      // accumulator 4k + m.
+      vec s[8];
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q) {
+        const int acc = 4 * (q & 1) + (q >> 1);
+        s[q] = acc < cnt ? a[g + acc] : _mm256_setzero_ps();
+      }
+      vec p[4], t[2];
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q)  // [x s4 | y s4]
+        p[q] = _mm256_add_ps(_mm256_permute2f128_ps(s[2 * q], s[2 * q + 1], 0x20),
+                             _mm256_permute2f128_ps(s[2 * q], s[2 * q + 1], 0x31));
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q)  // two s2 pairs per 128-bit lane
+        t[q] = _mm256_add_ps(_mm256_shuffle_ps(p[2 * q], p[2 * q + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm256_shuffle_ps(p[2 * q], p[2 * q + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+      const vec f = _mm256_add_ps(_mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm256_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+      if (cnt == 8) {
+        _mm256_storeu_ps(out + g, f);
+      } else {
+        float b[8];
+        _mm256_storeu_ps(b, f);
+        for (int q = 0; q < cnt; ++q) out[g + q] = b[q];
+      }
+    }
   }
   static float hmax(vec v) {
     __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));

@@ -14,6 +14,9 @@ struct V {
   static constexpr int W = 16;
   static constexpr int MR = 4;  // 4 x rows by 6 weight rows = 24 accumulators
   static constexpr int NR = 6;
+  // Decode (1 x row): weight rows per block = concurrent row streams (6
+  // measured best; 8, 12, 16 lose on Zen 5).
+  static constexpr int NR1 = 6;
   static vec zero() { return _mm512_setzero_ps(); }
   static vec set1(float f) { return _mm512_set1_ps(f); }
   static vec loadu(const float* p) { return _mm512_loadu_ps(p); }
@@ -33,6 +36,42 @@ struct V {
     const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
     const __m128 s1 = _mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1));
     return _mm_cvtss_f32(s1);
+  }
+  // out[j] = hsum(a[j]) for j < N, bit for bit: 16 accumulators at a time,
+  // transposed so each one gets exactly hsum's additions (same operands, same
+  // order): lanes i + i+8, i + i+4, i + i+2, 0 + 1.
+  template <int N>
+  [[gnu::always_inline]] static inline void hsums(const vec* a, float* out) {
+    for (int g = 0; g < N; g += 16) {
+      const int cnt = N - g < 16 ? N - g : 16;
+      // Slot 4m + k holds accumulator 4k + m; the result's lane 4k + m is then
+      // accumulator 4k + m.
+      vec s[16];
+#pragma GCC unroll 16
+      for (int q = 0; q < 16; ++q) {
+        const int acc = 4 * (q & 3) + (q >> 2);
+        s[q] = acc < cnt ? a[g + acc] : _mm512_setzero_ps();
+      }
+      vec p[8], r[4], t[2];
+#pragma GCC unroll 8
+      for (int q = 0; q < 8; ++q)  // [x s8 | y s8]
+        p[q] = _mm512_add_ps(_mm512_shuffle_f32x4(s[2 * q], s[2 * q + 1], 0x44),
+                             _mm512_shuffle_f32x4(s[2 * q], s[2 * q + 1], 0xEE));
+#pragma GCC unroll 4
+      for (int q = 0; q < 4; ++q)  // four s4, one per 128-bit lane
+        r[q] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * q], p[2 * q + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                             _mm512_shuffle_f32x4(p[2 * q], p[2 * q + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+#pragma GCC unroll 2
+      for (int q = 0; q < 2; ++q)  // two s2 pairs per 128-bit lane
+        t[q] = _mm512_add_ps(_mm512_shuffle_ps(r[2 * q], r[2 * q + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                             _mm512_shuffle_ps(r[2 * q], r[2 * q + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+      const vec f = _mm512_add_ps(_mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                  _mm512_shuffle_ps(t[0], t[1], _MM_SHUFFLE(3, 1, 3, 1)));
+      if (cnt == 16)
+        _mm512_storeu_ps(out + g, f);
+      else
+        _mm512_mask_storeu_ps(out + g, __mmask16((1u << cnt) - 1), f);
+    }
   }
   static float hmax(vec v) { return _mm512_reduce_max_ps(v); }
   static vec load_f16(const uint8_t* p) {

@@ -15,6 +15,7 @@ struct V {
   static constexpr int W = 8;
   static constexpr int MR = 2;
   static constexpr int NR = 2;
+  static constexpr int NR1 = 2;
 #define CLEAVE_LANES(expr) \
   vec r;                   \
   for (int i = 0; i < 8; ++i) r.v[i] = (expr); \
@@ -43,6 +44,10 @@ struct V {
     for (int i = 0; i < 4; ++i) s4[i] = a.v[i] + a.v[i + 4];
     for (int i = 0; i < 2; ++i) s2[i] = s4[i] + s4[i + 2];
     return s2[0] + s2[1];
+  }
+  template <int N>
+  static void hsums(const vec* a, float* out) {
+    for (int j = 0; j < N; ++j) out[j] = hsum(a[j]);
   }
   static float hmax(vec a) {
     float m = a.v[0];

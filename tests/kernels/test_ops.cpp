@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/kern.h"
 
 using namespace cleave;
 
@@ -384,5 +385,27 @@ TEST_CASE("topk_gating vs reference - ties and batch invariance") {
     CHECK(ids[3] == 2);
     CHECK(w[0] == w[1]);
     CHECK(std::fabs(w[0] + w[1] + w[2] + w[3] - 1.0f) <= 1e-6f);
+  }
+}
+
+TEST_CASE("matmul combined horizontal sums equal hsum bit for bit") {
+  // The matmul microkernels reduce many accumulators at once; each must get
+  // exactly V::hsum's additions, so a row's bits match whatever the block.
+  for (Isa isa : isas()) {
+    const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
+                            : isa == Isa::avx2 ? cpu::kKernelsAvx2
+                                               : cpu::kKernelsScalar;
+    for (int n = 1; n <= 24; ++n) {
+      for (uint32_t seed = 0; seed < 20; ++seed) {
+        // Mixed magnitudes so that a different addition order shows up.
+        std::vector<float> acc = randv(size_t(n) * k.lanes, 1000 + seed * 31 + n);
+        std::mt19937 rng(seed);
+        for (auto& v : acc) v = std::ldexp(v, int(rng() % 40) - 20);
+        std::vector<float> c(size_t(n), -1.0f), s(size_t(n), -2.0f);
+        k.hsums_check(acc.data(), n, c.data(), s.data());
+        INFO(isa_name(isa) << " n=" << n << " seed=" << seed);
+        CHECK(std::memcmp(c.data(), s.data(), size_t(n) * 4) == 0);
+      }
+    }
   }
 }
