@@ -84,8 +84,11 @@ double read_bandwidth(size_t bytes, int threads, int reps) {
   x##9 = FMA(x##9, m, a); x##10 = FMA(x##10, m, a); x##11 = FMA(x##11, m, a)
 __attribute__((target("avx512f"))) double fma_loop_512(int64_t iters) {
   const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
-  __m512 c0 = _mm512_set1_ps(1.0f), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
-         c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+  // Distinct starting values: identical chains would be merged by the compiler.
+  __m512 c0 = _mm512_set1_ps(1.00f), c1 = _mm512_set1_ps(1.01f), c2 = _mm512_set1_ps(1.02f),
+         c3 = _mm512_set1_ps(1.03f), c4 = _mm512_set1_ps(1.04f), c5 = _mm512_set1_ps(1.05f),
+         c6 = _mm512_set1_ps(1.06f), c7 = _mm512_set1_ps(1.07f), c8 = _mm512_set1_ps(1.08f),
+         c9 = _mm512_set1_ps(1.09f), c10 = _mm512_set1_ps(1.10f), c11 = _mm512_set1_ps(1.11f);
   for (int64_t i = 0; i < iters; ++i) {
     CLEAVE_FMA12(_mm512_fmadd_ps, c);
   }
@@ -98,8 +101,10 @@ __attribute__((target("avx512f"))) double fma_loop_512(int64_t iters) {
 }
 __attribute__((target("avx2,fma"))) double fma_loop_256(int64_t iters) {
   const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
-  __m256 c0 = _mm256_set1_ps(1.0f), c1 = c0, c2 = c0, c3 = c0, c4 = c0, c5 = c0, c6 = c0,
-         c7 = c0, c8 = c0, c9 = c0, c10 = c0, c11 = c0;
+  __m256 c0 = _mm256_set1_ps(1.00f), c1 = _mm256_set1_ps(1.01f), c2 = _mm256_set1_ps(1.02f),
+         c3 = _mm256_set1_ps(1.03f), c4 = _mm256_set1_ps(1.04f), c5 = _mm256_set1_ps(1.05f),
+         c6 = _mm256_set1_ps(1.06f), c7 = _mm256_set1_ps(1.07f), c8 = _mm256_set1_ps(1.08f),
+         c9 = _mm256_set1_ps(1.09f), c10 = _mm256_set1_ps(1.10f), c11 = _mm256_set1_ps(1.11f);
   for (int64_t i = 0; i < iters; ++i) {
     CLEAVE_FMA12(_mm256_fmadd_ps, c);
   }
