@@ -9,5 +9,5 @@ if [ ! -f "$MODEL" ]; then
   build/apps/cleave make-model --out "$MODEL" --vocab models/vocab/ggml-vocab-llama-spm.gguf \
     --dim 288 --layers 6 --heads 6 --kv-heads 6 --ffn 768 --ctx 512 --type f16 --seed 7
 fi
-build/apps/cleave inspect "$MODEL" | head -n 3
+build/apps/cleave inspect "$MODEL" | sed -n 1,2p
 build/apps/cleave generate -m "$MODEL" -p "Once upon a time" -n 48 --temp 0.8 --seed 42
