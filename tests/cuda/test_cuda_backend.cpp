@@ -363,7 +363,7 @@ struct KvFixture {
 
 }  // namespace
 
-TEST_CASE("cuda kv_write + attention against cpu; chunked prefill and batching bit-exact") {
+TEST_CASE("cuda kv_write + attention against cpu - chunked prefill and batching bit-exact") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;
   auto cpu = make_cpu_backend(2);
