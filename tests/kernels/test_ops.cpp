@@ -409,3 +409,28 @@ TEST_CASE("matmul combined horizontal sums equal hsum bit for bit") {
     }
   }
 }
+
+TEST_CASE("matmul batch invariance: long rows (k split into packed chunks)") {
+  // cols past the prefill kernel's k chunk (1024), so accumulators resume
+  // across chunks; ragged cols for the scalar tail; n past one x pass.
+  for (Isa isa : isas()) {
+    std::unique_ptr<Backend> be[2] = {make_cpu_backend(1, isa), make_cpu_backend(2, isa)};
+    for (DType t : kTypes) {
+      const int64_t rows = 37, cols = t == DType::Q8_0 ? 2112 : 2083;
+      const Weights w = make_weights(t, rows, cols, 31);
+      const int64_t total = 133;
+      const auto x = randv(size_t(total * cols), 32);
+      std::vector<float> alone(size_t(total * rows));
+      for (int64_t i = 0; i < total; ++i)
+        be[0]->matmul(w.view(), x.data() + i * cols, 1, alone.data() + i * rows);
+      for (int64_t n : {int64_t(6), int64_t(128), total}) {
+        for (int ti = 0; ti < 2; ++ti) {
+          std::vector<float> y(size_t(n * rows));
+          be[ti]->matmul(w.view(), x.data() + (total - n) * cols, n, y.data());
+          INFO(isa_name(isa) << " " << dtype_name(t) << " n=" << n << " threads=" << ti + 1);
+          CHECK(std::memcmp(y.data(), alone.data() + (total - n) * rows, y.size() * 4) == 0);
+        }
+      }
+    }
+  }
+}
