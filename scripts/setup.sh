@@ -7,7 +7,7 @@ BUILD_DIR=${1:-build}
 shift || true
 
 PACKAGES=(build-essential cmake pkg-config ccache doctest-dev nlohmann-json3-dev libcli11-dev
-          python3 python3-numpy)
+          librocksdb-dev libxxhash-dev python3 python3-numpy)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
