@@ -1,0 +1,350 @@
+#include "storage/tiered_store.h"
+
+#include <cstdio>
+
+namespace cleave {
+
+Result<std::unique_ptr<TieredStore>> TieredStore::create(std::vector<std::unique_ptr<Tier>> tiers,
+                                                         uint64_t model_fingerprint,
+                                                         const KvLayout& layout,
+                                                         TieredStoreOptions options) {
+  if (tiers.empty()) return Status(Code::invalid_argument, "tiered store: no tiers");
+  for (size_t i = 0; i < tiers.size(); ++i)
+    if (!tiers[i])
+      return Status(Code::invalid_argument, "tiered store: tier " + std::to_string(i) + " is null");
+  CLEAVE_RETURN_IF_ERROR(layout.validate());
+  if (options.background && options.queue_capacity == 0)
+    return Status(Code::invalid_argument, "tiered store: queue_capacity must be positive");
+  return std::unique_ptr<TieredStore>(
+      new TieredStore(std::move(tiers), model_fingerprint, layout, options));
+}
+
+TieredStore::TieredStore(std::vector<std::unique_ptr<Tier>> tiers, uint64_t fp,
+                         const KvLayout& layout, TieredStoreOptions options)
+    : tiers_(std::move(tiers)),
+      model_fingerprint_(fp),
+      layout_(layout),
+      options_(options),
+      policy_(tiers_.size()) {
+  counters_.hits.assign(tiers_.size(), 0);
+  counters_.promotions.assign(tiers_.size(), 0);
+  counters_.demotions.assign(tiers_.size(), 0);
+  if (options_.background) worker_ = std::thread([this] { worker_loop(); });
+}
+
+TieredStore::~TieredStore() {
+  if (worker_.joinable()) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    work_cv_.notify_all();
+    worker_.join();
+  }
+}
+
+bool TieredStore::spend_hop() {
+  if (hops_left_ == 0) return false;
+  --hops_left_;
+  return true;
+}
+
+void TieredStore::forget_corrupt(size_t tier, const BlockKey& key, const Status& why) {
+  ++counters_.corrupt_detected;
+  std::fprintf(stderr, "cleave storage: tier %zu (%s): block %s failed verification, dropped: %s\n",
+               tier, tiers_[tier]->name(), key.hex().c_str(), why.to_string().c_str());
+  (void)tiers_[tier]->erase(key);  // the tier may have dropped it already
+  policy_.remove(tier, key);
+  auto it = meta_.find(key);
+  if (it != meta_.end() && it->second.tier == tier) meta_.erase(it);
+}
+
+Status TieredStore::make_room(size_t t, size_t bytes) {
+  Tier& tier = *tiers_[t];
+  if (bytes > tier.capacity_bytes())
+    return Status(Code::out_of_memory, std::string("tier ") + tier.name() + ": a block of " +
+                                           std::to_string(bytes) + " bytes exceeds capacity " +
+                                           std::to_string(tier.capacity_bytes()));
+  while (tier.usage_bytes() + bytes > tier.capacity_bytes()) {
+    const size_t before = tier.usage_bytes();
+    const size_t tracked_before = policy_.tracked_bytes(t);
+    const size_t need = before + bytes - tier.capacity_bytes();
+    auto victims = policy_.victims(t, need);
+    if (!victims)
+      return Status(Code::out_of_memory,
+                    std::string("tier ") + tier.name() + ": no room for " + std::to_string(bytes) +
+                        " bytes and too few unpinned blocks to evict (" + std::to_string(before) +
+                        " of " + std::to_string(tier.capacity_bytes()) + " used)");
+    for (const BlockKey& v : *victims) CLEAVE_RETURN_IF_ERROR(evict(t, v));
+    if (tier.usage_bytes() >= before && policy_.tracked_bytes(t) >= tracked_before)
+      return Status(Code::out_of_memory, std::string("tier ") + tier.name() +
+                                             ": eviction freed no space (usage accounting "
+                                             "differs from the policy's)");
+  }
+  return Status::Ok();
+}
+
+Status TieredStore::insert_with_room(size_t t, const BlockRecord& record) {
+  Tier& tier = *tiers_[t];
+  CLEAVE_RETURN_IF_ERROR(make_room(t, record.bytes.size()));
+  for (;;) {
+    const size_t before = tier.usage_bytes();
+    Status st = tier.insert(record);
+    if (st.ok()) {
+      // Charge what the tier actually counted (e.g. an encoded header on disk).
+      const size_t after = tier.usage_bytes();
+      policy_.add(t, record.header.key, after > before ? after - before : record.bytes.size());
+      return st;
+    }
+    if (st.code() != Code::out_of_memory) return st;
+    // The tier charges more than the payload: evict one more block and retry
+    // (bounded by the hop budget).
+    auto victims = policy_.victims(t, 1);
+    if (!victims || victims->empty()) return st;
+    CLEAVE_RETURN_IF_ERROR(evict(t, victims->front()));
+  }
+}
+
+Status TieredStore::evict(size_t t, const BlockKey& key) {
+  if (!spend_hop()) {
+    ++counters_.budget_exhausted;
+    return Status(Code::busy, "tiered store: migration budget of " +
+                                  std::to_string(options_.max_sync_hops) + " hops exhausted");
+  }
+  Tier& from = *tiers_[t];
+  if (t + 1 == tiers_.size()) {
+    (void)from.erase(key);
+    policy_.remove(t, key);
+    meta_.erase(key);
+    ++counters_.drops;
+    return Status::Ok();
+  }
+  Result<BlockRecord> rec = from.lookup(key);
+  Status st = rec.ok() ? verify(*rec, model_fingerprint_, layout_) : rec.status();
+  if (!st.ok()) {
+    if (st.code() == Code::corruption) {
+      forget_corrupt(t, key, st);
+      return Status::Ok();  // the space is free either way
+    }
+    policy_.remove(t, key);  // vanished from under us: forget it
+    meta_.erase(key);
+    return Status::Ok();
+  }
+  policy_.pin(key);
+  st = insert_with_room(t + 1, *rec);
+  policy_.unpin(key);
+  if (st.code() == Code::corruption) {
+    forget_corrupt(t, key, st);
+    return Status::Ok();
+  }
+  CLEAVE_RETURN_IF_ERROR(st);
+  (void)from.erase(key);
+  policy_.remove(t, key);
+  Meta& m = meta_[key];
+  m.tier = t + 1;
+  m.version = ++version_clock_;
+  ++counters_.demotions[t];
+  return Status::Ok();
+}
+
+void TieredStore::promote(size_t from, const BlockKey& key, size_t bytes) {
+  policy_.pin(key);  // never pick the block being promoted as a victim
+  for (size_t s = from; s > 0; --s) {
+    if (!spend_hop()) {
+      ++counters_.budget_exhausted;
+      break;
+    }
+    if (!make_room(s - 1, bytes).ok()) break;  // stays where it is: still a hit
+    Result<BlockRecord> rec = tiers_[s]->lookup(key);
+    Status st = rec.ok() ? verify(*rec, model_fingerprint_, layout_) : rec.status();
+    if (!st.ok()) {
+      if (st.code() == Code::corruption) forget_corrupt(s, key, st);
+      break;
+    }
+    st = insert_with_room(s - 1, *rec);
+    if (!st.ok()) break;  // no room after all: stays where it is
+    (void)tiers_[s]->erase(key);
+    policy_.remove(s, key);
+    Meta& m = meta_[key];
+    m.tier = s - 1;
+    m.version = ++version_clock_;
+    ++counters_.promotions[s - 1];
+  }
+  policy_.unpin(key);
+}
+
+Status TieredStore::put(const BlockRecord& record) {
+  const BlockKey& key = record.header.key;
+  {  // fast path: already published, nothing to verify or copy
+    std::lock_guard<std::mutex> lock(mu_);
+    if (meta_.count(key)) {
+      ++counters_.puts;
+      ++counters_.put_duplicates;
+      policy_.touch(key);
+      return Status::Ok();
+    }
+  }
+  // Verify outside the lock (the checksum pass is the expensive part) ...
+  CLEAVE_RETURN_IF_ERROR(verify(record, model_fingerprint_, layout_));
+  // ... then publish only if nobody else did meanwhile.
+  std::lock_guard<std::mutex> lock(mu_);
+  ++counters_.puts;
+  if (meta_.count(key)) {
+    ++counters_.put_duplicates;  // lost the race: our copy is dropped
+    policy_.touch(key);
+    return Status::Ok();
+  }
+  hops_left_ = options_.max_sync_hops;
+  CLEAVE_RETURN_IF_ERROR(insert_with_room(0, record));
+  meta_[key] = Meta{0, ++version_clock_};
+  return Status::Ok();
+}
+
+Result<BlockRecord> TieredStore::get(const BlockKey& key) {
+  bool queue_it = false;
+  Result<BlockRecord> out = Status(Code::not_found, "block " + key.hex() + " is not stored");
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hops_left_ = options_.max_sync_hops;
+    for (size_t t = 0; t < tiers_.size(); ++t) {
+      if (!tiers_[t]->contains(key)) continue;
+      Result<BlockRecord> rec = tiers_[t]->lookup(key);
+      Status st = rec.ok() ? verify(*rec, model_fingerprint_, layout_) : rec.status();
+      if (st.ok() && !(rec->header.key == key))
+        st = Status(Code::corruption, "header names block " + rec->header.key.hex());
+      if (!st.ok()) {
+        if (st.code() == Code::corruption) forget_corrupt(t, key, st);
+        continue;
+      }
+      ++counters_.hits[t];
+      auto it = meta_.find(key);
+      if (it == meta_.end() || it->second.tier != t) {  // adopt (e.g. found on disk after restart)
+        if (it != meta_.end()) policy_.remove(it->second.tier, key);
+        meta_[key] = Meta{t, ++version_clock_};
+        policy_.add(t, key, rec->bytes.size());
+      }
+      policy_.touch(t, key);
+      if (t > 0) {
+        if (options_.async_promotion && worker_.joinable())
+          queue_it = true;
+        else
+          promote(t, key, rec->bytes.size());
+      }
+      out = std::move(rec);
+      break;
+    }
+    if (!out.ok()) ++counters_.misses;
+  }
+  if (queue_it) (void)prefetch(key);
+  return out;
+}
+
+bool TieredStore::contains(const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return meta_.count(key) != 0;
+}
+
+int TieredStore::tier_of(const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = meta_.find(key);
+  return it == meta_.end() ? -1 : int(it->second.tier);
+}
+
+uint64_t TieredStore::version(const BlockKey& key) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = meta_.find(key);
+  return it == meta_.end() ? 0 : it->second.version;
+}
+
+void TieredStore::pin(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  policy_.pin(key);
+}
+
+Status TieredStore::unpin(const BlockKey& key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!policy_.unpin(key))
+    return Status(Code::invalid_argument, "block " + key.hex() + " is not pinned");
+  return Status::Ok();
+}
+
+Status TieredStore::prefetch(const BlockKey& key) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!worker_.joinable())
+      return Status(Code::unavailable, "tiered store: no background worker");
+    if (queue_.size() >= options_.queue_capacity) {
+      ++counters_.queue_full;
+      return Status(Code::busy, "tiered store: migration queue full (" +
+                                    std::to_string(options_.queue_capacity) + "), request dropped");
+    }
+    queue_.push_back(key);
+  }
+  work_cv_.notify_one();
+  return Status::Ok();
+}
+
+void TieredStore::drain() {
+  std::unique_lock<std::mutex> lock(mu_);
+  idle_cv_.wait(lock, [this] { return stop_ || (queue_.empty() && !busy_); });
+}
+
+void TieredStore::worker_loop() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    work_cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
+    if (stop_) break;
+    busy_ = true;
+    const BlockKey key = queue_.front();
+    queue_.pop_front();
+    auto it = meta_.find(key);
+    if (it != meta_.end() && it->second.tier > 0) {
+      hops_left_ = options_.max_sync_hops;
+      size_t bytes = layout_.block_bytes();
+      promote(it->second.tier, key, bytes);
+    }
+    busy_ = false;
+    if (queue_.empty()) idle_cv_.notify_all();
+  }
+  idle_cv_.notify_all();
+}
+
+StoreCounters TieredStore::counters() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return counters_;
+}
+
+std::vector<BlockKey> TieredStore::lru_order(size_t tier) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return policy_.order(tier);
+}
+
+// --- SyncTracker ---
+
+std::vector<size_t> SyncTracker::pending(uint64_t seq, const std::vector<SyncBlock>& current) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<size_t> out;
+  auto it = synced_.find(seq);
+  const std::vector<SyncBlock>* done = it == synced_.end() ? nullptr : &it->second;
+  for (size_t i = 0; i < current.size(); ++i)
+    if (!done || i >= done->size() || !((*done)[i] == current[i])) out.push_back(i);
+  return out;
+}
+
+void SyncTracker::mark_synced(uint64_t seq, const std::vector<SyncBlock>& current) {
+  std::lock_guard<std::mutex> lock(mu_);
+  synced_[seq] = current;
+}
+
+void SyncTracker::forget(uint64_t seq) {
+  std::lock_guard<std::mutex> lock(mu_);
+  synced_.erase(seq);
+}
+
+size_t SyncTracker::synced_blocks(uint64_t seq) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = synced_.find(seq);
+  return it == synced_.end() ? 0 : it->second.size();
+}
+
+}  // namespace cleave
