@@ -104,6 +104,14 @@ size_t MemoryTier::usage_bytes() const {
   return usage_;
 }
 
+std::vector<std::pair<BlockKey, size_t>> MemoryTier::list() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<std::pair<BlockKey, size_t>> out;
+  out.reserve(slabs_.size());
+  for (const auto& [k, slab] : slabs_) out.emplace_back(k, slab.n_bytes);
+  return out;
+}
+
 size_t MemoryTier::block_count() const {
   std::lock_guard<std::mutex> lock(mu_);
   return slabs_.size();

@@ -45,6 +45,7 @@ class MemoryTier final : public Tier {
   Status erase(const BlockKey& key) override;
   size_t capacity_bytes() const override { return capacity_; }
   size_t usage_bytes() const override;
+  std::vector<std::pair<BlockKey, size_t>> list() const override;
 
   MemoryKind kind() const { return kind_; }
   size_t block_count() const;

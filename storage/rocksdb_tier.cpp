@@ -370,6 +370,14 @@ size_t RocksDbTier::usage_bytes() const {
   return usage_;
 }
 
+std::vector<std::pair<BlockKey, size_t>> RocksDbTier::list() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<std::pair<BlockKey, size_t>> out;
+  out.reserve(index_.size());
+  for (const auto& [k, n] : index_) out.emplace_back(k, size_t(n));
+  return out;
+}
+
 size_t RocksDbTier::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return index_.size();

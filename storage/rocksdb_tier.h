@@ -93,6 +93,8 @@ class RocksDbTier final : public Tier {
   Status erase(const BlockKey& key) override;
   size_t capacity_bytes() const override { return options_.capacity_bytes; }
   size_t usage_bytes() const override;
+  // The indexed blocks (rebuilt from disk on open) with their encoded value bytes.
+  std::vector<std::pair<BlockKey, size_t>> list() const override;
 
   size_t size() const;  // records indexed
   RocksDbTierCounters counters() const;

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstddef>
+#include <utility>
+#include <vector>
 
 #include "common/status.h"
 #include "storage/block.h"
@@ -26,6 +28,12 @@ class Tier {
   virtual Status erase(const BlockKey& key) = 0;  // not_found when absent
   virtual size_t capacity_bytes() const = 0;
   virtual size_t usage_bytes() const = 0;
+  // Every block the tier already holds, with the bytes it charges for it
+  // (what usage_bytes() counts), in no particular order. A persistent tier
+  // reports what it found on open, so a TieredStore made over it can track
+  // (look up, promote, evict) those blocks. Default: nothing (a tier that
+  // starts empty).
+  virtual std::vector<std::pair<BlockKey, size_t>> list() const { return {}; }
 };
 
 }  // namespace cleave

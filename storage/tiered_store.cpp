@@ -1,5 +1,6 @@
 #include "storage/tiered_store.h"
 
+#include <algorithm>
 #include <cstdio>
 
 namespace cleave {
@@ -29,7 +30,26 @@ TieredStore::TieredStore(std::vector<std::unique_ptr<Tier>> tiers, uint64_t fp,
   counters_.hits.assign(tiers_.size(), 0);
   counters_.promotions.assign(tiers_.size(), 0);
   counters_.demotions.assign(tiers_.size(), 0);
+  adopt_existing();
   if (options_.background) worker_ = std::thread([this] { worker_loop(); });
+}
+
+void TieredStore::adopt_existing() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t t = 0; t < tiers_.size(); ++t) {
+    std::vector<std::pair<BlockKey, size_t>> held = tiers_[t]->list();
+    std::sort(held.begin(), held.end(), [](const auto& a, const auto& b) {
+      return a.first.hi != b.first.hi ? a.first.hi < b.first.hi : a.first.lo < b.first.lo;
+    });
+    for (const auto& [key, bytes] : held) {
+      if (meta_.count(key)) {  // a faster tier holds it: this copy is stale
+        (void)tiers_[t]->erase(key);
+        continue;
+      }
+      meta_[key] = Meta{t, ++version_clock_};
+      policy_.add(t, key, bytes);
+    }
+  }
 }
 
 TieredStore::~TieredStore() {

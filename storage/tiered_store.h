@@ -17,6 +17,14 @@
 // with async_promotion, the promotions of get()) from a queue of fixed
 // capacity; a request that finds the queue full is dropped and counted.
 //
+// Restart: create() adopts every block its tiers already hold (Tier::list(),
+// e.g. what a RocksDbTier rebuilt from disk on open): each is registered in
+// its tier with the LRU policy at the tier's own byte cost, older than
+// anything put or read later, in key order (hi, then lo) so the eviction
+// order is deterministic. A key held by more than one tier is kept in the
+// fastest; the stale copies below it are erased (what an interrupted
+// promotion would have left).
+//
 // Concurrency: one mutex guards the store; record copies in and out are
 // complete, so readers never see torn records. Writers verify outside the
 // lock and publish optimistically: each block's metadata carries a version;
@@ -109,6 +117,8 @@ class TieredStore {
   TieredStore(std::vector<std::unique_ptr<Tier>> tiers, uint64_t fp, const KvLayout& layout,
               TieredStoreOptions options);
 
+  // Registers the blocks the tiers already hold (constructor only).
+  void adopt_existing();
   // All below run with mu_ held.
   bool spend_hop();
   Status make_room(size_t tier, size_t bytes);

@@ -397,6 +397,145 @@ TEST_CASE("tiered store: RocksDB as tier 2 (demote, drop, promote 2 -> 1 -> 0)")
   fs::remove_all(dir);
 }
 
+// A store over fresh memory tiers (2 blocks each) and a RocksDbTier in `dir`
+// holding 4 encoded blocks.
+std::unique_ptr<TieredStore> disk_store(const std::string& dir, RocksDbTier** disk) {
+  std::vector<std::unique_ptr<Tier>> tiers;
+  auto a = MemoryTier::create(MemoryKind::host_arena, 2 * kB, kFp, layout());
+  auto b = MemoryTier::create(MemoryKind::pinned_host, 2 * kB, kFp, layout());
+  RocksDbTierOptions ro;
+  ro.capacity_bytes = 4 * (kB + kRecordHeaderBytes);
+  ro.sync = false;
+  ro.model_fingerprint = kFp;
+  ro.layout = layout();
+  auto c = RocksDbTier::open(dir, ro);
+  REQUIRE((a.ok() && b.ok()));
+  REQUIRE_MESSAGE(c.ok(), c.status().to_string());
+  *disk = c->get();
+  tiers.push_back(std::move(a.value()));
+  tiers.push_back(std::move(b.value()));
+  tiers.push_back(std::move(c.value()));
+  auto made = TieredStore::create(std::move(tiers), kFp, layout());
+  REQUIRE(made.ok());
+  return std::move(made.value());
+}
+
+TEST_CASE("tiered store: a restart adopts the blocks on disk (lookup, promote, evict)") {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() /
+                       ("cleave_tiered_restart_" + std::to_string(::getpid()));
+  fs::remove_all(dir);
+  RocksDbTier* disk = nullptr;
+  {  // first life: 8 puts leave 0..3 on disk, 4..5 in tier 1, 6..7 in tier 0
+    auto s = disk_store(dir.string(), &disk);
+    for (uint64_t i = 0; i < 8; ++i) REQUIRE(s->put(rec(i)).ok());
+    auto c = s->counters();
+    CHECK(c.demotions[0] == 6);
+    CHECK(c.demotions[1] == 4);
+    CHECK(c.drops == 0);
+    for (uint64_t i = 0; i < 4; ++i) CHECK(s->tier_of(key(i)) == 2);
+  }
+  {  // second life: fresh memory tiers over the same directory
+    auto s = disk_store(dir.string(), &disk);
+    REQUIRE(disk->size() == 4);
+    auto listed = disk->list();
+    size_t listed_bytes = 0;
+    for (const auto& [k, n] : listed) listed_bytes += n;
+    CHECK(listed.size() == 4);
+    CHECK(listed_bytes == disk->usage_bytes());
+    for (uint64_t i = 0; i < 4; ++i) {
+      CHECK(s->contains(key(i)));
+      CHECK(s->tier_of(key(i)) == 2);
+      CHECK(s->version(key(i)) != 0);
+    }
+    for (uint64_t i = 4; i < 8; ++i) {  // lived in memory only: gone
+      CHECK_FALSE(s->contains(key(i)));
+      CHECK(s->tier_of(key(i)) == -1);
+    }
+    CHECK(s->lru_order(2) == std::vector<BlockKey>{key(0), key(1), key(2), key(3)});  // key order
+    CHECK(s->lru_order(0).empty());
+    CHECK(s->lru_order(1).empty());
+
+    auto r = s->get(key(1));
+    REQUIRE(r.ok());
+    CHECK(r->bytes == rec(1).bytes);
+    CHECK(s->tier_of(key(1)) == 0);
+    auto c1 = s->counters();
+    CHECK(c1.hits[2] == 1);
+    CHECK(c1.promotions[1] == 1);
+    CHECK(c1.promotions[0] == 1);
+    CHECK(c1.misses == 0);
+    CHECK(disk->size() == 3);
+
+    // New blocks push the cascade into a full tier 2: the adopted blocks are
+    // eviction candidates (oldest first: 0, then 2), not out_of_memory.
+    for (uint64_t i = 10; i < 16; ++i) REQUIRE_MESSAGE(s->put(rec(i)).ok(), i);
+    auto c2 = s->counters();
+    CHECK(c2.puts == 6);
+    CHECK(c2.put_duplicates == 0);
+    CHECK(c2.demotions[0] == 5);
+    CHECK(c2.demotions[1] == 3);
+    CHECK(c2.drops == 2);
+    CHECK(c2.hits[2] == 1);
+    CHECK(c2.promotions[1] == 1);
+    CHECK(c2.promotions[0] == 1);
+    CHECK(c2.misses == 0);
+    CHECK(c2.corrupt_detected == 0);
+    CHECK(c2.budget_exhausted == 0);
+    CHECK(s->tier_of(key(0)) == -1);
+    CHECK(s->tier_of(key(2)) == -1);
+    CHECK(s->lru_order(2) == std::vector<BlockKey>{key(3), key(1), key(10), key(11)});
+    CHECK(s->lru_order(1) == std::vector<BlockKey>{key(12), key(13)});
+    CHECK(s->lru_order(0) == std::vector<BlockKey>{key(14), key(15)});
+    CHECK(disk->size() == 4);
+    CHECK(disk->usage_bytes() <= disk->capacity_bytes());
+  }
+  {  // third life: what was on disk is adopted again and reads back verified
+    auto s = disk_store(dir.string(), &disk);
+    CHECK(s->lru_order(2) == std::vector<BlockKey>{key(1), key(3), key(10), key(11)});
+    for (uint64_t i : {1, 3, 10, 11}) {
+      auto r = s->get(key(i));
+      REQUIRE(r.ok());
+      CHECK(r->bytes == rec(i).bytes);
+      CHECK(r->header.checksum == rec(i).header.checksum);
+    }
+    auto c = s->counters();
+    CHECK(c.hits[2] == 4);
+    CHECK(c.promotions[1] == 4);
+    CHECK(c.promotions[0] == 4);
+    CHECK(c.demotions[0] == 2);
+    CHECK(c.demotions[1] == 1);
+    CHECK(c.drops == 0);
+    CHECK(c.misses == 0);
+    CHECK(c.corrupt_detected == 0);
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("tiered store: a key held by two tiers is kept in the faster one on create") {
+  std::vector<std::unique_ptr<Tier>> tiers;
+  auto a = MemoryTier::create(MemoryKind::host_arena, 2 * kB, kFp, layout());
+  auto b = MemoryTier::create(MemoryKind::pinned_host, 2 * kB, kFp, layout());
+  REQUIRE((a.ok() && b.ok()));
+  MemoryTier* t0 = a->get();
+  MemoryTier* t1 = b->get();
+  REQUIRE(t0->insert(rec(1)).ok());
+  REQUIRE(t1->insert(rec(1)).ok());
+  REQUIRE(t1->insert(rec(2)).ok());
+  CHECK(t1->list().size() == 2);
+  tiers.push_back(std::move(a.value()));
+  tiers.push_back(std::move(b.value()));
+  auto made = TieredStore::create(std::move(tiers), kFp, layout());
+  REQUIRE(made.ok());
+  auto& s = *made.value();
+  CHECK(s.tier_of(key(1)) == 0);
+  CHECK(s.tier_of(key(2)) == 1);
+  CHECK_FALSE(t1->contains(key(1)));  // the stale copy is erased
+  CHECK(t1->usage_bytes() == kB);
+  CHECK(s.lru_order(0) == std::vector<BlockKey>{key(1)});
+  CHECK(s.lru_order(1) == std::vector<BlockKey>{key(2)});
+}
+
 TEST_CASE("sync tracker: a sequence growing one block per step moves one block per step") {
   SyncTracker sync;
   std::vector<SyncBlock> table;
