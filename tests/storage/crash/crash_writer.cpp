@@ -75,10 +75,12 @@ std::vector<uint8_t> content(const BlockKey& key) {
 
 bool parse_hex(const std::string& h, BlockKey& k) {
   if (h.size() != 32) return false;
+  // Keep the halves alive while `end` points into them.
+  const std::string hi = h.substr(0, 16), lo = h.substr(16);
   char* end = nullptr;
-  k.hi = std::strtoull(h.substr(0, 16).c_str(), &end, 16);
+  k.hi = std::strtoull(hi.c_str(), &end, 16);
   if (*end) return false;
-  k.lo = std::strtoull(h.substr(16).c_str(), &end, 16);
+  k.lo = std::strtoull(lo.c_str(), &end, 16);
   return !*end;
 }
 
