@@ -23,6 +23,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -779,37 +780,20 @@ class CudaBackend final : public Backend {
     const dim3 block(kMatmulWarps * kWarp);
     const bool x16 = reinterpret_cast<uintptr_t>(x) % 16 == 0;
     const bool w16 = reinterpret_cast<uintptr_t>(wd) % 16 == 0 && w.row_bytes % 16 == 0;
+    // Plain types take the 16-byte vector path when x, the rows and cols allow.
+    auto plain = [&](auto type_tag, int64_t lanes) {
+      constexpr DType T = decltype(type_tag)::value;
+      if (x16 && w16 && w.cols % lanes == 0)
+        matmul_plain_kernel<T, NT, true>
+            <<<grid, block, 0, stream_>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
+      else
+        matmul_plain_kernel<T, NT, false>
+            <<<grid, block, 0, stream_>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
+    };
     switch (w.type) {
-      case DType::F32: {
-        const bool vec = x16 && w16 && w.cols % 4 == 0;
-        if (vec)
-          matmul_plain_kernel<DType::F32, NT, true>
-              <<<grid, block, 0, stream_>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-        else
-          matmul_plain_kernel<DType::F32, NT, false>
-              <<<grid, block, 0, stream_>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-        break;
-      }
-      case DType::F16: {
-        const bool vec = x16 && w16 && w.cols % 8 == 0;
-        if (vec)
-          matmul_plain_kernel<DType::F16, NT, true>
-              <<<grid, block, 0, stream_>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-        else
-          matmul_plain_kernel<DType::F16, NT, false>
-              <<<grid, block, 0, stream_>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-        break;
-      }
-      case DType::BF16: {
-        const bool vec = x16 && w16 && w.cols % 8 == 0;
-        if (vec)
-          matmul_plain_kernel<DType::BF16, NT, true>
-              <<<grid, block, 0, stream_>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-        else
-          matmul_plain_kernel<DType::BF16, NT, false>
-              <<<grid, block, 0, stream_>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-        break;
-      }
+      case DType::F32: plain(std::integral_constant<DType, DType::F32>{}, 4); break;
+      case DType::F16: plain(std::integral_constant<DType, DType::F16>{}, 8); break;
+      case DType::BF16: plain(std::integral_constant<DType, DType::BF16>{}, 8); break;
       case DType::Q8_0: {
         if (w.cols % kQ8Block != 0) fail("matmul: Q8_0 cols not a multiple of 32");
         const bool a2 = reinterpret_cast<uintptr_t>(wd) % 2 == 0 && w.row_bytes % 2 == 0;
