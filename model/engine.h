@@ -12,27 +12,33 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
+#include "storage/block.h"
 
 namespace cleave {
 
 struct EngineOptions {
   int32_t threads = 1;
   int32_t context = 0;     // tokens per sequence; 0: the model's context_length
-  int32_t max_seqs = 1;    // sequences held at once (KV is reserved for all)
+  int32_t max_seqs = 1;    // sequences held at once
   int32_t block_size = 16; // tokens per KV block (= attention tile)
+  // KV blocks in the pool; 0: enough for max_seqs sequences of full context.
+  int32_t kv_blocks = 0;
+  // Keep every full block a sequence filled, keyed by its prefix chain key
+  // (storage/prefix.h), so later sequences with the same prompt start reuse
+  // it. Cached blocks no sequence holds are evicted least recently used
+  // first when the pool runs out.
+  bool prefix_cache = true;
 };
 
-// A fixed pool of KV blocks with a free list and per-sequence block tables.
+// A fixed pool of KV blocks with a free list (to be replaced by storage's BlockPool).
 class KvBlockPool {
  public:
   KvBlockPool(Backend& backend, PagedKv layout);
   ~KvBlockPool();
   KvBlockPool(const KvBlockPool&) = delete;
   KvBlockPool& operator=(const KvBlockPool&) = delete;
-
   const PagedKv& kv() const { return kv_; }
   int32_t free_blocks() const { return static_cast<int32_t>(free_.size()); }
-  // Take one block; -1 when none is free ("no room" is a value, not an error).
   int32_t take();
   void give_back(int32_t block);
 
@@ -54,10 +60,57 @@ class Engine {
   Backend& backend() { return *backend_; }
   int32_t context() const { return options_.context; }
 
+  // XXH3-64 of the whole GGUF file: names the weights KV blocks were made with.
+  uint64_t model_fingerprint() const;
+  // The KV block layout (storage's view of the engine's paged KV).
+  const KvLayout& kv_layout() const;
+
   // Sequences: ids in [0, max_seqs). busy when all are taken.
   Result<int32_t> open_sequence();
+  // Releases the sequence's blocks; with prefix_cache its full blocks stay
+  // cached (they were published as they filled).
   void close_sequence(int32_t seq);
   int32_t sequence_length(int32_t seq) const;
+  // The tokens whose KV the sequence holds (sequence_length of them).
+  const std::vector<int32_t>& sequence_tokens(int32_t seq) const;
+
+  // KV blocks: free ones plus cached ones no sequence holds (evictable).
+  int32_t available_blocks() const;
+  // Blocks forward() would need to take to append n tokens to seq.
+  int32_t blocks_needed(int32_t seq, int32_t n_tokens) const;
+
+  // Prefix reuse: on an open, empty sequence, attaches the longest cached
+  // prefix of tokens[0..n), capped at n - 1 tokens (the last prompt token
+  // must still run to give logits; see PrefixMatch::usable_tokens). Returns
+  // how many tokens were reused (the sequence's length afterwards; 0 on a
+  // miss or without prefix_cache). invalid_argument for a sequence that is
+  // not open and empty; out_of_memory when a shared partial block must be
+  // copied and no block is free.
+  Result<int32_t> attach_cached_prefix(int32_t seq, const int32_t* tokens, int32_t n);
+
+  // Content keys of the sequence's blocks, in order: the prefix chain key of
+  // each full block, then (when the last block is partly filled) the key of
+  // its tokens so far, chained the same way (a partial block's key differs
+  // from any full block's because the token count is hashed).
+  std::vector<BlockKey> block_keys(int32_t seq) const;
+  // Sealed records (bytes, checksum, model fingerprint, layout, n_tokens) of
+  // blocks [first_block, n_blocks) of the sequence, keyed as block_keys().
+  // invalid_argument for a bad sequence or first_block.
+  Result<std::vector<BlockRecord>> export_blocks(int32_t seq, int32_t first_block = 0) const;
+  // On an open, empty sequence: copies records[i] into the sequence's block i
+  // and makes tokens[0..n_tokens) its tokens. records must cover exactly
+  // those tokens (ceil(n_tokens / block_size) of them, all full but the
+  // last), each must pass verify() for this model and layout and carry the
+  // key block_keys() would give it for those tokens. corruption or
+  // invalid_argument naming the block otherwise, and the sequence stays
+  // empty; out_of_memory when the pool has no room.
+  Status import_blocks(int32_t seq, const int32_t* tokens, int32_t n_tokens,
+                       const std::vector<BlockRecord>& records);
+
+  struct CacheStats {
+    uint64_t lookups = 0, hit_tokens = 0, published_blocks = 0, evicted_blocks = 0;
+  };
+  CacheStats cache_stats() const;
 
   struct Item {
     int32_t seq = 0;
@@ -67,7 +120,9 @@ class Engine {
   // Appends each item's tokens to its sequence and writes the logits of each
   // item's last token to logits (n_items x n_vocab). out_of_range when a
   // sequence would exceed the context, invalid_argument for a bad token id or
-  // sequence; nothing is appended to any sequence then.
+  // sequence, out_of_memory when the KV pool has no room even after evicting
+  // unused cached blocks; nothing is appended to any sequence then. With
+  // prefix_cache, the blocks this call fills are published.
   Status forward(const std::vector<Item>& items, float* logits);
 
  private:

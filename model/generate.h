@@ -10,19 +10,11 @@
 
 #include "common/status.h"
 #include "model/engine.h"
+#include "model/request.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 
 namespace cleave {
-
-struct GenerateRequest {
-  std::vector<int32_t> prompt;  // token ids (already tokenised)
-  SamplingParams sampling;
-  uint64_t request_id = 0;      // keys the sampler's RNG
-  int32_t prefill_chunk = 512;  // tokens per prefill forward (llama.cpp's ubatch)
-  bool ignore_eos = false;
-  bool keep_logits = false;     // record each step's logits row
-};
 
 struct GenerateResult {
   std::vector<int32_t> tokens;   // generated ids

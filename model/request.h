@@ -1,0 +1,88 @@
+// One request's decoding state, apart from where its forward passes run:
+// sampling, EOS / stop strings / max tokens / context limits, and the text
+// streamed so far. generate(), the batch scheduler and every actor topology
+// drive the same class, so a request's tokens depend only on (model, prompt,
+// sampling params, seed, request id), never on who ran it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/sampler.h"
+#include "model/tokenizer.h"
+
+namespace cleave {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;  // token ids (already tokenised)
+  SamplingParams sampling;
+  uint64_t request_id = 0;      // keys the sampler's RNG
+  int32_t prefill_chunk = 512;  // tokens per prefill forward (llama.cpp's ubatch)
+  bool ignore_eos = false;
+  bool keep_logits = false;     // record each step's logits row
+};
+
+// invalid_argument / out_of_range naming the problem: empty prompt, prompt
+// longer than the context, token outside [0, n_vocab), prefill_chunk < 1,
+// max_tokens < 0.
+Status validate_request(const GenerateRequest& request, int32_t context, int32_t n_vocab);
+
+class RequestProgress {
+ public:
+  // tokenizer may be null (no text, no EOS); it must outlive this object.
+  // The request must have passed validate_request().
+  RequestProgress(GenerateRequest request, const Tokenizer* tokenizer, int32_t context,
+                  int32_t n_vocab);
+
+  const GenerateRequest& request() const { return request_; }
+  uint64_t id() const { return request_.request_id; }
+  // Prompt and generated tokens, in order.
+  const std::vector<int32_t>& history() const { return history_; }
+  const std::vector<int32_t>& generated() const { return generated_; }
+  int32_t n_generated() const { return int32_t(generated_.size()); }
+  bool finished() const { return !finish_reason_.empty(); }
+  // "length", "stop" (EOS or stop string) or "context"; empty while running.
+  const std::string& finish_reason() const { return finish_reason_; }
+
+  // Samples the next token from the logits of history().back() (n_vocab
+  // floats: the runner feeds history() up to its end, then calls step()),
+  // appends it and updates the finish state. Returns the token. Must not be
+  // called once finished(). The finish checks run in generate()'s order: EOS
+  // (unless ignore_eos), stop string, max_tokens, context full.
+  int32_t step(const float* logits);
+
+  // Text that became safe to show since the last call (stop strings held
+  // back and removed; the rest flushed once finished()).
+  std::string take_text();
+  // All text shown so far (what take_text() returned, in total).
+  const std::string& text() const { return text_; }
+  // Logits of every step (n_generated() x n_vocab) when keep_logits, else
+  // empty; last_logits() is the final row whenever one was seen.
+  const std::vector<float>& logits() const { return logits_; }
+  const std::vector<float>& last_logits() const { return last_logits_; }
+
+  // Re-creates the state after `generated` tokens were produced elsewhere
+  // (a decode actor that died): appends them without sampling and re-derives
+  // text and finish state. invalid_argument when called after step(), when a
+  // token is outside the vocabulary, or when the request would already have
+  // finished before the last of them.
+  Status replay(const std::vector<int32_t>& generated);
+
+ private:
+  void append(int32_t token);
+
+  GenerateRequest request_;
+  const Tokenizer* tokenizer_;
+  int32_t context_, n_vocab_;
+  std::vector<int32_t> history_, generated_;
+  std::string finish_reason_;
+  std::string text_, pending_text_;
+  StopMatcher stops_;
+  std::unique_ptr<StreamDecoder> stream_;
+  std::vector<float> logits_, last_logits_;
+};
+
+}  // namespace cleave

@@ -1,0 +1,117 @@
+// Continuous batching over one Engine with iteration-level scheduling (Orca,
+// vLLM): every step() builds one forward batch from all running sequences:
+// first one decode row for each sequence that is generating, then prefill
+// chunks of sequences that still have prompt (or recompute) tokens to feed,
+// up to a token budget. Requests join and leave between steps, so batch
+// sizes change all the time; batch-invariant kernels and RequestProgress
+// keep every request's tokens and logits independent of that.
+//
+// The same class runs the colocated topology (prefill and decode in one
+// place), the decode side of P/D (resume() a request whose KV arrives as
+// records) and, with prefill_only, the prefill side (each request stops after
+// its first token and is handed off with its KV).
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "model/engine.h"
+#include "model/request.h"
+#include "storage/block.h"
+
+namespace cleave {
+
+struct SchedulerOptions {
+  int32_t max_batch_tokens = 256;  // tokens per forward: decode rows first, then prefill chunks
+  int32_t max_queue = 256;         // requests waiting for a sequence slot; beyond: busy
+  bool prefill_only = false;       // hand each request off after its first token
+};
+
+struct SchedulerEvent {
+  enum class Kind { token, finished, handoff, failed };
+  Kind kind = Kind::token;
+  uint64_t request_id = 0;
+  // token: the new token, its index in the generated tokens, and the text
+  // that became safe to show with it (may be empty).
+  int32_t token = -1;
+  int32_t index = 0;
+  std::string text;
+  // finished: "length", "stop" or "context"; the final logits row when the
+  // request asked for keep_logits; text holds any held-back tail.
+  std::string finish_reason;
+  std::vector<float> logits;
+  // failed: why (the request is gone).
+  Status error;
+  // handoff (prefill_only): everything needed to continue elsewhere with
+  // resume(): the request, the tokens generated so far, and the KV of the
+  // first n_kv_tokens tokens of prompt + generated as sealed records.
+  GenerateRequest request;
+  std::vector<int32_t> generated;
+  std::vector<BlockRecord> blocks;
+  int32_t n_kv_tokens = 0;
+};
+
+struct SchedulerCounters {
+  uint64_t submitted = 0, finished = 0, failed = 0, rejected_busy = 0;
+  uint64_t steps = 0, batch_tokens = 0, decode_rows = 0, prefill_tokens = 0;
+  uint64_t prefix_hit_tokens = 0;   // prompt tokens reused from the prefix cache
+  uint64_t imported_tokens = 0;     // tokens whose KV came in through resume()
+  uint64_t recomputed_tokens = 0;   // resume()d tokens whose KV had to be recomputed
+  uint64_t preempted = 0;           // sequences released for KV room (recomputed later)
+};
+
+class Scheduler {
+ public:
+  // engine and tokenizer (may be null) must outlive the scheduler.
+  Scheduler(Engine& engine, const Tokenizer* tokenizer, SchedulerOptions options = {});
+  ~Scheduler();
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  // Queues a request. validate_request()'s errors; invalid_argument for a
+  // request id already queued or running; busy when max_queue requests wait.
+  Status submit(GenerateRequest request);
+  // Continues a request begun elsewhere: `generated` tokens were already
+  // produced (the first one by a prefill actor, or more by a decode actor
+  // that died), and `blocks` hold KV for leading tokens of prompt +
+  // generated (possibly none, or fewer than all: what the store had). The
+  // leading records that verify and match those tokens are imported, the
+  // rest is recomputed, and decoding goes on where it stopped, with the
+  // tokens and logits an uninterrupted run would give. Errors as submit(),
+  // plus replay()'s.
+  Status resume(GenerateRequest request, std::vector<int32_t> generated,
+                std::vector<BlockRecord> blocks);
+  // Drops a queued or running request (no event). not_found when unknown.
+  Status cancel(uint64_t request_id);
+
+  // One iteration: admits queued requests that fit (sequence slot and KV
+  // blocks), runs one forward batch, samples, and appends the events it
+  // produced. A request that fails (e.g. it can never fit) gets a failed
+  // event; step() itself fails only on an engine error that leaves the
+  // batch's state unknown (then every running request was failed too).
+  Status step(std::vector<SchedulerEvent>& events);
+
+  bool idle() const { return queue_.empty() && running_.empty(); }
+  int32_t queued() const { return int32_t(queue_.size()); }
+  int32_t running() const { return int32_t(running_.size()); }
+  bool has(uint64_t request_id) const;
+  const SchedulerCounters& counters() const { return counters_; }
+  const SchedulerOptions& options() const { return options_; }
+
+ private:
+  struct Entry;
+  Engine& engine_;
+  const Tokenizer* tokenizer_;
+  SchedulerOptions options_;
+  std::deque<std::unique_ptr<Entry>> queue_;
+  std::vector<std::unique_ptr<Entry>> running_;
+  SchedulerCounters counters_;
+  std::vector<float> logits_;
+};
+
+}  // namespace cleave

@@ -1,0 +1,88 @@
+// The messages actors exchange, as plain C++ values. schema/codec.h turns
+// each into Cap'n Proto bytes and back; nothing outside schema/ sees a
+// generated header. In-process traffic goes through the same bytes as
+// cross-node traffic, so the path the tests exercise is the path used
+// between machines.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "common/status.h"
+#include "model/request.h"
+#include "storage/block.h"
+
+namespace cleave::msg {
+
+// A request entering the pipeline (client -> router -> prefill / colocated):
+// GenerateRequest itself (model/request.h).
+
+// What a requester receives about one request, in order: token events, then
+// exactly one finished or failed event.
+struct StreamEvent {
+  enum class Kind : uint8_t { token = 0, finished = 1, failed = 2 };
+  Kind kind = Kind::token;
+  uint64_t request_id = 0;
+  int32_t index = 0;      // token: position among the generated tokens
+  int32_t token = -1;     // token: the id
+  std::string text;       // text that became safe to show (token, finished)
+  std::string finish_reason;  // finished: "length", "stop", "context"
+  std::vector<float> logits;  // finished: final logits row when keep_logits
+  Status error;               // failed: code and message
+  // Which actor produced it and how long the stage took (for per-stage
+  // timings shown to users); informational.
+  std::string origin;
+  double stage_seconds = 0;
+};
+
+// Prefill -> (router) -> decode: continue a request whose first tokens were
+// generated elsewhere. The KV of the first n_kv_tokens tokens of
+// prompt + generated is either inline (blocks) or in the KV store under
+// kv_keys (in block order); the receiver recomputes what it cannot get.
+struct Handoff {
+  GenerateRequest request;
+  std::vector<int32_t> generated;
+  int32_t n_kv_tokens = 0;
+  std::vector<BlockKey> kv_keys;
+  std::vector<BlockRecord> blocks;
+};
+
+// KV store traffic.
+struct KvPut {  // store these sealed records; reply: KvAck
+  std::vector<BlockRecord> blocks;
+};
+struct KvAck {
+  int32_t stored = 0;      // newly stored or already present
+  int32_t rejected = 0;    // failed verification or no room
+  Status first_error;      // why the first rejected one was rejected
+};
+struct KvGet {  // reply: KvBlocks with the longest leading run found
+  std::vector<BlockKey> keys;
+};
+struct KvBlocks {
+  std::vector<BlockRecord> blocks;  // records for keys[0..blocks.size()), in order
+};
+
+struct Health {
+  std::string actor;
+  bool ok = true;
+  uint64_t uptime_ms = 0;
+  int32_t queue_depth = 0;
+  int32_t running = 0;
+};
+
+// One actor's counters: requests, tokens, queue depth, KV blocks moved,
+// failures, and whatever else the actor counts, by name.
+struct Stats {
+  std::string actor;
+  std::vector<std::pair<std::string, uint64_t>> counters;
+  uint64_t get(const std::string& name) const {
+    for (const auto& [k, v] : counters)
+      if (k == name) return v;
+    return 0;
+  }
+};
+
+}  // namespace cleave::msg
