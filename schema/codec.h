@@ -1,0 +1,75 @@
+// The codec: plain messages (schema/messages.h) <-> Cap'n Proto bytes. The
+// only code that includes generated headers. Decoding never throws: a kj
+// exception (malformed, truncated, over a limit) becomes a typed error, and
+// values are validated after parsing (enum ranges, sizes that must agree, a
+// message of another kind) so a reader gets either a complete, consistent
+// value or corruption / invalid_argument naming the problem.
+//
+// Bytes is std::vector<char>, CAF's built-in message type, so encoded
+// messages cross actors and nodes with nothing to register.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "common/status.h"
+#include "schema/messages.h"
+
+namespace cleave::codec {
+
+using Bytes = std::vector<char>;
+
+// Reader limits, set explicitly per channel (Cap'n Proto's defaults are
+// 64 MiB and 64 levels).
+struct Limits {
+  uint64_t traversal_words = 0;
+  uint32_t nesting = 0;
+};
+Limits control_limits();  // requests, events, health, stats: 16 MiB, nesting 16
+Limits kv_limits();       // messages that carry KV blocks: 1 GiB, nesting 16
+
+// Every message is wrapped in one envelope whose union names its kind, so
+// decoding bytes of one kind as another is an invalid_argument naming both.
+Bytes encode(const GenerateRequest& m);
+Bytes encode(const msg::StreamEvent& m);
+Bytes encode(const msg::Handoff& m);
+Bytes encode(const msg::KvPut& m);
+Bytes encode(const msg::KvAck& m);
+Bytes encode(const msg::KvGet& m);
+Bytes encode(const msg::KvBlocks& m);
+Bytes encode(const msg::Health& m);
+Bytes encode(const msg::Stats& m);
+
+// data need not be aligned (it is copied into words when it is not).
+Status decode(const char* data, size_t size, GenerateRequest& out,
+              const Limits& limits = control_limits());
+Status decode(const char* data, size_t size, msg::StreamEvent& out,
+              const Limits& limits = control_limits());
+Status decode(const char* data, size_t size, msg::Handoff& out,
+              const Limits& limits = kv_limits());
+Status decode(const char* data, size_t size, msg::KvPut& out, const Limits& limits = kv_limits());
+Status decode(const char* data, size_t size, msg::KvAck& out,
+              const Limits& limits = control_limits());
+Status decode(const char* data, size_t size, msg::KvGet& out,
+              const Limits& limits = control_limits());
+Status decode(const char* data, size_t size, msg::KvBlocks& out,
+              const Limits& limits = kv_limits());
+Status decode(const char* data, size_t size, msg::Health& out,
+              const Limits& limits = control_limits());
+Status decode(const char* data, size_t size, msg::Stats& out,
+              const Limits& limits = control_limits());
+
+template <class T>
+Status decode(const Bytes& bytes, T& out) {
+  return decode(bytes.data(), bytes.size(), out);
+}
+template <class T>
+Result<T> decode_as(const Bytes& bytes) {
+  T out;
+  Status st = decode(bytes.data(), bytes.size(), out);
+  if (!st.ok()) return st;
+  return out;
+}
+
+}  // namespace cleave::codec
