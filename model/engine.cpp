@@ -3,31 +3,15 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <utility>
 
 namespace cleave {
 
-KvBlockPool::KvBlockPool(Backend& backend, PagedKv layout) : backend_(backend), kv_(layout) {
-  size_t bytes = kv_.block_elems() * kv_.n_blocks * sizeof(float);
-  kv_.data = static_cast<float*>(backend_.alloc(bytes));
-  CLEAVE_CHECK(kv_.data != nullptr);
-  free_.reserve(kv_.n_blocks);
-  // Hand out low block ids first.
-  for (int32_t b = kv_.n_blocks - 1; b >= 0; --b) free_.push_back(b);
-}
-
-KvBlockPool::~KvBlockPool() { backend_.free(kv_.data); }
-
-int32_t KvBlockPool::take() {
-  if (free_.empty()) return -1;
-  int32_t b = free_.back();
-  free_.pop_back();
-  return b;
-}
-
-void KvBlockPool::give_back(int32_t block) { free_.push_back(block); }
-
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> file,
                                                const EngineOptions& options) {
+  // Names the weights every KV block is made with; hashed once, before the
+  // model takes the file.
+  const uint64_t model_fp = checksum_bytes(file->data(), file->file_size());
   auto model = LlamaModel::load(std::move(file));
   if (!model.ok()) return model.status();
   const LlamaConfig& c = (*model)->config();
@@ -37,34 +21,73 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
                                               " must be in [1, 1024]");
   if (o.context < 0 || o.max_seqs < 1 || o.block_size < 1)
     return Status(Code::invalid_argument, "engine: context, max_seqs and block_size must be positive");
+  if (o.kv_blocks < 0)
+    return Status(Code::invalid_argument,
+                  "engine: kv_blocks = " + std::to_string(o.kv_blocks) + " must not be negative");
   if (o.context == 0) o.context = c.context;
   if (o.context > c.context)
     return Status(Code::out_of_range, "engine: context " + std::to_string(o.context) +
                                           " exceeds the model's context_length " +
                                           std::to_string(c.context));
+  const int32_t blocks_per_seq = (o.context + o.block_size - 1) / o.block_size;
+  if (o.kv_blocks == 0) o.kv_blocks = blocks_per_seq * o.max_seqs;
 
   auto e = std::unique_ptr<Engine>(new Engine());
   e->model_ = std::move(*model);
   e->options_ = o;
+  e->model_fp_ = model_fp;
   e->backend_ = make_cpu_backend(o.threads);
-  PagedKv layout;
-  layout.block_size = o.block_size;
-  layout.n_layers = c.n_layers;
-  layout.n_kv_heads = c.n_kv_heads;
-  layout.head_dim = c.head_dim;
-  const int32_t blocks_per_seq = (o.context + o.block_size - 1) / o.block_size;
-  layout.n_blocks = blocks_per_seq * o.max_seqs;
-  e->pool_ = std::make_unique<KvBlockPool>(*e->backend_, layout);
+  e->layout_.dtype = uint32_t(DType::F32);
+  e->layout_.tokens_per_block = o.block_size;
+  e->layout_.n_layers = c.n_layers;
+  e->layout_.n_kv_heads = c.n_kv_heads;
+  e->layout_.head_dim = c.head_dim;
+  CLEAVE_RETURN_IF_ERROR(e->layout_.validate());
+  e->kv_.block_size = o.block_size;
+  e->kv_.n_layers = c.n_layers;
+  e->kv_.n_kv_heads = c.n_kv_heads;
+  e->kv_.head_dim = c.head_dim;
+  e->kv_.n_blocks = o.kv_blocks;
+  CLEAVE_CHECK(e->kv_.block_elems() * sizeof(float) == e->layout_.block_bytes());
+  e->kv_.data = static_cast<float*>(e->backend_->alloc(e->block_bytes() * size_t(o.kv_blocks)));
+  if (e->kv_.data == nullptr)
+    return Status(Code::out_of_memory, "engine: cannot allocate " + std::to_string(o.kv_blocks) +
+                                           " KV blocks of " + std::to_string(e->block_bytes()) +
+                                           " bytes");
+  auto pool = BlockPool::create(o.kv_blocks, o.block_size);
+  if (!pool.ok()) return pool.status();
+  e->pool_ = std::move(*pool);
+  if (o.prefix_cache) {
+    auto index = PrefixIndex::create(*e->pool_, model_fp, e->layout_);
+    if (!index.ok()) return index.status();
+    e->index_ = std::move(*index);
+  }
+  e->block_info_.resize(size_t(o.kv_blocks));
   e->seqs_.resize(o.max_seqs);
   return e;
 }
 
-Engine::~Engine() = default;
+Engine::~Engine() {
+  // Block tables and the index hold references into the pool: drop them first.
+  seqs_.clear();
+  index_.reset();
+  pool_.reset();
+  if (backend_ && kv_.data) backend_->free(kv_.data);
+}
+
+uint64_t Engine::model_fingerprint() const { return model_fp_; }
+const KvLayout& Engine::kv_layout() const { return layout_; }
+
+bool Engine::is_open(int32_t seq) const {
+  return seq >= 0 && seq < int32_t(seqs_.size()) && seqs_[size_t(seq)].open;
+}
 
 Result<int32_t> Engine::open_sequence() {
   for (size_t s = 0; s < seqs_.size(); ++s) {
     if (!seqs_[s].open) {
-      seqs_[s] = Sequence{true, 0, {}};
+      seqs_[s] = Sequence{};
+      seqs_[s].open = true;
+      seqs_[s].blocks.emplace(*pool_);
       return static_cast<int32_t>(s);
     }
   }
@@ -73,23 +96,217 @@ Result<int32_t> Engine::open_sequence() {
 }
 
 void Engine::close_sequence(int32_t seq) {
-  if (seq < 0 || seq >= int32_t(seqs_.size()) || !seqs_[seq].open) return;
-  for (int32_t b : seqs_[seq].blocks) pool_->give_back(b);
-  seqs_[seq] = Sequence{};
+  if (!is_open(seq)) return;
+  Sequence& s = seqs_[size_t(seq)];
+  // Cached blocks count as used until the last sequence lets go of them.
+  for (int32_t b : s.blocks->blocks())
+    if (block_info_[size_t(b)].cached) touch(b);
+  s = Sequence{};
 }
 
-int32_t Engine::sequence_length(int32_t seq) const { return seqs_.at(seq).length; }
+int32_t Engine::sequence_length(int32_t seq) const {
+  return is_open(seq) ? int32_t(seqs_[size_t(seq)].tokens.size()) : 0;
+}
 
-Status Engine::reserve_blocks(int32_t seq, int32_t new_length) {
-  Sequence& s = seqs_[seq];
-  const int32_t need = (new_length + options_.block_size - 1) / options_.block_size;
-  while (int32_t(s.blocks.size()) < need) {
-    int32_t b = pool_->take();
-    if (b < 0) return Status(Code::out_of_memory, "engine: KV block pool exhausted");
-    s.blocks.push_back(b);
+const std::vector<int32_t>& Engine::sequence_tokens(int32_t seq) const {
+  static const std::vector<int32_t> none;
+  return is_open(seq) ? seqs_[size_t(seq)].tokens : none;
+}
+
+int32_t Engine::evictable_blocks() const {
+  if (!index_) return 0;
+  int32_t n = 0;
+  for (size_t b = 0; b < block_info_.size(); ++b)
+    if (block_info_[b].cached && *pool_->refcount(int32_t(b)) == 1) ++n;
+  return n;
+}
+
+int32_t Engine::available_blocks() const { return pool_->free_count() + evictable_blocks(); }
+
+int32_t Engine::blocks_needed(int32_t seq, int32_t n_tokens) const {
+  return is_open(seq) ? seqs_[size_t(seq)].blocks->blocks_needed(n_tokens) : 0;
+}
+
+Status Engine::make_room(int32_t need) {
+  const int32_t missing = need - pool_->free_count();
+  if (missing <= 0) return Status::Ok();
+  std::vector<std::pair<uint64_t, int32_t>> unused;  // (last_use, block)
+  if (index_) {
+    for (size_t b = 0; b < block_info_.size(); ++b)
+      if (block_info_[b].cached && *pool_->refcount(int32_t(b)) == 1)
+        unused.emplace_back(block_info_[b].last_use, int32_t(b));
+  }
+  if (int32_t(unused.size()) < missing)
+    return Status(Code::out_of_memory,
+                  "engine: KV block pool exhausted: " + std::to_string(need) + " blocks needed, " +
+                      std::to_string(pool_->free_count()) + " free and " +
+                      std::to_string(unused.size()) + " evictable of " +
+                      std::to_string(pool_->capacity()));
+  std::partial_sort(unused.begin(), unused.begin() + missing, unused.end());
+  for (int32_t i = 0; i < missing; ++i) {
+    BlockInfo& info = block_info_[size_t(unused[size_t(i)].second)];
+    CLEAVE_CHECK(index_->erase(info.key).ok());
+    info.cached = false;
+    ++stats_.evicted_blocks;
   }
   return Status::Ok();
 }
+
+void Engine::publish_full_blocks(Sequence& s) {
+  if (!index_) return;
+  const int32_t bs = options_.block_size;
+  const size_t n_full = s.tokens.size() / size_t(bs);
+  while (s.keys.size() < n_full) {
+    const size_t b = s.keys.size();
+    const BlockKey parent = b ? s.keys.back() : BlockKey{};
+    s.keys.push_back(block_key(parent, s.tokens.data() + b * size_t(bs), bs, model_fp_, layout_));
+    const int32_t id = s.blocks->blocks()[b];
+    auto indexed = index_->insert(s.keys.back(), id);
+    CLEAVE_CHECK(indexed.ok());
+    // Another sequence may have published the same content first: keep ours.
+    if (*indexed == id && !block_info_[size_t(id)].cached) {
+      block_info_[size_t(id)] = BlockInfo{true, s.keys.back(), 0};
+      touch(id);
+      ++stats_.published_blocks;
+    }
+  }
+}
+
+std::vector<BlockKey> Engine::keys_of(const Sequence& s) const {
+  const int32_t bs = options_.block_size;
+  const int32_t len = int32_t(s.tokens.size());
+  const int32_t n_full = len / bs;
+  std::vector<BlockKey> keys(s.keys.begin(), s.keys.begin() + std::min<size_t>(s.keys.size(), n_full));
+  while (int32_t(keys.size()) < n_full) {
+    const BlockKey parent = keys.empty() ? BlockKey{} : keys.back();
+    keys.push_back(block_key(parent, s.tokens.data() + keys.size() * size_t(bs), bs, model_fp_, layout_));
+  }
+  if (len % bs) {
+    const BlockKey parent = keys.empty() ? BlockKey{} : keys.back();
+    keys.push_back(block_key(parent, s.tokens.data() + size_t(n_full) * bs, len % bs, model_fp_, layout_));
+  }
+  return keys;
+}
+
+void Engine::copy_block(int32_t src, int32_t dst) {
+  // Through host memory: the backend moves bytes only between host and its own memory.
+  staging_.resize(block_bytes());
+  backend_->download(staging_.data(), block_data(src), block_bytes());
+  backend_->upload(block_data(dst), staging_.data(), block_bytes());
+}
+
+Result<int32_t> Engine::attach_cached_prefix(int32_t seq, const int32_t* tokens, int32_t n) {
+  if (!is_open(seq) || !seqs_[size_t(seq)].tokens.empty())
+    return Status(Code::invalid_argument,
+                  "engine: attach_cached_prefix needs an open, empty sequence; " +
+                      std::to_string(seq) + " is not");
+  if (n < 0 || (n > 0 && tokens == nullptr))
+    return Status(Code::invalid_argument, "engine: attach_cached_prefix of " + std::to_string(n) +
+                                              " tokens without a token array");
+  if (!index_) return 0;
+  ++stats_.lookups;
+  const PrefixMatch m = index_->longest_prefix(tokens, std::min(n, options_.context));
+  const int32_t usable = m.usable_tokens(n);
+  if (usable == 0) return 0;
+  const int32_t bs = options_.block_size;
+  const std::vector<int32_t> ids(m.block_ids.begin(), m.block_ids.begin() + (usable + bs - 1) / bs);
+  auto shared = SequenceBlocks::from_shared(*pool_, ids, usable);
+  if (!shared.ok()) return shared.status();
+  Sequence& s = seqs_[size_t(seq)];
+  s.blocks = std::move(*shared);
+  s.tokens.assign(tokens, tokens + usable);
+  s.keys.assign(m.keys.begin(), m.keys.begin() + usable / bs);
+  for (int32_t b : ids) touch(b);  // a hit refreshes
+  stats_.hit_tokens += uint64_t(usable);
+  return usable;
+}
+
+std::vector<BlockKey> Engine::block_keys(int32_t seq) const {
+  return is_open(seq) ? keys_of(seqs_[size_t(seq)]) : std::vector<BlockKey>{};
+}
+
+Result<std::vector<BlockRecord>> Engine::export_blocks(int32_t seq, int32_t first_block) const {
+  if (!is_open(seq))
+    return Status(Code::invalid_argument, "engine: export of sequence " + std::to_string(seq) +
+                                              ", which is not open");
+  const Sequence& s = seqs_[size_t(seq)];
+  const int32_t n_blocks = s.blocks->n_blocks();
+  if (first_block < 0 || first_block > n_blocks)
+    return Status(Code::invalid_argument, "engine: export from block " + std::to_string(first_block) +
+                                              " of a sequence with " + std::to_string(n_blocks) +
+                                              " blocks");
+  const std::vector<BlockKey> keys = keys_of(s);
+  const int32_t bs = options_.block_size, len = int32_t(s.tokens.size());
+  std::vector<BlockRecord> records(size_t(n_blocks - first_block));
+  for (int32_t b = first_block; b < n_blocks; ++b) {
+    BlockRecord& r = records[size_t(b - first_block)];
+    r.header.key = keys[size_t(b)];
+    r.header.model_fingerprint = model_fp_;
+    r.header.layout = layout_;
+    r.header.n_tokens = uint32_t(std::min(bs, len - b * bs));
+    r.bytes.resize(block_bytes());
+    backend_->download(r.bytes.data(), block_data(s.blocks->blocks()[size_t(b)]), block_bytes());
+    seal(r);
+  }
+  return records;
+}
+
+Status Engine::import_blocks(int32_t seq, const int32_t* tokens, int32_t n_tokens,
+                             const std::vector<BlockRecord>& records) {
+  if (!is_open(seq) || !seqs_[size_t(seq)].tokens.empty())
+    return Status(Code::invalid_argument, "engine: import_blocks needs an open, empty sequence; " +
+                                              std::to_string(seq) + " is not");
+  if (n_tokens < 0 || (n_tokens > 0 && tokens == nullptr))
+    return Status(Code::invalid_argument, "engine: import of " + std::to_string(n_tokens) +
+                                              " tokens without a token array");
+  if (n_tokens > options_.context)
+    return Status(Code::out_of_range, "engine: import of " + std::to_string(n_tokens) +
+                                          " tokens exceeds the context of " +
+                                          std::to_string(options_.context));
+  const int32_t n_vocab = config().n_vocab;
+  for (int32_t i = 0; i < n_tokens; ++i)
+    if (tokens[i] < 0 || tokens[i] >= n_vocab)
+      return Status(Code::invalid_argument, "engine: import token id " + std::to_string(tokens[i]) +
+                                                " is outside the vocabulary [0, " +
+                                                std::to_string(n_vocab) + ")");
+  const int32_t bs = options_.block_size;
+  const int32_t n_blocks = (n_tokens + bs - 1) / bs;
+  if (int32_t(records.size()) != n_blocks)
+    return Status(Code::invalid_argument, "engine: import of " + std::to_string(n_tokens) +
+                                              " tokens needs " + std::to_string(n_blocks) +
+                                              " blocks, got " + std::to_string(records.size()));
+  // The keys these tokens give: a record made for other tokens cannot attach.
+  Sequence probe;
+  probe.tokens.assign(tokens, tokens + n_tokens);
+  const std::vector<BlockKey> keys = keys_of(probe);
+  for (int32_t b = 0; b < n_blocks; ++b) {
+    const BlockRecord& r = records[size_t(b)];
+    const std::string who = "engine: import block " + std::to_string(b) + ": ";
+    Status st = verify(r, model_fp_, layout_);
+    if (!st.ok()) return Status(st.code(), who + st.message());
+    const uint32_t want = uint32_t(std::min(bs, n_tokens - b * bs));
+    if (r.header.n_tokens != want)
+      return Status(Code::invalid_argument, who + "holds " + std::to_string(r.header.n_tokens) +
+                                                " tokens, the sequence needs " +
+                                                std::to_string(want) + " there");
+    if (!(r.header.key == keys[size_t(b)]))
+      return Status(Code::invalid_argument, who + "key " + r.header.key.hex() +
+                                                " is not the key of these tokens (" +
+                                                keys[size_t(b)].hex() + ")");
+  }
+  CLEAVE_RETURN_IF_ERROR(make_room(n_blocks));
+  Sequence& s = seqs_[size_t(seq)];
+  auto grant = s.blocks->append_tokens(n_tokens);
+  CLEAVE_CHECK(grant.ok() && !grant->no_room && !grant->copy);
+  for (int32_t b = 0; b < n_blocks; ++b)
+    backend_->upload(block_data(s.blocks->blocks()[size_t(b)]), records[size_t(b)].bytes.data(),
+                     block_bytes());
+  s.tokens = std::move(probe.tokens);
+  publish_full_blocks(s);
+  return Status::Ok();
+}
+
+Engine::CacheStats Engine::cache_stats() const { return stats_; }
 
 namespace {
 template <class T>
@@ -117,17 +334,29 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
                                                   std::to_string(c.n_vocab) + ")");
     }
     added[it.seq] += it.n_tokens;
-    const int32_t len = seqs_[it.seq].length + added[it.seq];
+    const int32_t len = int32_t(seqs_[it.seq].tokens.size()) + added[it.seq];
     if (len > options_.context)
       return Status(Code::out_of_range, "engine: sequence " + std::to_string(it.seq) + " of " +
                                             std::to_string(len) + " tokens exceeds the context of " +
                                             std::to_string(options_.context));
     n += it.n_tokens;
   }
-  for (size_t s = 0; s < seqs_.size(); ++s) {
-    if (added[s]) CLEAVE_RETURN_IF_ERROR(reserve_blocks(int32_t(s), seqs_[s].length + added[s]));
-  }
+  // Room for every sequence first (evicting unused cached blocks if need
+  // be), so no sequence grows unless all can.
+  int32_t need = 0;
+  for (size_t s = 0; s < seqs_.size(); ++s)
+    if (added[s]) need += seqs_[s].blocks->blocks_needed(added[s]);
+  CLEAVE_RETURN_IF_ERROR(make_room(need));
   if (n == 0) return Status::Ok();
+  std::vector<int32_t> start(seqs_.size());
+  for (size_t s = 0; s < seqs_.size(); ++s) {
+    start[s] = int32_t(seqs_[s].tokens.size());
+    if (!added[s]) continue;
+    auto grant = seqs_[s].blocks->append_tokens(added[s]);
+    CLEAVE_CHECK(grant.ok() && !grant->no_room);
+    // A shared, partly filled last block (a cached prefix) is copied before it is written.
+    if (grant->copy) copy_block(grant->copy->src, grant->copy->dst);
+  }
 
   // Rows: one per token, with its sequence's block table and position.
   int32_t* pos = grow(positions_, n);
@@ -135,16 +364,17 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
   AttnRow* rows = grow(rows_, n);
   std::vector<int32_t> last_row(items.size());
   {
-    std::vector<int32_t> cursor(seqs_.size());
-    for (size_t s = 0; s < seqs_.size(); ++s) cursor[s] = seqs_[s].length;
+    std::vector<int32_t> cursor = start;
     int64_t r = 0;
     for (size_t i = 0; i < items.size(); ++i) {
       const Item& it = items[i];
       Sequence& s = seqs_[it.seq];
+      s.tokens.insert(s.tokens.end(), it.tokens, it.tokens + it.n_tokens);
+      const std::vector<int32_t>& table = s.blocks->blocks();
       for (int32_t t = 0; t < it.n_tokens; ++t, ++r) {
         ids[r] = it.tokens[t];
         pos[r] = cursor[it.seq]++;
-        rows[r] = AttnRow{s.blocks.data(), int32_t(s.blocks.size()), pos[r]};
+        rows[r] = AttnRow{table.data(), int32_t(table.size()), pos[r]};
       }
       last_row[i] = int32_t(r - 1);
     }
@@ -171,8 +401,8 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     be.matmul(l.wv, h, n, v);
     be.rope(q, n, c.n_heads, c.head_dim, pos, c.rope_base);
     be.rope(k, n, c.n_kv_heads, c.head_dim, pos, c.rope_base);
-    be.kv_write(pool_->kv(), li, k, v, rows, n);
-    be.attention(pool_->kv(), li, q, rows, n, c.n_heads, scale, att);
+    be.kv_write(kv_, li, k, v, rows, n);
+    be.attention(kv_, li, q, rows, n, c.n_heads, scale, att);
     be.matmul(l.wo, att, n, tmp);
     for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
 
@@ -190,7 +420,9 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
   be.rmsnorm(last, model_->output_norm(), m, dim, c.rms_eps, h);
   be.matmul(model_->output(), h, m, logits);
 
-  for (size_t s = 0; s < seqs_.size(); ++s) seqs_[s].length += added[s];
+  if (index_)
+    for (size_t s = 0; s < seqs_.size(); ++s)
+      if (added[s]) publish_full_blocks(seqs_[s]);
   return Status::Ok();
 }
 

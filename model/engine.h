@@ -7,12 +7,15 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
 #include "storage/block.h"
+#include "storage/block_pool.h"
+#include "storage/prefix.h"
 
 namespace cleave {
 
@@ -28,24 +31,6 @@ struct EngineOptions {
   // it. Cached blocks no sequence holds are evicted least recently used
   // first when the pool runs out.
   bool prefix_cache = true;
-};
-
-// A fixed pool of KV blocks with a free list (to be replaced by storage's BlockPool).
-class KvBlockPool {
- public:
-  KvBlockPool(Backend& backend, PagedKv layout);
-  ~KvBlockPool();
-  KvBlockPool(const KvBlockPool&) = delete;
-  KvBlockPool& operator=(const KvBlockPool&) = delete;
-  const PagedKv& kv() const { return kv_; }
-  int32_t free_blocks() const { return static_cast<int32_t>(free_.size()); }
-  int32_t take();
-  void give_back(int32_t block);
-
- private:
-  Backend& backend_;
-  PagedKv kv_;
-  std::vector<int32_t> free_;
 };
 
 class Engine {
@@ -70,8 +55,9 @@ class Engine {
   // Releases the sequence's blocks; with prefix_cache its full blocks stay
   // cached (they were published as they filled).
   void close_sequence(int32_t seq);
-  int32_t sequence_length(int32_t seq) const;
-  // The tokens whose KV the sequence holds (sequence_length of them).
+  int32_t sequence_length(int32_t seq) const;  // 0 for a sequence not open
+  // The tokens whose KV the sequence holds (sequence_length of them; empty
+  // for a sequence not open).
   const std::vector<int32_t>& sequence_tokens(int32_t seq) const;
 
   // KV blocks: free ones plus cached ones no sequence holds (evictable).
@@ -84,8 +70,9 @@ class Engine {
   // must still run to give logits; see PrefixMatch::usable_tokens). Returns
   // how many tokens were reused (the sequence's length afterwards; 0 on a
   // miss or without prefix_cache). invalid_argument for a sequence that is
-  // not open and empty; out_of_memory when a shared partial block must be
-  // copied and no block is free.
+  // not open and empty. When the reused prefix ends inside a shared block,
+  // the next forward() copies that block before writing it (copy-on-write;
+  // blocks_needed counts the copy), so attaching itself takes no block.
   Result<int32_t> attach_cached_prefix(int32_t seq, const int32_t* tokens, int32_t n);
 
   // Content keys of the sequence's blocks, in order: the prefix chain key of
@@ -127,20 +114,53 @@ class Engine {
 
  private:
   Engine() = default;
-  Status reserve_blocks(int32_t seq, int32_t new_length);
+  struct Sequence {
+    bool open = false;
+    std::optional<SequenceBlocks> blocks;  // set while open
+    std::vector<int32_t> tokens;
+    // With prefix_cache: chain keys of the full blocks, in order (the parent
+    // of the next block to publish).
+    std::vector<BlockKey> keys;
+  };
+  // Per pool block: whether the prefix index holds it under `key`, and when
+  // it was last used (LRU eviction order).
+  struct BlockInfo {
+    bool cached = false;
+    BlockKey key;
+    uint64_t last_use = 0;
+  };
+
+  bool is_open(int32_t seq) const;
+  int32_t evictable_blocks() const;
+  // Makes `need` blocks free, evicting unused cached blocks LRU first;
+  // out_of_memory (nothing evicted) when even that cannot.
+  Status make_room(int32_t need);
+  void touch(int32_t block) { block_info_[size_t(block)].last_use = ++clock_; }
+  // Publishes the sequence's full blocks that have no key yet.
+  void publish_full_blocks(Sequence& s);
+  // Keys of the first n_full full blocks of s, then the partial one if any.
+  std::vector<BlockKey> keys_of(const Sequence& s) const;
+  size_t block_bytes() const { return layout_.block_bytes(); }
+  float* block_data(int32_t block) const { return kv_.data + size_t(block) * kv_.block_elems(); }
+  void copy_block(int32_t src, int32_t dst);
   void ffn_dense(const LlamaLayer& l, int64_t n);
   void ffn_moe(const LlamaLayer& l, int64_t n);
 
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<KvBlockPool> pool_;
   EngineOptions options_;
-  struct Sequence {
-    bool open = false;
-    int32_t length = 0;
-    std::vector<int32_t> blocks;
-  };
+  uint64_t model_fp_ = 0;
+  KvLayout layout_;
+  // KV bytes (backend memory, PagedKv layout); storage's pool owns the ids and
+  // reference counts, the index the cached full blocks.
+  PagedKv kv_;
+  std::unique_ptr<BlockPool> pool_;
+  std::unique_ptr<PrefixIndex> index_;  // null without prefix_cache
+  std::vector<BlockInfo> block_info_;
+  uint64_t clock_ = 0;
+  CacheStats stats_;
   std::vector<Sequence> seqs_;
+  std::vector<uint8_t> staging_;  // host copy for copy-on-write
 
   // Scratch, grown on demand and reused across calls.
   std::vector<float> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_, logits_rows_;

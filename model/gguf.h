@@ -66,6 +66,7 @@ class GgufFile {
   uint32_t version() const { return version_; }
   uint64_t alignment() const { return alignment_; }
   size_t file_size() const { return size_; }
+  const uint8_t* data() const { return base_; }  // the whole file image (file_size bytes)
   uint64_t data_offset() const { return data_offset_; }
 
   const std::vector<GgufKv>& metadata() const { return kvs_; }
