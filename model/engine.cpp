@@ -99,8 +99,7 @@ void Engine::close_sequence(int32_t seq) {
   if (!is_open(seq)) return;
   Sequence& s = seqs_[size_t(seq)];
   // Cached blocks count as used until the last sequence lets go of them.
-  for (int32_t b : s.blocks->blocks())
-    if (block_info_[size_t(b)].cached) touch(b);
+  touch_chain(s.blocks->blocks());
   s = Sequence{};
 }
 
@@ -150,6 +149,13 @@ Status Engine::make_room(int32_t need) {
     ++stats_.evicted_blocks;
   }
   return Status::Ok();
+}
+
+void Engine::touch_chain(const std::vector<int32_t>& blocks) {
+  // Last block first: a chain's tail is evicted before its head, so what
+  // stays cached is still a reachable prefix.
+  for (auto b = blocks.rbegin(); b != blocks.rend(); ++b)
+    if (block_info_[size_t(*b)].cached) touch(*b);
 }
 
 void Engine::publish_full_blocks(Sequence& s) {
@@ -216,7 +222,7 @@ Result<int32_t> Engine::attach_cached_prefix(int32_t seq, const int32_t* tokens,
   s.blocks = std::move(*shared);
   s.tokens.assign(tokens, tokens + usable);
   s.keys.assign(m.keys.begin(), m.keys.begin() + usable / bs);
-  for (int32_t b : ids) touch(b);  // a hit refreshes
+  touch_chain(ids);  // a hit refreshes
   stats_.hit_tokens += uint64_t(usable);
   return usable;
 }

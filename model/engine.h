@@ -136,6 +136,7 @@ class Engine {
   // out_of_memory (nothing evicted) when even that cannot.
   Status make_room(int32_t need);
   void touch(int32_t block) { block_info_[size_t(block)].last_use = ++clock_; }
+  void touch_chain(const std::vector<int32_t>& blocks);
   // Publishes the sequence's full blocks that have no key yet.
   void publish_full_blocks(Sequence& s);
   // Keys of the first n_full full blocks of s, then the partial one if any.
