@@ -90,6 +90,12 @@ class Backend {
   virtual void download(void* dst, const void* src, size_t bytes) = 0;
   virtual void sync() = 0;
 
+  // Page-locked host memory for staging transfers to and from the backend's
+  // memory (the pinned host KV tier): cudaHostAlloc for CUDA, 4096-aligned
+  // host memory for the CPU backend. nullptr when out of memory.
+  virtual void* alloc_pinned_host(size_t bytes) = 0;
+  virtual void free_pinned_host(void* ptr) = 0;
+
   // y[i][r] = sum_c x[i][c] * w[r][c] for i < n, r < w.rows.
   // x is n x w.cols, y is n x w.rows (row-major, dense).
   virtual void matmul(const WeightView& w, const float* x, int64_t n, float* y) = 0;

@@ -65,5 +65,9 @@ void seal(BlockRecord& record);
 // the bytes and the record's model fingerprint and layout are the expected
 // ones and the byte count fits the layout.
 Status verify(const BlockRecord& record, uint64_t model_fingerprint, const KvLayout& layout);
+// The part of verify() that does not read the bytes: fingerprint, layout and
+// byte count (n_bytes). For hops whose bytes are hashed elsewhere.
+Status verify_header(const BlockHeader& header, size_t n_bytes, uint64_t model_fingerprint,
+                     const KvLayout& layout);
 
 }  // namespace cleave

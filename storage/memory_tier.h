@@ -1,14 +1,23 @@
 // MemoryTier: a Tier in host memory with its own byte capacity.
 //
-// Used as tier 0 (the host working arena, when there is no GPU) and as
-// tier 1 ("pinned" host RAM). Every block is copied into one page-aligned
-// slab (header + bytes) so a later CUDA variant can register or allocate the
-// same slabs with cudaHostAlloc / cudaHostRegister for DMA; this variant uses
-// aligned_alloc(4096) and nothing CUDA.
+// Used as tier 0 without a GPU (the host working arena) and as tier 1
+// (pinned host RAM). Every block lives in one page-aligned slab
+// ([BlockHeader][pad][bytes]). Slabs come from aligned_alloc(4096), or, for
+// the pinned kind given a Backend, from Backend::alloc_pinned_host
+// (cudaHostAlloc with CUDA), so the device can DMA from them.
 //
-// Records are verified on insert (verify()) and on lookup (the checksum is
-// recomputed over the stored bytes; a mismatch drops the entry, counts it and
-// answers corruption). usage_bytes() counts the block bytes (header and page
+// Slabs are recycled: all blocks of a tier share one layout, hence one slab
+// size, and an erased block's slab goes to a free list that the next insert
+// takes from. Slabs in use plus free never exceed capacity / block bytes, so
+// the tier never holds more memory than its capacity (plus page rounding);
+// release_free_slabs() returns the free ones.
+//
+// Verification: insert(record) and an unverified insert(view) copy the bytes
+// into the slab and hash that copy (one copy, one hash: what is kept is what
+// was checked); a view marked verified is only copied. lookup() copies out
+// and hashes the copy; a mismatch drops the entry, counts it and answers
+// corruption. read() hands out the stored bytes unverified (the receiver of
+// the hop verifies). usage_bytes() counts block bytes only (header and page
 // rounding are not charged), so a capacity of N * block_bytes holds N blocks.
 // Thread-safe: one mutex per tier.
 #pragma once
@@ -18,29 +27,38 @@
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <vector>
 
 #include "storage/tier.h"
 
 namespace cleave {
 
+class Backend;
+
 enum class MemoryKind {
   host_arena,   // tier 0 without a GPU: the memory the CPU kernels read
-  pinned_host,  // tier 1: page-aligned host RAM (cudaHostAlloc in a CUDA build)
+  pinned_host,  // tier 1: page-aligned (with a Backend: page-locked) host RAM
 };
 
 class MemoryTier final : public Tier {
  public:
   static constexpr size_t kPageBytes = 4096;
 
-  // invalid_argument for a zero capacity or an invalid layout.
+  // invalid_argument for a zero capacity, an invalid layout, or a backend
+  // given for the host_arena kind (a backend's own memory is DeviceTier's).
+  // `pinned_from`, when given, allocates the slabs and must outlive the tier.
   static Result<std::unique_ptr<MemoryTier>> create(MemoryKind kind, size_t capacity_bytes,
                                                     uint64_t model_fingerprint,
-                                                    const KvLayout& layout);
+                                                    const KvLayout& layout,
+                                                    Backend* pinned_from = nullptr);
   ~MemoryTier() override;
 
   const char* name() const override;
+  using Tier::insert;
   Status insert(const BlockRecord& record) override;
+  Status insert(const BlockView& view) override;
   Result<BlockRecord> lookup(const BlockKey& key) override;
+  Status read(const BlockKey& key, const std::function<Status(const BlockView&)>& fn) override;
   bool contains(const BlockKey& key) const override;
   Status erase(const BlockKey& key) override;
   size_t capacity_bytes() const override { return capacity_; }
@@ -49,6 +67,8 @@ class MemoryTier final : public Tier {
 
   MemoryKind kind() const { return kind_; }
   size_t block_count() const;
+  size_t free_slabs() const;
+  void release_free_slabs();
   uint64_t corrupt_detected() const;
   // Test hook: flips bit `bit` (modulo the payload size in bits) of the
   // stored bytes of `key`, leaving the stored checksum alone. not_found when
@@ -56,24 +76,26 @@ class MemoryTier final : public Tier {
   Status flip_bit_for_test(const BlockKey& key, size_t bit);
 
  private:
-  struct SlabFree {
-    void operator()(uint8_t* p) const;
-  };
-  struct Slab {
-    std::unique_ptr<uint8_t, SlabFree> mem;  // [BlockHeader][pad][bytes], page aligned
-    size_t n_bytes = 0;                      // payload size
-  };
   static constexpr size_t kPayloadOffset = 256;  // >= sizeof(BlockHeader), cache-line aligned
 
-  MemoryTier(MemoryKind kind, size_t capacity, uint64_t fp, const KvLayout& layout)
-      : kind_(kind), capacity_(capacity), model_fingerprint_(fp), layout_(layout) {}
+  MemoryTier(MemoryKind kind, size_t capacity, uint64_t fp, const KvLayout& layout,
+             Backend* pinned_from);
+  // With mu_ held. nullptr when the allocation failed.
+  uint8_t* take_slab();
+  void give_back_slab(uint8_t* slab);
+  void free_slab(uint8_t* slab);
 
   const MemoryKind kind_;
   const size_t capacity_;
   const uint64_t model_fingerprint_;
   const KvLayout layout_;
+  const size_t block_bytes_;
+  const size_t slab_bytes_;  // kPayloadOffset + block bytes, rounded up to pages
+  const size_t max_slabs_;   // capacity / block bytes
+  Backend* const pinned_from_;
   mutable std::mutex mu_;
-  std::unordered_map<BlockKey, Slab, BlockKeyHash> slabs_;
+  std::unordered_map<BlockKey, uint8_t*, BlockKeyHash> slabs_;
+  std::vector<uint8_t*> free_;  // recycled slabs, never more than max_slabs_ - slabs_.size()
   size_t usage_ = 0;
   uint64_t corrupt_ = 0;
 };

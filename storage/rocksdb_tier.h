@@ -87,6 +87,7 @@ class RocksDbTier final : public Tier {
   RocksDbTier& operator=(const RocksDbTier&) = delete;
 
   const char* name() const override { return "rocksdb"; }
+  using Tier::insert;  // insert(BlockView): copies, then insert(record), which verifies
   Status insert(const BlockRecord& record) override;
   Result<BlockRecord> lookup(const BlockKey& key) override;
   bool contains(const BlockKey& key) const override;

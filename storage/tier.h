@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,22 @@
 #include "storage/block.h"
 
 namespace cleave {
+
+// A record's bytes where they already are (another tier's memory, a caller's
+// BlockRecord): the input of a hop, so a block moves with one copy.
+struct BlockView {
+  const BlockHeader* header = nullptr;
+  const uint8_t* bytes = nullptr;
+  size_t n_bytes = 0;
+  // True when the bytes were verified by this hop already (e.g. a record just
+  // read with lookup()); the receiving tier then only copies. False: the
+  // receiver verifies, so each hop hashes the block exactly once.
+  bool verified = false;
+
+  static BlockView of(const BlockRecord& r, bool verified) {
+    return BlockView{&r.header, r.bytes.data(), r.bytes.size(), verified};
+  }
+};
 
 class Tier {
  public:
@@ -34,6 +51,24 @@ class Tier {
   // (look up, promote, evict) those blocks. Default: nothing (a tier that
   // starts empty).
   virtual std::vector<std::pair<BlockKey, size_t>> list() const { return {}; }
+
+  // --- the hop path (TieredStore moves blocks with these two) ---
+  // insert() from a view: the same answers. Unless view.verified, the tier
+  // verifies the bytes (memory tiers hash their own copy after copying it
+  // in, so what they keep is what was checked). Default: copies the view
+  // into a BlockRecord and calls insert() (which verifies).
+  virtual Status insert(const BlockView& view);
+  // Calls `fn` with the stored record as it is, unverified (the receiver of
+  // a hop verifies it), valid only during the call; the tier's lock may be
+  // held, so `fn` must not call back into this tier. Answers not_found when
+  // absent, else what `fn` answers. Default: lookup() (which verifies) and a
+  // view of that copy.
+  virtual Status read(const BlockKey& key, const std::function<Status(const BlockView&)>& fn);
 };
+
+// One verified hop of `key` from `from` into `to` (the block hashed once, by
+// `to`), then erased from `from`. The insert's status on failure (corruption:
+// the bytes in `from` are bad; out_of_memory: `to` is full), `from` unchanged.
+Status move_block(Tier& from, Tier& to, const BlockKey& key);
 
 }  // namespace cleave

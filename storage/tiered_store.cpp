@@ -104,16 +104,18 @@ Status TieredStore::make_room(size_t t, size_t bytes) {
   return Status::Ok();
 }
 
-Status TieredStore::insert_with_room(size_t t, const BlockRecord& record) {
+Status TieredStore::insert_with_room(size_t t, const BlockKey& key,
+                                     const std::function<Status()>& insert) {
   Tier& tier = *tiers_[t];
-  CLEAVE_RETURN_IF_ERROR(make_room(t, record.bytes.size()));
+  const size_t bytes = layout_.block_bytes();
+  CLEAVE_RETURN_IF_ERROR(make_room(t, bytes));
   for (;;) {
     const size_t before = tier.usage_bytes();
-    Status st = tier.insert(record);
+    Status st = insert();
     if (st.ok()) {
       // Charge what the tier actually counted (e.g. an encoded header on disk).
       const size_t after = tier.usage_bytes();
-      policy_.add(t, record.header.key, after > before ? after - before : record.bytes.size());
+      policy_.add(t, key, after > before ? after - before : bytes);
       return st;
     }
     if (st.code() != Code::out_of_memory) return st;
@@ -139,22 +141,20 @@ Status TieredStore::evict(size_t t, const BlockKey& key) {
     ++counters_.drops;
     return Status::Ok();
   }
-  Result<BlockRecord> rec = from.lookup(key);
-  Status st = rec.ok() ? verify(*rec, model_fingerprint_, layout_) : rec.status();
-  if (!st.ok()) {
-    if (st.code() == Code::corruption) {
-      forget_corrupt(t, key, st);
-      return Status::Ok();  // the space is free either way
-    }
+  // One copy from tier t's memory into tier t+1, hashed once by the receiver.
+  Tier& to = *tiers_[t + 1];
+  policy_.pin(key);
+  Status st = insert_with_room(t + 1, key, [&] {
+    return from.read(key, [&](const BlockView& v) { return to.insert(v); });
+  });
+  policy_.unpin(key);
+  if (st.code() == Code::corruption) {  // the bytes in tier t are bad
+    forget_corrupt(t, key, st);
+    return Status::Ok();  // the space is free either way
+  }
+  if (st.code() == Code::not_found && !from.contains(key)) {
     policy_.remove(t, key);  // vanished from under us: forget it
     meta_.erase(key);
-    return Status::Ok();
-  }
-  policy_.pin(key);
-  st = insert_with_room(t + 1, *rec);
-  policy_.unpin(key);
-  if (st.code() == Code::corruption) {
-    forget_corrupt(t, key, st);
     return Status::Ok();
   }
   CLEAVE_RETURN_IF_ERROR(st);
@@ -167,21 +167,25 @@ Status TieredStore::evict(size_t t, const BlockKey& key) {
   return Status::Ok();
 }
 
-void TieredStore::promote(size_t from, const BlockKey& key, size_t bytes) {
+void TieredStore::promote(size_t from, const BlockKey& key, const BlockRecord* verified) {
   policy_.pin(key);  // never pick the block being promoted as a victim
   for (size_t s = from; s > 0; --s) {
     if (!spend_hop()) {
       ++counters_.budget_exhausted;
       break;
     }
-    if (!make_room(s - 1, bytes).ok()) break;  // stays where it is: still a hit
-    Result<BlockRecord> rec = tiers_[s]->lookup(key);
-    Status st = rec.ok() ? verify(*rec, model_fingerprint_, layout_) : rec.status();
-    if (!st.ok()) {
-      if (st.code() == Code::corruption) forget_corrupt(s, key, st);
+    if (!make_room(s - 1, layout_.block_bytes()).ok()) break;  // stays where it is: still a hit
+    Tier& to = *tiers_[s - 1];
+    // With the record get() just read and verified, each hop only copies it;
+    // otherwise the receiver hashes the bytes read from tier s.
+    Status st = insert_with_room(s - 1, key, [&] {
+      if (verified) return to.insert(BlockView::of(*verified, /*verified=*/true));
+      return tiers_[s]->read(key, [&](const BlockView& v) { return to.insert(v); });
+    });
+    if (st.code() == Code::corruption && !verified) {
+      forget_corrupt(s, key, st);
       break;
     }
-    st = insert_with_room(s - 1, *rec);
     if (!st.ok()) break;  // no room after all: stays where it is
     (void)tiers_[s]->erase(key);
     policy_.remove(s, key);
@@ -204,7 +208,8 @@ Status TieredStore::put(const BlockRecord& record) {
       return Status::Ok();
     }
   }
-  // Verify outside the lock (the checksum pass is the expensive part) ...
+  // Verify outside the lock (the checksum pass is the expensive part); tier 0
+  // then only copies ...
   CLEAVE_RETURN_IF_ERROR(verify(record, model_fingerprint_, layout_));
   // ... then publish only if nobody else did meanwhile.
   std::lock_guard<std::mutex> lock(mu_);
@@ -215,7 +220,9 @@ Status TieredStore::put(const BlockRecord& record) {
     return Status::Ok();
   }
   hops_left_ = options_.max_sync_hops;
-  CLEAVE_RETURN_IF_ERROR(insert_with_room(0, record));
+  Tier& t0 = *tiers_[0];
+  CLEAVE_RETURN_IF_ERROR(
+      insert_with_room(0, key, [&] { return t0.insert(BlockView::of(record, /*verified=*/true)); }));
   meta_[key] = Meta{0, ++version_clock_};
   return Status::Ok();
 }
@@ -228,8 +235,9 @@ Result<BlockRecord> TieredStore::get(const BlockKey& key) {
     hops_left_ = options_.max_sync_hops;
     for (size_t t = 0; t < tiers_.size(); ++t) {
       if (!tiers_[t]->contains(key)) continue;
+      // lookup() verifies (checksum, fingerprint, layout) as it reads.
       Result<BlockRecord> rec = tiers_[t]->lookup(key);
-      Status st = rec.ok() ? verify(*rec, model_fingerprint_, layout_) : rec.status();
+      Status st = rec.status();
       if (st.ok() && !(rec->header.key == key))
         st = Status(Code::corruption, "header names block " + rec->header.key.hex());
       if (!st.ok()) {
@@ -248,7 +256,7 @@ Result<BlockRecord> TieredStore::get(const BlockKey& key) {
         if (options_.async_promotion && worker_.joinable())
           queue_it = true;
         else
-          promote(t, key, rec->bytes.size());
+          promote(t, key, &*rec);
       }
       out = std::move(rec);
       break;
@@ -320,8 +328,7 @@ void TieredStore::worker_loop() {
     auto it = meta_.find(key);
     if (it != meta_.end() && it->second.tier > 0) {
       hops_left_ = options_.max_sync_hops;
-      size_t bytes = layout_.block_bytes();
-      promote(it->second.tier, key, bytes);
+      promote(it->second.tier, key, nullptr);
     }
     busy_ = false;
     if (queue_.empty()) idle_cv_.notify_all();

@@ -8,7 +8,11 @@
 // tier 0 (t -> t-1 -> ... -> 0), making room by demotion. Every record read
 // from a tier is verified (checksum, model fingerprint, layout): a failure is
 // a miss, counted and logged to stderr, the bad copy erased; the caller
-// recomputes. Pinned blocks (refcount > 0) are never evicted; when nothing
+// recomputes. Each hop hashes the block exactly once and copies it once: a
+// demotion reads the source tier's bytes in place (Tier::read) and the
+// receiving tier hashes its own copy; a promotion on get() copies the record
+// get() just read and verified; put() verifies before taking the lock and
+// tier 0 only copies. Pinned blocks (refcount > 0) are never evicted; when nothing
 // can be evicted, put answers out_of_memory.
 //
 // Migration is bounded: the hops triggered by one put/get run synchronously,
@@ -36,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -123,10 +128,14 @@ class TieredStore {
   bool spend_hop();
   Status make_room(size_t tier, size_t bytes);
   Status evict(size_t tier, const BlockKey& key);
-  // make_room + insert, evicting more when the tier charges more than the
-  // payload; records the block in the policy at the tier's own cost.
-  Status insert_with_room(size_t tier, const BlockRecord& record);
-  void promote(size_t from, const BlockKey& key, size_t bytes);
+  // make_room + `insert` (which inserts `key` into the tier), evicting more
+  // when the tier charges more than the payload; records the block in the
+  // policy at the tier's own cost.
+  Status insert_with_room(size_t tier, const BlockKey& key, const std::function<Status()>& insert);
+  // Moves `key` from tier `from` toward tier 0. `verified`: the record get()
+  // just read and verified (each hop then only copies it), or nullptr (each
+  // hop reads from the tier below, verified by the receiving tier).
+  void promote(size_t from, const BlockKey& key, const BlockRecord* verified);
   void forget_corrupt(size_t tier, const BlockKey& key, const Status& why);
   void worker_loop();
 

@@ -129,17 +129,14 @@ json bench_moves(const KvLayout& l, size_t total_bytes, int reps) {
   });
   for (auto* d : dst) std::free(d);
 
-  // Direct: lookup (copy out + verify) -> insert (verify + copy in) -> erase,
-  // tier 1 -> tier 0 (promote) and back (demote), every block once per pass.
+  // Direct: the store's hop, move_block (Tier::read of the source's bytes in
+  // place -> insert, which copies and hashes the copy once -> erase), tier 1
+  // -> tier 0 (promote) and back (demote), every block once per pass.
   auto t0 = take(MemoryTier::create(MemoryKind::host_arena, n * bb, kModelFp, l), "tier0");
   auto t1 = take(MemoryTier::create(MemoryKind::pinned_host, n * bb, kModelFp, l), "tier1");
   for (auto& r : recs) check(t1->insert(r), "tier1 insert");
   auto move_all = [&](MemoryTier& from, MemoryTier& to) {
-    for (auto& r : recs) {
-      auto got = take(from.lookup(r.header.key), "lookup");
-      check(to.insert(got), "insert");
-      check(from.erase(r.header.key), "erase");
-    }
+    for (auto& r : recs) check(move_block(from, to, r.header.key), "move_block");
   };
   double t_promote = 1e30, t_demote = 1e30;
   for (int r = 0; r < reps; ++r) {

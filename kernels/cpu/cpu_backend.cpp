@@ -88,6 +88,12 @@ class CpuBackend final : public Backend {
     return std::aligned_alloc(64, size == 0 ? 64 : size);
   }
   void free(void* ptr) override { std::free(ptr); }
+  // No DMA engine to serve: page-aligned memory (what cudaHostAlloc gives).
+  void* alloc_pinned_host(size_t bytes) override {
+    const size_t size = (bytes + 4095) / 4096 * 4096;
+    return std::aligned_alloc(4096, size == 0 ? 4096 : size);
+  }
+  void free_pinned_host(void* ptr) override { std::free(ptr); }
   void upload(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }

@@ -608,6 +608,25 @@ class CudaBackend final : public Backend {
     CLEAVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
     CLEAVE_CUDA_CHECK(cudaFree(ptr));
   }
+  // nullptr when out of (page-lockable) host memory; any other error aborts.
+  void* alloc_pinned_host(size_t bytes) override {
+    use();
+    if (bytes == 0) return nullptr;
+    void* p = nullptr;
+    cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocPortable);
+    if (err == cudaErrorMemoryAllocation) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    CLEAVE_CUDA_CHECK(err);
+    return p;
+  }
+  void free_pinned_host(void* ptr) override {
+    if (!ptr) return;
+    use();
+    CLEAVE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // no copy may still read it
+    CLEAVE_CUDA_CHECK(cudaFreeHost(ptr));
+  }
   void upload(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;
     use();

@@ -1,6 +1,8 @@
 #include <doctest/doctest.h>
+#include <xxhash.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "storage/lru_policy.h"
 #include "storage/memory_tier.h"
@@ -98,6 +100,78 @@ TEST_CASE("memory tier: every flipped bit is detected on lookup and the entry dr
     CHECK(t->corrupt_detected() == n);
     CHECK(t->usage_bytes() == 0);
   }
+}
+
+TEST_CASE("checksum: the dispatched XXH3-64 equals libxxhash's for every length and alignment") {
+  // Independent reference: the shared library's own XXH3_64bits.
+  std::vector<uint8_t> buf(70000 + 64);
+  uint64_t x = 88172645463325252ull;
+  for (auto& b : buf) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = uint8_t(x);
+  }
+  std::vector<size_t> lengths;
+  for (size_t n = 0; n <= 1100; ++n) lengths.push_back(n);  // every XXH3 size class edge
+  for (size_t n : {4095, 4096, 4097, 16384, 32768, 65536, 70000}) lengths.push_back(n);
+  for (size_t off : {0, 1, 7, 63})
+    for (size_t n : lengths) {
+      const uint8_t* p = buf.data() + off;
+      REQUIRE(checksum_bytes(p, n) == XXH3_64bits(p, n));
+    }
+}
+
+TEST_CASE("memory tier: erased slabs are reused, bounded by capacity") {
+  const size_t n = 8;
+  auto t = tier_of_blocks(n);
+  for (uint64_t i = 0; i < n; ++i) REQUIRE(t->insert(make_record(i)).ok());
+  CHECK(t->free_slabs() == 0);
+  for (uint64_t i = 0; i < n; ++i) REQUIRE(t->erase(make_record(i).header.key).ok());
+  CHECK(t->free_slabs() == n);  // kept for the next inserts
+  for (uint64_t i = 100; i < 100 + n / 2; ++i) REQUIRE(t->insert(make_record(i)).ok());
+  CHECK(t->free_slabs() == n / 2);
+  CHECK(t->free_slabs() + t->block_count() <= n);
+  // A reused slab holds exactly the new record (no leftovers of the old one).
+  for (uint64_t i = 100; i < 100 + n / 2; ++i) {
+    auto r = t->lookup(make_record(i).header.key);
+    REQUIRE(r.ok());
+    CHECK(r->bytes == make_record(i).bytes);
+  }
+  // A rejected insert (bad checksum found after the copy) returns its slab.
+  BlockRecord bad = make_record(200);
+  bad.bytes[9] ^= 4;
+  CHECK(t->insert(bad).code() == Code::corruption);
+  CHECK(!t->contains(bad.header.key));
+  CHECK(t->free_slabs() == n / 2);
+  t->release_free_slabs();
+  CHECK(t->free_slabs() == 0);
+  CHECK(t->block_count() == n / 2);
+}
+
+TEST_CASE("move_block: one hop copies, verifies and erases; a bad source is refused") {
+  auto from = tier_of_blocks(4, MemoryKind::pinned_host);
+  auto to = tier_of_blocks(2);
+  for (uint64_t i = 0; i < 4; ++i) REQUIRE(from->insert(make_record(i)).ok());
+  REQUIRE(move_block(*from, *to, make_record(0).header.key).ok());
+  CHECK(!from->contains(make_record(0).header.key));
+  auto r = to->lookup(make_record(0).header.key);
+  REQUIRE(r.ok());
+  CHECK(r->bytes == make_record(0).bytes);
+  CHECK(r->header.checksum == make_record(0).header.checksum);
+  // Every flipped bit in the source is caught by the receiving tier's hash:
+  // nothing lands in `to`, the source is left for its owner to drop.
+  for (size_t bit : {0, 7, 1000, 2047}) {
+    REQUIRE(from->flip_bit_for_test(make_record(1).header.key, bit).ok());
+    CHECK(move_block(*from, *to, make_record(1).header.key).code() == Code::corruption);
+    CHECK(!to->contains(make_record(1).header.key));
+    CHECK(from->contains(make_record(1).header.key));
+    REQUIRE(from->flip_bit_for_test(make_record(1).header.key, bit).ok());  // undo
+  }
+  CHECK(to->usage_bytes() == 256);
+  REQUIRE(move_block(*from, *to, make_record(1).header.key).ok());
+  // Full destination: out_of_memory, the source keeps the block.
+  CHECK(move_block(*from, *to, make_record(2).header.key).code() == Code::out_of_memory);
+  CHECK(from->contains(make_record(2).header.key));
+  CHECK(move_block(*from, *to, BlockKey{1, 2}).code() == Code::not_found);
 }
 
 TEST_CASE("lru policy: victims are least recently used, unpinned, enough bytes") {
