@@ -3,7 +3,15 @@
 // exception (malformed, truncated, over a limit) becomes a typed error, and
 // values are validated after parsing (enum ranges, sizes that must agree, a
 // message of another kind) so a reader gets either a complete, consistent
-// value or corruption / invalid_argument naming the problem.
+// value or corruption / invalid_argument naming the problem (unsupported for
+// another schema version or a KV element type this build cannot hold).
+//
+// What decode guarantees is a well-formed value, not a trustworthy one: a
+// BlockRecord's byte count matches its layout and n_tokens fits the block,
+// but its checksum and fingerprints are NOT checked here. Receivers call
+// verify() (storage/block.h) against the model and layout they expect.
+// Request fields that need the model (token < n_vocab, prompt length vs
+// context) are validate_request()'s job.
 //
 // Bytes is std::vector<char>, CAF's built-in message type, so encoded
 // messages cross actors and nodes with nothing to register.
@@ -19,6 +27,20 @@
 namespace cleave::codec {
 
 using Bytes = std::vector<char>;
+
+// Envelope.version written by this build; other versions decode as
+// unsupported.
+constexpr uint16_t kSchemaVersion = 1;
+// Bounds checked after parsing: any one string (text, names, stop strings,
+// error messages) and the number of stop strings or stats counters.
+constexpr size_t kMaxStringBytes = size_t(1) << 20;
+constexpr size_t kMaxListEntries = 4096;
+// Bounds on list lengths, checked before anything is allocated: Cap'n Proto
+// lets a list of empty structs claim one element per traversal word, so a
+// few bytes could otherwise ask for gigabytes.
+constexpr size_t kMaxTokens = size_t(1) << 24;  // a token list; logits floats
+constexpr size_t kMaxKeys = size_t(1) << 20;    // block keys in one message
+constexpr size_t kMaxBlocks = size_t(1) << 16;  // block records in one message
 
 // Reader limits, set explicitly per channel (Cap'n Proto's defaults are
 // 64 MiB and 64 levels).

@@ -1,0 +1,153 @@
+# Every message between cleave actors (schema/messages.h mirrors them as plain
+# C++ values; schema/codec.cpp is the only code that includes the generated
+# header). Field numbers are the wire contract: add fields with new numbers,
+# never renumber; bump Envelope.version only for changes old readers would
+# misread.
+@0xfd74a39e18da11d3;
+
+$import "/capnp/c++.capnp".namespace("cleave::wire");
+
+# common/status.h Code, in the same order (ordinals must match).
+enum StatusCode {
+  ok @0;
+  notFound @1;
+  invalidArgument @2;
+  outOfMemory @3;
+  outOfRange @4;
+  unsupported @5;
+  busy @6;
+  ioError @7;
+  corruption @8;
+  unavailable @9;
+  timedOut @10;
+  aborted @11;
+}
+
+struct Status {
+  code @0 :StatusCode;
+  message @1 :Text;
+}
+
+struct SamplingParams {
+  temperature @0 :Float32;
+  topK @1 :Int32;
+  topP @2 :Float32;
+  minP @3 :Float32;
+  repeatPenalty @4 :Float32;
+  repeatLastN @5 :Int32;
+  seed @6 :UInt64;
+  maxTokens @7 :Int32;
+  stop @8 :List(Text);
+}
+
+struct GenerateRequest {
+  prompt @0 :List(Int32);
+  sampling @1 :SamplingParams;
+  requestId @2 :UInt64;
+  prefillChunk @3 :Int32;
+  ignoreEos @4 :Bool;
+  keepLogits @5 :Bool;
+}
+
+struct StreamEvent {
+  enum Kind {
+    token @0;
+    finished @1;
+    failed @2;
+  }
+  kind @0 :Kind;
+  requestId @1 :UInt64;
+  index @2 :Int32;
+  token @3 :Int32;
+  text @4 :Text;
+  finishReason @5 :Text;
+  logits @6 :List(Float32);
+  error @7 :Status;
+  origin @8 :Text;
+  stageSeconds @9 :Float64;
+}
+
+# storage/block.h
+struct BlockKey {
+  lo @0 :UInt64;
+  hi @1 :UInt64;
+}
+
+struct KvLayout {
+  dtype @0 :UInt32;
+  tokensPerBlock @1 :Int32;
+  nLayers @2 :Int32;
+  nKvHeads @3 :Int32;
+  headDim @4 :Int32;
+}
+
+# BlockHeader's fields and the block's bytes (layout.block_bytes() of them).
+struct BlockRecord {
+  key @0 :BlockKey;
+  modelFingerprint @1 :UInt64;
+  layout @2 :KvLayout;
+  checksum @3 :UInt64;  # XXH3-64 of bytes; receivers verify() it
+  nTokens @4 :UInt32;
+  bytes @5 :Data;
+}
+
+struct Handoff {
+  request @0 :GenerateRequest;
+  generated @1 :List(Int32);
+  nKvTokens @2 :Int32;
+  kvKeys @3 :List(BlockKey);
+  blocks @4 :List(BlockRecord);
+}
+
+struct KvPut {
+  blocks @0 :List(BlockRecord);
+}
+
+struct KvAck {
+  stored @0 :Int32;
+  rejected @1 :Int32;
+  firstError @2 :Status;
+}
+
+struct KvGet {
+  keys @0 :List(BlockKey);
+}
+
+struct KvBlocks {
+  blocks @0 :List(BlockRecord);
+}
+
+struct Health {
+  actor @0 :Text;
+  ok @1 :Bool;
+  uptimeMs @2 :UInt64;
+  queueDepth @3 :Int32;
+  running @4 :Int32;
+}
+
+struct Counter {
+  name @0 :Text;
+  value @1 :UInt64;
+}
+
+struct Stats {
+  actor @0 :Text;
+  counters @1 :List(Counter);
+}
+
+# The root of every encoded message: the union names its kind, so bytes of
+# one kind decoded as another are an error naming both.
+struct Envelope {
+  version @0 :UInt16;
+  body :union {
+    generateRequest @1 :GenerateRequest;
+    streamEvent @2 :StreamEvent;
+    handoff @3 :Handoff;
+    kvPut @4 :KvPut;
+    kvAck @5 :KvAck;
+    kvGet @6 :KvGet;
+    kvBlocks @7 :KvBlocks;
+    health @8 :Health;
+    stats @9 :Stats;
+  }
+}

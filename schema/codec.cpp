@@ -1,0 +1,538 @@
+// The only translation unit that includes the generated Cap'n Proto header.
+// Encoding copies plain values into an Envelope; decoding parses under the
+// caller's limits, converts to plain values inside one try block (kj throws
+// lazily, on the access that finds the problem) and validates the result.
+#include "schema/codec.h"
+
+#include <capnp/message.h>
+#include <capnp/orphan.h>
+#include <capnp/serialize.h>
+#include <kj/exception.h>
+#include <kj/io.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "cleave.capnp.h"
+
+namespace cleave::codec {
+namespace {
+
+using Body = wire::Envelope::Body;
+
+constexpr const char* kKindNames[] = {"GenerateRequest", "StreamEvent", "Handoff",
+                                      "KvPut",           "KvAck",       "KvGet",
+                                      "KvBlocks",        "Health",      "Stats"};
+constexpr size_t kNumKinds = sizeof(kKindNames) / sizeof(kKindNames[0]);
+static_assert(kNumKinds == size_t(Body::STATS) + 1, "a kind name per union member");
+
+std::string kind_name(Body::Which which) {
+  return size_t(which) < kNumKinds ? kKindNames[size_t(which)]
+                                   : "unknown kind " + std::to_string(unsigned(which));
+}
+
+Status invalid(const std::string& what) { return Status(Code::invalid_argument, what); }
+
+// ---- plain -> wire -------------------------------------------------------
+
+// By size, not c_str(): kj's std::string conversion stops at the first NUL.
+capnp::Text::Reader text(const std::string& s) { return capnp::Text::Reader(s.data(), s.size()); }
+
+void put(wire::Status::Builder b, const Status& s) {
+  b.setCode(wire::StatusCode(uint16_t(s.code())));
+  b.setMessage(text(s.message()));
+}
+
+template <class ListBuilder, class Vec>
+void put_scalars(ListBuilder list, const Vec& values) {
+  for (size_t i = 0; i < values.size(); ++i) list.set(unsigned(i), values[i]);
+}
+
+void put(wire::SamplingParams::Builder b, const SamplingParams& p) {
+  b.setTemperature(p.temperature);
+  b.setTopK(p.top_k);
+  b.setTopP(p.top_p);
+  b.setMinP(p.min_p);
+  b.setRepeatPenalty(p.repeat_penalty);
+  b.setRepeatLastN(p.repeat_last_n);
+  b.setSeed(p.seed);
+  b.setMaxTokens(p.max_tokens);
+  auto stop = b.initStop(unsigned(p.stop.size()));
+  for (size_t i = 0; i < p.stop.size(); ++i) stop.set(unsigned(i), text(p.stop[i]));
+}
+
+void put(wire::GenerateRequest::Builder b, const GenerateRequest& r) {
+  put_scalars(b.initPrompt(unsigned(r.prompt.size())), r.prompt);
+  put(b.initSampling(), r.sampling);
+  b.setRequestId(r.request_id);
+  b.setPrefillChunk(r.prefill_chunk);
+  b.setIgnoreEos(r.ignore_eos);
+  b.setKeepLogits(r.keep_logits);
+}
+
+void put(wire::StreamEvent::Builder b, const msg::StreamEvent& e) {
+  b.setKind(wire::StreamEvent::Kind(uint16_t(e.kind)));
+  b.setRequestId(e.request_id);
+  b.setIndex(e.index);
+  b.setToken(e.token);
+  b.setText(text(e.text));
+  b.setFinishReason(text(e.finish_reason));
+  put_scalars(b.initLogits(unsigned(e.logits.size())), e.logits);
+  put(b.initError(), e.error);
+  b.setOrigin(text(e.origin));
+  b.setStageSeconds(e.stage_seconds);
+}
+
+void put(wire::BlockKey::Builder b, const BlockKey& k) {
+  b.setLo(k.lo);
+  b.setHi(k.hi);
+}
+
+void put(capnp::List<wire::BlockKey>::Builder list, const std::vector<BlockKey>& keys) {
+  for (size_t i = 0; i < keys.size(); ++i) put(list[unsigned(i)], keys[i]);
+}
+
+void put(wire::BlockRecord::Builder b, const BlockRecord& r) {
+  const BlockHeader& h = r.header;
+  put(b.initKey(), h.key);
+  b.setModelFingerprint(h.model_fingerprint);
+  auto layout = b.initLayout();
+  layout.setDtype(h.layout.dtype);
+  layout.setTokensPerBlock(h.layout.tokens_per_block);
+  layout.setNLayers(h.layout.n_layers);
+  layout.setNKvHeads(h.layout.n_kv_heads);
+  layout.setHeadDim(h.layout.head_dim);
+  b.setChecksum(h.checksum);
+  b.setNTokens(h.n_tokens);
+  // KV bytes become a segment of their own instead of a second copy; Cap'n
+  // Proto needs the blob word-aligned and whole words long for that.
+  const uint8_t* data = r.bytes.data();
+  if (!r.bytes.empty() && r.bytes.size() % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0) {
+    auto orphanage = capnp::Orphanage::getForMessageContaining(b);
+    b.adoptBytes(orphanage.referenceExternalData(capnp::Data::Reader(data, r.bytes.size())));
+  } else {
+    b.setBytes(capnp::Data::Reader(data, r.bytes.size()));
+  }
+}
+
+void put(capnp::List<wire::BlockRecord>::Builder list, const std::vector<BlockRecord>& blocks) {
+  for (size_t i = 0; i < blocks.size(); ++i) put(list[unsigned(i)], blocks[i]);
+}
+
+void put(wire::Handoff::Builder b, const msg::Handoff& h) {
+  put(b.initRequest(), h.request);
+  put_scalars(b.initGenerated(unsigned(h.generated.size())), h.generated);
+  b.setNKvTokens(h.n_kv_tokens);
+  put(b.initKvKeys(unsigned(h.kv_keys.size())), h.kv_keys);
+  put(b.initBlocks(unsigned(h.blocks.size())), h.blocks);
+}
+
+void put(wire::KvPut::Builder b, const msg::KvPut& m) {
+  put(b.initBlocks(unsigned(m.blocks.size())), m.blocks);
+}
+
+void put(wire::KvAck::Builder b, const msg::KvAck& m) {
+  b.setStored(m.stored);
+  b.setRejected(m.rejected);
+  put(b.initFirstError(), m.first_error);
+}
+
+void put(wire::KvGet::Builder b, const msg::KvGet& m) {
+  put(b.initKeys(unsigned(m.keys.size())), m.keys);
+}
+
+void put(wire::KvBlocks::Builder b, const msg::KvBlocks& m) {
+  put(b.initBlocks(unsigned(m.blocks.size())), m.blocks);
+}
+
+void put(wire::Health::Builder b, const msg::Health& m) {
+  b.setActor(text(m.actor));
+  b.setOk(m.ok);
+  b.setUptimeMs(m.uptime_ms);
+  b.setQueueDepth(m.queue_depth);
+  b.setRunning(m.running);
+}
+
+void put(wire::Stats::Builder b, const msg::Stats& m) {
+  b.setActor(text(m.actor));
+  auto counters = b.initCounters(unsigned(m.counters.size()));
+  for (size_t i = 0; i < m.counters.size(); ++i) {
+    counters[unsigned(i)].setName(text(m.counters[i].first));
+    counters[unsigned(i)].setValue(m.counters[i].second);
+  }
+}
+
+// ---- wire -> plain (may throw kj::Exception; validation comes after) ----
+
+// A list longer than its bound: thrown from the converters (they run inside
+// decode's try block) and reported as invalid_argument.
+struct TooLong {
+  std::string what;
+};
+
+template <class ListReader>
+ListReader bounded(ListReader list, size_t limit, const char* field) {
+  if (list.size() > limit)
+    throw TooLong{std::string(field) + ": " + std::to_string(list.size()) + " entries, limit " +
+                  std::to_string(limit)};
+  return list;
+}
+
+std::string get(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+template <class T, class ListReader>
+std::vector<T> get_scalars(ListReader list) {
+  std::vector<T> out;
+  out.reserve(list.size());
+  for (auto v : list) out.push_back(v);
+  return out;
+}
+
+// Codes outside the enum are kept as read and rejected by validation.
+Status get(wire::Status::Reader r) { return Status(Code(uint16_t(r.getCode())), get(r.getMessage())); }
+
+SamplingParams get(wire::SamplingParams::Reader r) {
+  SamplingParams p;
+  p.temperature = r.getTemperature();
+  p.top_k = r.getTopK();
+  p.top_p = r.getTopP();
+  p.min_p = r.getMinP();
+  p.repeat_penalty = r.getRepeatPenalty();
+  p.repeat_last_n = r.getRepeatLastN();
+  p.seed = r.getSeed();
+  p.max_tokens = r.getMaxTokens();
+  for (auto s : bounded(r.getStop(), kMaxListEntries, "sampling.stop")) p.stop.push_back(get(s));
+  return p;
+}
+
+GenerateRequest get(wire::GenerateRequest::Reader r) {
+  GenerateRequest out;
+  out.prompt = get_scalars<int32_t>(bounded(r.getPrompt(), kMaxTokens, "prompt"));
+  out.sampling = get(r.getSampling());
+  out.request_id = r.getRequestId();
+  out.prefill_chunk = r.getPrefillChunk();
+  out.ignore_eos = r.getIgnoreEos();
+  out.keep_logits = r.getKeepLogits();
+  return out;
+}
+
+msg::StreamEvent get(wire::StreamEvent::Reader r) {
+  msg::StreamEvent e;
+  // Kind is 8 bits wide: saturate so an unknown wire value cannot wrap to a
+  // known one before validation rejects it.
+  e.kind = msg::StreamEvent::Kind(std::min<uint16_t>(uint16_t(r.getKind()), 255));
+  e.request_id = r.getRequestId();
+  e.index = r.getIndex();
+  e.token = r.getToken();
+  e.text = get(r.getText());
+  e.finish_reason = get(r.getFinishReason());
+  e.logits = get_scalars<float>(bounded(r.getLogits(), kMaxTokens, "logits"));
+  e.error = get(r.getError());
+  e.origin = get(r.getOrigin());
+  e.stage_seconds = r.getStageSeconds();
+  return e;
+}
+
+BlockKey get(wire::BlockKey::Reader r) { return BlockKey{r.getLo(), r.getHi()}; }
+
+std::vector<BlockKey> get(capnp::List<wire::BlockKey>::Reader list) {
+  std::vector<BlockKey> out;
+  out.reserve(list.size());
+  for (auto k : list) out.push_back(get(k));
+  return out;
+}
+
+BlockRecord get(wire::BlockRecord::Reader r) {
+  BlockRecord out;
+  BlockHeader& h = out.header;
+  h.key = get(r.getKey());
+  h.model_fingerprint = r.getModelFingerprint();
+  auto layout = r.getLayout();
+  h.layout.dtype = layout.getDtype();
+  h.layout.tokens_per_block = layout.getTokensPerBlock();
+  h.layout.n_layers = layout.getNLayers();
+  h.layout.n_kv_heads = layout.getNKvHeads();
+  h.layout.head_dim = layout.getHeadDim();
+  h.checksum = r.getChecksum();
+  h.n_tokens = r.getNTokens();
+  auto bytes = r.getBytes();
+  out.bytes.assign(bytes.begin(), bytes.end());
+  return out;
+}
+
+std::vector<BlockRecord> get(capnp::List<wire::BlockRecord>::Reader list) {
+  bounded(list, kMaxBlocks, "blocks");
+  std::vector<BlockRecord> out;
+  out.reserve(list.size());
+  for (auto b : list) out.push_back(get(b));
+  return out;
+}
+
+void get(wire::Handoff::Reader r, msg::Handoff& h) {
+  h.request = get(r.getRequest());
+  h.generated = get_scalars<int32_t>(bounded(r.getGenerated(), kMaxTokens, "generated"));
+  h.n_kv_tokens = r.getNKvTokens();
+  h.kv_keys = get(bounded(r.getKvKeys(), kMaxKeys, "kv_keys"));
+  h.blocks = get(r.getBlocks());
+}
+void get(wire::KvPut::Reader r, msg::KvPut& m) { m.blocks = get(r.getBlocks()); }
+void get(wire::KvAck::Reader r, msg::KvAck& m) {
+  m.stored = r.getStored();
+  m.rejected = r.getRejected();
+  m.first_error = get(r.getFirstError());
+}
+void get(wire::KvGet::Reader r, msg::KvGet& m) { m.keys = get(bounded(r.getKeys(), kMaxKeys, "keys")); }
+void get(wire::KvBlocks::Reader r, msg::KvBlocks& m) { m.blocks = get(r.getBlocks()); }
+void get(wire::Health::Reader r, msg::Health& m) {
+  m.actor = get(r.getActor());
+  m.ok = r.getOk();
+  m.uptime_ms = r.getUptimeMs();
+  m.queue_depth = r.getQueueDepth();
+  m.running = r.getRunning();
+}
+void get(wire::Stats::Reader r, msg::Stats& m) {
+  m.actor = get(r.getActor());
+  for (auto c : bounded(r.getCounters(), kMaxListEntries, "counters")) m.counters.emplace_back(get(c.getName()), c.getValue());
+}
+void get(wire::GenerateRequest::Reader r, GenerateRequest& m) { m = get(r); }
+void get(wire::StreamEvent::Reader r, msg::StreamEvent& m) { m = get(r); }
+
+// ---- validation of decoded values ---------------------------------------
+
+Status check_string(const char* field, const std::string& s) {
+  if (s.size() > kMaxStringBytes)
+    return invalid(std::string(field) + ": " + std::to_string(s.size()) + " bytes, limit " +
+                   std::to_string(kMaxStringBytes));
+  return Status::Ok();
+}
+
+Status check_tokens(const char* field, const std::vector<int32_t>& tokens) {
+  for (size_t i = 0; i < tokens.size(); ++i)
+    if (tokens[i] < 0)
+      return invalid(std::string(field) + "[" + std::to_string(i) + "] = " +
+                     std::to_string(tokens[i]) + " is negative");
+  return Status::Ok();
+}
+
+Status check_finite(const char* field, double v) {
+  if (!std::isfinite(v)) return invalid(std::string(field) + " is not finite");
+  return Status::Ok();
+}
+
+Status check_status(const char* field, const Status& s) {
+  if (int(s.code()) < int(Code::ok) || int(s.code()) > int(Code::aborted))
+    return invalid(std::string(field) + ": status code " + std::to_string(int(s.code())) +
+                   " is not a known code");
+  return check_string(field, s.message());
+}
+
+Status check_non_negative(const char* field, int64_t v) {
+  if (v < 0) return invalid(std::string(field) + " = " + std::to_string(v) + " is negative");
+  return Status::Ok();
+}
+
+Status validate(const SamplingParams& p) {
+  CLEAVE_RETURN_IF_ERROR(check_finite("sampling.temperature", p.temperature));
+  CLEAVE_RETURN_IF_ERROR(check_finite("sampling.top_p", p.top_p));
+  CLEAVE_RETURN_IF_ERROR(check_finite("sampling.min_p", p.min_p));
+  CLEAVE_RETURN_IF_ERROR(check_finite("sampling.repeat_penalty", p.repeat_penalty));
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("sampling.max_tokens", p.max_tokens));
+  for (const auto& s : p.stop) CLEAVE_RETURN_IF_ERROR(check_string("sampling.stop", s));
+  return Status::Ok();
+}
+
+Status validate(const GenerateRequest& r) {
+  CLEAVE_RETURN_IF_ERROR(check_tokens("prompt", r.prompt));
+  if (r.prefill_chunk < 1)
+    return invalid("prefill_chunk = " + std::to_string(r.prefill_chunk) + " must be >= 1");
+  return validate(r.sampling);
+}
+
+Status validate(const msg::StreamEvent& e) {
+  if (uint8_t(e.kind) > uint8_t(msg::StreamEvent::Kind::failed))
+    return invalid("stream event kind " + std::to_string(unsigned(e.kind)) + " is not known");
+  if (e.kind == msg::StreamEvent::Kind::token) {
+    CLEAVE_RETURN_IF_ERROR(check_non_negative("token event index", e.index));
+    CLEAVE_RETURN_IF_ERROR(check_non_negative("token event token", e.token));
+  }
+  CLEAVE_RETURN_IF_ERROR(check_string("text", e.text));
+  CLEAVE_RETURN_IF_ERROR(check_string("finish_reason", e.finish_reason));
+  CLEAVE_RETURN_IF_ERROR(check_string("origin", e.origin));
+  CLEAVE_RETURN_IF_ERROR(check_status("error", e.error));
+  if (!std::isfinite(e.stage_seconds) || e.stage_seconds < 0)
+    return invalid("stage_seconds = " + std::to_string(e.stage_seconds) +
+                   " is not a finite non-negative number");
+  return Status::Ok();
+}
+
+// The block's byte count must equal the layout's; the product is computed
+// with overflow checks because hostile dimensions can wrap size_t to any value.
+Status validate(const BlockRecord& r, size_t index) {
+  const BlockHeader& h = r.header;
+  const std::string who = "block " + std::to_string(index) + " (" + h.key.hex() + "): ";
+  Status st = h.layout.validate();
+  if (!st.ok()) return Status(st.code(), who + st.message());
+  if (h.n_tokens > uint32_t(h.layout.tokens_per_block))
+    return invalid(who + "n_tokens " + std::to_string(h.n_tokens) + " exceeds tokens_per_block " +
+                   std::to_string(h.layout.tokens_per_block));
+  size_t expected = 2 * h.layout.elem_bytes();
+  for (int32_t dim : {h.layout.n_kv_heads, h.layout.tokens_per_block, h.layout.head_dim,
+                      h.layout.n_layers}) {
+    if (__builtin_mul_overflow(expected, size_t(dim), &expected))
+      return invalid(who + "layout describes more bytes than fit in memory");
+  }
+  if (r.bytes.size() != expected)
+    return invalid(who + std::to_string(r.bytes.size()) + " bytes, layout needs " +
+                   std::to_string(expected));
+  return Status::Ok();
+}
+
+Status validate(const std::vector<BlockRecord>& blocks) {
+  for (size_t i = 0; i < blocks.size(); ++i) CLEAVE_RETURN_IF_ERROR(validate(blocks[i], i));
+  return Status::Ok();
+}
+
+Status validate(const msg::Handoff& h) {
+  CLEAVE_RETURN_IF_ERROR(validate(h.request));
+  CLEAVE_RETURN_IF_ERROR(check_tokens("generated", h.generated));
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("n_kv_tokens", h.n_kv_tokens));
+  const size_t n_tokens = h.request.prompt.size() + h.generated.size();
+  if (size_t(h.n_kv_tokens) > n_tokens)
+    return invalid("n_kv_tokens " + std::to_string(h.n_kv_tokens) + " exceeds the " +
+                   std::to_string(n_tokens) + " tokens of prompt and generated");
+  return validate(h.blocks);
+}
+
+Status validate(const msg::KvPut& m) { return validate(m.blocks); }
+Status validate(const msg::KvBlocks& m) { return validate(m.blocks); }
+Status validate(const msg::KvGet&) { return Status::Ok(); }
+
+Status validate(const msg::KvAck& m) {
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("stored", m.stored));
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("rejected", m.rejected));
+  return check_status("first_error", m.first_error);
+}
+
+Status validate(const msg::Health& m) {
+  CLEAVE_RETURN_IF_ERROR(check_string("actor", m.actor));
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("queue_depth", m.queue_depth));
+  return check_non_negative("running", m.running);
+}
+
+Status validate(const msg::Stats& m) {
+  CLEAVE_RETURN_IF_ERROR(check_string("actor", m.actor));
+  for (const auto& c : m.counters) CLEAVE_RETURN_IF_ERROR(check_string("counter name", c.first));
+  return Status::Ok();
+}
+
+// ---- one envelope member per message type --------------------------------
+
+template <class T>
+struct Member;
+#define CLEAVE_MEMBER(Type, WHICH, Name)                                      \
+  template <>                                                                 \
+  struct Member<Type> {                                                       \
+    static constexpr Body::Which which = Body::WHICH;                         \
+    static auto init(Body::Builder b) { return b.init##Name(); }              \
+    static auto read(Body::Reader b) { return b.get##Name(); }                \
+  };
+CLEAVE_MEMBER(GenerateRequest, GENERATE_REQUEST, GenerateRequest)
+CLEAVE_MEMBER(msg::StreamEvent, STREAM_EVENT, StreamEvent)
+CLEAVE_MEMBER(msg::Handoff, HANDOFF, Handoff)
+CLEAVE_MEMBER(msg::KvPut, KV_PUT, KvPut)
+CLEAVE_MEMBER(msg::KvAck, KV_ACK, KvAck)
+CLEAVE_MEMBER(msg::KvGet, KV_GET, KvGet)
+CLEAVE_MEMBER(msg::KvBlocks, KV_BLOCKS, KvBlocks)
+CLEAVE_MEMBER(msg::Health, HEALTH, Health)
+CLEAVE_MEMBER(msg::Stats, STATS, Stats)
+#undef CLEAVE_MEMBER
+
+template <class T>
+Bytes encode_message(const T& m) {
+  capnp::MallocMessageBuilder builder;
+  auto envelope = builder.initRoot<wire::Envelope>();
+  envelope.setVersion(kSchemaVersion);
+  put(Member<T>::init(envelope.getBody()), m);
+  // Serialise straight into the result: one copy of the segments.
+  const size_t words = capnp::computeSerializedSizeInWords(builder);
+  Bytes out(words * sizeof(capnp::word));
+  kj::ArrayOutputStream stream(kj::arrayPtr(reinterpret_cast<kj::byte*>(out.data()), out.size()));
+  capnp::writeMessage(stream, builder);
+  CLEAVE_CHECK(stream.getArray().size() == out.size());
+  return out;
+}
+
+template <class T>
+Status decode_message(const char* data, size_t size, T& out, const Limits& limits) {
+  const std::string expected = kKindNames[size_t(Member<T>::which)];
+  auto corrupt = [&](const std::string& why) {
+    return Status(Code::corruption, "decoding " + expected + ": " + why);
+  };
+  if (size == 0) return corrupt("empty input");
+  if (size % sizeof(capnp::word) != 0)
+    return corrupt(std::to_string(size) + " bytes is not a whole number of 8-byte words");
+
+  // FlatArrayMessageReader reads words in place: copy when misaligned.
+  kj::Array<capnp::word> aligned;
+  const capnp::word* words = reinterpret_cast<const capnp::word*>(data);
+  if (reinterpret_cast<uintptr_t>(data) % alignof(capnp::word) != 0) {
+    aligned = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
+    std::memcpy(aligned.begin(), data, size);
+    words = aligned.begin();
+  }
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = limits.traversal_words;
+  options.nestingLimit = int(limits.nesting);
+
+  T value;
+  try {
+    capnp::FlatArrayMessageReader reader(kj::arrayPtr(words, size / sizeof(capnp::word)),
+                                         options);
+    auto envelope = reader.getRoot<wire::Envelope>();
+    if (envelope.getVersion() != kSchemaVersion)
+      return Status(Code::unsupported, "decoding " + expected + ": schema version " +
+                                           std::to_string(envelope.getVersion()) +
+                                           ", this build reads " +
+                                           std::to_string(kSchemaVersion));
+    auto body = envelope.getBody();
+    if (body.which() != Member<T>::which)
+      return invalid("expected " + expected + ", got " + kind_name(body.which()));
+    get(Member<T>::read(body), value);
+  } catch (const TooLong& e) {
+    return invalid("decoding " + expected + ": " + e.what);
+  } catch (const kj::Exception& e) {
+    return corrupt(std::string(e.getDescription().cStr()));
+  } catch (const std::exception& e) {  // std::bad_alloc from a hostile list size
+    return corrupt(e.what());
+  }
+  Status st = validate(value);
+  if (!st.ok()) return Status(st.code(), "decoding " + expected + ": " + st.message());
+  out = std::move(value);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Limits control_limits() { return Limits{(uint64_t(16) << 20) / sizeof(capnp::word), 16}; }
+Limits kv_limits() { return Limits{(uint64_t(1) << 30) / sizeof(capnp::word), 16}; }
+
+#define CLEAVE_CODEC(Type)                                                         \
+  Bytes encode(const Type& m) { return encode_message(m); }                        \
+  Status decode(const char* data, size_t size, Type& out, const Limits& limits) { \
+    return decode_message(data, size, out, limits);                                \
+  }
+CLEAVE_CODEC(GenerateRequest)
+CLEAVE_CODEC(msg::StreamEvent)
+CLEAVE_CODEC(msg::Handoff)
+CLEAVE_CODEC(msg::KvPut)
+CLEAVE_CODEC(msg::KvAck)
+CLEAVE_CODEC(msg::KvGet)
+CLEAVE_CODEC(msg::KvBlocks)
+CLEAVE_CODEC(msg::Health)
+CLEAVE_CODEC(msg::Stats)
+#undef CLEAVE_CODEC
+
+}  // namespace cleave::codec

@@ -1,0 +1,135 @@
+// One example of every message with non-default values in every field: the
+// codec tests' round trips and the fuzzer's seed corpus
+// (tests/schema/fuzz/write_seeds.cpp).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "schema/messages.h"
+
+namespace cleave::examples {
+
+inline KvLayout small_layout() {
+  KvLayout l;
+  l.tokens_per_block = 4;
+  l.n_layers = 2;
+  l.n_kv_heads = 1;
+  l.head_dim = 2;
+  return l;  // 2 * 1 * 4 * 2 * 4 bytes * 2 layers = 128 bytes
+}
+
+// A sealed-looking record (checksum is a marker, not XXH3: the codec does not
+// verify checksums) whose bytes differ per `salt`.
+inline BlockRecord block(uint32_t salt, KvLayout layout = small_layout()) {
+  BlockRecord r;
+  r.header.key = BlockKey{0x0123456789abcdefull + salt, 0xfedcba9876543210ull - salt};
+  r.header.model_fingerprint = 0x5eed000000000000ull | salt;
+  r.header.layout = layout;
+  r.header.checksum = 0xc0ffee00ull + salt;
+  r.header.n_tokens = uint32_t(layout.tokens_per_block) - (salt % 2);
+  r.bytes.resize(layout.block_bytes());
+  for (size_t i = 0; i < r.bytes.size(); ++i) r.bytes[i] = uint8_t(i * 31 + salt * 7 + 1);
+  return r;
+}
+
+inline GenerateRequest request() {
+  GenerateRequest r;
+  r.prompt = {1, 15043, 3186, 0, 31999, 7};
+  r.sampling.temperature = 0.65f;
+  r.sampling.top_k = 17;
+  r.sampling.top_p = 0.9f;
+  r.sampling.min_p = 0.02f;
+  r.sampling.repeat_penalty = 1.1f;
+  r.sampling.repeat_last_n = 32;
+  r.sampling.seed = 0xdeadbeefcafef00dull;
+  r.sampling.max_tokens = 123;
+  r.sampling.stop = {"\n\n", "User:", std::string("nul\0inside", 10)};
+  r.request_id = 0x1122334455667788ull;
+  r.prefill_chunk = 96;
+  r.ignore_eos = true;
+  r.keep_logits = true;
+  return r;
+}
+
+inline msg::StreamEvent token_event() {
+  msg::StreamEvent e;
+  e.kind = msg::StreamEvent::Kind::token;
+  e.request_id = 42;
+  e.index = 5;
+  e.token = 29871;
+  e.text = std::string(" h\xc3\xa9llo\0!", 9);  // byte tokens can be NUL
+  e.origin = "decode-3";
+  e.stage_seconds = 0.00125;
+  return e;
+}
+
+inline msg::StreamEvent finished_event() {
+  msg::StreamEvent e;
+  e.kind = msg::StreamEvent::Kind::finished;
+  e.request_id = 43;
+  e.index = 64;
+  e.text = "tail";
+  e.finish_reason = "length";
+  // Values that must survive bit for bit: subnormal, negative zero, infinity, extremes.
+  e.logits = {1.5f, -0.0f, 1e-40f, -3.25e7f, INFINITY, -INFINITY, 3.4028235e38f, 0.1f};
+  for (int i = 0; i < 100; ++i) e.logits.push_back(std::sin(float(i)) * 10.0f);
+  e.origin = "colocated-0";
+  e.stage_seconds = 2.5;
+  return e;
+}
+
+inline msg::StreamEvent failed_event() {
+  msg::StreamEvent e;
+  e.kind = msg::StreamEvent::Kind::failed;
+  e.request_id = 44;
+  e.error = Status(Code::unavailable, "no decode actor left for request 44");
+  e.origin = "router";
+  return e;
+}
+
+inline msg::Handoff handoff() {
+  msg::Handoff h;
+  h.request = request();
+  h.generated = {306, 626, 0, 263};
+  h.n_kv_tokens = 8;  // of 6 prompt + 4 generated
+  h.kv_keys = {BlockKey{1, 2}, BlockKey{~0ull, 0}};
+  h.blocks = {block(1), block(2)};
+  return h;
+}
+
+inline msg::KvPut kv_put() { return msg::KvPut{{block(3), block(4), block(5)}}; }
+
+inline msg::KvAck kv_ack() {
+  msg::KvAck a;
+  a.stored = 7;
+  a.rejected = 2;
+  a.first_error = Status(Code::corruption, "block 00ff: checksum mismatch");
+  return a;
+}
+
+inline msg::KvGet kv_get() { return msg::KvGet{{BlockKey{3, 4}, BlockKey{5, 6}, BlockKey{0, ~0ull}}}; }
+
+inline msg::KvBlocks kv_blocks() { return msg::KvBlocks{{block(6)}}; }
+
+inline msg::Health health() {
+  msg::Health h;
+  h.actor = "prefill-1";
+  h.ok = false;
+  h.uptime_ms = 86400123;
+  h.queue_depth = 12;
+  h.running = 3;
+  return h;
+}
+
+inline msg::Stats stats() {
+  msg::Stats s;
+  s.actor = "kv_store";
+  s.counters = {{"requests", 1000}, {"tokens", 123456789012ull}, {"kv_blocks_moved", 0},
+                {"failures", ~0ull}};
+  return s;
+}
+
+}  // namespace cleave::examples

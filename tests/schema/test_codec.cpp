@@ -1,0 +1,421 @@
+// schema/codec: round trips of every message, kind mismatches, truncation,
+// random corruption, reader limits and value validation.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <tuple>
+
+#include "examples.h"
+#include "schema/codec.h"
+
+using namespace cleave;
+using codec::Bytes;
+
+namespace {
+
+template <class F>
+bool same_bits(F a, F b) {
+  return std::memcmp(&a, &b, sizeof(F)) == 0;
+}
+
+// Field-by-field equality, floats bit for bit; CHECKs name the field.
+void check_same(const Status& a, const Status& b) {
+  CHECK(a.code() == b.code());
+  CHECK(a.message() == b.message());
+}
+void check_same(const GenerateRequest& a, const GenerateRequest& b) {
+  CHECK(a.prompt == b.prompt);
+  CHECK(same_bits(a.sampling.temperature, b.sampling.temperature));
+  CHECK(a.sampling.top_k == b.sampling.top_k);
+  CHECK(same_bits(a.sampling.top_p, b.sampling.top_p));
+  CHECK(same_bits(a.sampling.min_p, b.sampling.min_p));
+  CHECK(same_bits(a.sampling.repeat_penalty, b.sampling.repeat_penalty));
+  CHECK(a.sampling.repeat_last_n == b.sampling.repeat_last_n);
+  CHECK(a.sampling.seed == b.sampling.seed);
+  CHECK(a.sampling.max_tokens == b.sampling.max_tokens);
+  CHECK(a.sampling.stop == b.sampling.stop);
+  CHECK(a.request_id == b.request_id);
+  CHECK(a.prefill_chunk == b.prefill_chunk);
+  CHECK(a.ignore_eos == b.ignore_eos);
+  CHECK(a.keep_logits == b.keep_logits);
+}
+void check_same(const msg::StreamEvent& a, const msg::StreamEvent& b) {
+  CHECK(a.kind == b.kind);
+  CHECK(a.request_id == b.request_id);
+  CHECK(a.index == b.index);
+  CHECK(a.token == b.token);
+  CHECK(a.text == b.text);
+  CHECK(a.finish_reason == b.finish_reason);
+  REQUIRE(a.logits.size() == b.logits.size());
+  CHECK(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)) == 0);
+  check_same(a.error, b.error);
+  CHECK(a.origin == b.origin);
+  CHECK(same_bits(a.stage_seconds, b.stage_seconds));
+}
+void check_same(const BlockRecord& a, const BlockRecord& b) {
+  CHECK(a.header.key == b.header.key);
+  CHECK(a.header.model_fingerprint == b.header.model_fingerprint);
+  CHECK(a.header.layout == b.header.layout);
+  CHECK(a.header.checksum == b.header.checksum);
+  CHECK(a.header.n_tokens == b.header.n_tokens);
+  CHECK(a.bytes == b.bytes);
+}
+void check_same(const std::vector<BlockRecord>& a, const std::vector<BlockRecord>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) check_same(a[i], b[i]);
+}
+void check_same(const msg::Handoff& a, const msg::Handoff& b) {
+  check_same(a.request, b.request);
+  CHECK(a.generated == b.generated);
+  CHECK(a.n_kv_tokens == b.n_kv_tokens);
+  CHECK(a.kv_keys == b.kv_keys);
+  check_same(a.blocks, b.blocks);
+}
+void check_same(const msg::KvPut& a, const msg::KvPut& b) { check_same(a.blocks, b.blocks); }
+void check_same(const msg::KvBlocks& a, const msg::KvBlocks& b) { check_same(a.blocks, b.blocks); }
+void check_same(const msg::KvGet& a, const msg::KvGet& b) { CHECK(a.keys == b.keys); }
+void check_same(const msg::KvAck& a, const msg::KvAck& b) {
+  CHECK(a.stored == b.stored);
+  CHECK(a.rejected == b.rejected);
+  check_same(a.first_error, b.first_error);
+}
+void check_same(const msg::Health& a, const msg::Health& b) {
+  CHECK(a.actor == b.actor);
+  CHECK(a.ok == b.ok);
+  CHECK(a.uptime_ms == b.uptime_ms);
+  CHECK(a.queue_depth == b.queue_depth);
+  CHECK(a.running == b.running);
+}
+void check_same(const msg::Stats& a, const msg::Stats& b) {
+  CHECK(a.actor == b.actor);
+  CHECK(a.counters == b.counters);
+}
+
+template <class T>
+T round_trip(const T& in) {
+  Bytes bytes = codec::encode(in);
+  T out;
+  Status st = codec::decode(bytes, out);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  return out;
+}
+
+// Every kind, with the name the codec gives it.
+auto all_examples() {
+  return std::make_tuple(examples::request(), examples::finished_event(), examples::handoff(),
+                         examples::kv_put(), examples::kv_ack(), examples::kv_get(),
+                         examples::kv_blocks(), examples::health(), examples::stats());
+}
+const char* const kNames[] = {"GenerateRequest", "StreamEvent", "Handoff", "KvPut", "KvAck",
+                              "KvGet",           "KvBlocks",    "Health",  "Stats"};
+
+template <class F>
+void for_each_example(F&& f) {
+  size_t i = 0;
+  std::apply([&](const auto&... m) { (f(m, kNames[i++]), ...); }, all_examples());
+}
+
+template <class T>
+Status decode_as(const char* data, size_t size) {
+  T out;
+  return codec::decode(data, size, out);
+}
+
+// Decodes `bytes` as every kind; returns how many kinds accepted them.
+int decode_as_every_kind(const Bytes& bytes) {
+  int accepted = 0;
+  for_each_example([&](const auto& example, const char*) {
+    using T = std::decay_t<decltype(example)>;
+    T out;
+    if (codec::decode(bytes, out).ok()) {
+      ++accepted;
+      // Whatever decodes is a value the codec writes and reads back the same.
+      Bytes again = codec::encode(out);
+      T out2;
+      REQUIRE(codec::decode(again, out2).ok());
+      CHECK(codec::encode(out2) == again);
+    }
+  });
+  return accepted;
+}
+
+}  // namespace
+
+TEST_CASE("codec: every message round-trips field by field, floats bit for bit") {
+  for (const auto& e : {examples::token_event(), examples::finished_event(), examples::failed_event()})
+    check_same(round_trip(e), e);
+  for (float f : examples::finished_event().logits) CHECK(!std::isnan(f));
+  check_same(round_trip(examples::request()), examples::request());
+  check_same(round_trip(examples::handoff()), examples::handoff());
+  check_same(round_trip(examples::kv_put()), examples::kv_put());
+  check_same(round_trip(examples::kv_ack()), examples::kv_ack());
+  check_same(round_trip(examples::kv_get()), examples::kv_get());
+  check_same(round_trip(examples::kv_blocks()), examples::kv_blocks());
+  check_same(round_trip(examples::health()), examples::health());
+  check_same(round_trip(examples::stats()), examples::stats());
+  // Default values too (empty lists, empty strings, default Status).
+  check_same(round_trip(GenerateRequest{}), GenerateRequest{});
+  msg::StreamEvent finished;  // (the default kind, token, needs a token id)
+  finished.kind = msg::StreamEvent::Kind::finished;
+  check_same(round_trip(finished), finished);
+  check_same(round_trip(msg::Handoff{}), msg::Handoff{});
+  check_same(round_trip(msg::KvAck{}), msg::KvAck{});
+  check_same(round_trip(msg::Stats{}), msg::Stats{});
+}
+
+TEST_CASE("codec: encoding is deterministic and decoding does not need aligned input") {
+  for_each_example([](const auto& m, const char* name) {
+    using T = std::decay_t<decltype(m)>;
+    INFO(name);
+    Bytes bytes = codec::encode(m);
+    CHECK(bytes.size() % 8 == 0);
+    CHECK(codec::encode(m) == bytes);
+    std::vector<char> shifted(bytes.size() + 1);
+    std::memcpy(shifted.data() + 1, bytes.data(), bytes.size());
+    T out;
+    Status st = codec::decode(shifted.data() + 1, bytes.size(), out);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    CHECK(codec::encode(out) == bytes);
+  });
+}
+
+TEST_CASE("codec: a KvPut of 1000 blocks and blocks of 4 MiB round-trip") {
+  msg::KvPut many;
+  for (uint32_t i = 0; i < 1000; ++i) many.blocks.push_back(examples::block(i));
+  check_same(round_trip(many), many);
+
+  KvLayout big;
+  big.tokens_per_block = 16;
+  big.n_layers = 32;
+  big.n_kv_heads = 8;
+  big.head_dim = 128;
+  msg::KvBlocks large{{examples::block(1, big), examples::block(2, big)}};
+  REQUIRE(large.blocks[0].bytes.size() == 4u << 20);
+  check_same(round_trip(large), large);
+}
+
+TEST_CASE("codec: decoding one kind as another is invalid_argument naming both") {
+  size_t i = 0;
+  for_each_example([&](const auto& m, const char* name) {
+    Bytes bytes = codec::encode(m);
+    const std::string wanted = std::string("got ") + name;
+    size_t j = 0;
+    for_each_example([&](const auto& other, const char* other_name) {
+      using U = std::decay_t<decltype(other)>;
+      INFO(name << " decoded as " << other_name);
+      Status st = decode_as<U>(bytes.data(), bytes.size());
+      if (i == j) {
+        CHECK(st.ok());
+      } else {
+        CHECK(st.code() == Code::invalid_argument);
+        CHECK(st.message() == std::string("expected ") + other_name + ", " + wanted);
+      }
+      ++j;
+    });
+    ++i;
+  });
+}
+
+TEST_CASE("codec: every truncation of every message is an error") {
+  for_each_example([](const auto& m, const char* name) {
+    using T = std::decay_t<decltype(m)>;
+    Bytes bytes = codec::encode(m);
+    for (size_t n = 0; n < bytes.size(); ++n) {
+      Bytes prefix(bytes.begin(), bytes.begin() + ptrdiff_t(n));
+      T out;
+      Status st = codec::decode(prefix.data(), prefix.size(), out);
+      INFO(name << " cut to " << n << " of " << bytes.size() << " bytes: " << st.to_string());
+      REQUIRE(!st.ok());
+      CHECK(st.code() == Code::corruption);
+      CHECK(st.message().find(name) != std::string::npos);
+    }
+  });
+}
+
+TEST_CASE("codec: 2000 random byte flips give an error or a consistent value, never a crash") {
+  std::mt19937_64 rng(20240604);
+  std::vector<Bytes> encoded;
+  for_each_example([&](const auto& m, const char*) { encoded.push_back(codec::encode(m)); });
+  int errors = 0, accepted = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    Bytes bytes = encoded[size_t(trial) % encoded.size()];
+    const int flips = 1 + int(rng() % 4);
+    for (int f = 0; f < flips; ++f) bytes[rng() % bytes.size()] ^= char(1 + rng() % 255);
+    const int kinds = decode_as_every_kind(bytes);
+    CHECK(kinds <= 1);  // the envelope names one kind
+    (kinds ? accepted : errors)++;
+  }
+  MESSAGE("flipped messages: " << accepted << " decoded, " << errors << " rejected");
+  CHECK(errors > 0);
+  CHECK(accepted > 0);  // flips in payload bytes leave valid values
+}
+
+TEST_CASE("codec: empty input and a partial word are corruption for every kind") {
+  for_each_example([](const auto& m, const char* name) {
+    using T = std::decay_t<decltype(m)>;
+    Status st = decode_as<T>(nullptr, 0);
+    CHECK(st.code() == Code::corruption);
+    CHECK(st.message() == std::string("decoding ") + name + ": empty input");
+    Bytes bytes = codec::encode(m);
+    bytes.push_back(0);
+    CHECK(decode_as<T>(bytes.data(), bytes.size()).code() == Code::corruption);
+  });
+}
+
+TEST_CASE("codec: reader limits turn oversized or deep messages into corruption") {
+  // 5 blocks of 4 MiB: over control_limits' 16 MiB, within kv_limits' 1 GiB.
+  KvLayout big;
+  big.tokens_per_block = 16;
+  big.n_layers = 32;
+  big.n_kv_heads = 8;
+  big.head_dim = 128;
+  msg::KvPut put;
+  for (uint32_t i = 0; i < 5; ++i) put.blocks.push_back(examples::block(i, big));
+  Bytes bytes = codec::encode(put);
+  msg::KvPut out;
+  Status st = codec::decode(bytes.data(), bytes.size(), out, codec::control_limits());
+  CHECK(st.code() == Code::corruption);
+  CHECK(st.message().find("KvPut") != std::string::npos);
+  CHECK(st.message().find("traversal limit") != std::string::npos);
+  CHECK(out.blocks.empty());  // untouched on failure
+  REQUIRE(codec::decode(bytes, out).ok());  // KvPut's default is kv_limits
+  CHECK(out.blocks.size() == 5);
+
+  Bytes small = codec::encode(examples::handoff());
+  msg::Handoff h;
+  CHECK(codec::decode(small.data(), small.size(), h, codec::Limits{16, 16}).code() ==
+        Code::corruption);
+  // Envelope -> Handoff -> GenerateRequest -> SamplingParams -> stop: 4 levels.
+  st = codec::decode(small.data(), small.size(), h, codec::Limits{1 << 20, 2});
+  CHECK(st.code() == Code::corruption);
+  CHECK(st.message().find("nesting") != std::string::npos);
+  CHECK(codec::decode(small.data(), small.size(), h, codec::Limits{1 << 20, 6}).ok());
+}
+
+TEST_CASE("codec: BlockRecords must match their layout: invalid_argument naming the block") {
+  auto decode_put = [](const BlockRecord& r) {
+    msg::KvPut put{{examples::block(0), r}};
+    msg::KvPut out;
+    return codec::decode(codec::encode(put), out);
+  };
+  BlockRecord r = examples::block(9);
+  r.bytes.pop_back();
+  Status st = decode_put(r);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("block 1 (" + r.header.key.hex() + "): 127 bytes, layout needs 128") !=
+        std::string::npos);
+
+  r = examples::block(9);
+  r.bytes.resize(136);  // whole words: the zero-copy encode path
+  CHECK(decode_put(r).code() == Code::invalid_argument);
+
+  r = examples::block(9);
+  r.header.n_tokens = 5;  // tokens_per_block is 4
+  st = decode_put(r);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("n_tokens 5 exceeds tokens_per_block 4") != std::string::npos);
+
+  r = examples::block(9);
+  r.header.layout.head_dim = 0;
+  CHECK(decode_put(r).code() == Code::invalid_argument);
+
+  r = examples::block(9);
+  r.header.layout.dtype = 1;  // F16: not a KV type this build stores
+  CHECK(decode_put(r).code() == Code::unsupported);
+
+  // Dimensions whose product wraps size_t must not match any byte count.
+  r = examples::block(9);
+  r.header.layout.tokens_per_block = 1 << 30;
+  r.header.layout.n_layers = 1 << 30;
+  r.header.layout.n_kv_heads = 1 << 30;
+  r.header.layout.head_dim = 1 << 30;
+  r.header.n_tokens = 1;
+  st = decode_put(r);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("more bytes than fit") != std::string::npos);
+
+  // The codec does not verify checksums (receivers call verify()).
+  r = examples::block(9);
+  r.header.checksum ^= 1;
+  CHECK(decode_put(r).ok());
+}
+
+TEST_CASE("codec: decoded values are validated") {
+  auto code_of = [](const auto& m) {
+    std::decay_t<decltype(m)> out;
+    return codec::decode(codec::encode(m), out).code();
+  };
+  GenerateRequest r = examples::request();
+  r.prompt[2] = -1;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.sampling.temperature = NAN;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.sampling.top_p = INFINITY;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.prefill_chunk = 0;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.sampling.max_tokens = -1;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.sampling.stop.assign(codec::kMaxListEntries + 1, "x");
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.sampling.stop = {std::string(codec::kMaxStringBytes + 1, 'a')};
+  CHECK(code_of(r) == Code::invalid_argument);
+
+  msg::StreamEvent e = examples::token_event();
+  e.token = -1;
+  CHECK(code_of(e) == Code::invalid_argument);
+  e = examples::token_event();
+  e.kind = msg::StreamEvent::Kind(3);
+  CHECK(code_of(e) == Code::invalid_argument);
+  e = examples::failed_event();
+  e.error = Status(Code(int(Code::aborted) + 1), "no such code");
+  CHECK(code_of(e) == Code::invalid_argument);
+  e = examples::token_event();
+  e.stage_seconds = -1;
+  CHECK(code_of(e) == Code::invalid_argument);
+
+  msg::Handoff h = examples::handoff();
+  h.n_kv_tokens = 11;  // 6 prompt + 4 generated
+  CHECK(code_of(h) == Code::invalid_argument);
+  h = examples::handoff();
+  h.generated.back() = -7;
+  CHECK(code_of(h) == Code::invalid_argument);
+
+  msg::KvAck a = examples::kv_ack();
+  a.rejected = -1;
+  CHECK(code_of(a) == Code::invalid_argument);
+  msg::Health hl = examples::health();
+  hl.queue_depth = -2;
+  CHECK(code_of(hl) == Code::invalid_argument);
+  msg::Stats s;
+  s.counters.assign(codec::kMaxListEntries + 1, {"c", 1});
+  CHECK(code_of(s) == Code::invalid_argument);
+}
+
+TEST_CASE("codec: another schema version is unsupported, an unknown kind is named") {
+  Bytes bytes = codec::encode(examples::health());
+  // One segment: 8 bytes of segment table, the root pointer, then Envelope's
+  // data section: version (UInt16) at byte 16, the union tag at byte 18.
+  REQUIRE(bytes[16] == char(codec::kSchemaVersion));
+  REQUIRE(bytes[18] == 7);  // health
+  Bytes other = bytes;
+  other[16] = 2;
+  msg::Health out;
+  Status st = codec::decode(other, out);
+  CHECK(st.code() == Code::unsupported);
+  CHECK(st.message().find("schema version 2") != std::string::npos);
+  other = bytes;
+  other[18] = 42;
+  st = codec::decode(other, out);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message() == "expected Health, got unknown kind 42");
+}
