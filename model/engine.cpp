@@ -9,6 +9,7 @@ namespace cleave {
 
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> file,
                                                const EngineOptions& options) {
+  if (!file) return Status(Code::invalid_argument, "engine: no model file");
   // Names the weights every KV block is made with; hashed once, before the
   // model takes the file.
   const uint64_t model_fp = checksum_bytes(file->data(), file->file_size());
