@@ -32,6 +32,9 @@ struct SchedulerOptions {
   bool prefill_only = false;       // hand each request off after its first token
 };
 
+// invalid_argument naming the field: max_batch_tokens < 1, max_queue < 0.
+Status validate_scheduler_options(const SchedulerOptions& options);
+
 struct SchedulerEvent {
   enum class Kind { token, finished, handoff, failed };
   Kind kind = Kind::token;
@@ -63,11 +66,14 @@ struct SchedulerCounters {
   uint64_t imported_tokens = 0;     // tokens whose KV came in through resume()
   uint64_t recomputed_tokens = 0;   // resume()d tokens whose KV had to be recomputed
   uint64_t preempted = 0;           // sequences released for KV room (recomputed later)
+  uint64_t handed_off = 0;          // prefill_only requests handed off after their first token
 };
 
 class Scheduler {
  public:
-  // engine and tokenizer (may be null) must outlive the scheduler.
+  // engine and tokenizer (may be null) must outlive the scheduler; the
+  // scheduler owns every engine sequence while it lives. options must pass
+  // validate_scheduler_options() (checked: aborts otherwise).
   Scheduler(Engine& engine, const Tokenizer* tokenizer, SchedulerOptions options = {});
   ~Scheduler();
   Scheduler(const Scheduler&) = delete;
@@ -105,6 +111,23 @@ class Scheduler {
 
  private:
   struct Entry;
+  using EntryPtr = std::unique_ptr<Entry>;
+  Status enqueue(EntryPtr entry);
+  Status check_new(const GenerateRequest& request) const;
+  void admit(std::vector<SchedulerEvent>& events);
+  bool attach_kv(Entry& e);
+  struct Row {
+    Entry* entry;
+    int32_t n_tokens;
+  };
+  std::vector<Row> plan_batch(std::vector<SchedulerEvent>& events);
+  void preempt_youngest();
+  void fail(Entry& e, Status why, std::vector<SchedulerEvent>& events);
+  void finish(Entry& e, std::vector<SchedulerEvent>& events);
+  void handoff(Entry& e, std::vector<SchedulerEvent>& events);
+  void release(Entry& e);
+  void drop_done();
+
   Engine& engine_;
   const Tokenizer* tokenizer_;
   SchedulerOptions options_;
@@ -112,6 +135,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Entry>> running_;
   SchedulerCounters counters_;
   std::vector<float> logits_;
+  uint64_t next_arrival_ = 0;  // orders running entries: oldest first, youngest preempted
 };
 
 }  // namespace cleave

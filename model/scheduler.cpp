@@ -1,0 +1,337 @@
+#include "model/scheduler.h"
+
+#include <algorithm>
+
+namespace cleave {
+
+Status validate_scheduler_options(const SchedulerOptions& o) {
+  if (o.max_batch_tokens < 1)
+    return Status(Code::invalid_argument, "scheduler: max_batch_tokens = " +
+                                              std::to_string(o.max_batch_tokens) +
+                                              " must be positive");
+  if (o.max_queue < 0)
+    return Status(Code::invalid_argument,
+                  "scheduler: max_queue = " + std::to_string(o.max_queue) + " must not be negative");
+  return Status::Ok();
+}
+
+struct Scheduler::Entry {
+  explicit Entry(RequestProgress p) : progress(std::move(p)) {}
+  RequestProgress progress;
+  uint64_t arrival = 0;
+  int32_t seq = -1;  // engine sequence while running
+  int32_t fed = 0;   // tokens of progress.history() the sequence holds
+  bool resumed = false;
+  std::vector<BlockRecord> records;  // resume(): KV to import at admission
+  bool done = false;                 // left running_ during this step
+
+  int32_t remaining() const { return int32_t(progress.history().size()) - fed; }
+};
+
+Scheduler::Scheduler(Engine& engine, const Tokenizer* tokenizer, SchedulerOptions options)
+    : engine_(engine), tokenizer_(tokenizer), options_(options) {
+  CLEAVE_CHECK(validate_scheduler_options(options_).ok());
+}
+
+Scheduler::~Scheduler() {
+  for (auto& e : running_) engine_.close_sequence(e->seq);
+}
+
+bool Scheduler::has(uint64_t request_id) const {
+  auto is = [&](const EntryPtr& e) { return e->progress.id() == request_id; };
+  return std::any_of(queue_.begin(), queue_.end(), is) ||
+         std::any_of(running_.begin(), running_.end(), is);
+}
+
+Status Scheduler::check_new(const GenerateRequest& request) const {
+  CLEAVE_RETURN_IF_ERROR(validate_request(request, engine_.context(), engine_.config().n_vocab));
+  if (has(request.request_id))
+    return Status(Code::invalid_argument, "scheduler: request " +
+                                              std::to_string(request.request_id) +
+                                              " is already queued or running");
+  return Status::Ok();
+}
+
+Status Scheduler::enqueue(EntryPtr entry) {
+  if (int32_t(queue_.size()) >= options_.max_queue) {
+    ++counters_.rejected_busy;
+    return Status(Code::busy, "scheduler: " + std::to_string(queue_.size()) +
+                                  " requests are already waiting (max_queue)");
+  }
+  entry->arrival = next_arrival_++;
+  queue_.push_back(std::move(entry));
+  ++counters_.submitted;
+  return Status::Ok();
+}
+
+Status Scheduler::submit(GenerateRequest request) {
+  CLEAVE_RETURN_IF_ERROR(check_new(request));
+  const int32_t context = engine_.context(), n_vocab = engine_.config().n_vocab;
+  return enqueue(std::make_unique<Entry>(
+      RequestProgress(std::move(request), tokenizer_, context, n_vocab)));
+}
+
+Status Scheduler::resume(GenerateRequest request, std::vector<int32_t> generated,
+                         std::vector<BlockRecord> blocks) {
+  CLEAVE_RETURN_IF_ERROR(check_new(request));
+  const int32_t context = engine_.context(), n_vocab = engine_.config().n_vocab;
+  auto entry = std::make_unique<Entry>(
+      RequestProgress(std::move(request), tokenizer_, context, n_vocab));
+  CLEAVE_RETURN_IF_ERROR(entry->progress.replay(generated));
+  entry->progress.take_text();  // shown by whoever produced those tokens
+  entry->resumed = true;
+  entry->records = std::move(blocks);
+  return enqueue(std::move(entry));
+}
+
+Status Scheduler::cancel(uint64_t request_id) {
+  auto is = [&](const EntryPtr& e) { return e->progress.id() == request_id; };
+  auto q = std::find_if(queue_.begin(), queue_.end(), is);
+  if (q != queue_.end()) {
+    queue_.erase(q);
+    return Status::Ok();
+  }
+  auto r = std::find_if(running_.begin(), running_.end(), is);
+  if (r == running_.end())
+    return Status(Code::not_found,
+                  "scheduler: request " + std::to_string(request_id) + " is not queued or running");
+  engine_.close_sequence((*r)->seq);
+  running_.erase(r);
+  return Status::Ok();
+}
+
+void Scheduler::release(Entry& e) {
+  engine_.close_sequence(e.seq);
+  e.seq = -1;
+  e.fed = 0;
+  e.done = true;
+}
+
+void Scheduler::drop_done() {
+  std::erase_if(running_, [](const EntryPtr& e) { return e->done; });
+}
+
+void Scheduler::fail(Entry& e, Status why, std::vector<SchedulerEvent>& events) {
+  SchedulerEvent ev;
+  ev.kind = SchedulerEvent::Kind::failed;
+  ev.request_id = e.progress.id();
+  ev.error = std::move(why);
+  events.push_back(std::move(ev));
+  ++counters_.failed;
+  release(e);
+}
+
+void Scheduler::finish(Entry& e, std::vector<SchedulerEvent>& events) {
+  SchedulerEvent ev;
+  ev.kind = SchedulerEvent::Kind::finished;
+  ev.request_id = e.progress.id();
+  ev.index = e.progress.n_generated();
+  ev.text = e.progress.take_text();
+  ev.finish_reason = e.progress.finish_reason();
+  if (e.progress.request().keep_logits) ev.logits = e.progress.last_logits();
+  events.push_back(std::move(ev));
+  ++counters_.finished;
+  release(e);
+}
+
+void Scheduler::handoff(Entry& e, std::vector<SchedulerEvent>& events) {
+  auto blocks = engine_.export_blocks(e.seq);
+  if (!blocks.ok()) return fail(e, blocks.status(), events);
+  SchedulerEvent ev;
+  ev.kind = SchedulerEvent::Kind::handoff;
+  ev.request_id = e.progress.id();
+  ev.index = e.progress.n_generated();
+  ev.request = e.progress.request();
+  ev.generated = e.progress.generated();
+  ev.blocks = std::move(*blocks);
+  ev.n_kv_tokens = e.fed;  // the newest token has no KV yet
+  events.push_back(std::move(ev));
+  ++counters_.handed_off;
+  release(e);
+}
+
+// Puts KV into e's fresh, empty sequence: the longest leading run of resume()
+// records that imports cleanly, else the longest cached prefix. The last
+// history token is always left to run (its logits give the next token).
+// False when the pool has no room for it now.
+bool Scheduler::attach_kv(Entry& e) {
+  const std::vector<int32_t>& history = e.progress.history();
+  const int32_t limit = int32_t(history.size()) - 1;
+  if (!e.records.empty()) {
+    // covered[k]: tokens the first k records hold.
+    std::vector<int32_t> covered{0};
+    for (const BlockRecord& r : e.records) {
+      const int64_t next = int64_t(covered.back()) + r.header.n_tokens;
+      if (next > limit) break;
+      covered.push_back(int32_t(next));
+    }
+    // A bad record fails every longer run the same way, so this tries
+    // each length at most once; only the checks run on a failed import.
+    for (int32_t k = int32_t(covered.size()) - 1; k > 0; --k) {
+      const std::vector<BlockRecord> run(e.records.begin(), e.records.begin() + k);
+      Status st = engine_.import_blocks(e.seq, history.data(), covered[size_t(k)], run);
+      if (st.ok()) {
+        e.fed = covered[size_t(k)];
+        return true;
+      }
+      if (st.code() == Code::out_of_memory) return false;
+    }
+  }
+  auto hit = engine_.attach_cached_prefix(e.seq, history.data(), int32_t(history.size()));
+  if (!hit.ok()) return false;
+  e.fed = *hit;
+  return true;
+}
+
+void Scheduler::admit(std::vector<SchedulerEvent>& events) {
+  while (!queue_.empty()) {
+    Entry& e = *queue_.front();
+    if (e.progress.finished()) {  // max_tokens 0, or resumed after its last token
+      finish(e, events);
+      queue_.pop_front();
+      continue;
+    }
+    // Blocks promised to running entries: the rest of their prefill, and one
+    // block each to grow by while decoding.
+    int32_t promised = 0;
+    for (const auto& r : running_) promised += engine_.blocks_needed(r->seq, r->remaining()) + 1;
+    auto seq = engine_.open_sequence();
+    if (!seq.ok()) return;  // every slot is taken
+    e.seq = *seq;
+    const int32_t need_all = engine_.blocks_needed(e.seq, int32_t(e.progress.history().size()));
+    // Checked first when there are records, so no import is made in vain.
+    const bool fits =
+        (e.records.empty() || need_all + promised <= engine_.available_blocks()) && attach_kv(e) &&
+        engine_.blocks_needed(e.seq, e.remaining()) + promised <= engine_.available_blocks();
+    if (!fits) {
+      release(e);
+      e.done = false;
+      if (!running_.empty()) return;  // waits for running requests to leave
+      fail(e,
+           Status(Code::out_of_memory,
+                  "scheduler: request " + std::to_string(e.progress.id()) + " needs " +
+                      std::to_string(need_all) + " KV blocks for its " +
+                      std::to_string(e.progress.history().size()) +
+                      " tokens; the pool has only " + std::to_string(engine_.available_blocks())),
+           events);
+      queue_.pop_front();
+      continue;
+    }
+    if (e.resumed) {
+      const int32_t imported = e.records.empty() ? 0 : e.fed;
+      counters_.imported_tokens += uint64_t(imported);
+      counters_.recomputed_tokens += uint64_t(e.remaining() - 1);
+      counters_.prefix_hit_tokens += uint64_t(e.fed - imported);
+      e.resumed = false;
+      e.records.clear();
+    } else {
+      counters_.prefix_hit_tokens += uint64_t(e.fed);
+    }
+    EntryPtr moved = std::move(queue_.front());
+    queue_.pop_front();
+    auto at = std::upper_bound(running_.begin(), running_.end(), moved->arrival,
+                               [](uint64_t a, const EntryPtr& r) { return a < r->arrival; });
+    running_.insert(at, std::move(moved));
+  }
+}
+
+void Scheduler::preempt_youngest() {
+  EntryPtr youngest = std::move(running_.back());
+  running_.pop_back();
+  release(*youngest);
+  youngest->done = false;
+  queue_.push_front(std::move(youngest));
+  ++counters_.preempted;
+}
+
+// One forward's rows: a decode row for every entry with one token to feed,
+// then prefill chunks, oldest first, within the token budget and the free
+// KV blocks. Decode rows that cannot get blocks push the youngest entry out.
+std::vector<Scheduler::Row> Scheduler::plan_batch(std::vector<SchedulerEvent>& events) {
+  std::vector<Row> rows;
+  while (!running_.empty()) {
+    rows.clear();
+    int32_t budget = options_.max_batch_tokens, blocks = engine_.available_blocks();
+    int32_t decode_blocks = 0;
+    for (const auto& e : running_) {
+      if (e->remaining() != 1 || budget == 0) continue;
+      rows.push_back({e.get(), 1});
+      decode_blocks += engine_.blocks_needed(e->seq, 1);
+      --budget;
+    }
+    if (decode_blocks <= blocks) {
+      blocks -= decode_blocks;
+      for (const auto& e : running_) {
+        if (e->remaining() <= 1 || budget == 0) continue;
+        // The longest chunk whose blocks fit (blocks_needed grows with n).
+        int32_t lo = 0, hi = std::min({e->remaining(), e->progress.request().prefill_chunk, budget});
+        while (lo < hi) {
+          const int32_t mid = (lo + hi + 1) / 2;
+          if (engine_.blocks_needed(e->seq, mid) <= blocks) lo = mid;
+          else hi = mid - 1;
+        }
+        if (lo == 0) continue;
+        rows.push_back({e.get(), lo});
+        blocks -= engine_.blocks_needed(e->seq, lo);
+        budget -= lo;
+      }
+      if (!rows.empty()) return rows;
+    }
+    if (running_.size() == 1) {
+      // Alone and still out of room: the pool can never hold this request.
+      Entry& e = *running_.front();
+      fail(e,
+           Status(Code::out_of_memory, "scheduler: request " + std::to_string(e.progress.id()) +
+                                           " needs more KV blocks than the pool holds at " +
+                                           std::to_string(e.progress.history().size()) + " tokens"),
+           events);
+      drop_done();
+      return {};
+    }
+    preempt_youngest();
+  }
+  return rows;
+}
+
+Status Scheduler::step(std::vector<SchedulerEvent>& events) {
+  admit(events);
+  const std::vector<Row> rows = plan_batch(events);
+  if (rows.empty()) return Status::Ok();
+
+  std::vector<Engine::Item> items;
+  items.reserve(rows.size());
+  for (const Row& r : rows)
+    items.push_back({r.entry->seq, r.entry->progress.history().data() + r.entry->fed, r.n_tokens});
+  const int32_t n_vocab = engine_.config().n_vocab;
+  logits_.resize(rows.size() * size_t(n_vocab));
+  Status st = engine_.forward(items, logits_.data());
+  if (!st.ok()) {
+    for (auto& e : running_) fail(*e, st, events);
+    drop_done();
+    return st;
+  }
+  ++counters_.steps;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Entry& e = *rows[i].entry;
+    const bool decode = e.remaining() == 1 && rows[i].n_tokens == 1;
+    counters_.batch_tokens += uint64_t(rows[i].n_tokens);
+    if (decode) ++counters_.decode_rows;
+    else counters_.prefill_tokens += uint64_t(rows[i].n_tokens);
+    e.fed += rows[i].n_tokens;
+    if (e.remaining() != 0) continue;  // a prefill chunk short of the end
+
+    SchedulerEvent ev;
+    ev.kind = SchedulerEvent::Kind::token;
+    ev.request_id = e.progress.id();
+    ev.token = e.progress.step(logits_.data() + i * size_t(n_vocab));
+    ev.index = e.progress.n_generated() - 1;
+    ev.text = e.progress.take_text();
+    events.push_back(std::move(ev));
+    if (e.progress.finished()) finish(e, events);
+    else if (options_.prefill_only) handoff(e, events);
+  }
+  drop_done();
+  return Status::Ok();
+}
+
+}  // namespace cleave

@@ -1,0 +1,422 @@
+// The continuous-batching scheduler against generate() run alone: every
+// request's tokens, text, finish reason and final logits must be identical
+// (memcmp) however requests were batched, chunked, preempted, handed off
+// between engines or resumed from partial / corrupted KV records.
+#include <doctest/doctest.h>
+
+#include <functional>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "model/generate.h"
+#include "model/scheduler.h"
+#include "model_fixtures.h"
+
+using namespace cleave;
+using namespace cleave::fixtures;
+
+namespace {
+
+// What the events said about one request.
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string text, finish_reason;
+  std::vector<float> logits;
+  Status error;
+  int32_t first_index = -1;  // index of the first token event (resumed: tokens made elsewhere)
+  bool finished = false, failed = false;
+  std::vector<SchedulerEvent> handoffs;
+};
+
+struct Driver {
+  explicit Driver(Scheduler& s) : scheduler(s) {}
+  Scheduler& scheduler;
+  std::map<uint64_t, Outcome> out;
+  std::set<uint64_t> batch_sizes;
+  int steps = 0;
+
+  void step() {
+    std::vector<SchedulerEvent> events;
+    const uint64_t before = scheduler.counters().batch_tokens;
+    Status st = scheduler.step(events);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    if (scheduler.counters().batch_tokens > before)
+      batch_sizes.insert(scheduler.counters().batch_tokens - before);
+    ++steps;
+    for (SchedulerEvent& ev : events) {
+      Outcome& o = out[ev.request_id];
+      REQUIRE_FALSE(o.finished);
+      REQUIRE_FALSE(o.failed);
+      o.text += ev.text;
+      switch (ev.kind) {
+        case SchedulerEvent::Kind::token:
+          if (o.first_index < 0) o.first_index = ev.index;
+          CHECK(ev.index == o.first_index + int32_t(o.tokens.size()));
+          o.tokens.push_back(ev.token);
+          break;
+        case SchedulerEvent::Kind::finished:
+          o.finished = true;
+          o.finish_reason = ev.finish_reason;
+          o.logits = ev.logits;
+          break;
+        case SchedulerEvent::Kind::failed:
+          o.failed = true;
+          o.error = ev.error;
+          break;
+        case SchedulerEvent::Kind::handoff:
+          o.handoffs.push_back(std::move(ev));
+          break;
+      }
+    }
+  }
+  void run_until_idle() {
+    while (!scheduler.idle()) {
+      REQUIRE(steps < 100000);
+      step();
+    }
+  }
+};
+
+GenerateResult reference(Engine& engine, const Tokenizer* tok, GenerateRequest r) {
+  r.keep_logits = true;
+  auto g = generate(engine, tok, r);
+  REQUIRE_MESSAGE(g.ok(), g.status().to_string());
+  return std::move(*g);
+}
+
+// Tokens, text, finish reason, and the last step's logits bit for bit.
+void check_matches(const Outcome& got, const GenerateResult& want, int32_t n_vocab) {
+  CHECK(got.finished);
+  CHECK(got.tokens == want.tokens);
+  CHECK(got.text == want.text);
+  CHECK(got.finish_reason == want.finish_reason);
+  std::vector<float> last;
+  if (!want.logits.empty()) last.assign(want.logits.end() - n_vocab, want.logits.end());
+  CHECK(same_bits(got.logits, last));
+}
+
+// A varied request: prompt length 1..100 (every fifth shares a 48-token
+// prefix, for the prefix cache), six sampler settings, max_tokens 1..40.
+GenerateRequest mixed_request(int i) {
+  GenerateRequest r;
+  r.request_id = uint64_t(1000 + i);
+  const int len = 1 + (i * 37) % 100;
+  if (i % 5 == 0 && len > 48) {
+    r.prompt = prompt_of(48, 999);
+    auto tail = prompt_of(len - 48, i);
+    r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
+  } else {
+    r.prompt = prompt_of(len, i);
+  }
+  r.prefill_chunk = std::vector<int>{7, 16, 512}[size_t(i % 3)];
+  r.keep_logits = true;
+  SamplingParams& s = r.sampling;
+  s.seed = uint64_t(i * 31 + 5);
+  s.max_tokens = 1 + (i * 13) % 40;
+  switch (i % 6) {
+    case 0: s.temperature = 0; break;
+    case 1: break;  // defaults: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05
+    case 2: s.temperature = 1.2f; s.top_k = 5; s.top_p = 1; s.min_p = 0; break;
+    case 3: s.temperature = 1.0f; s.top_k = 0; s.top_p = 0.5f; break;
+    case 4: s.temperature = 0.9f; s.top_k = 0; s.top_p = 1; s.min_p = 0.2f; break;
+    case 5: s.temperature = 0.7f; s.repeat_penalty = 1.5f; s.repeat_last_n = 16; break;
+  }
+  return r;
+}
+
+EngineOptions engine_options(int threads, int max_seqs, int kv_blocks = 0) {
+  EngineOptions o;
+  o.threads = threads;
+  o.max_seqs = max_seqs;
+  o.kv_blocks = kv_blocks;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("scheduler: staggered mixed requests equal generate() run alone") {
+  auto tok = make_tokenizer();
+  for (auto [spec, name, count] : {std::tuple{small_dense(), "dense", 72},
+                                   std::tuple{small_moe(), "moe", 20}}) {
+    const std::string model = name;
+    CAPTURE(model);
+    const std::string path = model_path(spec, name);
+    auto alone = make_engine(path, 1, 1);
+    auto engine = make_engine(path, engine_options(2, 8));
+    const int32_t V = engine->config().n_vocab;
+
+    std::vector<GenerateRequest> requests;
+    std::vector<GenerateResult> want;
+    int with_stop = 0;
+    for (int i = 0; i < count; ++i) {
+      GenerateRequest r = mixed_request(i);
+      GenerateResult g = reference(*alone, tok.get(), r);
+      if (i % 4 == 3 && g.text.size() >= 8) {  // a stop string from the text it would write
+        r.sampling.stop = {g.text.substr(g.text.size() / 2, 2)};
+        g = reference(*alone, tok.get(), r);
+        with_stop += g.finish_reason == "stop";
+      }
+      requests.push_back(r);
+      want.push_back(std::move(g));
+    }
+    CHECK(with_stop > 0);
+
+    SchedulerOptions so;
+    so.max_batch_tokens = 24;
+    Scheduler scheduler(*engine, tok.get(), so);
+    Driver d{scheduler};
+    // Three new requests every other step, while earlier ones run.
+    size_t next = 0;
+    while (next < requests.size() || !scheduler.idle()) {
+      if (d.steps % 2 == 0)
+        for (int k = 0; k < 3 && next < requests.size(); ++k, ++next)
+          REQUIRE(scheduler.submit(requests[next]).ok());
+      d.step();
+    }
+    for (int i = 0; i < count; ++i) {
+      CAPTURE(i);
+      check_matches(d.out[requests[size_t(i)].request_id], want[size_t(i)], V);
+    }
+    const SchedulerCounters& c = scheduler.counters();
+    CHECK(c.finished == uint64_t(count));
+    CHECK(c.failed == 0);
+    CHECK(d.batch_sizes.size() >= 5);  // batches of many different sizes
+    CHECK(*d.batch_sizes.rbegin() <= uint64_t(so.max_batch_tokens));
+    CHECK(c.decode_rows > 0);
+    CHECK(c.prefill_tokens > 0);
+    if (count >= 64) CHECK(c.prefix_hit_tokens > 0);
+    MESSAGE(model << ": " << c.steps << " steps, " << c.batch_tokens << " batch tokens, "
+                 << d.batch_sizes.size() << " batch sizes, " << c.prefix_hit_tokens
+                 << " prefix-hit tokens");
+  }
+}
+
+TEST_CASE("scheduler: prefill_only handoff, resumed on another engine, equals generate()") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto alone = make_engine(path, 1, 1);
+  auto prefill_engine = make_engine(path, engine_options(1, 4));
+  auto decode_engine = make_engine(path, engine_options(2, 4));
+  const int32_t V = alone->config().n_vocab;
+
+  SchedulerOptions po;
+  po.prefill_only = true;
+  po.max_batch_tokens = 40;
+  Scheduler prefill(*prefill_engine, tok.get(), po);
+  Scheduler decode(*decode_engine, tok.get());
+  Driver p{prefill}, dd{decode};
+
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 8; ++i) {
+    GenerateRequest r = mixed_request(i * 7 + 1);
+    r.prompt = prompt_of(std::vector<int>{1, 15, 16, 17, 32, 50, 99, 33}[size_t(i)], i);
+    r.sampling.max_tokens = i == 7 ? 1 : 12;  // the last finishes on its first token
+    requests.push_back(r);
+    REQUIRE(prefill.submit(r).ok());
+  }
+  p.run_until_idle();
+  int64_t handed_tokens = 0;
+  for (const GenerateRequest& r : requests) {
+    const Outcome& o = p.out[r.request_id];
+    if (r.sampling.max_tokens == 1) {
+      CHECK(o.finished);
+      CHECK(o.handoffs.empty());
+      continue;
+    }
+    REQUIRE(o.handoffs.size() == 1);
+    const SchedulerEvent& h = o.handoffs[0];
+    CHECK(h.generated == o.tokens);
+    CHECK(h.n_kv_tokens == int32_t(r.prompt.size()));
+    CHECK(h.blocks.size() == (r.prompt.size() + 15) / 16);
+    handed_tokens += h.n_kv_tokens;
+    REQUIRE(decode.resume(h.request, h.generated, h.blocks).ok());
+  }
+  CHECK(prefill.counters().handed_off == 7);
+  dd.run_until_idle();
+  for (const GenerateRequest& r : requests) {
+    CAPTURE(r.prompt.size());
+    Outcome whole = p.out[r.request_id];
+    const Outcome& rest = dd.out[r.request_id];
+    whole.tokens.insert(whole.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+    whole.text += rest.text;
+    if (!whole.finished) {
+      whole.finished = rest.finished;
+      whole.finish_reason = rest.finish_reason;
+      whole.logits = rest.logits;
+    }
+    check_matches(whole, reference(*alone, tok.get(), r), V);
+  }
+  CHECK(decode.counters().imported_tokens == uint64_t(handed_tokens));
+  CHECK(decode.counters().recomputed_tokens == 0);
+}
+
+TEST_CASE("scheduler: resume from truncated, corrupted or no KV recomputes the same tokens") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto alone = make_engine(path, 1, 1);
+  auto prefill_engine = make_engine(path, engine_options(1, 1));
+  const int32_t V = alone->config().n_vocab;
+
+  GenerateRequest r = mixed_request(11);
+  r.prompt = prompt_of(50, 77);  // 4 blocks: 16, 16, 16, 2 tokens
+  r.sampling.max_tokens = 20;
+  const GenerateResult want = reference(*alone, tok.get(), r);
+  REQUIRE(want.tokens.size() == 20);
+
+  SchedulerOptions po;
+  po.prefill_only = true;
+  Scheduler prefill(*prefill_engine, tok.get(), po);
+  Driver p{prefill};
+  REQUIRE(prefill.submit(r).ok());
+  p.run_until_idle();
+  REQUIRE(p.out[r.request_id].handoffs.size() == 1);
+  const SchedulerEvent handoff = p.out[r.request_id].handoffs[0];
+  REQUIRE(handoff.blocks.size() == 4);
+
+  struct Case {
+    std::string name;
+    std::vector<int32_t> generated;
+    std::function<void(std::vector<BlockRecord>&)> damage;
+    uint64_t imported;
+  };
+  auto first = std::vector<int32_t>(want.tokens.begin(), want.tokens.begin() + 1);
+  auto six = std::vector<int32_t>(want.tokens.begin(), want.tokens.begin() + 6);
+  const std::vector<Case> cases = {
+      {"intact", first, [](auto&) {}, 50},
+      {"truncated to 2 blocks", first, [](auto& b) { b.resize(2); }, 32},
+      {"block 1 corrupted", first, [](auto& b) { b[1].bytes[100] ^= 1; }, 16},
+      {"block 0 from other tokens", first, [](auto& b) { b[0].header.key.lo ^= 1; seal(b[0]); }, 0},
+      {"last block's token count wrong", first, [](auto& b) { b[3].header.n_tokens = 3; }, 48},
+      {"no blocks", first, [](auto& b) { b.clear(); }, 0},
+      // A decode actor died after 6 tokens; the store had the prompt's KV.
+      {"six tokens generated", six, [](auto&) {}, 50},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    auto engine = make_engine(path, engine_options(2, 2));
+    Scheduler decode(*engine, tok.get());
+    Driver d{decode};
+    std::vector<BlockRecord> blocks = handoff.blocks;
+    c.damage(blocks);
+    REQUIRE(decode.resume(r, c.generated, blocks).ok());
+    d.run_until_idle();
+    Outcome whole = d.out[r.request_id];
+    CHECK(whole.first_index == int32_t(c.generated.size()));
+    whole.tokens.insert(whole.tokens.begin(), c.generated.begin(), c.generated.end());
+    // Text of the replayed tokens was shown by whoever produced them.
+    RequestProgress shown(r, tok.get(), engine->context(), V);
+    REQUIRE(shown.replay(c.generated).ok());
+    whole.text = shown.take_text() + whole.text;
+    check_matches(whole, want, V);
+    CHECK(decode.counters().imported_tokens == c.imported);
+    CHECK(decode.counters().recomputed_tokens ==
+          uint64_t(r.prompt.size() + c.generated.size() - 1) - c.imported);
+  }
+}
+
+TEST_CASE("scheduler: preemption under a tiny KV pool gives the same tokens") {
+  auto tok = make_tokenizer();
+  for (auto [spec, name] : {std::pair{small_dense(), "dense"}, std::pair{small_moe(), "moe"}}) {
+    const std::string model = name;
+    CAPTURE(model);
+    const std::string path = model_path(spec, name);
+    auto alone = make_engine(path, 1, 1);
+    // 8 blocks of 16 tokens; each request grows to 4-5 blocks.
+    auto engine = make_engine(path, engine_options(2, 4, 8));
+    const int32_t V = engine->config().n_vocab;
+    SchedulerOptions so;
+    so.max_batch_tokens = 32;
+    Scheduler scheduler(*engine, tok.get(), so);
+    Driver d{scheduler};
+    std::vector<GenerateRequest> requests;
+    for (int i = 0; i < 6; ++i) {
+      GenerateRequest r = mixed_request(i);
+      r.prompt = prompt_of(20 + 5 * i, i + 40);
+      r.sampling.max_tokens = 36 + i;
+      r.ignore_eos = true;
+      requests.push_back(r);
+      REQUIRE(scheduler.submit(r).ok());
+    }
+    d.run_until_idle();
+    for (const GenerateRequest& r : requests) {
+      CAPTURE(r.request_id);
+      check_matches(d.out[r.request_id], reference(*alone, tok.get(), r), V);
+    }
+    CHECK(scheduler.counters().preempted > 0);
+    CHECK(scheduler.counters().failed == 0);
+  }
+}
+
+TEST_CASE("scheduler: a request that can never fit fails; the others go on") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto alone = make_engine(path, 1, 1);
+  auto engine = make_engine(path, engine_options(1, 2, 4));  // 4 blocks: 64 tokens
+  Scheduler scheduler(*engine, tok.get());
+  Driver d{scheduler};
+  GenerateRequest big = mixed_request(1), small = mixed_request(2);
+  big.prompt = prompt_of(80, 1);
+  small.prompt = prompt_of(10, 2);
+  small.sampling.max_tokens = 8;
+  REQUIRE(scheduler.submit(small).ok());
+  REQUIRE(scheduler.submit(big).ok());
+  d.run_until_idle();
+  const Outcome& failed = d.out[big.request_id];
+  CHECK(failed.failed);
+  CHECK(failed.error.code() == Code::out_of_memory);
+  CHECK(failed.error.message().find(std::to_string(big.request_id)) != std::string::npos);
+  CHECK(failed.tokens.empty());
+  check_matches(d.out[small.request_id], reference(*alone, tok.get(), small),
+                engine->config().n_vocab);
+  CHECK(scheduler.counters().failed == 1);
+}
+
+TEST_CASE("scheduler: busy, duplicate ids, bad requests, cancel, max_tokens 0") {
+  const std::string path = model_path(small_dense(), "dense");
+  auto engine = make_engine(path, engine_options(1, 1));
+  SchedulerOptions so;
+  so.max_queue = 2;
+  Scheduler scheduler(*engine, nullptr, so);
+  GenerateRequest a = mixed_request(1), b = mixed_request(2), c = mixed_request(3);
+  REQUIRE(scheduler.submit(a).ok());
+  REQUIRE(scheduler.submit(b).ok());
+  Status st = scheduler.submit(c);
+  CHECK(st.code() == Code::busy);
+  CHECK(scheduler.counters().rejected_busy == 1);
+  CHECK(scheduler.submit(a).code() == Code::invalid_argument);  // same id
+  CHECK(scheduler.queued() == 2);
+
+  Driver d{scheduler};
+  d.step();  // a runs (one sequence slot), b waits
+  CHECK(scheduler.running() == 1);
+  CHECK(scheduler.queued() == 1);
+  CHECK(scheduler.resume(a, {}, {}).code() == Code::invalid_argument);  // a is running
+  REQUIRE(scheduler.submit(c).ok());  // room in the queue again
+  CHECK(scheduler.cancel(a.request_id).ok());
+  CHECK_FALSE(scheduler.has(a.request_id));
+  CHECK(scheduler.cancel(a.request_id).code() == Code::not_found);
+  CHECK(scheduler.cancel(c.request_id).ok());
+
+  GenerateRequest bad = mixed_request(4);
+  bad.prompt = {5, 40000};
+  CHECK(scheduler.submit(bad).message().find("40000") != std::string::npos);
+  bad.prompt = prompt_of(300, 4);
+  CHECK(scheduler.submit(bad).code() == Code::out_of_range);
+  GenerateRequest bad_resume = mixed_request(5);
+  CHECK(scheduler.resume(bad_resume, {1, 99999}, {}).code() == Code::invalid_argument);
+
+  GenerateRequest none = mixed_request(6);
+  none.sampling.max_tokens = 0;
+  REQUIRE(scheduler.submit(none).ok());
+  d.run_until_idle();
+  CHECK(d.out[none.request_id].finished);
+  CHECK(d.out[none.request_id].finish_reason == "length");
+  CHECK(d.out[none.request_id].tokens.empty());
+  CHECK(d.out[b.request_id].finished);
+  CHECK_FALSE(d.out[a.request_id].finished);  // cancelled: no event after
+
+  SchedulerOptions zero;
+  zero.max_batch_tokens = 0;
+  CHECK(validate_scheduler_options(zero).message().find("max_batch_tokens") != std::string::npos);
+}
