@@ -45,7 +45,8 @@ struct SchedulerEvent {
   int32_t index = 0;
   std::string text;
   // finished: "length", "stop" or "context"; the final logits row when the
-  // request asked for keep_logits; text holds any held-back tail.
+  // request asked for keep_logits; text holds any text not sent yet (in
+  // practice empty: the last token event carries the flushed tail).
   std::string finish_reason;
   std::vector<float> logits;
   // failed: why (the request is gone).
@@ -88,16 +89,21 @@ class Scheduler {
   // generated (possibly none, or fewer than all: what the store had). The
   // leading records that verify and match those tokens are imported, the
   // rest is recomputed, and decoding goes on where it stopped, with the
-  // tokens and logits an uninterrupted run would give. Errors as submit(),
-  // plus replay()'s.
+  // tokens and logits an uninterrupted run would give. Token events go on
+  // from index generated.size(); the text of `generated` is not sent again.
+  // A request that can use no record falls back to the prefix cache.
+  // Errors as submit(), plus replay()'s.
   Status resume(GenerateRequest request, std::vector<int32_t> generated,
                 std::vector<BlockRecord> blocks);
   // Drops a queued or running request (no event). not_found when unknown.
   Status cancel(uint64_t request_id);
 
   // One iteration: admits queued requests that fit (sequence slot and KV
-  // blocks), runs one forward batch, samples, and appends the events it
-  // produced. A request that fails (e.g. it can never fit) gets a failed
+  // blocks for their whole history, beyond what running requests still need
+  // plus one block each to grow), first come first served, runs one forward
+  // batch, samples, and appends the events it produced. When decode rows
+  // find no free block, the youngest running request is preempted (requeued
+  // first; it recomputes later with the same tokens). A request that fails (e.g. it can never fit) gets a failed
   // event; step() itself fails only on an engine error that leaves the
   // batch's state unknown (then every running request was failed too).
   Status step(std::vector<SchedulerEvent>& events);
