@@ -69,6 +69,8 @@ class Tier {
 // One verified hop of `key` from `from` into `to` (the block hashed once, by
 // `to`), then erased from `from`. The insert's status on failure (corruption:
 // the bytes in `from` are bad; out_of_memory: `to` is full), `from` unchanged.
+// Holds `from`'s lock while taking `to`'s: callers must keep one direction
+// between two tiers (TieredStore moves in place only downward, t -> t+1).
 Status move_block(Tier& from, Tier& to, const BlockKey& key);
 
 }  // namespace cleave

@@ -168,6 +168,18 @@ Status TieredStore::evict(size_t t, const BlockKey& key) {
 }
 
 void TieredStore::promote(size_t from, const BlockKey& key, const BlockRecord* verified) {
+  // A prefetch has no record yet: read one verified copy first. Hops upward
+  // always copy a record, never read a tier in place, so two tiers are only
+  // ever locked together in index order (a demotion's read, then insert).
+  Result<BlockRecord> read = Status(Code::not_found, "");
+  if (!verified) {
+    read = tiers_[from]->lookup(key);
+    if (!read.ok()) {
+      if (read.status().code() == Code::corruption) forget_corrupt(from, key, read.status());
+      return;
+    }
+    verified = &*read;
+  }
   policy_.pin(key);  // never pick the block being promoted as a victim
   for (size_t s = from; s > 0; --s) {
     if (!spend_hop()) {
@@ -176,16 +188,8 @@ void TieredStore::promote(size_t from, const BlockKey& key, const BlockRecord* v
     }
     if (!make_room(s - 1, layout_.block_bytes()).ok()) break;  // stays where it is: still a hit
     Tier& to = *tiers_[s - 1];
-    // With the record get() just read and verified, each hop only copies it;
-    // otherwise the receiver hashes the bytes read from tier s.
-    Status st = insert_with_room(s - 1, key, [&] {
-      if (verified) return to.insert(BlockView::of(*verified, /*verified=*/true));
-      return tiers_[s]->read(key, [&](const BlockView& v) { return to.insert(v); });
-    });
-    if (st.code() == Code::corruption && !verified) {
-      forget_corrupt(s, key, st);
-      break;
-    }
+    Status st = insert_with_room(
+        s - 1, key, [&] { return to.insert(BlockView::of(*verified, /*verified=*/true)); });
     if (!st.ok()) break;  // no room after all: stays where it is
     (void)tiers_[s]->erase(key);
     policy_.remove(s, key);

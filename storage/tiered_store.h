@@ -10,9 +10,10 @@
 // a miss, counted and logged to stderr, the bad copy erased; the caller
 // recomputes. Each hop hashes the block exactly once and copies it once: a
 // demotion reads the source tier's bytes in place (Tier::read) and the
-// receiving tier hashes its own copy; a promotion on get() copies the record
-// get() just read and verified; put() verifies before taking the lock and
-// tier 0 only copies. Pinned blocks (refcount > 0) are never evicted; when nothing
+// receiving tier hashes its own copy; a promotion copies the record get()
+// (or a prefetch) read and verified with lookup(); put() verifies before
+// taking the lock and tier 0 only copies. Only demotions read a tier in
+// place, so two tiers are locked together only in index order (t, t+1). Pinned blocks (refcount > 0) are never evicted; when nothing
 // can be evicted, put answers out_of_memory.
 //
 // Migration is bounded: the hops triggered by one put/get run synchronously,
@@ -132,9 +133,9 @@ class TieredStore {
   // when the tier charges more than the payload; records the block in the
   // policy at the tier's own cost.
   Status insert_with_room(size_t tier, const BlockKey& key, const std::function<Status()>& insert);
-  // Moves `key` from tier `from` toward tier 0. `verified`: the record get()
-  // just read and verified (each hop then only copies it), or nullptr (each
-  // hop reads from the tier below, verified by the receiving tier).
+  // Moves `key` from tier `from` toward tier 0, each hop copying `verified`
+  // (the record get() just read and verified) into the next tier; nullptr:
+  // reads it from tier `from` with lookup() first.
   void promote(size_t from, const BlockKey& key, const BlockRecord* verified);
   void forget_corrupt(size_t tier, const BlockKey& key, const Status& why);
   void worker_loop();

@@ -1,7 +1,9 @@
 #include <doctest/doctest.h>
 #include <xxhash.h>
 
+#include <atomic>
 #include <cstdint>
+#include <thread>
 #include <vector>
 
 #include "storage/lru_policy.h"
@@ -172,6 +174,40 @@ TEST_CASE("move_block: one hop copies, verifies and erases; a bad source is refu
   CHECK(move_block(*from, *to, make_record(2).header.key).code() == Code::out_of_memory);
   CHECK(from->contains(make_record(2).header.key));
   CHECK(move_block(*from, *to, BlockKey{1, 2}).code() == Code::not_found);
+}
+
+TEST_CASE("memory tier: threads inserting, moving, reading and erasing the same keys") {
+  // Slabs cycle through the free lists of both tiers while readers copy out.
+  const uint64_t n_keys = 16;
+  auto from = tier_of_blocks(n_keys, MemoryKind::pinned_host);
+  auto to = tier_of_blocks(n_keys / 2);
+  std::vector<BlockRecord> records;
+  for (uint64_t i = 0; i < n_keys; ++i) records.push_back(make_record(i));
+  std::atomic<int> failures{0};
+  std::vector<std::thread> threads;
+  for (unsigned w = 0; w < 4; ++w)
+    threads.emplace_back([&, w] {
+      for (int round = 0; round < 300; ++round)
+        for (uint64_t i = w; i < n_keys; i += 2) {
+          const BlockRecord& r = records[i];
+          Status st = from->insert(r);
+          if (!st.ok() && st.code() != Code::out_of_memory) ++failures;
+          st = move_block(*from, *to, r.header.key);
+          if (!st.ok() && st.code() != Code::out_of_memory && st.code() != Code::not_found)
+            ++failures;
+          for (MemoryTier* t : {from.get(), to.get()}) {
+            auto got = t->lookup(r.header.key);
+            if (got.ok() ? got->bytes != r.bytes : got.status().code() != Code::not_found)
+              ++failures;
+          }
+          if ((round + w) % 3 == 0) (void)to->erase(r.header.key);
+        }
+    });
+  for (auto& t : threads) t.join();
+  CHECK(failures.load() == 0);
+  CHECK(from->corrupt_detected() + to->corrupt_detected() == 0);
+  CHECK(from->free_slabs() + from->block_count() <= n_keys);
+  CHECK(to->free_slabs() + to->block_count() <= n_keys / 2);
 }
 
 TEST_CASE("lru policy: victims are least recently used, unpinned, enough bytes") {
