@@ -59,8 +59,9 @@ class RequestProgress {
   std::string take_text();
   // All text shown so far (what take_text() returned, in total).
   const std::string& text() const { return text_; }
-  // Logits of every step (n_generated() x n_vocab) when keep_logits, else
-  // empty; last_logits() is the final row whenever one was seen.
+  // Logits of every step() (steps x n_vocab; replayed tokens have none) when
+  // keep_logits, else empty; last_logits() is the final row whenever one was
+  // seen.
   const std::vector<float>& logits() const { return logits_; }
   const std::vector<float>& last_logits() const { return last_logits_; }
 
