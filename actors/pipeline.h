@@ -47,6 +47,9 @@ struct PipelineOptions {
   size_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;
   std::string kv_dir;
   int32_t actor_threads = 0;     // CAF scheduler workers; 0: CAF's default
+  // A request that makes no progress (no token, handoff or re-placement)
+  // for this long fails with timed_out: the last guard against a hang.
+  double request_timeout_s = 300;
 };
 
 // Receives a request's events in order (token..., then finished or failed),
@@ -87,7 +90,14 @@ class Pipeline {
   virtual int32_t alive(const std::string& kind) = 0;
   // Fault injection for tests: kills decode actor `index` (0-based) as if it
   // crashed (exit_reason::kill). not_found when there is no such live actor.
+  // In colocated, the colocated actors are the decoders.
   virtual Status kill_decode_actor(int32_t index) = 0;
+  // Fault injection for tests: sends `bytes` as the main message of actor
+  // `index` of `kind` (stage and router: a request; kv_store: a KvPut) and
+  // returns its answer as a Status (a typed error for bytes that do not
+  // decode). unsupported for mono.
+  virtual Status send_raw_for_test(const std::string& kind, int32_t index,
+                                   const std::vector<char>& bytes) = 0;
   virtual const PipelineOptions& options() const = 0;
 };
 

@@ -1,0 +1,18 @@
+// The colocated and pd topologies (actors/actors.cpp, the one CAF
+// translation unit besides nothing else); pipeline.cpp dispatches here.
+#pragma once
+
+#include <memory>
+
+#include "actors/pipeline.h"
+
+namespace cleave {
+
+// Spawns the kv_store, the stage actors and the router for options.topology
+// (colocated or pd). Engines and the store are built before any actor, so
+// their errors come back here.
+Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const GgufFile> file,
+                                                       std::shared_ptr<const Tokenizer> tokenizer,
+                                                       const PipelineOptions& options);
+
+}  // namespace cleave

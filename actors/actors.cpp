@@ -1,0 +1,985 @@
+// The actors of the colocated and pd topologies, and the Pipeline that owns
+// them. The only translation unit that includes CAF (each one costs 10-15 s
+// and ~0.5 GiB to compile).
+//
+// Messages are (atom, Cap'n Proto bytes). Behaviours unpack the bytes, call
+// the plain class their state owns (StageCore, TieredStore, the router's
+// tables), and turn Status into caf::error (category "cleave", the Code as
+// error code, the message as context) or into stream events.
+//
+//   client --submit--> router --submit/handoff--> stage (prefill | decode | colocated)
+//   stage --event--> router (token / finished / failed) --> client callback
+//   prefill --kv_put--> kv_store, then --handoff--> router --handoff--> decode
+//   decode --kv_get--> kv_store, resume; --kv_put--> newly filled blocks
+//
+// Stage actors run detached (Engine::forward blocks) and drive their
+// scheduler with step messages to themselves, so every other message is
+// handled between two forward passes.
+#include <caf/all.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <mutex>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "actors/actor_pipeline.h"
+#include "actors/stage_core.h"
+#include "schema/codec.h"
+#include "storage/memory_tier.h"
+#include "storage/tiered_store.h"
+#ifdef CLEAVE_HAVE_ROCKSDB
+#include "storage/rocksdb_tier.h"
+#endif
+
+namespace cleave {
+namespace {
+
+using Bytes = std::vector<char>;
+using Clock = std::chrono::steady_clock;
+
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using handoff_atom = caf::atom_constant<caf::atom("handoff")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using event_atom = caf::atom_constant<caf::atom("event")>;
+using kv_put_atom = caf::atom_constant<caf::atom("kv_put")>;
+using kv_get_atom = caf::atom_constant<caf::atom("kv_get")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using attach_atom = caf::atom_constant<caf::atom("attach")>;
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+
+// Timeouts of every request between actors: nothing waits forever.
+constexpr auto kKvTimeout = std::chrono::seconds(10);
+constexpr auto kStageTimeout = std::chrono::seconds(30);
+constexpr auto kClientTimeout = std::chrono::seconds(10);
+constexpr auto kTickInterval = std::chrono::milliseconds(200);
+
+using kv_store_actor = caf::typed_actor<caf::replies_to<kv_put_atom, Bytes>::with<Bytes>,
+                                        caf::replies_to<kv_get_atom, Bytes>::with<Bytes>,
+                                        caf::replies_to<stats_atom>::with<Bytes>>;
+
+// submit: GenerateRequest; handoff: Handoff (the answer is admission only;
+// the outcome arrives as events).
+using stage_actor = caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
+                                     caf::replies_to<handoff_atom, Bytes>::with<bool>,
+                                     caf::reacts_to<cancel_atom, uint64_t>,
+                                     caf::reacts_to<step_atom>,
+                                     caf::replies_to<stats_atom>::with<Bytes>>;
+
+// submit: GenerateRequest from the client (admission); event: StreamEvent
+// and handoff: Handoff from stages; attach: a stage and its kind.
+using router_actor =
+    caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
+                     caf::reacts_to<event_atom, Bytes>, caf::reacts_to<handoff_atom, Bytes>,
+                     caf::replies_to<attach_atom, std::string, stage_actor>::with<bool>,
+                     caf::reacts_to<tick_atom>, caf::replies_to<shutdown_atom>::with<bool>,
+                     caf::replies_to<stats_atom>::with<Bytes>>;
+
+// ---- Status <-> caf::error ----
+
+const caf::atom_value kCleaveCategory = caf::atom("cleave");
+
+caf::error to_error(const Status& st) {
+  return caf::error(static_cast<uint8_t>(st.code()), kCleaveCategory,
+                    caf::make_message(st.message()));
+}
+
+Status from_error(const caf::error& e) {
+  if (!e) return Status::Ok();
+  if (e.category() == kCleaveCategory) {
+    std::string what;
+    if (e.context().match_elements<std::string>()) what = e.context().get_as<std::string>(0);
+    return Status(static_cast<Code>(e.code()), what);
+  }
+  if (e.category() == caf::atom("system")) {
+    auto sec = static_cast<caf::sec>(e.code());
+    if (sec == caf::sec::request_timeout) return Status(Code::timed_out, "actor request timed out");
+    return Status(Code::unavailable, "actor system: " + caf::to_string(sec));
+  }
+  return Status(Code::unavailable, "actor error " + std::to_string(e.code()) + " in category " +
+                                       caf::to_string(e.category()));
+}
+
+Bytes encode_stats(std::string actor, std::vector<std::pair<std::string, uint64_t>> counters) {
+  msg::Stats s;
+  s.actor = std::move(actor);
+  s.counters = std::move(counters);
+  return codec::encode(s);
+}
+
+// ---- kv_store ----
+
+struct KvStoreState {
+  std::shared_ptr<TieredStore> store;
+  uint64_t puts = 0, gets = 0, blocks_stored = 0, blocks_rejected = 0, blocks_served = 0;
+  uint64_t bad_messages = 0;
+  static inline const char* name = "cleave.kv_store";
+};
+
+kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvStoreState> self,
+                                          std::shared_ptr<TieredStore> store) {
+  self->state.store = std::move(store);
+  return {
+      [=](kv_put_atom, const Bytes& bytes) -> caf::result<Bytes> {
+        auto& s = self->state;
+        auto put = codec::decode_as<msg::KvPut>(bytes);
+        if (!put.ok()) {
+          ++s.bad_messages;
+          return to_error(put.status());
+        }
+        ++s.puts;
+        msg::KvAck ack;
+        for (const BlockRecord& r : put->blocks) {
+          Status st = s.store->put(r);
+          if (st.ok()) {
+            ++ack.stored;
+          } else {
+            if (ack.rejected++ == 0) ack.first_error = st;
+          }
+        }
+        s.blocks_stored += uint64_t(ack.stored);
+        s.blocks_rejected += uint64_t(ack.rejected);
+        return codec::encode(ack);
+      },
+      [=](kv_get_atom, const Bytes& bytes) -> caf::result<Bytes> {
+        auto& s = self->state;
+        auto get = codec::decode_as<msg::KvGet>(bytes);
+        if (!get.ok()) {
+          ++s.bad_messages;
+          return to_error(get.status());
+        }
+        ++s.gets;
+        msg::KvBlocks reply;
+        for (const BlockKey& key : get->keys) {  // the longest leading run
+          auto r = s.store->get(key);
+          if (!r.ok()) break;
+          reply.blocks.push_back(std::move(r.value()));
+        }
+        s.blocks_served += reply.blocks.size();
+        return codec::encode(reply);
+      },
+      [=](stats_atom) -> Bytes {
+        auto& s = self->state;
+        StoreCounters c = s.store->counters();
+        uint64_t hits = 0;
+        for (uint64_t h : c.hits) hits += h;
+        return encode_stats("kv_store", {{"kv_puts", s.puts},
+                                         {"kv_gets", s.gets},
+                                         {"kv_blocks_stored", s.blocks_stored},
+                                         {"kv_blocks_rejected", s.blocks_rejected},
+                                         {"kv_blocks_served", s.blocks_served},
+                                         {"store_hits", hits},
+                                         {"store_misses", c.misses},
+                                         {"store_drops", c.drops},
+                                         {"store_corrupt_detected", c.corrupt_detected},
+                                         {"failures", s.bad_messages}});
+      },
+  };
+}
+
+// ---- stage: prefill, decode or colocated ----
+
+struct StageState {
+  std::shared_ptr<StageCore> core;
+  std::string kind;
+  router_actor router;
+  kv_store_actor kv;
+  bool persist = false;      // send newly filled full blocks to the store
+  bool step_queued = false;  // a step message is in the mailbox
+  std::unordered_set<uint64_t> awaiting_kv;  // resumes waiting for their blocks
+  uint64_t requests = 0, resumes = 0, tokens = 0, finished = 0, failed = 0, handoffs = 0;
+  uint64_t kv_blocks_put = 0, kv_blocks_got = 0, kv_errors = 0, bad_messages = 0;
+  static inline const char* name = "cleave.stage";
+};
+using stage_pointer = stage_actor::stateful_pointer<StageState>;
+
+void kick(stage_pointer self) {
+  auto& s = self->state;
+  if (s.step_queued || !s.core->has_work()) return;
+  s.step_queued = true;
+  self->send(caf::actor_cast<stage_actor>(self), step_atom::value);
+}
+
+void send_event(stage_pointer self, const msg::StreamEvent& e) {
+  auto& s = self->state;
+  if (e.kind == msg::StreamEvent::Kind::token) ++s.tokens;
+  if (e.kind == msg::StreamEvent::Kind::finished) ++s.finished;
+  if (e.kind == msg::StreamEvent::Kind::failed) ++s.failed;
+  self->send(s.router, event_atom::value, codec::encode(e));
+}
+
+void fail_request(stage_pointer self, uint64_t id, Status why) {
+  msg::StreamEvent e;
+  e.kind = msg::StreamEvent::Kind::failed;
+  e.request_id = id;
+  e.error = std::move(why);
+  e.origin = self->state.core->name();
+  send_event(self, e);
+}
+
+// Prefill: the KV goes to the store first, then the Handoff (keys only) to
+// the router. A failed put still hands off: the decoder recomputes.
+void publish_handoff(stage_pointer self, SchedulerEvent&& e) {
+  auto& s = self->state;
+  msg::Handoff h;
+  h.request = std::move(e.request);
+  h.generated = std::move(e.generated);
+  h.n_kv_tokens = e.n_kv_tokens;
+  for (const BlockRecord& r : e.blocks) h.kv_keys.push_back(r.header.key);
+  Bytes handoff = codec::encode(h);
+  ++s.handoffs;
+  if (e.blocks.empty()) {
+    self->send(s.router, handoff_atom::value, std::move(handoff));
+    return;
+  }
+  msg::KvPut put;
+  put.blocks = std::move(e.blocks);
+  const uint64_t n = put.blocks.size();
+  self->request(s.kv, kKvTimeout, kv_put_atom::value, codec::encode(put))
+      .then(
+          [=](const Bytes& reply) {
+            auto ack = codec::decode_as<msg::KvAck>(reply);
+            if (ack.ok()) self->state.kv_blocks_put += uint64_t(ack->stored);
+            if (!ack.ok() || ack->stored != int32_t(n)) ++self->state.kv_errors;
+            self->send(self->state.router, handoff_atom::value, handoff);
+          },
+          [=](caf::error&) {
+            ++self->state.kv_errors;
+            self->send(self->state.router, handoff_atom::value, handoff);
+          });
+}
+
+void persist_new_blocks(stage_pointer self) {
+  auto& s = self->state;
+  std::vector<BlockRecord> blocks = s.core->take_new_blocks();
+  if (blocks.empty()) return;
+  msg::KvPut put;
+  put.blocks = std::move(blocks);
+  self->request(s.kv, kKvTimeout, kv_put_atom::value, codec::encode(put))
+      .then(
+          [=](const Bytes& reply) {
+            auto ack = codec::decode_as<msg::KvAck>(reply);
+            if (ack.ok()) self->state.kv_blocks_put += uint64_t(ack->stored);
+            if (!ack.ok() || ack->rejected > 0) ++self->state.kv_errors;
+          },
+          [=](caf::error&) { ++self->state.kv_errors; });
+}
+
+void run_step(stage_pointer self) {
+  auto& s = self->state;
+  s.step_queued = false;
+  std::vector<SchedulerEvent> events;
+  Status st = s.core->step(events);  // on an engine error the events fail every running request
+  (void)st;
+  for (SchedulerEvent& e : events) {
+    if (e.kind == SchedulerEvent::Kind::handoff)
+      publish_handoff(self, std::move(e));
+    else
+      send_event(self, to_stream_event(e, s.core->name()));
+  }
+  if (s.persist) persist_new_blocks(self);
+  kick(self);
+}
+
+void finish_resume(stage_pointer self, std::shared_ptr<msg::Handoff> h,
+                   std::vector<BlockRecord> blocks) {
+  auto& s = self->state;
+  const uint64_t id = h->request.request_id;
+  if (s.awaiting_kv.erase(id) == 0) return;  // cancelled meanwhile
+  s.kv_blocks_got += blocks.size();
+  Status st = s.core->resume(std::move(h->request), std::move(h->generated), std::move(blocks));
+  if (!st.ok()) fail_request(self, id, st);
+  kick(self);
+}
+
+stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCore> core,
+                                    std::string kind, router_actor router, kv_store_actor kv,
+                                    bool persist) {
+  auto& s = self->state;
+  s.core = std::move(core);
+  s.kind = std::move(kind);
+  s.router = std::move(router);
+  s.kv = std::move(kv);
+  s.persist = persist;
+  return {
+      [=](submit_atom, const Bytes& bytes) -> caf::result<bool> {
+        auto& s = self->state;
+        auto request = codec::decode_as<GenerateRequest>(bytes);
+        if (!request.ok()) {
+          ++s.bad_messages;
+          return to_error(request.status());
+        }
+        Status st = s.core->submit(std::move(request.value()));
+        if (!st.ok()) return to_error(st);
+        ++s.requests;
+        kick(self);
+        return true;
+      },
+      [=](handoff_atom, const Bytes& bytes) -> caf::result<bool> {
+        auto& s = self->state;
+        auto decoded = codec::decode_as<msg::Handoff>(bytes);
+        if (!decoded.ok()) {
+          ++s.bad_messages;
+          return to_error(decoded.status());
+        }
+        auto h = std::make_shared<msg::Handoff>(std::move(decoded.value()));
+        Engine& engine = s.core->engine();
+        Status valid = validate_request(h->request, engine.context(), engine.config().n_vocab);
+        if (!valid.ok()) return to_error(valid);
+        ++s.resumes;
+        const uint64_t id = h->request.request_id;
+        s.awaiting_kv.insert(id);
+        if (!h->blocks.empty()) {  // KV inline
+          std::vector<BlockRecord> blocks = std::move(h->blocks);
+          finish_resume(self, h, std::move(blocks));
+          return true;
+        }
+        msg::KvGet get;
+        get.keys = h->kv_keys.empty() ? s.core->resume_keys(h->request, h->generated) : h->kv_keys;
+        self->request(s.kv, kKvTimeout, kv_get_atom::value, codec::encode(get))
+            .then(
+                [=](const Bytes& reply) {
+                  auto blocks = codec::decode_as<msg::KvBlocks>(reply);
+                  if (!blocks.ok()) ++self->state.kv_errors;
+                  finish_resume(self, h,
+                                blocks.ok() ? std::move(blocks->blocks) : std::vector<BlockRecord>{});
+                },
+                [=](caf::error&) {
+                  ++self->state.kv_errors;
+                  finish_resume(self, h, {});  // recompute everything
+                });
+        return true;
+      },
+      [=](cancel_atom, uint64_t id) {
+        self->state.awaiting_kv.erase(id);
+        self->state.core->cancel(id);
+      },
+      [=](step_atom) { run_step(self); },
+      [=](stats_atom) -> Bytes {
+        auto& s = self->state;
+        msg::Stats st = s.core->stats();
+        st.counters.insert(st.counters.begin(),
+                           {{"requests", s.requests},
+                            {"resumes", s.resumes},
+                            {"tokens", s.tokens},
+                            {"finished", s.finished},
+                            {"failures", s.failed + s.bad_messages + s.kv_errors},
+                            {"failed_requests", s.failed},
+                            {"bad_messages", s.bad_messages},
+                            {"kv_errors", s.kv_errors},
+                            {"handoffs", s.handoffs},
+                            {"kv_blocks_put", s.kv_blocks_put},
+                            {"kv_blocks_got", s.kv_blocks_got},
+                            {"kv_blocks_moved", s.kv_blocks_put + s.kv_blocks_got}});
+        return codec::encode(st);
+      },
+  };
+}
+
+// ---- router ----
+
+// Request id -> the client's callback; events are delivered on the router's
+// thread.
+class EventSinks {
+ public:
+  bool add(uint64_t id, EventCallback cb) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.emplace(id, std::make_shared<EventCallback>(std::move(cb))).second;
+  }
+  void remove(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    map_.erase(id);
+  }
+  void emit(const msg::StreamEvent& e) {
+    std::shared_ptr<EventCallback> cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      auto it = map_.find(e.request_id);
+      if (it == map_.end()) return;
+      cb = it->second;
+      if (e.kind != msg::StreamEvent::Kind::token) map_.erase(it);
+    }
+    (*cb)(e);
+  }
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint64_t, std::shared_ptr<EventCallback>> map_;
+};
+
+struct RouterConfig {
+  bool disaggregated = false;  // pd: entry = prefill, continue = decode
+  int32_t max_pending = 1024;
+  int32_t block_size = 16;
+  double request_timeout_s = 300;
+};
+
+struct RouterState {
+  struct Stage {
+    stage_actor handle;
+    caf::actor_addr addr;
+    std::string kind;
+    bool entry = false, cont = false;  // takes new requests / handoffs
+    bool alive = true;
+    int32_t in_flight = 0;
+  };
+  struct Pending {
+    GenerateRequest request;  // kept to re-place it
+    std::vector<int32_t> generated;
+    int32_t stage = -1;
+    bool continuing = false;  // handed off (or re-placed with tokens)
+    Clock::time_point last_progress;
+  };
+  RouterConfig config;
+  std::shared_ptr<EventSinks> sinks;
+  kv_store_actor kv;
+  bool kv_alive = true;
+  bool closed = false;
+  std::vector<Stage> stages;
+  std::unordered_map<uint64_t, Pending> pending;
+  std::unordered_map<uint64_t, int32_t> affinity;  // first prompt block -> entry stage
+  uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0;
+  uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, replacements = 0;
+  uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
+  static inline const char* name = "cleave.router";
+};
+using router_pointer = router_actor::stateful_pointer<RouterState>;
+
+// FNV-1a over the first full block of the prompt: what prefix affinity keys on.
+bool first_block_hash(const GenerateRequest& r, int32_t block_size, uint64_t& out) {
+  if (int32_t(r.prompt.size()) <= block_size) return false;  // nothing reusable
+  uint64_t h = 1469598103934665603ull;
+  for (int32_t i = 0; i < block_size; ++i) {
+    h ^= uint32_t(r.prompt[size_t(i)]);
+    h *= 1099511628211ull;
+  }
+  out = h;
+  return true;
+}
+
+bool any_alive(const RouterState& s, bool entry) {
+  for (const auto& st : s.stages)
+    if (st.alive && (entry ? st.entry : st.cont)) return true;
+  return false;
+}
+
+// Least loaded live stage of the role; the affinity stage when its load is
+// close to the least.
+int32_t pick_stage(const RouterState& s, bool entry, int32_t preferred) {
+  constexpr int32_t kAffinitySlack = 4;
+  int32_t best = -1;
+  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
+    const auto& st = s.stages[size_t(i)];
+    if (!st.alive || !(entry ? st.entry : st.cont)) continue;
+    if (best < 0 || st.in_flight < s.stages[size_t(best)].in_flight) best = i;
+  }
+  if (best >= 0 && preferred >= 0 && preferred < int32_t(s.stages.size())) {
+    const auto& p = s.stages[size_t(preferred)];
+    if (p.alive && (entry ? p.entry : p.cont) &&
+        p.in_flight <= s.stages[size_t(best)].in_flight + kAffinitySlack)
+      return preferred;
+  }
+  return best;
+}
+
+void leave_stage(RouterState& s, RouterState::Pending& p) {
+  if (p.stage >= 0 && s.stages[size_t(p.stage)].in_flight > 0) --s.stages[size_t(p.stage)].in_flight;
+}
+
+void finish(router_pointer self, uint64_t id, const msg::StreamEvent& e) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end()) return;
+  leave_stage(s, it->second);
+  s.pending.erase(it);
+  if (e.kind == msg::StreamEvent::Kind::finished) ++s.finished;
+  else ++s.failed;
+  s.sinks->emit(e);
+}
+
+// Fails a pending request and tells its stage to drop it.
+void fail(router_pointer self, uint64_t id, Status why) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end()) return;
+  const int32_t stage = it->second.stage;
+  if (stage >= 0 && s.stages[size_t(stage)].alive)
+    self->send(s.stages[size_t(stage)].handle, cancel_atom::value, id);
+  msg::StreamEvent e;
+  e.kind = msg::StreamEvent::Kind::failed;
+  e.request_id = id;
+  e.error = std::move(why);
+  e.origin = "router";
+  finish(self, id, e);
+}
+
+// The answer of a stage to submit / handoff: a typed error fails the
+// request; a stage that went down is handled by the down handler.
+void on_stage_error(router_pointer self, uint64_t id, int32_t stage, const caf::error& err) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end() || it->second.stage != stage) return;
+  if (!s.stages[size_t(stage)].alive) return;
+  if (err.category() == caf::atom("system") &&
+      static_cast<caf::sec>(err.code()) == caf::sec::request_receiver_down)
+    return;  // the down message re-places it
+  fail(self, id, from_error(err));
+}
+
+void place_entry(router_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto& p = s.pending.at(id);
+  uint64_t h = 0;
+  const bool has_block = first_block_hash(p.request, s.config.block_size, h);
+  int32_t preferred = -1;
+  if (has_block) {
+    auto a = s.affinity.find(h);
+    if (a != s.affinity.end()) preferred = a->second;
+  }
+  const int32_t i = pick_stage(s, true, preferred);
+  if (i < 0) {
+    ++s.rejected_unavailable;
+    return fail(self, id, Status(Code::unavailable, "no live prefill or colocated actor"));
+  }
+  if (has_block) s.affinity[h] = i;
+  p.stage = i;
+  p.continuing = false;
+  ++s.stages[size_t(i)].in_flight;
+  self->request(s.stages[size_t(i)].handle, kStageTimeout, submit_atom::value,
+                codec::encode(p.request))
+      .then([](bool) {}, [=](caf::error& err) { on_stage_error(self, id, i, err); });
+}
+
+void place_continue(router_pointer self, uint64_t id, Bytes handoff) {
+  auto& s = self->state;
+  auto& p = s.pending.at(id);
+  const int32_t i = pick_stage(s, false, -1);
+  if (i < 0) {
+    ++s.rejected_unavailable;
+    return fail(self, id, Status(Code::unavailable, "no live decode actor"));
+  }
+  p.stage = i;
+  p.continuing = true;
+  p.last_progress = Clock::now();
+  ++s.stages[size_t(i)].in_flight;
+  self->request(s.stages[size_t(i)].handle, kStageTimeout, handoff_atom::value, std::move(handoff))
+      .then([](bool) {}, [=](caf::error& err) { on_stage_error(self, id, i, err); });
+}
+
+// The pending entry when the message comes from the stage the request is on.
+RouterState::Pending* from_current_stage(router_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end() || it->second.stage < 0) return nullptr;
+  auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  if (sender != s.stages[size_t(it->second.stage)].addr) return nullptr;
+  return &it->second;
+}
+
+void on_stage_down(router_pointer self, int32_t index) {
+  auto& s = self->state;
+  auto& dead = s.stages[size_t(index)];
+  dead.alive = false;
+  dead.in_flight = 0;
+  ++s.stage_downs;
+  std::vector<uint64_t> affected;
+  for (auto& [id, p] : s.pending)
+    if (p.stage == index) affected.push_back(id);
+  std::sort(affected.begin(), affected.end());
+  // pd with no decoder left: nothing admitted can finish; fail it all now.
+  if (dead.cont && !any_alive(s, false)) {
+    std::vector<uint64_t> all;
+    for (auto& [id, p] : s.pending) all.push_back(id);
+    for (uint64_t id : all) fail(self, id, Status(Code::unavailable, "no live decode actor"));
+    return;
+  }
+  for (uint64_t id : affected) {
+    auto& p = s.pending.at(id);
+    p.stage = -1;
+    ++s.replacements;
+    if (!p.continuing && p.generated.empty()) {
+      place_entry(self, id);
+    } else {
+      msg::Handoff h;
+      h.request = p.request;
+      h.generated = p.generated;
+      place_continue(self, id, codec::encode(h));
+    }
+  }
+}
+
+router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
+                                      std::shared_ptr<EventSinks> sinks, kv_store_actor kv) {
+  auto& s = self->state;
+  s.config = config;
+  s.sinks = std::move(sinks);
+  s.kv = kv;
+  self->monitor(kv);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (dm.source == s.kv.address()) {
+      s.kv_alive = false;
+      return;
+    }
+    for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
+      if (s.stages[size_t(i)].alive && s.stages[size_t(i)].addr == dm.source)
+        return on_stage_down(self, i);
+  });
+  self->send(caf::actor_cast<router_actor>(self), tick_atom::value);
+  return {
+      [=](submit_atom, const Bytes& bytes) -> caf::result<bool> {
+        auto& s = self->state;
+        ++s.requests;
+        auto request = codec::decode_as<GenerateRequest>(bytes);
+        if (!request.ok()) {
+          ++s.bad_messages;
+          return to_error(request.status());
+        }
+        const uint64_t id = request->request_id;
+        if (s.closed) return to_error(Status(Code::unavailable, "pipeline is shutting down"));
+        if (int32_t(s.pending.size()) >= s.config.max_pending) {
+          ++s.rejected_busy;
+          return to_error(Status(Code::busy, "max_pending (" + std::to_string(s.config.max_pending) +
+                                                 ") requests in flight"));
+        }
+        if (s.pending.count(id))
+          return to_error(Status(Code::invalid_argument,
+                                 "request id " + std::to_string(id) + " is already in flight"));
+        if (!any_alive(s, true) || !any_alive(s, false)) {
+          ++s.rejected_unavailable;
+          return to_error(Status(Code::unavailable, s.config.disaggregated && any_alive(s, true)
+                                                        ? "no live decode actor"
+                                                        : "no live stage actor"));
+        }
+        RouterState::Pending p;
+        p.request = std::move(request.value());
+        p.last_progress = Clock::now();
+        s.pending.emplace(id, std::move(p));
+        ++s.admitted;
+        place_entry(self, id);
+        return true;
+      },
+      [=](event_atom, const Bytes& bytes) {
+        auto& s = self->state;
+        auto e = codec::decode_as<msg::StreamEvent>(bytes);
+        if (!e.ok()) {
+          ++s.bad_messages;
+          return;
+        }
+        RouterState::Pending* p = from_current_stage(self, e->request_id);
+        if (!p) {
+          ++s.stray_events;
+          return;
+        }
+        p->last_progress = Clock::now();
+        if (e->kind == msg::StreamEvent::Kind::token) {
+          if (e->index != int32_t(p->generated.size())) {  // a replayed token
+            ++s.stray_events;
+            return;
+          }
+          p->generated.push_back(e->token);
+          ++s.tokens;
+          s.sinks->emit(*e);
+          return;
+        }
+        finish(self, e->request_id, *e);
+      },
+      [=](handoff_atom, const Bytes& bytes) {
+        auto& s = self->state;
+        auto h = codec::decode_as<msg::Handoff>(bytes);
+        if (!h.ok()) {
+          ++s.bad_messages;
+          return;
+        }
+        const uint64_t id = h->request.request_id;
+        RouterState::Pending* p = from_current_stage(self, id);
+        if (!p) {
+          ++s.stray_events;
+          return;
+        }
+        ++s.handoffs;
+        leave_stage(s, *p);
+        p->stage = -1;
+        place_continue(self, id, bytes);
+      },
+      [=](attach_atom, const std::string& kind, stage_actor stage) -> bool {
+        auto& s = self->state;
+        RouterState::Stage st;
+        st.addr = stage.address();
+        st.handle = stage;
+        st.kind = kind;
+        st.entry = kind != "decode";
+        st.cont = kind != "prefill";
+        self->monitor(stage);
+        s.stages.push_back(std::move(st));
+        return true;
+      },
+      [=](tick_atom) {
+        auto& s = self->state;
+        const auto now = Clock::now();
+        const auto limit = std::chrono::duration<double>(s.config.request_timeout_s);
+        std::vector<uint64_t> stuck;
+        for (auto& [id, p] : s.pending)
+          if (now - p.last_progress > limit) stuck.push_back(id);
+        for (uint64_t id : stuck) {
+          ++s.timeouts;
+          fail(self, id, Status(Code::timed_out, "request " + std::to_string(id) +
+                                                     " made no progress for " +
+                                                     std::to_string(s.config.request_timeout_s) + " s"));
+        }
+        self->delayed_send(caf::actor_cast<router_actor>(self), kTickInterval, tick_atom::value);
+      },
+      [=](shutdown_atom) -> bool {
+        auto& s = self->state;
+        s.closed = true;
+        std::vector<uint64_t> all;
+        for (auto& [id, p] : s.pending) all.push_back(id);
+        for (uint64_t id : all) fail(self, id, Status(Code::aborted, "pipeline shut down"));
+        return true;
+      },
+      [=](stats_atom) -> Bytes {
+        auto& s = self->state;
+        uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0;
+        for (const auto& st : s.stages) {
+          if (!st.alive) continue;
+          if (st.kind == "prefill") ++alive_prefill;
+          if (st.kind == "decode") ++alive_decode;
+          if (st.kind == "colocated") ++alive_colocated;
+        }
+        return encode_stats("router", {{"requests", s.requests},
+                                       {"admitted", s.admitted},
+                                       {"rejected_busy", s.rejected_busy},
+                                       {"rejected_unavailable", s.rejected_unavailable},
+                                       {"queue_depth", s.pending.size()},
+                                       {"finished", s.finished},
+                                       {"failures", s.failed},
+                                       {"tokens", s.tokens},
+                                       {"handoffs", s.handoffs},
+                                       {"replacements", s.replacements},
+                                       {"stage_downs", s.stage_downs},
+                                       {"timeouts", s.timeouts},
+                                       {"stray_events", s.stray_events},
+                                       {"bad_messages", s.bad_messages},
+                                       {"alive_prefill", alive_prefill},
+                                       {"alive_decode", alive_decode},
+                                       {"alive_colocated", alive_colocated},
+                                       {"alive_kv_store", s.kv_alive ? 1u : 0u}});
+      },
+  };
+}
+
+// ---- the pipeline ----
+
+Result<std::shared_ptr<TieredStore>> make_store(const PipelineOptions& o, uint64_t fp,
+                                                const KvLayout& layout) {
+  constexpr size_t kDefaultTierBytes = size_t(64) << 20;
+  std::vector<std::unique_ptr<Tier>> tiers;
+  auto t0 = MemoryTier::create(MemoryKind::host_arena, o.kv_tier0_bytes ? o.kv_tier0_bytes
+                                                                        : kDefaultTierBytes,
+                               fp, layout);
+  if (!t0.ok()) return t0.status();
+  tiers.push_back(std::move(t0.value()));
+  auto t1 = MemoryTier::create(MemoryKind::pinned_host, o.kv_tier1_bytes ? o.kv_tier1_bytes
+                                                                         : kDefaultTierBytes,
+                               fp, layout);
+  if (!t1.ok()) return t1.status();
+  tiers.push_back(std::move(t1.value()));
+  if (!o.kv_dir.empty()) {
+#ifdef CLEAVE_HAVE_ROCKSDB
+    RocksDbTierOptions ro;
+    ro.capacity_bytes = size_t(16) << 30;
+    ro.model_fingerprint = fp;
+    ro.layout = layout;
+    auto t2 = RocksDbTier::open(o.kv_dir, ro);
+    if (!t2.ok()) return t2.status();
+    tiers.push_back(std::move(t2.value()));
+#else
+    return Status(Code::unsupported, "kv_dir '" + o.kv_dir +
+                                         "': this build has no RocksDB tier (CLEAVE_STORAGE=OFF)");
+#endif
+  }
+  auto store = TieredStore::create(std::move(tiers), fp, layout);
+  if (!store.ok()) return store.status();
+  return std::shared_ptr<TieredStore>(std::move(store.value()));
+}
+
+class ActorPipeline final : public Pipeline {
+ public:
+  ActorPipeline(const PipelineOptions& options, int32_t context, int32_t n_vocab)
+      : options_(options), context_(context), n_vocab_(n_vocab) {
+    if (options.actor_threads > 0)
+      config_.set("scheduler.max-threads", size_t(options.actor_threads));
+    system_ = std::make_unique<caf::actor_system>(config_);
+    sinks_ = std::make_shared<EventSinks>();
+  }
+
+  ~ActorPipeline() override {
+    {
+      caf::scoped_actor self{*system_};
+      // Every admitted request gets its one final event (aborted) before the
+      // actors go.
+      self->request(router_, kClientTimeout, shutdown_atom::value)
+          .receive([](bool) {}, [](caf::error&) {});
+      for (auto& st : stages_) self->send_exit(st.handle, caf::exit_reason::user_shutdown);
+      self->send_exit(router_, caf::exit_reason::user_shutdown);
+      self->send_exit(kv_, caf::exit_reason::user_shutdown);
+    }
+    // A detached actor's thread ends only when its last handle is gone.
+    stages_.clear();
+    router_ = router_actor{};
+    kv_ = kv_store_actor{};
+    system_.reset();  // waits for every actor (a stage ends its current step first)
+  }
+
+  Status start(std::vector<std::pair<std::string, std::shared_ptr<StageCore>>> cores,
+               std::shared_ptr<TieredStore> store) {
+    kv_ = system_->spawn<caf::detached>(kv_store_fn, std::move(store));
+    RouterConfig rc;
+    rc.disaggregated = options_.topology == Topology::pd;
+    rc.max_pending = options_.max_pending;
+    rc.block_size = options_.engine.block_size;
+    rc.request_timeout_s = options_.request_timeout_s;
+    router_ = system_->spawn(router_fn, rc, sinks_, kv_);
+    caf::scoped_actor self{*system_};
+    Status result;
+    for (auto& [kind, core] : cores) {
+      const bool persist = kind != "prefill";
+      auto handle =
+          system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, persist);
+      stages_.push_back(StageHandle{kind, handle});
+      self->request(router_, kClientTimeout, attach_atom::value, kind, handle)
+          .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
+      if (!result.ok()) return result;
+    }
+    return Status::Ok();
+  }
+
+  Status submit(GenerateRequest request, EventCallback on_event) override {
+    Status st = validate_request(request, context_, n_vocab_);
+    if (!st.ok()) return st;
+    const uint64_t id = request.request_id;
+    if (!sinks_->add(id, std::move(on_event)))
+      return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
+    caf::scoped_actor self{*system_};
+    self->request(router_, kClientTimeout, submit_atom::value, codec::encode(request))
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok()) sinks_->remove(id);
+    return st;
+  }
+
+  std::vector<msg::Stats> stats() override {
+    std::vector<msg::Stats> out;
+    caf::scoped_actor self{*system_};
+    auto collect = [&](auto handle) {
+      self->request(handle, kClientTimeout, stats_atom::value)
+          .receive(
+              [&](const Bytes& b) {
+                auto s = codec::decode_as<msg::Stats>(b);
+                if (s.ok()) out.push_back(std::move(s.value()));
+              },
+              [](caf::error&) {});  // a dead actor has no counters
+    };
+    collect(router_);
+    collect(kv_);
+    for (auto& st : stages_) collect(st.handle);
+    return out;
+  }
+
+  int32_t alive(const std::string& kind) override {
+    for (const msg::Stats& s : stats())
+      if (s.actor == "router") return int32_t(s.get("alive_" + kind));
+    return 0;
+  }
+
+  Status kill_decode_actor(int32_t index) override {
+    const std::string kind = options_.topology == Topology::pd ? "decode" : "colocated";
+    int32_t n = 0;
+    for (auto& st : stages_) {
+      if (st.kind != kind) continue;
+      if (n++ != index) continue;
+      if (st.killed) break;
+      st.killed = true;
+      caf::anon_send_exit(st.handle, caf::exit_reason::kill);
+      return Status::Ok();
+    }
+    return Status(Code::not_found, "no live " + kind + " actor " + std::to_string(index));
+  }
+
+  Status send_raw_for_test(const std::string& kind, int32_t index,
+                           const std::vector<char>& bytes) override {
+    caf::scoped_actor self{*system_};
+    Status st;
+    auto on_error = [&](caf::error& e) { st = from_error(e); };
+    if (kind == "router") {
+      self->request(router_, kClientTimeout, submit_atom::value, bytes)
+          .receive([](bool) {}, on_error);
+      return st;
+    }
+    if (kind == "kv_store") {
+      self->request(kv_, kClientTimeout, kv_put_atom::value, bytes)
+          .receive([](const Bytes&) {}, on_error);
+      return st;
+    }
+    int32_t n = 0;
+    for (auto& s : stages_) {
+      if (s.kind != kind || n++ != index) continue;
+      self->request(s.handle, kClientTimeout, submit_atom::value, bytes)
+          .receive([](bool) {}, on_error);
+      return st;
+    }
+    return Status(Code::not_found, "no " + kind + " actor " + std::to_string(index));
+  }
+
+  const PipelineOptions& options() const override { return options_; }
+
+ private:
+  struct StageHandle {
+    std::string kind;
+    stage_actor handle;
+    bool killed = false;
+  };
+  PipelineOptions options_;
+  int32_t context_, n_vocab_;
+  caf::actor_system_config config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::shared_ptr<EventSinks> sinks_;
+  kv_store_actor kv_;
+  router_actor router_;
+  std::vector<StageHandle> stages_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const GgufFile> file,
+                                                       std::shared_ptr<const Tokenizer> tokenizer,
+                                                       const PipelineOptions& options) {
+  // Engines and the store first, so their errors come back before any actor.
+  std::vector<std::pair<std::string, std::shared_ptr<StageCore>>> cores;
+  auto add = [&](const std::string& kind, int32_t n, bool prefill_only) -> Status {
+    SchedulerOptions so = options.scheduler;
+    so.prefill_only = prefill_only;
+    for (int32_t i = 0; i < n; ++i) {
+      auto core = StageCore::create(file, tokenizer, options.engine, so,
+                                    kind + "/" + std::to_string(i));
+      if (!core.ok()) return core.status();
+      cores.emplace_back(kind, std::shared_ptr<StageCore>(std::move(core.value())));
+    }
+    return Status::Ok();
+  };
+  Status st = options.topology == Topology::pd
+                  ? add("prefill", options.prefill_actors, true)
+                  : add("colocated", options.colocated_actors, false);
+  if (st.ok() && options.topology == Topology::pd) st = add("decode", options.decode_actors, false);
+  if (!st.ok()) return st;
+  Engine& engine = cores.front().second->engine();
+  auto store = make_store(options, engine.model_fingerprint(), engine.kv_layout());
+  if (!store.ok()) return store.status();
+  auto pipeline = std::make_unique<ActorPipeline>(options, engine.context(), engine.config().n_vocab);
+  st = pipeline->start(std::move(cores), std::move(store.value()));
+  if (!st.ok()) return st;
+  return std::unique_ptr<Pipeline>(std::move(pipeline));
+}
+
+}  // namespace cleave

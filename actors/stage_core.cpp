@@ -1,0 +1,177 @@
+#include "actors/stage_core.h"
+
+#include <algorithm>
+
+#include "storage/prefix.h"
+
+namespace cleave {
+
+msg::StreamEvent to_stream_event(const SchedulerEvent& e, const std::string& origin) {
+  msg::StreamEvent m;
+  m.request_id = e.request_id;
+  m.origin = origin;
+  switch (e.kind) {
+    case SchedulerEvent::Kind::token:
+      m.kind = msg::StreamEvent::Kind::token;
+      m.index = e.index;
+      m.token = e.token;
+      m.text = e.text;
+      break;
+    case SchedulerEvent::Kind::finished:
+      m.kind = msg::StreamEvent::Kind::finished;
+      m.text = e.text;
+      m.finish_reason = e.finish_reason;
+      m.logits = e.logits;
+      break;
+    case SchedulerEvent::Kind::failed:
+    case SchedulerEvent::Kind::handoff:  // a handoff is no stream event; never passed here
+      m.kind = msg::StreamEvent::Kind::failed;
+      m.error = e.error.ok() ? Status(Code::aborted, "handoff passed as a stream event") : e.error;
+      break;
+  }
+  return m;
+}
+
+std::vector<BlockKey> resume_kv_keys(const std::vector<int32_t>& prompt,
+                                     const std::vector<int32_t>& generated,
+                                     uint64_t model_fingerprint, const KvLayout& layout) {
+  std::vector<int32_t> tokens = prompt;
+  tokens.insert(tokens.end(), generated.begin(), generated.end());
+  if (tokens.empty()) return {};
+  const int32_t n = int32_t(tokens.size()) - 1;  // the last token has no KV yet
+  std::vector<BlockKey> keys = chain_keys(tokens.data(), n, model_fingerprint, layout);
+  const int32_t bs = layout.tokens_per_block;
+  const int32_t n_full = n / bs, rest = n % bs;
+  if (rest > 0) {
+    BlockKey parent = keys.empty() ? BlockKey{} : keys.back();
+    keys.push_back(block_key(parent, tokens.data() + n_full * bs, rest, model_fingerprint, layout));
+  }
+  return keys;
+}
+
+Result<std::unique_ptr<StageCore>> StageCore::create(std::shared_ptr<const GgufFile> file,
+                                                     std::shared_ptr<const Tokenizer> tokenizer,
+                                                     const EngineOptions& engine,
+                                                     const SchedulerOptions& scheduler,
+                                                     std::string name) {
+  auto e = Engine::create(std::move(file), engine);
+  if (!e.ok()) return e.status();
+  std::unique_ptr<StageCore> core(new StageCore());
+  core->name_ = std::move(name);
+  core->tokenizer_ = std::move(tokenizer);
+  core->engine_ = std::move(e.value());
+  core->scheduler_ = std::make_unique<Scheduler>(*core->engine_, core->tokenizer_.get(), scheduler);
+  return core;
+}
+
+Status StageCore::submit(GenerateRequest request) {
+  Status st = validate_request(request, engine_->context(), engine_->config().n_vocab);
+  if (!st.ok()) return st;
+  if (backlog_.empty()) {
+    st = scheduler_->submit(request);
+    if (st.code() != Code::busy) return st;
+  }
+  backlog_.push_back(Work{std::move(request), false, {}, {}});
+  return Status::Ok();
+}
+
+Status StageCore::resume(GenerateRequest request, std::vector<int32_t> generated,
+                         std::vector<BlockRecord> blocks) {
+  Status st = validate_request(request, engine_->context(), engine_->config().n_vocab);
+  if (!st.ok()) return st;
+  if (backlog_.empty()) {
+    st = scheduler_->resume(request, generated, blocks);
+    if (st.code() != Code::busy) return st;
+  }
+  backlog_.push_back(Work{std::move(request), true, std::move(generated), std::move(blocks)});
+  return Status::Ok();
+}
+
+void StageCore::cancel(uint64_t request_id) {
+  (void)scheduler_->cancel(request_id);  // not_found: it waits in the backlog or is gone
+  std::erase_if(backlog_, [&](const Work& w) { return w.request.request_id == request_id; });
+}
+
+void StageCore::drain_backlog(std::vector<SchedulerEvent>& events) {
+  while (!backlog_.empty()) {
+    Work& w = backlog_.front();
+    Status st = w.resume ? scheduler_->resume(w.request, w.generated, w.blocks)
+                         : scheduler_->submit(w.request);
+    if (st.code() == Code::busy) return;
+    if (!st.ok()) {
+      SchedulerEvent failed;
+      failed.kind = SchedulerEvent::Kind::failed;
+      failed.request_id = w.request.request_id;
+      failed.error = st;
+      events.push_back(std::move(failed));
+    }
+    backlog_.pop_front();
+  }
+}
+
+Status StageCore::step(std::vector<SchedulerEvent>& events) {
+  drain_backlog(events);
+  if (scheduler_->idle()) return Status::Ok();
+  return scheduler_->step(events);
+}
+
+std::vector<BlockRecord> StageCore::take_new_blocks() {
+  std::vector<BlockRecord> out;
+  const int32_t bs = engine_->options().block_size;
+  for (int32_t seq = 0; seq < engine_->options().max_seqs; ++seq) {
+    const int32_t n_full = engine_->sequence_length(seq) / bs;
+    if (n_full == 0) {
+      if (synced_.synced_blocks(uint64_t(seq)) > 0) synced_.forget(uint64_t(seq));
+      continue;
+    }
+    std::vector<BlockKey> keys = engine_->block_keys(seq);
+    keys.resize(std::min<size_t>(keys.size(), size_t(n_full)));
+    std::vector<SyncBlock> current;
+    current.reserve(keys.size());
+    for (const BlockKey& k : keys) current.push_back(SyncBlock{k, 0});
+    std::vector<size_t> pending = synced_.pending(uint64_t(seq), current);
+    if (pending.empty()) continue;
+    const size_t first = *std::min_element(pending.begin(), pending.end());
+    auto records = engine_->export_blocks(seq, int32_t(first));
+    if (!records.ok()) continue;  // the store simply lacks them; a resume recomputes
+    for (size_t i = 0; i < records->size() && first + i < current.size(); ++i)
+      out.push_back(std::move((*records)[i]));
+    synced_.mark_synced(uint64_t(seq), current);
+  }
+  blocks_exported_ += out.size();
+  return out;
+}
+
+std::vector<BlockKey> StageCore::resume_keys(const GenerateRequest& request,
+                                             const std::vector<int32_t>& generated) const {
+  return resume_kv_keys(request.prompt, generated, engine_->model_fingerprint(),
+                        engine_->kv_layout());
+}
+
+msg::Stats StageCore::stats() const {
+  const SchedulerCounters& c = scheduler_->counters();
+  const Engine::CacheStats cache = engine_->cache_stats();
+  msg::Stats s;
+  s.actor = name_;
+  s.counters = {
+      {"queue_depth", uint64_t(queue_depth())},
+      {"running", uint64_t(scheduler_->running())},
+      {"scheduler_submitted", c.submitted},
+      {"scheduler_finished", c.finished},
+      {"scheduler_failed", c.failed},
+      {"steps", c.steps},
+      {"batch_tokens", c.batch_tokens},
+      {"decode_rows", c.decode_rows},
+      {"prefill_tokens", c.prefill_tokens},
+      {"prefix_hit_tokens", c.prefix_hit_tokens},
+      {"imported_tokens", c.imported_tokens},
+      {"recomputed_tokens", c.recomputed_tokens},
+      {"preempted", c.preempted},
+      {"kv_blocks_exported", blocks_exported_},
+      {"cache_published_blocks", cache.published_blocks},
+      {"cache_evicted_blocks", cache.evicted_blocks},
+  };
+  return s;
+}
+
+}  // namespace cleave

@@ -1,0 +1,94 @@
+// StageCore: the plain (CAF-free) class a stage owns: one Engine and one
+// Scheduler, a backlog for work the scheduler's queue cannot take yet, the
+// KV keys a resumed request asks the store for, and the incremental sync of
+// newly filled KV blocks. The mono topology drives it from a thread; the
+// prefill, decode and colocated actors drive it from their behaviours.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "model/engine.h"
+#include "model/gguf.h"
+#include "model/scheduler.h"
+#include "model/tokenizer.h"
+#include "schema/messages.h"
+#include "storage/tiered_store.h"
+
+namespace cleave {
+
+// The stream event a requester sees for a scheduler event (token, finished
+// or failed; not handoff).
+msg::StreamEvent to_stream_event(const SchedulerEvent& e, const std::string& origin);
+
+// Keys of the KV blocks a request needs to continue after `generated`
+// tokens: the KV of prompt + generated minus the last token (which has not
+// run yet), as Engine::block_keys() names them: the chain keys of the full
+// blocks, then the key of the partly filled last block, if any.
+std::vector<BlockKey> resume_kv_keys(const std::vector<int32_t>& prompt,
+                                     const std::vector<int32_t>& generated,
+                                     uint64_t model_fingerprint, const KvLayout& layout);
+
+class StageCore {
+ public:
+  // invalid_argument / the engine's errors. tokenizer may be null.
+  static Result<std::unique_ptr<StageCore>> create(std::shared_ptr<const GgufFile> file,
+                                                   std::shared_ptr<const Tokenizer> tokenizer,
+                                                   const EngineOptions& engine,
+                                                   const SchedulerOptions& scheduler,
+                                                   std::string name);
+
+  const std::string& name() const { return name_; }
+  Engine& engine() { return *engine_; }
+  const Scheduler& scheduler() const { return *scheduler_; }
+
+  // Queues a request or a resumed one: validate_request()'s and replay()'s
+  // errors; a full scheduler queue is not an error (the work waits here).
+  Status submit(GenerateRequest request);
+  Status resume(GenerateRequest request, std::vector<int32_t> generated,
+                std::vector<BlockRecord> blocks);
+  // Drops the request wherever it waits or runs; no event.
+  void cancel(uint64_t request_id);
+
+  bool has_work() const { return !backlog_.empty() || !scheduler_->idle(); }
+  int32_t queue_depth() const { return int32_t(backlog_.size()) + scheduler_->queued(); }
+  // Feeds the backlog to the scheduler and runs one iteration.
+  Status step(std::vector<SchedulerEvent>& events);
+
+  // Sealed records of the full KV blocks the engine's sequences filled since
+  // the last call (the store makes a replacement decoder recompute only what
+  // it lacks).
+  std::vector<BlockRecord> take_new_blocks();
+
+  // Keys the store is asked for when resuming (see resume_kv_keys).
+  std::vector<BlockKey> resume_keys(const GenerateRequest& request,
+                                    const std::vector<int32_t>& generated) const;
+
+  // Scheduler and engine counters, plus the ones the caller adds.
+  msg::Stats stats() const;
+
+ private:
+  struct Work {
+    GenerateRequest request;
+    bool resume = false;
+    std::vector<int32_t> generated;
+    std::vector<BlockRecord> blocks;
+  };
+  StageCore() = default;
+  // Feeds queued work to the scheduler until it answers busy.
+  void drain_backlog(std::vector<SchedulerEvent>& events);
+
+  std::string name_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::deque<Work> backlog_;
+  SyncTracker synced_;
+  uint64_t blocks_exported_ = 0;
+};
+
+}  // namespace cleave

@@ -1,0 +1,509 @@
+// The actor pipeline against the monolithic run: the topology never changes
+// a request's tokens, text, finish reason or final logits (bit for bit), a
+// dead decoder's sequences complete elsewhere with the same tokens, no
+// decoder left means unavailable within 1 s, admission is bounded, counters
+// add up, and corrupt Cap'n Proto bytes get a typed error.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "actors/pipeline.h"
+#include "model/make_model.h"
+#include "schema/codec.h"
+
+using namespace cleave;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+const std::string kVocab =
+    std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
+
+struct Model {
+  std::shared_ptr<const GgufFile> file;
+  std::shared_ptr<const Tokenizer> tokenizer;
+};
+
+ModelSpec small_dense() {
+  ModelSpec s;
+  s.dim = 64; s.n_layers = 2; s.n_heads = 4; s.n_kv_heads = 2; s.ffn = 128; s.context = 256;
+  s.seed = 11;
+  s.name = "actors-dense";
+  return s;
+}
+
+ModelSpec small_moe() {
+  ModelSpec s = small_dense();
+  s.n_experts = 4; s.n_experts_used = 2; s.ffn = 64;
+  s.name = "actors-moe";
+  return s;
+}
+
+// Writes (once per process) the model and loads it with its tokenizer.
+const Model& model(const ModelSpec& spec) {
+  static std::map<std::string, Model> made;
+  auto it = made.find(spec.name);
+  if (it != made.end()) return it->second;
+  fs::path dir = fs::temp_directory_path() / ("cleave-actors-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  std::string path = (dir / (spec.name + ".gguf")).string();
+  Status st = write_test_model(spec, kVocab, path);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  auto file = GgufFile::open(path);
+  REQUIRE_MESSAGE(file.ok(), file.status().to_string());
+  auto tok = Tokenizer::from_gguf(**file);
+  REQUIRE_MESSAGE(tok.ok(), tok.status().to_string());
+  Model m{*file, std::shared_ptr<const Tokenizer>(std::move(tok.value()))};
+  return made.emplace(spec.name, std::move(m)).first->second;
+}
+
+PipelineOptions base_options(Topology t, int prefill = 1, int decode = 1, int colocated = 1) {
+  PipelineOptions o;
+  o.topology = t;
+  o.prefill_actors = prefill;
+  o.decode_actors = decode;
+  o.colocated_actors = colocated;
+  o.engine.threads = 1;
+  o.engine.max_seqs = 32;
+  o.engine.block_size = 16;
+  o.actor_threads = 2;
+  o.kv_tier0_bytes = o.kv_tier1_bytes = size_t(8) << 20;
+  return o;
+}
+
+std::unique_ptr<Pipeline> make_pipeline(const Model& m, const PipelineOptions& o) {
+  auto p = Pipeline::create(m.file, m.tokenizer, o);
+  REQUIRE_MESSAGE(p.ok(), p.status().to_string());
+  return std::move(p.value());
+}
+
+const char* kWords[] = {"the", "cat", "sat", "on", "a", "mat", "while", "rain", "fell",
+                        "over", "quiet", "hills", "and", "old", "roads", "near", "sea"};
+
+std::string sentence(int n_words, int salt) {
+  std::string s;
+  for (int i = 0; i < n_words; ++i) {
+    if (i) s += ' ';
+    s += kWords[(i * 5 + salt * 3 + (i * salt) % 7) % 17];
+  }
+  return s;
+}
+
+// A mixed load: prompt lengths 1..~150 tokens (some sharing a prefix),
+// greedy and sampled settings, repeat penalty, stop strings, max_tokens
+// 1..32, distinct seeds.
+std::vector<GenerateRequest> mixed_requests(const Model& m, int n, uint64_t first_id) {
+  const std::string shared_prefix = sentence(30, 1);  // > 2 blocks of tokens
+  std::vector<GenerateRequest> out;
+  for (int i = 0; i < n; ++i) {
+    GenerateRequest r;
+    r.request_id = first_id + uint64_t(i);
+    if (i % 10 == 3) {
+      r.prompt = {m.tokenizer->bos() >= 0 ? m.tokenizer->bos() : 1};  // one token
+    } else {
+      std::string text = (i % 3 == 0 ? shared_prefix + " " : std::string()) +
+                         sentence(1 + (i * 37) % 100, i);
+      r.prompt = m.tokenizer->encode(text);
+      if (r.prompt.size() > 150) r.prompt.resize(150);
+    }
+    SamplingParams& s = r.sampling;
+    s.seed = uint64_t(i) * 7919 + 1;
+    s.max_tokens = 1 + (i * 13) % 32;
+    switch (i % 5) {
+      case 0: s.temperature = 0; break;  // greedy
+      case 1: s.temperature = 0.8f; s.top_k = 40; s.top_p = 0.9f; s.min_p = 0.05f; break;
+      case 2: s.temperature = 1.1f; s.top_k = 0; s.top_p = 1; s.min_p = 0.1f;
+              s.repeat_penalty = 1.3f; s.repeat_last_n = 16; break;
+      case 3: s.temperature = 0.7f; s.top_k = 8; s.repeat_penalty = 1.1f;
+              s.stop = {"e", "an"}; break;
+      case 4: s.temperature = 0; s.repeat_penalty = 1.2f; s.stop = {"a"}; break;
+    }
+    r.prefill_chunk = (i % 4 == 1) ? 7 : (i % 4 == 2 ? 32 : 512);
+    r.keep_logits = true;
+    r.ignore_eos = i % 7 == 0;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+std::vector<Completion> run_all(Pipeline& p, const std::vector<GenerateRequest>& requests) {
+  auto r = p.run(requests);
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  return std::move(r.value());
+}
+
+bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+}
+
+// Every completion equal to the reference, bit for bit.
+void check_identical(const std::vector<Completion>& ref, const std::vector<Completion>& got,
+                     const std::string& what) {
+  REQUIRE(ref.size() == got.size());
+  int mismatches = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    CAPTURE(what);
+    CAPTURE(i);
+    REQUIRE_MESSAGE(got[i].error.ok(), got[i].error.to_string());
+    const bool same = got[i].tokens == ref[i].tokens && got[i].text == ref[i].text &&
+                      got[i].finish_reason == ref[i].finish_reason &&
+                      same_bits(got[i].logits, ref[i].logits);
+    if (!same && ++mismatches <= 3) {
+      CHECK(got[i].tokens == ref[i].tokens);
+      CHECK(got[i].text == ref[i].text);
+      CHECK(got[i].finish_reason == ref[i].finish_reason);
+      CHECK(same_bits(got[i].logits, ref[i].logits));
+    }
+  }
+  CHECK_MESSAGE(mismatches == 0, what << ": " << mismatches << " requests differ");
+}
+
+std::vector<Completion> mono_reference(const Model& m, const std::vector<GenerateRequest>& rs) {
+  auto mono = make_pipeline(m, base_options(Topology::mono));
+  auto ref = run_all(*mono, rs);
+  for (const Completion& c : ref) REQUIRE_MESSAGE(c.error.ok(), c.error.to_string());
+  return ref;
+}
+
+const msg::Stats* find_stats(const std::vector<msg::Stats>& all, const std::string& actor) {
+  for (const auto& s : all)
+    if (s.actor == actor) return &s;
+  return nullptr;
+}
+
+uint64_t sum_counter(const std::vector<msg::Stats>& all, const std::string& prefix,
+                     const std::string& name) {
+  uint64_t n = 0;
+  for (const auto& s : all)
+    if (s.actor.rfind(prefix, 0) == 0) n += s.get(name);
+  return n;
+}
+
+// Collects streamed events of requests submitted one by one.
+struct Collector {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, Completion> done;
+  std::map<uint64_t, Clock::time_point> done_at;
+  std::map<uint64_t, Completion> partial;
+  size_t tokens = 0;
+
+  EventCallback callback(uint64_t id) {
+    return [this, id](const msg::StreamEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      Completion& c = partial[id];
+      if (e.kind == msg::StreamEvent::Kind::token) {
+        c.tokens.push_back(e.token);
+        c.text += e.text;
+        ++tokens;
+      } else {
+        if (e.kind == msg::StreamEvent::Kind::finished) {
+          c.text += e.text;
+          c.finish_reason = e.finish_reason;
+          c.logits = e.logits;
+        } else {
+          c.error = e.error;
+        }
+        CHECK_MESSAGE(done.count(id) == 0, "second final event for request " << id);
+        done[id] = c;
+        done_at[id] = Clock::now();
+      }
+      cv.notify_all();
+    };
+  }
+  bool wait_done(size_t n, std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, limit, [&] { return done.size() >= n; });
+  }
+  bool wait_tokens(size_t n, std::chrono::seconds limit) {
+    std::unique_lock<std::mutex> lock(mu);
+    return cv.wait_for(lock, limit, [&] { return tokens >= n; });
+  }
+};
+
+// Long, plain requests (no stop, no EOS) so generation is in full swing
+// when something is killed.
+std::vector<GenerateRequest> long_requests(const Model& m, int n, uint64_t first_id) {
+  std::vector<GenerateRequest> rs = mixed_requests(m, n, first_id);
+  for (auto& r : rs) {
+    r.sampling.max_tokens = 32;
+    r.sampling.stop.clear();
+    r.ignore_eos = true;
+    if (r.prompt.size() < 20) r.prompt = m.tokenizer->encode(sentence(25, int(r.request_id)));
+  }
+  return rs;
+}
+
+}  // namespace
+
+TEST_CASE("pipeline: options and topology names are checked") {
+  CHECK(parse_topology("pd").value() == Topology::pd);
+  CHECK(parse_topology("mesh").status().code() == Code::invalid_argument);
+  const Model& m = model(small_dense());
+  PipelineOptions o = base_options(Topology::pd, 0, 1);
+  CHECK(Pipeline::create(m.file, m.tokenizer, o).status().code() == Code::invalid_argument);
+  o = base_options(Topology::colocated);
+  o.max_pending = 0;
+  CHECK(Pipeline::create(m.file, m.tokenizer, o).status().code() == Code::invalid_argument);
+  // A bad request gets validate_request()'s error and no callback.
+  auto p = make_pipeline(m, base_options(Topology::colocated));
+  GenerateRequest bad;
+  bad.request_id = 1;
+  bool called = false;
+  CHECK(p->submit(bad, [&](const msg::StreamEvent&) { called = true; }).code() ==
+        Code::invalid_argument);
+  CHECK_FALSE(called);
+}
+
+TEST_CASE("pipeline invariant: 200+ mixed requests are bit-identical across mono, colocated and pd") {
+  const Model& m = model(small_dense());
+  const auto requests = mixed_requests(m, 210, 1000);
+  const auto t0 = Clock::now();
+  const auto ref = mono_reference(m, requests);
+  MESSAGE("mono: " << std::chrono::duration<double>(Clock::now() - t0).count() << " s");
+  // The load exercises what it claims to.
+  std::map<std::string, int> reasons;
+  size_t max_prompt = 0, total_tokens = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    reasons[ref[i].finish_reason]++;
+    max_prompt = std::max(max_prompt, requests[i].prompt.size());
+    total_tokens += ref[i].tokens.size();
+    CHECK(ref[i].logits.size() == size_t(m.tokenizer->n_vocab()));
+  }
+  CHECK(reasons["stop"] > 0);
+  CHECK(reasons["length"] > 0);
+  CHECK(max_prompt >= 100);
+  MESSAGE("finish reasons: stop " << reasons["stop"] << ", length " << reasons["length"]
+                                  << "; tokens " << total_tokens);
+
+  struct Case {
+    Topology t;
+    int p, d, c;
+  };
+  for (Case k : {Case{Topology::colocated, 0, 0, 1}, Case{Topology::colocated, 0, 0, 3},
+                 Case{Topology::pd, 1, 1, 0}, Case{Topology::pd, 2, 3, 0},
+                 Case{Topology::pd, 4, 4, 0}}) {
+    const std::string what = std::string(topology_name(k.t)) + " P" + std::to_string(k.p) + " D" +
+                             std::to_string(k.d) + " C" + std::to_string(k.c);
+    const auto start = Clock::now();
+    auto p = make_pipeline(m, base_options(k.t, k.p, k.d, k.c));
+    auto got = run_all(*p, requests);
+    check_identical(ref, got, what);
+    auto stats = p->stats();
+    const msg::Stats* router = find_stats(stats, "router");
+    REQUIRE(router);
+    CHECK(router->get("finished") == requests.size());
+    CHECK(router->get("failures") == 0);
+    // Batches really changed size: more decode rows than steps.
+    CHECK(sum_counter(stats, "", "decode_rows") > sum_counter(stats, k.t == Topology::pd ? "decode" : "colocated", "steps"));
+    MESSAGE(what << ": " << std::chrono::duration<double>(Clock::now() - start).count() << " s");
+  }
+}
+
+TEST_CASE("pipeline invariant: an MoE model is bit-identical across mono, colocated and pd") {
+  const Model& m = model(small_moe());
+  const auto requests = mixed_requests(m, 60, 5000);
+  const auto ref = mono_reference(m, requests);
+  for (auto o : {base_options(Topology::colocated, 0, 0, 2), base_options(Topology::pd, 2, 2)}) {
+    auto p = make_pipeline(m, o);
+    check_identical(ref, run_all(*p, requests), topology_name(o.topology));
+  }
+}
+
+TEST_CASE("pipeline failure: a decode actor killed mid-generation; its sequences finish elsewhere, identical") {
+  const Model& m = model(small_dense());
+  const auto requests = long_requests(m, 40, 7000);
+  const auto ref = mono_reference(m, requests);
+  for (auto o : {base_options(Topology::pd, 2, 3), base_options(Topology::colocated, 0, 0, 3)}) {
+    const std::string topology = topology_name(o.topology);
+    CAPTURE(topology);
+    auto p = make_pipeline(m, o);
+    Collector col;
+    for (const auto& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
+    REQUIRE(col.wait_tokens(requests.size() * 4, std::chrono::seconds(60)));
+    REQUIRE(p->kill_decode_actor(0).ok());
+    CHECK(p->kill_decode_actor(0).code() == Code::not_found);
+    REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(120)));
+    std::vector<Completion> got;
+    {
+      std::lock_guard<std::mutex> lock(col.mu);
+      for (const auto& r : requests) got.push_back(col.done.at(r.request_id));
+    }
+    check_identical(ref, got, "after a kill");
+    auto stats = p->stats();
+    const msg::Stats* router = find_stats(stats, "router");
+    REQUIRE(router);
+    CHECK(router->get("stage_downs") == 1);
+    CHECK(router->get("replacements") > 0);
+    CHECK(router->get("failures") == 0);
+    const std::string kind = o.topology == Topology::pd ? "decode" : "colocated";
+    CHECK(p->alive(kind) == 2);
+    // The survivors restored KV from the store instead of recomputing it all.
+    CHECK(sum_counter(stats, kind, "kv_blocks_got") > 0);
+    CHECK(sum_counter(stats, kind, "imported_tokens") > 0);
+    MESSAGE(topology_name(o.topology) << ": replacements " << router->get("replacements")
+                                      << ", imported " << sum_counter(stats, kind, "imported_tokens")
+                                      << ", recomputed " << sum_counter(stats, kind, "recomputed_tokens"));
+  }
+}
+
+TEST_CASE("pipeline failure: with no decode actor left every request fails unavailable within 1 s") {
+  const Model& m = model(small_dense());
+  const auto requests = long_requests(m, 30, 9000);
+  auto p = make_pipeline(m, base_options(Topology::pd, 2, 2));
+  Collector col;
+  for (const auto& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
+  REQUIRE(col.wait_tokens(requests.size() * 2, std::chrono::seconds(60)));
+  REQUIRE(p->kill_decode_actor(0).ok());
+  REQUIRE(p->kill_decode_actor(1).ok());
+  const auto killed = Clock::now();
+  // New requests right after: refused, or admitted and failed, as unavailable.
+  auto late = long_requests(m, 5, 9500);
+  size_t refused = 0;
+  for (const auto& r : late) {
+    Status st = p->submit(r, col.callback(r.request_id));
+    if (!st.ok()) {
+      CHECK(st.code() == Code::unavailable);
+      ++refused;
+    }
+  }
+  REQUIRE(col.wait_done(requests.size() + late.size() - refused, std::chrono::seconds(5)));
+  double worst = 0;
+  size_t failed = 0;
+  {
+    std::lock_guard<std::mutex> lock(col.mu);
+    for (const auto& [id, c] : col.done) {
+      if (c.error.ok()) continue;  // finished before the kill
+      ++failed;
+      CHECK_MESSAGE(c.error.code() == Code::unavailable, c.error.to_string());
+      worst = std::max(worst, std::chrono::duration<double>(col.done_at[id] - killed).count());
+    }
+  }
+  CHECK(failed > 0);
+  CHECK(worst < 1.0);
+  MESSAGE("failed " << failed << " requests, the last " << worst * 1000 << " ms after the kill; "
+                    << refused << " of " << late.size() << " late ones refused at submit");
+  CHECK(p->alive("decode") == 0);
+  Status st = p->submit(late[0], [](const msg::StreamEvent&) {});
+  CHECK(st.code() == Code::unavailable);
+}
+
+TEST_CASE("pipeline backpressure: a full pipeline answers busy and the admitted requests complete") {
+  const Model& m = model(small_dense());
+  for (Topology t : {Topology::mono, Topology::colocated, Topology::pd}) {
+    const std::string topology = topology_name(t);
+    CAPTURE(topology);
+    PipelineOptions o = base_options(t);
+    o.max_pending = 4;
+    auto p = make_pipeline(m, o);
+    const auto requests = long_requests(m, 50, 11000);
+    Collector col;
+    size_t busy = 0, admitted = 0;
+    for (const auto& r : requests) {
+      Status st = p->submit(r, col.callback(r.request_id));
+      if (st.code() == Code::busy) {
+        ++busy;
+        continue;
+      }
+      REQUIRE_MESSAGE(st.ok(), st.to_string());
+      ++admitted;
+    }
+    CHECK(busy > 0);
+    CHECK(admitted >= 4);
+    REQUIRE(col.wait_done(admitted, std::chrono::seconds(60)));
+    {
+      std::lock_guard<std::mutex> lock(col.mu);
+      CHECK(col.done.size() == admitted);  // busy ones never got a callback
+      for (const auto& [id, c] : col.done) CHECK(c.error.ok());
+    }
+    auto stats = p->stats();
+    CHECK(sum_counter(stats, "", "rejected_busy") == busy);
+    // run() waits and retries on busy: everything completes.
+    auto some = mixed_requests(m, 12, 12000);
+    auto got = run_all(*p, some);
+    for (const auto& c : got) CHECK(c.error.ok());
+  }
+}
+
+TEST_CASE("pipeline stats: per-actor counters add up") {
+  const Model& m = model(small_dense());
+  auto requests = long_requests(m, 20, 13000);
+  for (size_t i = 0; i < requests.size(); ++i) requests[i].sampling.max_tokens = 2 + int(i % 5);
+  auto p = make_pipeline(m, base_options(Topology::pd, 2, 2));
+  auto got = run_all(*p, requests);
+  uint64_t tokens = 0;
+  for (const auto& c : got) {
+    REQUIRE(c.error.ok());
+    tokens += c.tokens.size();
+  }
+  auto stats = p->stats();
+  const msg::Stats* router = find_stats(stats, "router");
+  const msg::Stats* kv = find_stats(stats, "kv_store");
+  REQUIRE(router);
+  REQUIRE(kv);
+  CHECK(stats.size() == 6);  // router, kv_store, 2 prefill, 2 decode
+  CHECK(router->get("admitted") == 20);
+  CHECK(router->get("finished") == 20);
+  CHECK(router->get("handoffs") == 20);
+  CHECK(router->get("tokens") == tokens);
+  CHECK(router->get("queue_depth") == 0);
+  CHECK(sum_counter(stats, "prefill", "requests") == 20);
+  CHECK(sum_counter(stats, "prefill", "handoffs") == 20);
+  CHECK(sum_counter(stats, "prefill", "tokens") == 20);  // each the first token
+  CHECK(sum_counter(stats, "decode", "resumes") == 20);
+  CHECK(sum_counter(stats, "decode", "finished") == 20);
+  CHECK(sum_counter(stats, "decode", "tokens") == tokens - 20);
+  CHECK(sum_counter(stats, "", "queue_depth") == 0);
+  CHECK(sum_counter(stats, "", "failures") == 0);
+  // KV moved: the prefills' blocks went into the store and came out to the decoders.
+  CHECK(sum_counter(stats, "prefill", "kv_blocks_put") > 0);
+  CHECK(sum_counter(stats, "decode", "kv_blocks_got") > 0);
+  CHECK(kv->get("kv_blocks_stored") >= sum_counter(stats, "prefill", "kv_blocks_put"));
+  CHECK(kv->get("kv_blocks_served") == sum_counter(stats, "decode", "kv_blocks_got"));
+  // Both prefill actors and both decoders took work (placement by load).
+  for (const char* name : {"prefill/0", "prefill/1", "decode/0", "decode/1"}) {
+    const msg::Stats* s = find_stats(stats, name);
+    REQUIRE_MESSAGE(s, name);
+    CHECK_MESSAGE(s->get("requests") + s->get("resumes") > 0, name);
+  }
+}
+
+TEST_CASE("pipeline: a corrupt Cap'n Proto message gets a typed error and the actor survives") {
+  const Model& m = model(small_dense());
+  auto p = make_pipeline(m, base_options(Topology::pd, 1, 1));
+  GenerateRequest good;
+  good.prompt = {1, 450, 4799};
+  good.request_id = 1;
+  codec::Bytes valid = codec::encode(good);
+  codec::Bytes truncated(valid.begin(), valid.begin() + long(valid.size() / 2));
+  codec::Bytes garbage(64, '\x7f');
+  msg::StreamEvent other;  // a message of another kind
+  codec::Bytes wrong_kind = codec::encode(other);
+  for (const char* kind : {"prefill", "decode", "router", "kv_store"}) {
+    for (const codec::Bytes* bytes : {&truncated, &garbage, &wrong_kind}) {
+      CAPTURE(kind);
+      Status st = p->send_raw_for_test(kind, 0, *bytes);
+      CHECK_FALSE(st.ok());
+      CHECK_MESSAGE((st.code() == Code::corruption || st.code() == Code::invalid_argument),
+                    st.to_string());
+    }
+  }
+  CHECK(p->alive("prefill") == 1);
+  CHECK(p->alive("decode") == 1);
+  CHECK(p->alive("kv_store") == 1);
+  auto stats = p->stats();
+  CHECK(sum_counter(stats, "", "bad_messages") == 9);  // prefill, decode, router: 3 each
+  CHECK(find_stats(stats, "kv_store")->get("failures") == 3);
+  // Still serving, with the answer mono gives.
+  auto requests = mixed_requests(m, 10, 15000);
+  check_identical(mono_reference(m, requests), run_all(*p, requests), "after corrupt messages");
+}
