@@ -177,6 +177,8 @@ Status check_options(const PipelineOptions& o) {
   if (o.max_pending < 1)
     return Status(Code::invalid_argument, "max_pending must be at least 1, got " +
                                               std::to_string(o.max_pending));
+  Status st = validate_scheduler_options(o.scheduler);
+  if (!st.ok()) return st;
   if (!(o.request_timeout_s > 0))
     return Status(Code::invalid_argument, "request_timeout_s must be positive");
   if (o.actor_threads < 0)

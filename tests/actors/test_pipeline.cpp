@@ -254,6 +254,9 @@ TEST_CASE("pipeline: options and topology names are checked") {
   o = base_options(Topology::colocated);
   o.max_pending = 0;
   CHECK(Pipeline::create(m.file, m.tokenizer, o).status().code() == Code::invalid_argument);
+  o = base_options(Topology::mono);
+  o.scheduler.max_batch_tokens = 0;  // the scheduler would abort on it
+  CHECK(Pipeline::create(m.file, m.tokenizer, o).status().code() == Code::invalid_argument);
   // A bad request gets validate_request()'s error and no callback.
   auto p = make_pipeline(m, base_options(Topology::colocated));
   GenerateRequest bad;
