@@ -404,7 +404,7 @@ int main(int argc, char** argv) {
   CLI::App app{"cleave_storage_bench: KV tier moves, RocksDB tier and prefix lookup beside limits"};
   std::string out_json = "storage-bench.json";
   std::string dir;
-  bool quick = false;
+  bool quick = false, moves_only = false;
   size_t move_mib = 256, t2_mib = 128;
   int32_t prefix_blocks = 1 << 20;
   app.add_option("--json", out_json, "where to write the results");
@@ -412,6 +412,7 @@ int main(int argc, char** argv) {
   app.add_option("--move-mib", move_mib, "bytes moved per tier 0<->1 pass, MiB");
   app.add_option("--tier2-mib", t2_mib, "bytes written to tier 2 with sync=false, MiB");
   app.add_option("--prefix-blocks", prefix_blocks, "blocks indexed for prefix lookup");
+  app.add_flag("--moves-only", moves_only, "only the tier 0 <-> 1 moves (for repeated runs)");
   app.add_flag("--quick", quick, "a smaller run (64 MiB moves, 32 MiB tier 2, 256K blocks)");
   CLI11_PARSE(app, argc, argv);
   if (quick) {
@@ -434,6 +435,7 @@ int main(int argc, char** argv) {
   for (const KvLayout* l : {&big, &small})
     results["moves"].push_back(bench_moves(*l, move_mib << 20, reps));
   for (const KvLayout* l : {&big, &small}) {
+    if (moves_only) break;
     const size_t bb = l->block_bytes();
     results["tier2"].push_back(bench_tier2(*l, dir, std::max<size_t>(8, (t2_mib << 20) / bb), false));
     // sync=true: one fsync per block, so fewer blocks.
@@ -441,7 +443,7 @@ int main(int argc, char** argv) {
     results["tier2"].push_back(bench_tier2(*l, dir, n_sync, true));
   }
 
-  results["prefix"] = bench_prefix(prefix_blocks, quick ? 4000 : 20000);
+  if (!moves_only) results["prefix"] = bench_prefix(prefix_blocks, quick ? 4000 : 20000);
 
   // Diagnosis, last because it cannot be undone: the same moves with glibc
   // told to keep freed memory (no mmap per large block, no trimming), so a
@@ -472,6 +474,11 @@ int main(int argc, char** argv) {
               " reuse: rerun with glibc mmap threshold 32 MiB and trim threshold 1 GiB)\n",
               double(results["moves"][0]["store_get_moves_per_get"]));
 
+  if (moves_only) {
+    std::printf("\ntotal %.1f s; JSON: %s\n", double(results["seconds"]), out_json.c_str());
+    std::ofstream(out_json) << results.dump(2) << "\n";
+    return 0;
+  }
   std::printf("\nTier 2 (RocksDbTier, %s) vs raw sequential file I/O, same bytes, %s\n",
               std::string(results["tier2"][0]["compression"]).c_str(), dir.c_str());
   std::printf("%-8s %-5s %6s | %8s %8s %6s | %8s %8s %6s | %9s %9s\n", "block", "sync", "blocks",
