@@ -353,7 +353,7 @@ TEST_CASE("pipeline failure: a decode actor killed mid-generation; its sequences
     // The survivors restored KV from the store instead of recomputing it all.
     CHECK(sum_counter(stats, kind, "kv_blocks_got") > 0);
     CHECK(sum_counter(stats, kind, "imported_tokens") > 0);
-    MESSAGE(topology_name(o.topology) << ": replacements " << router->get("replacements")
+    MESSAGE(topology << ": replacements " << router->get("replacements")
                                       << ", imported " << sum_counter(stats, kind, "imported_tokens")
                                       << ", recomputed " << sum_counter(stats, kind, "recomputed_tokens"));
   }
