@@ -322,7 +322,7 @@ TEST_CASE("pipeline invariant: an MoE model is bit-identical across mono, coloca
   }
 }
 
-TEST_CASE("pipeline failure: a decode actor killed mid-generation; its sequences finish elsewhere, identical") {
+TEST_CASE("pipeline failure: a decode actor killed mid-generation, its sequences finish elsewhere identical") {
   const Model& m = model(small_dense());
   const auto requests = long_requests(m, 40, 7000);
   const auto ref = mono_reference(m, requests);
