@@ -9,8 +9,12 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <condition_variable>
+#include <map>
+#include <mutex>
 #include <thread>
 
+#include "actors/pipeline.h"
 #include "model/engine.h"
 #include "model/generate.h"
 #include "model/gguf.h"
@@ -56,22 +60,102 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 
 // ---- generate ----------------------------------------------------------
 struct GenerateArgs {
-  std::string model, prompt, prompt_ids, logits_path;
+  std::string model, prompt, prompt_ids, logits_path, topology = "mono";
   int32_t n_predict = 64, threads = 0, ctx = 0, ubatch = 512;
+  int32_t prefill_actors = 1, decode_actors = 1;
   SamplingParams sampling;
   bool json = false, ignore_eos = false, no_bos = false;
 };
 
+// The same request through an actor topology: text streams as token events
+// arrive; per-stage timings go to stderr (or into --json).
+int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
+                 std::shared_ptr<const Tokenizer> tok, Topology topology, const EngineOptions& eo,
+                 const GenerateRequest& req) {
+  PipelineOptions po;
+  po.topology = topology;
+  po.prefill_actors = a.prefill_actors;
+  po.decode_actors = a.decode_actors;
+  po.engine = eo;
+  auto pipeline = unwrap(Pipeline::create(file, tok, po));
+
+  if (!a.json && !a.prompt.empty()) {
+    std::fwrite(a.prompt.data(), 1, a.prompt.size(), stdout);
+    std::fflush(stdout);
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Completion c;
+  std::map<std::string, std::pair<int, double>> stages;  // origin -> (events, seconds)
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = pipeline->submit(req, [&](const msg::StreamEvent& e) {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!e.origin.empty()) {
+      auto& s = stages[e.origin];
+      s.first += e.kind == msg::StreamEvent::Kind::token;
+      s.second += e.stage_seconds;
+    }
+    if (e.kind == msg::StreamEvent::Kind::token) {
+      if (c.tokens.empty())
+        c.ttft_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      c.tokens.push_back(e.token);
+    }
+    c.text += e.text;
+    if (!a.json && !e.text.empty()) {
+      std::fwrite(e.text.data(), 1, e.text.size(), stdout);
+      std::fflush(stdout);
+    }
+    if (e.kind == msg::StreamEvent::Kind::finished) c.finish_reason = e.finish_reason;
+    if (e.kind == msg::StreamEvent::Kind::failed) c.error = e.error;
+    if (e.kind != msg::StreamEvent::Kind::token) {
+      done = true;
+      cv.notify_all();
+    }
+  });
+  if (!st.ok()) fail(st);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait(lock, [&] { return done; });
+  }
+  c.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!c.error.ok()) fail(c.error);
+  if (a.json) {
+    nlohmann::json j;
+    j["prompt_ids"] = req.prompt;
+    j["generated_ids"] = c.tokens;
+    j["text"] = c.text;
+    j["finish_reason"] = c.finish_reason;
+    j["topology"] = topology_name(topology);
+    j["timings"] = {{"ttft_seconds", c.ttft_seconds}, {"total_seconds", c.total_seconds}};
+    for (const auto& [origin, s] : stages)
+      j["stages"][origin] = {{"tokens", s.first}, {"seconds", s.second}};
+    std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  } else {
+    std::fprintf(stderr, "\n\n%s: %zu tokens | TTFT %.1f ms | total %.1f ms | %s\n",
+                 topology_name(topology), c.tokens.size(), c.ttft_seconds * 1e3,
+                 c.total_seconds * 1e3, c.finish_reason.c_str());
+    for (const auto& [origin, s] : stages)
+      std::fprintf(stderr, "  stage %-12s %4d tokens %9.1f ms\n", origin.c_str(), s.first,
+                   s.second * 1e3);
+  }
+  return 0;
+}
+
 int run_generate(const GenerateArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty())
     throw CLI::ValidationError("generate", "give exactly one of -p/--prompt and --prompt-ids");
+  const Topology topology = unwrap(parse_topology(a.topology));
+  if (topology != Topology::mono && !a.logits_path.empty())
+    throw CLI::ValidationError("--logits", "needs --topology mono (actor topologies return the final row only)");
   auto file = unwrap(GgufFile::open(a.model));
   EngineOptions eo;
   eo.threads = a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
   eo.context = a.ctx;
-  auto engine = unwrap(Engine::create(file, eo));
+  std::unique_ptr<Engine> engine;  // the actor topologies make their own
+  if (topology == Topology::mono) engine = unwrap(Engine::create(file, eo));
 
-  std::unique_ptr<Tokenizer> tok;
+  std::shared_ptr<const Tokenizer> tok;
   auto t = Tokenizer::from_gguf(*file);
   if (t.ok()) tok = std::move(*t);
   else if (!a.prompt.empty()) fail(t.status());
@@ -83,6 +167,8 @@ int run_generate(const GenerateArgs& a) {
   req.prefill_chunk = a.ubatch;
   req.ignore_eos = a.ignore_eos;
   req.keep_logits = !a.logits_path.empty();
+
+  if (topology != Topology::mono) return run_pipeline(a, file, std::move(tok), topology, eo, req);
 
   auto on_text = [&](const std::string& piece) {
     if (a.json) return;
@@ -210,6 +296,10 @@ int main(int argc, char** argv) {
   gen->add_option("-c,--ctx-size", g.ctx, "context size (0: the model's)")->check(CLI::Range(0, 1 << 24));
   gen->add_option("--ubatch-size", g.ubatch, "prompt tokens per prefill step")->check(CLI::Range(1, 1 << 20));
   gen->add_flag("--ignore-eos", g.ignore_eos, "keep generating after EOS");
+  gen->add_option("--topology", g.topology, "mono, colocated or pd (prefill and decode actors)")
+      ->check(CLI::IsMember({"mono", "colocated", "pd"}));
+  gen->add_option("--prefill-actors", g.prefill_actors, "prefill actors (pd)")->check(CLI::Range(1, 64));
+  gen->add_option("--decode-actors", g.decode_actors, "decode actors (pd)")->check(CLI::Range(1, 64));
   gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
   gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
   gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");
