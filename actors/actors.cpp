@@ -271,13 +271,19 @@ void run_step(stage_pointer self) {
   auto& s = self->state;
   s.step_queued = false;
   std::vector<SchedulerEvent> events;
+  const auto t0 = std::chrono::steady_clock::now();
   Status st = s.core->step(events);  // on an engine error the events fail every running request
   (void)st;
+  const double step_seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (SchedulerEvent& e : events) {
-    if (e.kind == SchedulerEvent::Kind::handoff)
+    if (e.kind == SchedulerEvent::Kind::handoff) {
       publish_handoff(self, std::move(e));
-    else
-      send_event(self, to_stream_event(e, s.core->name()));
+      continue;
+    }
+    msg::StreamEvent m = to_stream_event(e, s.core->name());
+    m.stage_seconds = step_seconds;
+    send_event(self, m);
   }
   if (s.persist) persist_new_blocks(self);
   kick(self);

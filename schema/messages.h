@@ -31,8 +31,8 @@ struct StreamEvent {
   std::string finish_reason;  // finished: "length", "stop", "context"
   std::vector<float> logits;  // finished: final logits row when keep_logits
   Status error;               // failed: code and message
-  // Which actor produced it and how long the stage took (for per-stage
-  // timings shown to users); informational.
+  // Which actor produced it and the wall time of the engine step that
+  // produced it (per-stage timings shown to users); informational.
   std::string origin;
   double stage_seconds = 0;
 };

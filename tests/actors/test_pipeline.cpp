@@ -18,6 +18,7 @@
 #include "actors/pipeline.h"
 #include "model/make_model.h"
 #include "schema/codec.h"
+#include "tests/same_bits.h"
 
 using namespace cleave;
 namespace fs = std::filesystem;
@@ -141,9 +142,7 @@ std::vector<Completion> run_all(Pipeline& p, const std::vector<GenerateRequest>&
   return std::move(r.value());
 }
 
-bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+using cleave::testing::same_bits;
 
 // Every completion equal to the reference, bit for bit.
 void check_identical(const std::vector<Completion>& ref, const std::vector<Completion>& got,

@@ -91,6 +91,39 @@ expect("timings on stderr", "decode:" in err and "tok/s" in err, err)
 rc_b, out_b, _ = run("generate", "-m", model, "-p", "Hello world", "-n", "8", "--seed", "3")
 expect("seeded sampling repeats", out_b == out, out_b)
 
+# Actor topologies give the mono run's tokens (seeded sampling too) and
+# per-stage timings.
+base = ["generate", "-m", model, "--prompt-ids", "1,15043,3186", "-n", "6", "--temp", "0.9",
+        "--seed", "11", "--ignore-eos", "--json", "-t", "1"]
+rc, out, err = run(*base)
+mono_ids = json.loads(out)["generated_ids"] if rc == 0 else None
+for topo in (["--topology", "colocated"], ["--topology", "pd"],
+             ["--topology", "pd", "--prefill-actors", "2", "--decode-actors", "3"]):
+    rc, out, err = run(*base, *topo)
+    try:
+        j = json.loads(out)
+    except ValueError:
+        j = {}
+    name = " ".join(topo)
+    expect(name + " gives the mono tokens", rc == 0 and j.get("generated_ids") == mono_ids,
+           f"{j.get('generated_ids')} vs {mono_ids}: {err}")
+    stages = j.get("stages", {})
+    expect(name + " reports stage timings",
+           sum(s["tokens"] for s in stages.values()) == 6 and all(s["seconds"] > 0 for s in stages.values()),
+           str(stages))
+    if topo[1] == "pd":
+        expect(name + ": first token from prefill, the rest from decode",
+               any(k.startswith("prefill") and v["tokens"] == 1 for k, v in stages.items()) and
+               sum(v["tokens"] for k, v in stages.items() if k.startswith("decode")) == 5, str(stages))
+rc, out, err = run("generate", "-m", model, "-p", "Hello world", "-n", "8", "--seed", "3",
+                   "--topology", "pd")
+expect("pd text mode streams and prints stage timings",
+       rc == 0 and out.startswith("Hello world") and "stage prefill" in err and "stage decode" in err,
+       out + err)
+expect_error("bad topology", ["generate", "-m", model, "-p", "x", "--topology", "ring"], 2, "ring")
+expect_error("--logits needs mono", ["generate", "-m", model, "-p", "x", "--topology", "pd", "--logits",
+                                     logits], 2, "mono")
+
 # inspect.
 rc, out, err = run("inspect", model)
 expect("inspect shows metadata and tensors",

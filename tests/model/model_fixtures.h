@@ -15,6 +15,7 @@
 #include "model/engine.h"
 #include "model/make_model.h"
 #include "model/tokenizer.h"
+#include "tests/same_bits.h"
 
 namespace cleave::fixtures {
 
@@ -82,8 +83,6 @@ inline std::vector<int32_t> prompt_of(int n, int salt) {
   return p;
 }
 
-inline bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * 4) == 0;
-}
+using cleave::testing::same_bits;
 
 }  // namespace cleave::fixtures

@@ -13,6 +13,7 @@
 
 #include "model/engine.h"
 #include "model/make_model.h"
+#include "tests/same_bits.h"
 
 using namespace cleave;
 namespace fs = std::filesystem;
@@ -90,9 +91,7 @@ Logits reference(Engine& fresh, const std::vector<int32_t>& toks) {
   return out;
 }
 
-bool same(const Logits& a, const Logits& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
-}
+bool same(const Logits& a, const Logits& b) { return cleave::testing::same_bits(a, b); }
 
 int32_t argmax(const Logits& l) { return int32_t(std::max_element(l.begin(), l.end()) - l.begin()); }
 

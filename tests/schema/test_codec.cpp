@@ -10,6 +10,7 @@
 
 #include "examples.h"
 #include "schema/codec.h"
+#include "tests/same_bits.h"
 
 using namespace cleave;
 using codec::Bytes;
@@ -49,8 +50,7 @@ void check_same(const msg::StreamEvent& a, const msg::StreamEvent& b) {
   CHECK(a.token == b.token);
   CHECK(a.text == b.text);
   CHECK(a.finish_reason == b.finish_reason);
-  REQUIRE(a.logits.size() == b.logits.size());
-  CHECK(std::memcmp(a.logits.data(), b.logits.data(), a.logits.size() * sizeof(float)) == 0);
+  CHECK(cleave::testing::same_bits(a.logits, b.logits));
   check_same(a.error, b.error);
   CHECK(a.origin == b.origin);
   CHECK(same_bits(a.stage_seconds, b.stage_seconds));
