@@ -817,6 +817,13 @@ class ActorPipeline final : public Pipeline {
       : options_(options), context_(context), n_vocab_(n_vocab) {
     if (options.actor_threads > 0)
       config_.set("scheduler.max-threads", size_t(options.actor_threads));
+    // Idle CAF workers poll (by default 100 busy polls, then 500 polls 50 us
+    // apart) before they sleep on a condition variable that a new job wakes
+    // at once. On a machine whose cores run the engines' threads, that
+    // polling steals the cores every parallel step waits on; poll briefly
+    // and sleep instead (no added latency: enqueue wakes the sleeper).
+    config_.set("work-stealing.aggressive-poll-attempts", size_t(10));
+    config_.set("work-stealing.moderate-poll-attempts", size_t(0));
     system_ = std::make_unique<caf::actor_system>(config_);
     sinks_ = std::make_shared<EventSinks>();
   }

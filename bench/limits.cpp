@@ -1,0 +1,120 @@
+#include "bench/limits.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdlib>
+#include <thread>
+#include <vector>
+
+namespace cleave::bench {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double now_s() { return std::chrono::duration<double>(Clock::now().time_since_epoch()).count(); }
+
+// Runs fn(thread_index) on `threads` threads started together.
+template <class Fn>
+void on_threads(int threads, Fn fn) {
+  std::vector<std::thread> ts;
+  for (int t = 1; t < threads; ++t) ts.emplace_back(fn, t);
+  fn(0);
+  for (auto& t : ts) t.join();
+}
+
+// STREAM-like read: sum 64-byte lines with AVX2 loads (every byte is read).
+__attribute__((target("avx2"))) uint64_t read_sum_avx2(const uint64_t* p, size_t n) {
+  __m256i a = _mm256_setzero_si256(), b = a, c = a, d = a;
+  for (size_t i = 0; i + 16 <= n; i += 16) {
+    a = _mm256_add_epi64(a, _mm256_load_si256((const __m256i*)(p + i)));
+    b = _mm256_add_epi64(b, _mm256_load_si256((const __m256i*)(p + i + 4)));
+    c = _mm256_add_epi64(c, _mm256_load_si256((const __m256i*)(p + i + 8)));
+    d = _mm256_add_epi64(d, _mm256_load_si256((const __m256i*)(p + i + 12)));
+  }
+  a = _mm256_add_epi64(_mm256_add_epi64(a, b), _mm256_add_epi64(c, d));
+  alignas(32) uint64_t out[4];
+  _mm256_store_si256((__m256i*)out, a);
+  return out[0] + out[1] + out[2] + out[3];
+}
+
+// Peak FP32 FMA throughput: 12 independent accumulators per thread, named
+// so they stay in registers (an array of vectors spills to the stack).
+#define CLEAVE_FMA12(FMA, x)                                                   \
+  x##0 = FMA(x##0, m, a); x##1 = FMA(x##1, m, a); x##2 = FMA(x##2, m, a);      \
+  x##3 = FMA(x##3, m, a); x##4 = FMA(x##4, m, a); x##5 = FMA(x##5, m, a);      \
+  x##6 = FMA(x##6, m, a); x##7 = FMA(x##7, m, a); x##8 = FMA(x##8, m, a);      \
+  x##9 = FMA(x##9, m, a); x##10 = FMA(x##10, m, a); x##11 = FMA(x##11, m, a)
+__attribute__((target("avx512f"))) double fma_loop_512(int64_t iters) {
+  const __m512 m = _mm512_set1_ps(0.999999f), a = _mm512_set1_ps(1e-7f);
+  // Distinct starting values: identical chains would be merged by the compiler.
+  __m512 c0 = _mm512_set1_ps(1.00f), c1 = _mm512_set1_ps(1.01f), c2 = _mm512_set1_ps(1.02f),
+         c3 = _mm512_set1_ps(1.03f), c4 = _mm512_set1_ps(1.04f), c5 = _mm512_set1_ps(1.05f),
+         c6 = _mm512_set1_ps(1.06f), c7 = _mm512_set1_ps(1.07f), c8 = _mm512_set1_ps(1.08f),
+         c9 = _mm512_set1_ps(1.09f), c10 = _mm512_set1_ps(1.10f), c11 = _mm512_set1_ps(1.11f);
+  for (int64_t i = 0; i < iters; ++i) {
+    CLEAVE_FMA12(_mm512_fmadd_ps, c);
+  }
+  __m512 s = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(c0, c1), _mm512_add_ps(c2, c3)),
+                           _mm512_add_ps(_mm512_add_ps(c4, c5), _mm512_add_ps(c6, c7)));
+  s = _mm512_add_ps(s, _mm512_add_ps(_mm512_add_ps(c8, c9), _mm512_add_ps(c10, c11)));
+  alignas(64) float o[16];
+  _mm512_store_ps(o, s);
+  return o[0];
+}
+__attribute__((target("avx2,fma"))) double fma_loop_256(int64_t iters) {
+  const __m256 m = _mm256_set1_ps(0.999999f), a = _mm256_set1_ps(1e-7f);
+  __m256 c0 = _mm256_set1_ps(1.00f), c1 = _mm256_set1_ps(1.01f), c2 = _mm256_set1_ps(1.02f),
+         c3 = _mm256_set1_ps(1.03f), c4 = _mm256_set1_ps(1.04f), c5 = _mm256_set1_ps(1.05f),
+         c6 = _mm256_set1_ps(1.06f), c7 = _mm256_set1_ps(1.07f), c8 = _mm256_set1_ps(1.08f),
+         c9 = _mm256_set1_ps(1.09f), c10 = _mm256_set1_ps(1.10f), c11 = _mm256_set1_ps(1.11f);
+  for (int64_t i = 0; i < iters; ++i) {
+    CLEAVE_FMA12(_mm256_fmadd_ps, c);
+  }
+  __m256 s = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(c0, c1), _mm256_add_ps(c2, c3)),
+                           _mm256_add_ps(_mm256_add_ps(c4, c5), _mm256_add_ps(c6, c7)));
+  s = _mm256_add_ps(s, _mm256_add_ps(_mm256_add_ps(c8, c9), _mm256_add_ps(c10, c11)));
+  alignas(32) float o[8];
+  _mm256_store_ps(o, s);
+  return o[0];
+}
+
+}  // namespace
+
+double read_bandwidth(size_t bytes, int threads, int reps) {
+  size_t n = bytes / 8;
+  auto* buf = static_cast<uint64_t*>(std::aligned_alloc(64, n * 8));
+  for (size_t i = 0; i < n; ++i) buf[i] = i;
+  std::atomic<uint64_t> sink{0};
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now_s();
+    on_threads(threads, [&](int t) {
+      size_t lo = n / threads * t, hi = t + 1 == threads ? n : n / threads * (t + 1);
+      sink += read_sum_avx2(buf + lo, hi - lo);
+    });
+    best = std::min(best, now_s() - t0);
+  }
+  std::free(buf);
+  return bytes / best / 1e9;
+}
+
+double fma_peak_gflops(Isa isa, int threads) {
+  const int64_t iters = 20'000'000;
+  const int lanes = isa == Isa::avx512 ? 16 : 8;
+  double best = 1e30;
+  std::atomic<double> sink{0};
+  for (int r = 0; r < 3; ++r) {
+    double t0 = now_s();
+    on_threads(threads, [&](int) {
+      double v = isa == Isa::avx512 ? fma_loop_512(iters) : fma_loop_256(iters);
+      sink = sink + v;
+    });
+    best = std::min(best, now_s() - t0);
+  }
+  return 2.0 * lanes * 12 * iters * threads / best / 1e9;
+}
+
+}  // namespace cleave::bench

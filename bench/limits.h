@@ -1,0 +1,17 @@
+// The machine's limits, measured in the run that reports a figure beside
+// them: memory read bandwidth (bounds decode) and FP32 FMA peak (bounds
+// prefill and large batches). Shared by the benchmarks.
+#pragma once
+
+#include <cstddef>
+
+#include "kernels/backend.h"
+
+namespace cleave::bench {
+
+// Best-of-`reps` read bandwidth in GB/s over `bytes` split across threads.
+double read_bandwidth(size_t bytes, int threads, int reps);
+// Best-of-3 FP32 FMA throughput in GFLOP/s with `isa`'s widest vectors.
+double fma_peak_gflops(Isa isa, int threads);
+
+}  // namespace cleave::bench
