@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs, builds, makes the default demo model (deterministic weights with
-# the Llama-2 vocabulary) and streams a generation from it.
+# the Llama-2 vocabulary), streams a generation from it in one engine, then
+# the same request through prefill and decode actors (same text).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh build
@@ -11,3 +12,6 @@ if [ ! -f "$MODEL" ]; then
 fi
 build/apps/cleave inspect "$MODEL" | sed -n 1,2p
 build/apps/cleave generate -m "$MODEL" -p "Once upon a time" -n 48 --temp 0.8 --seed 42
+echo
+echo "== the same request, disaggregated: prefill actor -> KV store actor -> decode actor"
+build/apps/cleave generate -m "$MODEL" -p "Once upon a time" -n 48 --temp 0.8 --seed 42 --topology pd
