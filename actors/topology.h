@@ -1,0 +1,93 @@
+// Topology scripts: a Lua 5.4 file says which nodes make up the cluster and
+// which actors each one hosts. The script runs in a sandbox (base minus
+// file/bytecode loading, string without pattern matching, table, math, utf8;
+// text chunks only; instruction, memory and time limits) and every problem
+// comes back as a Status naming the script line. CAF-free: `cleave topology`
+// and the tests use it without an actor system. The Lua API is documented in
+// examples/README.md.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "common/status.h"
+
+namespace cleave {
+
+// The kinds of actor a node can host. attention, expert and stage arrive with
+// later issues; the loader accepts them already.
+inline constexpr std::array<const char*, 8> kActorKinds = {
+    "prefill", "decode", "colocated", "kv_store", "vision_encoder", "attention", "expert", "stage"};
+inline constexpr std::array<const char*, 3> kRouterPolicies = {"least_loaded_prefix", "least_loaded",
+                                                               "round_robin"};
+bool is_actor_kind(std::string_view kind);
+
+struct ActorGroupSpec {
+  std::string kind;
+  int32_t count = 1;
+  int32_t line = 0;
+};
+
+struct NodeSpec {
+  std::string name;             // unique, [A-Za-z0-9_-]{1,64}
+  std::string host = "127.0.0.1";
+  int32_t port = 0;             // 0: ephemeral (the head prints the bound port)
+  int32_t threads = 0;          // 0: default
+  std::string device = "cpu";   // "cpu" or "cuda:N"
+  bool head = false;            // hosts the router; exactly one node is the head
+  std::vector<ActorGroupSpec> actors;  // in kActorKinds order, one group per kind
+  uint64_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;  // per kv_store; 0 = default
+  std::string kv_dir;           // RocksDB dir of that node's kv_store ("" = none)
+  int32_t line = 0;             // script line that declared it (for errors)
+
+  int32_t count(const std::string& kind) const;
+};
+
+struct ClusterSpec {
+  std::vector<NodeSpec> nodes;  // in declaration order
+  std::string router_policy = "least_loaded_prefix";
+  int32_t max_pending = 1024;
+  double request_timeout_s = 300;
+  double heartbeat_interval_s = 0.1, connection_timeout_s = 0.5;  // middleman supervision
+  // Nodes read the cluster secret from secret_file when it is set, else from
+  // the environment variable secret_env.
+  std::string secret_env = "CLEAVE_CLUSTER_SECRET", secret_file;
+
+  const NodeSpec* find(const std::string& name) const;
+  const NodeSpec& head() const;  // a loaded spec always has exactly one
+  int32_t count(const std::string& kind) const;  // over all nodes
+};
+
+struct TopologyLimits {
+  uint64_t max_instructions = 10'000'000;
+  size_t max_memory_bytes = 16 << 20;
+  // Wall clock, for time spent inside library calls that the instruction
+  // count does not see (e.g. string.rep of big strings in a loop).
+  double max_seconds = 5.0;
+};
+
+// args: the `--set key=value` pairs, visible to the script as the table
+// `args` (strings) and through param(name, default), which converts to the
+// default's type. Lets tests pass real ports, e.g. args.head_port.
+// Errors: invalid_argument for anything wrong with the script (the message
+// starts with "FILE:LINE:" where there is a line), not_found / io_error for
+// the file.
+Result<ClusterSpec> load_topology_file(const std::string& path,
+                                       const std::map<std::string, std::string>& args = {},
+                                       const TopologyLimits& limits = {});
+Result<ClusterSpec> load_topology_string(const std::string& script, const std::string& chunkname,
+                                         const std::map<std::string, std::string>& args = {},
+                                         const TopologyLimits& limits = {});
+
+// A human table: node, host:port, role, threads, device, actors, kv tiers;
+// the cluster settings above it and the actor totals below.
+std::string placement_table(const ClusterSpec& spec);
+// "3 nodes, 5 actors (prefill 1, decode 2, kv_store 2), head 'head' at 127.0.0.1:0"
+std::string topology_summary(const ClusterSpec& spec);
+
+}  // namespace cleave

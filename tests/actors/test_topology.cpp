@@ -1,0 +1,455 @@
+// Topology scripts: valid scripts give the exact ClusterSpec (args, loops,
+// functions), bad ones a typed error naming the line and the problem, the
+// sandbox keeps io/os/require/bytecode out and stops endless loops and memory
+// bombs, and every example in examples/ loads.
+#include <doctest/doctest.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
+
+#include "actors/topology.h"
+
+using namespace cleave;
+namespace fs = std::filesystem;
+
+namespace {
+
+using Args = std::map<std::string, std::string>;
+
+ClusterSpec load_ok(const std::string& script, const Args& args = {}) {
+  auto r = load_topology_string(script, "topo.lua", args);
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  return std::move(r.value());
+}
+
+Status load_bad(const std::string& script, const Args& args = {},
+                const TopologyLimits& limits = {}) {
+  auto r = load_topology_string(script, "topo.lua", args, limits);
+  REQUIRE_MESSAGE(!r.ok(), "the script loaded:\n", script);
+  return r.status();
+}
+
+// The error is invalid_argument, starts with "topo.lua:LINE:" and names the
+// problem.
+void expect_error(const std::string& script, int line, const std::string& needle) {
+  INFO("script:\n", script);
+  Status st = load_bad(script);
+  INFO("error: ", st.to_string());
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().rfind("topo.lua:" + std::to_string(line) + ": ", 0) == 0);
+  CHECK(st.message().find(needle) != std::string::npos);
+  CHECK(st.message().find('\n') == std::string::npos);
+}
+
+// A head with a colocated actor, so that the script under test only adds
+// what it is about.
+const std::string kHead = "node { name = 'head', head = true, actors = { colocated = 1 } }\n";
+
+const std::string kExamples = std::string(CLEAVE_SOURCE_DIR) + "/examples";
+
+}  // namespace
+
+TEST_CASE("a P/D script gives the exact spec with ports from args") {
+  const std::string script = R"(cluster { router = "round_robin", max_pending = 512, request_timeout_s = 30,
+            heartbeat_interval_s = 0.05, connection_timeout_s = 0.25, secret_file = "/etc/cleave/secret" }
+node { name = "head", head = true, port = tonumber(args.head_port or "0"),
+       actors = { prefill = 1, kv_store = 1 },
+       kv = { tier0 = 64 * MiB, tier1 = 2 * GiB, dir = "/tmp/kv" } }
+node { name = "d-1", host = "10.0.0.2", port = param("d_port", 0), threads = 8,
+       device = "cuda:1", actors = { decode = 3 } }
+)";
+  ClusterSpec c = load_ok(script, {{"head_port", "7100"}, {"d_port", "7101"}});
+  CHECK(c.router_policy == "round_robin");
+  CHECK(c.max_pending == 512);
+  CHECK(c.request_timeout_s == 30);
+  CHECK(c.heartbeat_interval_s == 0.05);
+  CHECK(c.connection_timeout_s == 0.25);
+  CHECK(c.secret_file == "/etc/cleave/secret");
+  REQUIRE(c.nodes.size() == 2);
+
+  const NodeSpec& h = c.nodes[0];
+  CHECK(h.name == "head");
+  CHECK(h.head);
+  CHECK(h.host == "127.0.0.1");
+  CHECK(h.port == 7100);
+  CHECK(h.threads == 0);
+  CHECK(h.device == "cpu");
+  CHECK(h.line == 3);
+  REQUIRE(h.actors.size() == 2);
+  CHECK(h.actors[0].kind == "prefill");  // kActorKinds order, not the table's
+  CHECK(h.actors[0].count == 1);
+  CHECK(h.actors[1].kind == "kv_store");
+  CHECK(h.actors[1].line == 3);
+  CHECK(h.kv_tier0_bytes == (uint64_t(64) << 20));
+  CHECK(h.kv_tier1_bytes == (uint64_t(2) << 30));
+  CHECK(h.kv_dir == "/tmp/kv");
+
+  const NodeSpec& d = c.nodes[1];
+  CHECK(d.name == "d-1");
+  CHECK_FALSE(d.head);
+  CHECK(d.host == "10.0.0.2");
+  CHECK(d.port == 7101);
+  CHECK(d.threads == 8);
+  CHECK(d.device == "cuda:1");
+  CHECK(d.line == 6);
+  CHECK(d.count("decode") == 3);
+  CHECK(d.kv_tier0_bytes == 0);
+  CHECK(d.kv_dir.empty());
+
+  CHECK(&c.head() == &c.nodes[0]);
+  CHECK(c.find("d-1") == &c.nodes[1]);
+  CHECK(c.find("d1") == nullptr);
+  CHECK(c.count("decode") == 3);
+  CHECK(c.count("prefill") == 1);
+  CHECK(c.count("expert") == 0);
+}
+
+TEST_CASE("fields left out take their defaults") {
+  ClusterSpec c = load_ok("node { name = 'solo', head = true, actors = { colocated = 1 } }");
+  ClusterSpec defaults;
+  CHECK(c.router_policy == defaults.router_policy);
+  CHECK(c.max_pending == defaults.max_pending);
+  CHECK(c.request_timeout_s == defaults.request_timeout_s);
+  CHECK(c.heartbeat_interval_s == defaults.heartbeat_interval_s);
+  CHECK(c.connection_timeout_s == defaults.connection_timeout_s);
+  CHECK(c.secret_env == "CLEAVE_CLUSTER_SECRET");
+  CHECK(c.secret_file.empty());
+  REQUIRE(c.nodes.size() == 1);
+  CHECK(c.nodes[0].host == "127.0.0.1");
+  CHECK(c.nodes[0].port == 0);
+  CHECK(c.nodes[0].device == "cpu");
+  CHECK(c.nodes[0].line == 1);
+}
+
+TEST_CASE("loops and functions produce nodes") {
+  const std::string script = R"(local base = param("base_port", 0)
+local function decoder(i, n)
+  node { name = "d" .. i, port = base + 1 + i, actors = { decode = n } }
+end
+node { name = "p", head = true, port = base, actors = { prefill = 2, kv_store = 1 } }
+for i = 0, 3 do decoder(i, i % 2 + 1) end
+)";
+  ClusterSpec c = load_ok(script, {{"base_port", "9000"}});
+  REQUIRE(c.nodes.size() == 5);
+  for (int i = 0; i < 4; ++i) {
+    const NodeSpec& d = c.nodes[size_t(i) + 1];
+    CHECK(d.name == "d" + std::to_string(i));
+    CHECK(d.port == 9001 + i);
+    CHECK(d.count("decode") == i % 2 + 1);
+    CHECK(d.line == 3);  // the node{} call inside decoder()
+  }
+  CHECK(c.nodes[0].port == 9000);
+  CHECK(c.count("decode") == 6);
+  CHECK(c.count("prefill") == 2);
+}
+
+TEST_CASE("experts placed round-robin over nodes by a loop") {
+  const std::string script = R"(local hosts = { "e0", "e1", "e2" }
+local experts = {}
+for e = 0, 7 do
+  local h = hosts[e % #hosts + 1]
+  experts[h] = (experts[h] or 0) + 1
+end
+node { name = "head", head = true, actors = { attention = 1 } }
+for _, h in ipairs(hosts) do node { name = h, actors = { expert = experts[h] } } end
+)";
+  ClusterSpec c = load_ok(script);
+  REQUIRE(c.nodes.size() == 4);
+  CHECK(c.nodes[1].count("expert") == 3);
+  CHECK(c.nodes[2].count("expert") == 3);
+  CHECK(c.nodes[3].count("expert") == 2);
+  CHECK(c.count("expert") == 8);
+  CHECK(c.count("attention") == 1);
+}
+
+TEST_CASE("param converts --set values to the type of its default") {
+  const std::string script = R"(
+local n = param("n", 1)
+local flag = param("flag", false)
+local label = param("label", "x")
+assert(math.type(n) == "integer" and n == 3, "n")
+assert(flag == true, "flag")
+assert(label == "hello", "label")
+assert(param("unset", 42) == 42 and param("unset") == nil, "defaults")
+assert(args.n == "3", "args holds strings")
+node { name = label, head = true, threads = n, actors = { colocated = 1 } }
+)";
+  ClusterSpec c = load_ok(script, {{"n", "3"}, {"flag", "true"}, {"label", "hello"}});
+  CHECK(c.nodes[0].name == "hello");
+  CHECK(c.nodes[0].threads == 3);
+
+  Status st = load_bad("local p = param('port', 0)\n" + kHead, {{"port", "http"}});
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().rfind("topo.lua:1: ", 0) == 0);
+  CHECK(st.message().find("--set port=http is not a number") != std::string::npos);
+  st = load_bad("local p = param('on', true)\n" + kHead, {{"on", "maybe"}});
+  CHECK(st.message().find("--set on=maybe is not a boolean") != std::string::npos);
+}
+
+TEST_CASE("unknown names give the line and the known ones") {
+  expect_error(kHead + "node { name = 'd', actors = { decoder = 1 } }", 2,
+               "unknown actor kind 'decoder' (did you mean 'decode'? expected one of prefill, decode");
+  expect_error(kHead + "node { name = 'd', actors = { gpu_thing = 1 } }", 2,
+               "unknown actor kind 'gpu_thing' (expected one of prefill, decode, colocated");
+  expect_error(kHead + "\nnode { name = 'd', prot = 7000, actors = { decode = 1 } }", 3,
+               "node{}: unknown field 'prot' (did you mean 'port'?");
+  expect_error(kHead + "cluster { routr = 'round_robin' }", 2,
+               "cluster{}: unknown field 'routr' (did you mean 'router'?");
+  expect_error(kHead + "cluster { router = 'fastest' }", 2, "unknown router policy 'fastest'");
+  expect_error("node { name = 'h', head = true, actors = { kv_store = 1, colocated = 1 },\n"
+               "       kv = { teir0 = 1 } }",
+               1, "kv{}: unknown field 'teir0' (did you mean 'tier0'?");
+  expect_error(kHead + "node { name = 'd', actors = { 'decode' } }", 2,
+               "actors must map a kind to a count");
+}
+
+TEST_CASE("zero or negative counts and capacities are refused") {
+  expect_error(kHead + "node { name = 'd', actors = { decode = 0 } }", 2,
+               "actor count for 'decode' must be >= 1, got 0");
+  expect_error(kHead + "node { name = 'd', actors = { decode = -2 } }", 2,
+               "actor count for 'decode' must be >= 1, got -2");
+  expect_error(kHead + "node { name = 'd', actors = { decode = 1.5 } }", 2,
+               "actor count for 'decode' must be a whole number");
+  expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1 }, kv = { tier0 = 0 } }", 2,
+               "zero capacity: kv.tier0 must be > 0 bytes, got 0");
+  expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1 }, kv = { tier1 = -1 } }", 2,
+               "zero capacity: kv.tier1");
+  expect_error(kHead + "node { name = 'kv', actors = { kv_store = 2 } }", 2,
+               "at most one kv_store per node (got 2)");
+  expect_error(kHead + "node { name = 'kv', actors = { decode = 1 }, kv = { tier0 = MiB } }", 2,
+               "kv{} is set but the node has no kv_store actor");
+}
+
+TEST_CASE("bad values and wrong types name the field") {
+  expect_error(kHead + "node { name = 'd', device = 'gpu0', actors = { decode = 1 } }", 2,
+               "node 'd': bad device 'gpu0' (expected \"cpu\" or \"cuda:N\")");
+  expect_error(kHead + "node { name = 'd', device = 'cuda:', actors = { decode = 1 } }", 2,
+               "bad device 'cuda:'");
+  expect_error(kHead + "node { name = 'd e', actors = { decode = 1 } }", 2, "bad name 'd e'");
+  expect_error(kHead + "node { actors = { decode = 1 } }", 2, "node{} needs a name");
+  expect_error(kHead + "node { name = 'd', port = '7000', actors = { decode = 1 } }", 2,
+               "node 'd': field 'port' must be an integer, got string");
+  expect_error(kHead + "node { name = 'd', port = 70000, actors = { decode = 1 } }", 2,
+               "port 70000 is out of range 0..65535");
+  expect_error(kHead + "node { name = 'd', head = 'yes' }", 2,
+               "field 'head' must be a boolean, got string");
+  expect_error(kHead + "node { name = 'd', actors = 'decode' }", 2,
+               "field 'actors' must be a table");
+  expect_error(kHead + "node 'd'", 2, "node{} takes one table");
+  expect_error(kHead + "cluster { max_pending = 0 }", 2, "max_pending 0 is out of range");
+  expect_error(kHead + "cluster { heartbeat_interval_s = 1, connection_timeout_s = 0.5 }", 2,
+               "connection_timeout_s (0.5) must exceed heartbeat_interval_s (1.0)");
+  expect_error(kHead + "cluster { secret_env = 'A', secret_file = '/s' }", 2,
+               "set secret_env or secret_file, not both");
+  expect_error(kHead + "cluster {}\ncluster {}", 3, "cluster{} called twice (first at line 2)");
+}
+
+TEST_CASE("cluster-wide mistakes name the line of the node at fault") {
+  expect_error(kHead + "node { name = 'd', actors = { decode = 1 } }\n"
+                       "node { name = 'd', actors = { decode = 1 } }",
+               3, "duplicate node name 'd' (first declared at line 2)");
+  expect_error(kHead + "node { name = 'a', port = 7000, actors = { decode = 1 } }\n"
+                       "node { name = 'b', port = 7000, actors = { decode = 1 } }",
+               3, "duplicate address 127.0.0.1:7000: node 'b' and node 'a' (line 2)");
+  // The same port on two hosts, and port 0 twice, are fine.
+  load_ok(kHead + "node { name = 'a', port = 7000, actors = { decode = 1 } }\n"
+                  "node { name = 'b', host = '10.0.0.3', port = 7000, actors = { decode = 1 } }\n"
+                  "node { name = 'c', actors = { decode = 1 } }");
+  expect_error("\nnode { name = 'a', actors = { colocated = 1 } }\nnode { name = 'b' }", 2,
+               "no head node: mark exactly one node head = true");
+  expect_error(kHead + "node { name = 'h2', head = true }", 2,
+               "two head nodes: 'h2' and 'head' (line 1)");
+  load_ok("node { name = 'h', head = true, actors = { prefill = 1 } }\n"
+          "node { name = 'd', actors = { decode = 1 } }");
+  expect_error("node { name = 'h', head = true, actors = { kv_store = 1 } }\n"
+               "node { name = 'd', actors = { decode = 2 } }",
+               2, "decode actors but no prefill or colocated actor in the cluster (P/D needs both)");
+  expect_error("node { name = 'h', head = true, actors = { prefill = 1 } }", 1,
+               "prefill actors but no decode or colocated actor");
+  expect_error("node { name = 'h', head = true, actors = { kv_store = 1 } }", 1,
+               "no actor serves requests");
+}
+
+TEST_CASE("a script with no node is refused") {
+  Status st = load_bad("-- nothing here\nlocal x = 1\n");
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().rfind("topo.lua: no node declared", 0) == 0);
+}
+
+TEST_CASE("runtime and syntax errors keep the script line") {
+  expect_error(kHead + "local t = nil\nlocal x = t.field", 3, "attempt to index a nil value");
+  expect_error(kHead + "node { name = 'd', actors = { decode = 1 }", 2, "expected");
+  expect_error(kHead + "error('custom failure')", 2, "custom failure");
+  expect_error(kHead + "error('no position', 0)", 2, "no position");
+  expect_error(kHead + "\n\nerror({})", 4, "error object of type table");
+  // A multi-line message stays on one line.
+  expect_error(kHead + "error('a\\nb')", 2, "a b");
+}
+
+TEST_CASE("the sandbox has no io os require dofile or bytecode") {
+  expect_error(kHead + "local f = io.open('/etc/passwd')", 2, "global 'io'");
+  expect_error(kHead + "os.execute('touch /tmp/cleave-pwned')", 2, "global 'os'");
+  expect_error(kHead + "local m = require('os')", 2, "global 'require'");
+  expect_error(kHead + "dofile('/etc/passwd')", 2, "global 'dofile'");
+  expect_error(kHead + "loadfile('/etc/passwd')", 2, "global 'loadfile'");
+  expect_error(kHead + "local d = debug.getinfo(1)", 2, "global 'debug'");
+  expect_error(kHead + "local s = string.dump(function() end)", 2, "field 'dump'");
+  // A bytecode string (what string.dump would give) is refused by load,
+  // asked for binary mode outright or not.
+  expect_error(kHead + "assert(load('\\27Lua\\84\\0 junk'))", 2, "attempt to load a binary chunk");
+  expect_error(kHead + "load('\\27Lua', 'x', 'b')", 2, "only text chunks are allowed");
+  expect_error(kHead + "load('\\27Lua', 'x', 'bt')", 2, "only text chunks are allowed");
+  // Text chunks still load, with or without an environment.
+  load_ok(kHead + "assert(load('return 1 + 1')() == 2)\n"
+                  "assert(load('return x', 'c', 't', { x = 5 })() == 5)");
+  // Pattern matching can backtrack for hours in one C call: not there.
+  expect_error(kHead + "local a = ('x'):rep(30):find('.-.-.-y')", 2, "method 'find'");
+  expect_error(kHead + "local s = string.gsub('a', 'a', 'b')", 2, "field 'gsub'");
+}
+
+TEST_CASE("an endless loop stops at the instruction limit") {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = load_bad(kHead + "local i = 0\nwhile true do i = i + 1 end");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("instruction limit reached after ", s, " s");
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().rfind("topo.lua:3: instruction limit of 10000000 instructions exceeded", 0) == 0);
+}
+
+TEST_CASE("pcall cannot catch the sandbox limits") {
+  Status st = load_bad(kHead + "while true do\n  pcall(function() while true do end end)\nend");
+  CHECK(st.message().find("instruction limit") != std::string::npos);
+  st = load_bad(kHead + "local ok = pcall(function() local s = 'x' while true do s = s .. s end end)"
+                        "\nnode { name = 'after' }");
+  CHECK(st.message().find("memory limit") != std::string::npos);
+  // Ordinary errors are still catchable.
+  ClusterSpec c = load_ok(kHead + "local ok, e = pcall(error, 'boom')\nassert(not ok and e == 'boom')");
+  CHECK(c.nodes.size() == 1);
+}
+
+TEST_CASE("a memory bomb stops at the memory limit") {
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = load_bad(kHead + "local s = 'x'\nwhile true do\n  s = s .. s\nend");
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  MESSAGE("memory limit reached after ", s, " s");
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().rfind("topo.lua:4: memory limit of 16 MiB exceeded", 0) == 0);
+
+  st = load_bad(kHead + "local t = {}\nfor i = 1, 1e9 do t[i] = i end");
+  CHECK(st.message().rfind("topo.lua:3: memory limit", 0) == 0);
+  st = load_bad(kHead + "local s = string.rep('x', 100 * MiB)");
+  CHECK(st.message().rfind("topo.lua:2: memory limit", 0) == 0);
+}
+
+TEST_CASE("time spent in library calls stops at the time limit") {
+  TopologyLimits limits;
+  limits.max_seconds = 0.2;
+  limits.max_instructions = uint64_t(1) << 40;
+  Status st = load_bad(kHead + "while true do\n  local s = string.rep('x', 4 * MiB)\nend", {}, limits);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("time limit of 0.2 s exceeded") != std::string::npos);
+}
+
+TEST_CASE("finalizers are refused") {
+  // Lua runs __gc with hooks off, out of the instruction limit's reach.
+  expect_error(kHead + "keep = setmetatable({}, { __gc = function() while true do end end })", 2,
+               "__gc metamethods are not allowed");
+  ClusterSpec c = load_ok(kHead + "local t = setmetatable({}, { __index = { x = 1 } })\nassert(t.x == 1)");
+  CHECK(c.nodes.size() == 1);
+}
+
+TEST_CASE("topology files: missing file directory and binary chunk") {
+  auto r = load_topology_file("/nonexistent/topo.lua");
+  CHECK(r.status().code() == Code::not_found);
+  CHECK(r.status().message().find("/nonexistent/topo.lua") != std::string::npos);
+  r = load_topology_file(kExamples);
+  CHECK(r.status().code() == Code::io_error);
+
+  fs::path dir = fs::temp_directory_path() / ("cleave-topo-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string path = (dir / "binary.lua").string();
+  {
+    std::ofstream out(path, std::ios::binary);
+    out << "\x1bLua\x54" << std::string(32, '\0');
+  }
+  r = load_topology_file(path);
+  CHECK(r.status().code() == Code::invalid_argument);
+  CHECK(r.status().message().find("attempt to load a binary chunk") != std::string::npos);
+  // A long path is named in full, not cut to Lua's 60 characters.
+  const std::string long_path = (dir / (std::string(80, 'a') + ".lua")).string();
+  {
+    std::ofstream out(long_path);
+    out << kHead << "node { name = 'x', actors = { decode = 0 } }\n";
+  }
+  r = load_topology_file(long_path);
+  CHECK(r.status().message().rfind(long_path + ":2: ", 0) == 0);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("placement_table lists every node and actor count") {
+  ClusterSpec c = load_ok(R"(cluster { router = "least_loaded" }
+node { name = "head", head = true, port = 7000, actors = { prefill = 1, kv_store = 1 },
+       kv = { tier0 = 64 * MiB, dir = "/var/kv" } }
+for i = 1, 3 do node { name = "dec" .. i, threads = i, device = "cuda:" .. (i - 1), actors = { decode = i } } end
+)");
+  const std::string t = placement_table(c);
+  MESSAGE(t);
+  for (const char* needle :
+       {"router least_loaded", "head", "127.0.0.1:7000", "prefill 1, kv_store 1", "64 MiB",
+        "default", "/var/kv", "dec1", "dec2", "dec3", "decode 1", "decode 2", "decode 3", "cuda:2",
+        "worker", "total: 4 nodes, 8 actors (prefill 1, decode 6, kv_store 1)"})
+    CHECK_MESSAGE(t.find(needle) != std::string::npos, needle);
+  CHECK(topology_summary(c) ==
+        "4 nodes, 8 actors (prefill 1, decode 6, kv_store 1), head 'head' at 127.0.0.1:7000, "
+        "router least_loaded");
+}
+
+TEST_CASE("the examples load") {
+  int seen = 0;
+  for (const auto& entry : fs::directory_iterator(kExamples)) {
+    if (entry.path().extension() != ".lua") continue;
+    ++seen;
+    auto r = load_topology_file(entry.path().string());
+    CHECK_MESSAGE(r.ok(), r.status().to_string());
+  }
+  CHECK(seen >= 4);
+
+  auto one = load_topology_file(kExamples + "/one_process.lua", {{"head_port", "7000"}});
+  REQUIRE(one.ok());
+  CHECK(one->nodes.size() == 1);
+  CHECK(one->nodes[0].port == 7000);
+  CHECK(one->count("colocated") == 1);
+  auto split = load_topology_file(kExamples + "/one_process.lua", {{"split", "true"}});
+  REQUIRE(split.ok());
+  CHECK(split->count("prefill") == 1);
+  CHECK(split->count("decode") == 1);
+
+  auto pd = load_topology_file(kExamples + "/pd_2nodes.lua",
+                               {{"prefill_port", "7000"}, {"decode_port", "7001"}});
+  REQUIRE(pd.ok());
+  REQUIRE(pd->nodes.size() == 2);
+  CHECK(pd->head().count("prefill") == 1);
+  CHECK(pd->head().count("kv_store") == 1);
+  CHECK(pd->head().port == 7000);
+  CHECK(pd->find("decode")->count("decode") == 1);
+  CHECK(pd->find("decode")->port == 7001);
+
+  auto p1d2 = load_topology_file(kExamples + "/p1_d2.lua");
+  REQUIRE(p1d2.ok());
+  CHECK(p1d2->nodes.size() == 3);
+  CHECK(p1d2->count("prefill") == 1);
+  CHECK(p1d2->count("decode") == 2);
+  CHECK(p1d2->find("d0")->count("decode") == 1);
+  CHECK(p1d2->find("d1")->count("decode") == 1);
+
+  auto epd = load_topology_file(kExamples + "/epd_3nodes.lua");
+  REQUIRE(epd.ok());
+  CHECK(epd->nodes.size() == 3);
+  const NodeSpec* enc = epd->find("encoder");
+  REQUIRE(enc != nullptr);
+  REQUIRE(enc->actors.size() == 1);
+  CHECK(enc->actors[0].kind == "vision_encoder");
+}
