@@ -2,6 +2,7 @@
 //   cleave generate -m MODEL.gguf -p "text" -n 64
 //   cleave inspect MODEL.gguf
 //   cleave make-model --out M.gguf --vocab VOCAB.gguf --dim 288 ...
+//   cleave topology check|show FILE [--set key=value]...
 // Exit codes: 0 ok, 1 run-time error, 2 usage error. Errors are one line.
 #include <CLI/CLI.hpp>
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include <thread>
 
 #include "actors/pipeline.h"
+#include "actors/topology.h"
 #include "model/engine.h"
 #include "model/generate.h"
 #include "model/gguf.h"
@@ -269,6 +271,43 @@ int run_make_model(MakeArgs a) {
   return 0;
 }
 
+// ---- topology -------------------------------------------------------------
+//   cleave topology check FILE [--set key=value]...   "ok: 3 nodes, ..." or one error line
+//   cleave topology show FILE [--set key=value]...    the placement table
+struct TopologyArgs {
+  std::string path;
+  std::vector<std::string> sets;
+  CLI::App *check = nullptr, *show = nullptr;
+};
+
+CLI::App* add_topology_command(CLI::App& app, TopologyArgs& t) {
+  auto* topo = app.add_subcommand("topology", "validate or show a Lua topology script");
+  topo->require_subcommand(1);
+  t.check = topo->add_subcommand("check", "validate a topology script");
+  t.show = topo->add_subcommand("show", "print the placement a topology script gives");
+  for (CLI::App* sub : {t.check, t.show}) {
+    sub->add_option("file", t.path, "topology script (.lua)")->required()->check(CLI::ExistingFile);
+    sub->add_option("--set", t.sets, "key=value for the script's args table (repeatable)");
+  }
+  return topo;
+}
+
+int run_topology(const TopologyArgs& t) {
+  std::map<std::string, std::string> args;
+  for (const std::string& kv : t.sets) {
+    size_t eq = kv.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw CLI::ValidationError("--set", "'" + kv + "' is not key=value");
+    args[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  ClusterSpec spec = unwrap(load_topology_file(t.path, args));
+  if (*t.show)
+    std::fputs(placement_table(spec).c_str(), stdout);
+  else
+    std::printf("ok: %s\n", topology_summary(spec).c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -327,6 +366,9 @@ int main(int argc, char** argv) {
   make->add_option("--name", mk.spec.name);
   make->add_flag("--tied", mk.spec.tied_output, "reuse token_embd as the output matrix");
 
+  TopologyArgs topo_args;
+  auto* topo = add_topology_command(app, topo_args);
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {
@@ -343,6 +385,7 @@ int main(int argc, char** argv) {
     if (*gen) return run_generate(g);
     if (*ins) return run_inspect(inspect_path);
     if (*make) return run_make_model(mk);
+    if (*topo) return run_topology(topo_args);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "cleave: usage error: %s\n", e.what());
     return 2;

@@ -130,5 +130,34 @@ expect("inspect shows metadata and tensors",
        rc == 0 and "llama.block_count" in out and "blk.1.ffn_down.weight" in out and "parameters:" in out,
        out[:400])
 
+# topology check / show: exit 0 with a summary or the table; a bad script
+# exits 1 with one line naming file:line and the problem.
+examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+for name in ("one_process.lua", "pd_2nodes.lua", "p1_d2.lua", "epd_3nodes.lua"):
+    rc, out, err = run("topology", "check", os.path.join(examples, name))
+    expect("topology check " + name, rc == 0 and out.startswith("ok: ") and "head" in out, out + err)
+rc, out, err = run("topology", "show", os.path.join(examples, "p1_d2.lua"), "--set", "p0_port=7000",
+                   "--set", "d1_port=7002")
+expect("topology show prints the placement",
+       rc == 0 and all(s in out for s in ("127.0.0.1:7000", "127.0.0.1:7002", "d0", "prefill 1",
+                                          "decode 1", "total: 3 nodes")), out + err)
+bad_topo = os.path.join(WORK, "bad_topo.lua")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1 } }\n"
+            "node { name = 'd', actors = { decoder = 1 } }\n")
+expect_error("topology: unknown actor kind", ["topology", "check", bad_topo], 1,
+             "bad_topo.lua:2:", "unknown actor kind 'decoder'")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1 } }\nwhile true do end\n")
+expect_error("topology: endless loop", ["topology", "show", bad_topo], 1, "bad_topo.lua:2:",
+             "instruction limit")
+expect_error("topology: missing file", ["topology", "check", os.path.join(WORK, "nope.lua")], 2,
+             "nope.lua")
+expect_error("topology: --set without =", ["topology", "check", bad_topo, "--set", "port"], 2,
+             "'port' is not key=value")
+expect_error("topology: --set value of the wrong type",
+             ["topology", "check", os.path.join(examples, "one_process.lua"), "--set", "head_port=x"],
+             1, "one_process.lua:", "--set head_port=x is not a number")
+
 print(f"cli: {len(failures)} failed")
 sys.exit(1 if failures else 0)
