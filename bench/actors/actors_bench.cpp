@@ -195,6 +195,9 @@ int main(int argc, char** argv) {
       col.topology = Topology::colocated;
       Trace t = run_load(f, tok, col, uniform_requests(streams, 16, steps, n_vocab, 2000));
       (streams == 1 ? tps1 : tps32) = double(t.tokens) / t.wall_seconds;
+      std::fprintf(stderr, "  %s %2d streams: wall %.1f ms, TTFT p50 %.2f ms, TPOT p50 %.3f ms\n",
+                   dtype_name(type), streams, t.wall_seconds * 1e3, percentile(t.ttft, 50) * 1e3,
+                   percentile(t.tpot, 50) * 1e3);
     }
     std::printf("%-6s %8.1f t/s %8.1f t/s %7.1fx %9.1fx\n", dtype_name(type), tps1, tps32,
                 tps32 / tps1, ceiling);
