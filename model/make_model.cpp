@@ -236,4 +236,96 @@ Status write_test_model(const ModelSpec& spec, const std::string& vocab_path,
   return w.write(out_path);
 }
 
+Status validate_clip_spec(const ClipSpec& s) {
+  auto pos = [](const char* f, int32_t v) -> Status {
+    if (v <= 0 || v > 65536) return bad(f, std::to_string(v), "must be in [1, 65536]");
+    return Status::Ok();
+  };
+  CLEAVE_RETURN_IF_ERROR(pos("image_size", s.image_size));
+  CLEAVE_RETURN_IF_ERROR(pos("patch_size", s.patch_size));
+  CLEAVE_RETURN_IF_ERROR(pos("dim", s.dim));
+  CLEAVE_RETURN_IF_ERROR(pos("n_layers", s.n_layers));
+  CLEAVE_RETURN_IF_ERROR(pos("n_heads", s.n_heads));
+  CLEAVE_RETURN_IF_ERROR(pos("ffn", s.ffn));
+  CLEAVE_RETURN_IF_ERROR(pos("projection_dim", s.projection_dim));
+  if (s.mm_hidden < 0) return bad("mm_hidden", std::to_string(s.mm_hidden), "must be >= 0");
+  if (s.image_size % s.patch_size != 0)
+    return bad("image_size", std::to_string(s.image_size),
+               ("not a multiple of patch_size " + std::to_string(s.patch_size)).c_str());
+  if (s.dim % s.n_heads != 0)
+    return bad("dim", std::to_string(s.dim),
+               ("not a multiple of n_heads " + std::to_string(s.n_heads)).c_str());
+  if (s.feature_layer < -1 || s.feature_layer >= s.n_layers)
+    return bad("feature_layer", std::to_string(s.feature_layer), "must be -1 or a block index");
+  if (!(std::isfinite(s.eps) && s.eps > 0))
+    return bad("eps", std::to_string(s.eps), "must be positive and finite");
+  if (s.type != DType::F32 && s.type != DType::F16)
+    return bad("type", dtype_name(s.type), "must be F32 or F16");
+  const long double params = static_cast<long double>(s.dim) * (4.0L * s.dim + 2.0L * s.ffn) * s.n_layers +
+                             static_cast<long double>(s.image_size) * s.image_size * s.dim;
+  if (params > 1e10L) return bad("n_layers", std::to_string(s.n_layers), "model too large");
+  return Status::Ok();
+}
+
+Status write_test_clip_model(const ClipSpec& spec, const std::string& out_path) {
+  CLEAVE_RETURN_IF_ERROR(validate_clip_spec(spec));
+  GgufWriter w;
+  w.set_string("general.architecture", "clip");
+  w.set_string("general.name", spec.name);
+  w.set_u32("general.alignment", 32);
+  w.set_bool("clip.has_text_encoder", false);
+  w.set_bool("clip.has_vision_encoder", true);
+  w.set_bool("clip.has_llava_projector", true);
+  w.set_string("clip.projector_type", "mlp");
+  w.set_bool("clip.use_gelu", spec.use_gelu);
+  w.set_u32("clip.vision.image_size", static_cast<uint32_t>(spec.image_size));
+  w.set_u32("clip.vision.patch_size", static_cast<uint32_t>(spec.patch_size));
+  w.set_u32("clip.vision.embedding_length", static_cast<uint32_t>(spec.dim));
+  w.set_u32("clip.vision.feed_forward_length", static_cast<uint32_t>(spec.ffn));
+  w.set_u32("clip.vision.block_count", static_cast<uint32_t>(spec.n_layers));
+  w.set_u32("clip.vision.attention.head_count", static_cast<uint32_t>(spec.n_heads));
+  w.set_f32("clip.vision.attention.layer_norm_epsilon", spec.eps);
+  w.set_u32("clip.vision.projection_dim", static_cast<uint32_t>(spec.projection_dim));
+  w.set_f32_array("clip.vision.image_mean", {spec.image_mean[0], spec.image_mean[1], spec.image_mean[2]});
+  w.set_f32_array("clip.vision.image_std", {spec.image_std[0], spec.image_std[1], spec.image_std[2]});
+  if (spec.feature_layer >= 0)
+    w.set_i32("clip.vision.feature_layer", spec.feature_layer);
+
+  Gen g{spec.seed, w, {}};
+  const DType t = spec.type;
+  const int64_t dim = spec.dim, ffn = spec.ffn, p = spec.patch_size, proj = spec.projection_dim;
+  const int64_t hidden = spec.mm_hidden > 0 ? spec.mm_hidden : proj;
+  const int64_t side = spec.image_size / spec.patch_size;
+  const int64_t n_pos = side * side + (spec.class_embd ? 1 : 0);
+  auto fan = [](int64_t n) { return 1.0f / std::sqrt(static_cast<float>(n)); };
+  auto norm = [&](const std::string& name) -> Status {
+    CLEAVE_RETURN_IF_ERROR(g.add(name + ".weight", DType::F32, {dim}, 0.1f, 1.0f));
+    return g.add(name + ".bias", DType::F32, {dim}, 0.1f);
+  };
+  auto linear = [&](const std::string& name, int64_t in, int64_t out) -> Status {
+    CLEAVE_RETURN_IF_ERROR(g.add(name + ".weight", t, {in, out}, fan(in)));
+    return g.add(name + ".bias", DType::F32, {out}, 0.1f);
+  };
+  CLEAVE_RETURN_IF_ERROR(g.add("v.patch_embd.weight", t, {p, p, 3, dim}, fan(3 * p * p)));
+  if (spec.patch_bias) CLEAVE_RETURN_IF_ERROR(g.add("v.patch_embd.bias", DType::F32, {dim}, 0.1f));
+  if (spec.class_embd) CLEAVE_RETURN_IF_ERROR(g.add("v.class_embd", DType::F32, {dim}, 0.1f));
+  CLEAVE_RETURN_IF_ERROR(g.add("v.position_embd.weight", t, {dim, n_pos}, 0.5f));
+  if (spec.pre_ln) CLEAVE_RETURN_IF_ERROR(norm("v.pre_ln"));
+  for (int32_t l = 0; l < spec.n_layers; ++l) {
+    const std::string pre = "v.blk." + std::to_string(l) + ".";
+    CLEAVE_RETURN_IF_ERROR(norm(pre + "ln1"));
+    CLEAVE_RETURN_IF_ERROR(linear(pre + "attn_q", dim, dim));
+    CLEAVE_RETURN_IF_ERROR(linear(pre + "attn_k", dim, dim));
+    CLEAVE_RETURN_IF_ERROR(linear(pre + "attn_v", dim, dim));
+    CLEAVE_RETURN_IF_ERROR(linear(pre + "attn_out", dim, dim));
+    CLEAVE_RETURN_IF_ERROR(norm(pre + "ln2"));
+    CLEAVE_RETURN_IF_ERROR(linear(pre + "ffn_up", dim, ffn));
+    CLEAVE_RETURN_IF_ERROR(linear(pre + "ffn_down", ffn, dim));
+  }
+  if (spec.post_ln) CLEAVE_RETURN_IF_ERROR(norm("v.post_ln"));
+  CLEAVE_RETURN_IF_ERROR(linear("mm.0", dim, hidden));
+  CLEAVE_RETURN_IF_ERROR(linear("mm.2", hidden, proj));
+  return w.write(out_path);
+}
+
 }  // namespace cleave

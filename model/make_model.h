@@ -48,4 +48,30 @@ float test_weight_uniform(uint64_t seed, const std::string& tensor, uint64_t j);
 Status write_test_model(const ModelSpec& spec, const std::string& vocab_path,
                         const std::string& out_path);
 
+// A small CLIP vision encoder + MLP projector (llama.cpp mmproj layout, see
+// model/clip.h), weights by the formula above with:
+//   ln*/pre_ln/post_ln weights 1 + 0.1 u;  every bias and v.class_embd 0.1 u
+//   v.position_embd.weight 0.5 u;          matrices u / sqrt(fan-in)
+//   (v.patch_embd.weight's fan-in is 3 * patch_size^2)
+// Norms, biases and v.class_embd are F32; v.patch_embd, v.position_embd and
+// the matrices are stored in spec.type (F32 or F16).
+struct ClipSpec {
+  int32_t image_size = 32, patch_size = 8, dim = 64, n_layers = 2, n_heads = 4, ffn = 128;
+  int32_t projection_dim = 64;  // the language model's embedding size (mm.2 rows)
+  int32_t mm_hidden = 0;        // mm.0 rows; 0: projection_dim (as LLaVA)
+  int32_t feature_layer = -1;   // written as clip.vision.feature_layer when >= 0
+  bool use_gelu = true;
+  bool class_embd = true, pre_ln = true, post_ln = true, patch_bias = false;
+  float eps = 1e-5f;
+  float image_mean[3] = {0.48145466f, 0.4578275f, 0.40821073f};  // CLIP's
+  float image_std[3] = {0.26862954f, 0.26130258f, 0.27577711f};
+  DType type = DType::F32;
+  uint64_t seed = 1;
+  std::string name = "cleave-test-clip";
+};
+
+// invalid_argument naming the field and its value when the spec is unusable.
+Status validate_clip_spec(const ClipSpec& spec);
+Status write_test_clip_model(const ClipSpec& spec, const std::string& out_path);
+
 }  // namespace cleave

@@ -1,0 +1,387 @@
+#include "model/clip.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+
+namespace cleave {
+namespace {
+
+std::string shape_str(const int64_t* ne, size_t n) {
+  std::string s = "[";
+  for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(ne[i]);
+  return s + "]";
+}
+
+Status with_prefix(const Status& st) { return Status(st.code(), "clip: " + st.message()); }
+
+// Binds tensors by name, checking shape and type.
+class Binder {
+ public:
+  explicit Binder(const GgufFile& f) : f_(f) {}
+
+  bool has(const std::string& name) const { return f_.find_tensor(name) != nullptr; }
+
+  Result<const GgufTensorInfo*> find(const std::string& name, const std::vector<int64_t>& ne) {
+    const GgufTensorInfo* t = f_.find_tensor(name);
+    if (!t) return Status(Code::not_found, "clip: missing tensor '" + name + "'");
+    bool same = t->n_dims == ne.size();
+    for (size_t i = 0; same && i < ne.size(); ++i) same = t->ne[i] == ne[i];
+    if (!same)
+      return Status(Code::corruption, "clip: tensor '" + name + "' has shape " +
+                                          shape_str(t->ne, t->n_dims) + ", expected " +
+                                          shape_str(ne.data(), ne.size()));
+    return t;
+  }
+
+  // Small tensors (norms, biases, embeddings) are copied out as floats.
+  Result<std::vector<float>> floats(const std::string& name, const std::vector<int64_t>& ne) {
+    auto t = find(name, ne);
+    if (!t.ok()) return t.status();
+    const WeightView w = f_.view(**t);
+    std::vector<float> out(size_t(w.rows) * size_t(w.cols));
+    for (int64_t r = 0; r < w.rows; ++r)
+      dequantize_row(w.type, static_cast<const uint8_t*>(w.data) + size_t(r) * w.row_bytes, w.cols,
+                     out.data() + size_t(r) * size_t(w.cols));
+    return out;
+  }
+
+  Result<std::vector<float>> vector(const std::string& name, int64_t n) { return floats(name, {n}); }
+
+  Result<WeightView> matrix(const std::string& name, int64_t cols, int64_t rows) {
+    auto t = find(name, {cols, rows});
+    if (!t.ok()) return t.status();
+    return f_.view(**t);
+  }
+
+ private:
+  const GgufFile& f_;
+};
+
+Result<int32_t> get_dim(const GgufFile& f, const std::string& key) {
+  auto v = f.get_uint(key);
+  if (!v.ok()) return with_prefix(v.status());
+  if (*v == 0 || *v > (1u << 20))
+    return Status(Code::corruption, "clip: " + key + " = " + std::to_string(*v) + " is out of range");
+  return static_cast<int32_t>(*v);
+}
+
+Result<bool> get_flag(const GgufFile& f, const std::string& key, bool fallback) {
+  auto v = f.get_bool(key);
+  if (v.ok()) return *v;
+  if (v.status().code() == Code::not_found) return fallback;
+  return with_prefix(v.status());
+}
+
+Status get_rgb(const GgufFile& f, const std::string& key, float out[3], bool positive) {
+  auto v = f.get_float_array(key);
+  if (!v.ok()) return with_prefix(v.status());
+  if (v->size() != 3)
+    return Status(Code::corruption, "clip: " + key + " has " + std::to_string(v->size()) +
+                                        " values, expected 3 (R, G, B)");
+  for (int c = 0; c < 3; ++c) {
+    const float x = (*v)[size_t(c)];
+    if (!std::isfinite(x) || (positive && !(x > 0)))
+      return Status(Code::corruption, "clip: " + key + "[" + std::to_string(c) + "] = " +
+                                          std::to_string(x) + " is not " +
+                                          (positive ? "positive and finite" : "finite"));
+    out[c] = x;
+  }
+  return Status::Ok();
+}
+
+#define CLEAVE_ASSIGN(lhs, expr)      \
+  do {                                \
+    auto _r = (expr);                 \
+    if (!_r.ok()) return _r.status(); \
+    lhs = std::move(*_r);             \
+  } while (0)
+
+void add_bias(float* x, int64_t rows, const std::vector<float>& b) {
+  const size_t n = b.size();
+  for (int64_t r = 0; r < rows; ++r)
+    for (size_t i = 0; i < n; ++i) x[size_t(r) * n + i] += b[i];
+}
+
+void layer_norm(const float* x, int64_t rows, int64_t dim, const std::vector<float>& w,
+                const std::vector<float>& b, float eps, float* y) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * dim;
+    float* yr = y + r * dim;
+    double mean = 0;
+    for (int64_t i = 0; i < dim; ++i) mean += xr[i];
+    mean /= double(dim);
+    double var = 0;
+    for (int64_t i = 0; i < dim; ++i) var += (xr[i] - mean) * (xr[i] - mean);
+    var /= double(dim);
+    const double inv = 1.0 / std::sqrt(var + double(eps));
+    for (int64_t i = 0; i < dim; ++i) yr[i] = float((xr[i] - mean) * inv) * w[size_t(i)] + b[size_t(i)];
+  }
+}
+
+inline float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.79788456080286535588f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+}
+inline float gelu_quick(float x) { return x / (1.0f + std::exp(-1.702f * x)); }
+
+}  // namespace
+
+Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFile> file) {
+  if (!file) return Status(Code::invalid_argument, "clip: no model file");
+  const GgufFile& f = *file;
+  auto arch = f.get_string("general.architecture");
+  if (!arch.ok()) return with_prefix(arch.status());
+  if (*arch != "clip")
+    return Status(Code::unsupported, "clip: architecture '" + *arch + "' is not a clip vision encoder");
+  auto has_vision = f.get_bool("clip.has_vision_encoder");
+  if (!has_vision.ok()) return with_prefix(has_vision.status());
+  if (!*has_vision)
+    return Status(Code::unsupported, "clip: clip.has_vision_encoder is false (text encoders are not supported)");
+  auto proj_type = f.get_string("clip.projector_type");
+  if (proj_type.ok()) {
+    if (*proj_type != "mlp")
+      return Status(Code::unsupported, "clip: clip.projector_type '" + *proj_type +
+                                           "' is not supported (supported: mlp)");
+  } else if (proj_type.status().code() != Code::not_found) {
+    return with_prefix(proj_type.status());  // absent: llama.cpp's default, mlp
+  }
+
+  auto m = std::unique_ptr<ClipModel>(new ClipModel());
+  m->file_ = file;
+  ClipConfig& c = m->config_;
+  CLEAVE_ASSIGN(c.image_size, get_dim(f, "clip.vision.image_size"));
+  CLEAVE_ASSIGN(c.patch_size, get_dim(f, "clip.vision.patch_size"));
+  CLEAVE_ASSIGN(c.dim, get_dim(f, "clip.vision.embedding_length"));
+  CLEAVE_ASSIGN(c.ffn, get_dim(f, "clip.vision.feed_forward_length"));
+  CLEAVE_ASSIGN(c.n_layers, get_dim(f, "clip.vision.block_count"));
+  CLEAVE_ASSIGN(c.n_heads, get_dim(f, "clip.vision.attention.head_count"));
+  CLEAVE_ASSIGN(c.projection_dim, get_dim(f, "clip.vision.projection_dim"));
+  auto eps = f.get_float("clip.vision.attention.layer_norm_epsilon");
+  if (!eps.ok()) return with_prefix(eps.status());
+  if (!(std::isfinite(*eps) && *eps > 0 && *eps < 1))
+    return Status(Code::corruption, "clip: clip.vision.attention.layer_norm_epsilon = " +
+                                        std::to_string(*eps) + " is not in (0, 1)");
+  c.eps = float(*eps);
+  CLEAVE_RETURN_IF_ERROR(get_rgb(f, "clip.vision.image_mean", c.image_mean, false));
+  CLEAVE_RETURN_IF_ERROR(get_rgb(f, "clip.vision.image_std", c.image_std, true));
+  CLEAVE_ASSIGN(c.use_gelu, get_flag(f, "clip.use_gelu", false));
+
+  if (c.image_size % c.patch_size != 0)
+    return Status(Code::corruption, "clip: image_size " + std::to_string(c.image_size) +
+                                        " is not a multiple of patch_size " + std::to_string(c.patch_size));
+  if (c.image_size > 8192)
+    return Status(Code::corruption, "clip: image_size " + std::to_string(c.image_size) + " is over 8192");
+  if (c.dim % c.n_heads != 0)
+    return Status(Code::corruption, "clip: embedding_length " + std::to_string(c.dim) +
+                                        " is not a multiple of head_count " + std::to_string(c.n_heads));
+  c.head_dim = c.dim / c.n_heads;
+  const int32_t side = c.image_size / c.patch_size;
+  c.n_patches = side * side;
+
+  c.feature_layer = c.n_layers - 1;
+  if (const GgufKv* fl = f.find("clip.vision.feature_layer")) {
+    if (fl->value.type == GgufType::ARRAY)
+      return Status(Code::unsupported, "clip: clip.vision.feature_layer is an array (llama.cpp's hidden-state "
+                                       "list); a scalar block index is expected");
+    auto v = f.get_int("clip.vision.feature_layer");
+    if (!v.ok()) return with_prefix(v.status());
+    if (*v < 0 || *v >= c.n_layers)
+      return Status(Code::corruption, "clip: clip.vision.feature_layer = " + std::to_string(*v) +
+                                          " is not a block index in [0, " + std::to_string(c.n_layers) + ")");
+    c.feature_layer = int32_t(*v);
+  }
+
+  Binder b(f);
+  const int64_t dim = c.dim, p = c.patch_size;
+  {
+    auto t = b.find("v.patch_embd.weight", {p, p, 3, dim});
+    if (!t.ok()) return t.status();
+    // The conv kernel [out][in][ky][kx] read as a dim x (3 * p * p) matrix.
+    WeightView w = f.view(**t);
+    w.cols = 3 * p * p;
+    w.rows = dim;
+    w.row_bytes = dtype_row_bytes(w.type, w.cols);
+    m->patch_embd_ = w;
+  }
+  if (b.has("v.patch_embd.bias")) CLEAVE_ASSIGN(m->patch_b_, b.vector("v.patch_embd.bias", dim));
+  c.has_class_embd = b.has("v.class_embd");
+  if (c.has_class_embd) CLEAVE_ASSIGN(m->class_embd_, b.vector("v.class_embd", dim));
+  c.n_positions = c.n_patches + (c.has_class_embd ? 1 : 0);
+  CLEAVE_ASSIGN(m->position_embd_, b.floats("v.position_embd.weight", {dim, c.n_positions}));
+  c.has_pre_ln = b.has("v.pre_ln.weight") || b.has("v.pre_ln.bias");
+  if (c.has_pre_ln) {
+    CLEAVE_ASSIGN(m->pre_ln_w_, b.vector("v.pre_ln.weight", dim));
+    CLEAVE_ASSIGN(m->pre_ln_b_, b.vector("v.pre_ln.bias", dim));
+  }
+  const bool has_post_ln = b.has("v.post_ln.weight") || b.has("v.post_ln.bias");
+  if (has_post_ln) {
+    CLEAVE_ASSIGN(m->post_ln_w_, b.vector("v.post_ln.weight", dim));
+    CLEAVE_ASSIGN(m->post_ln_b_, b.vector("v.post_ln.bias", dim));
+  }
+  c.use_post_ln = has_post_ln && c.feature_layer == c.n_layers - 1;
+
+  // Legacy fc1/fc2 naming: ffn_down holding the dim -> ffn matrix.
+  if (const GgufTensorInfo* down = f.find_tensor("v.blk.0.ffn_down.weight"))
+    c.ffn_swapped = c.ffn != c.dim && down->n_dims == 2 && down->ne[0] == dim;
+  const std::string up_name = c.ffn_swapped ? "ffn_down" : "ffn_up";
+  const std::string down_name = c.ffn_swapped ? "ffn_up" : "ffn_down";
+
+  // Every block is checked; only those up to the feature layer are kept.
+  m->layers_.resize(size_t(c.feature_layer) + 1);
+  for (int32_t i = 0; i < c.n_layers; ++i) {
+    ClipLayer scratch;
+    ClipLayer& l = i <= c.feature_layer ? m->layers_[size_t(i)] : scratch;
+    const std::string pre = "v.blk." + std::to_string(i) + ".";
+    CLEAVE_ASSIGN(l.ln1_w, b.vector(pre + "ln1.weight", dim));
+    CLEAVE_ASSIGN(l.ln1_b, b.vector(pre + "ln1.bias", dim));
+    CLEAVE_ASSIGN(l.q, b.matrix(pre + "attn_q.weight", dim, dim));
+    CLEAVE_ASSIGN(l.q_b, b.vector(pre + "attn_q.bias", dim));
+    CLEAVE_ASSIGN(l.k, b.matrix(pre + "attn_k.weight", dim, dim));
+    CLEAVE_ASSIGN(l.k_b, b.vector(pre + "attn_k.bias", dim));
+    CLEAVE_ASSIGN(l.v, b.matrix(pre + "attn_v.weight", dim, dim));
+    CLEAVE_ASSIGN(l.v_b, b.vector(pre + "attn_v.bias", dim));
+    CLEAVE_ASSIGN(l.o, b.matrix(pre + "attn_out.weight", dim, dim));
+    CLEAVE_ASSIGN(l.o_b, b.vector(pre + "attn_out.bias", dim));
+    CLEAVE_ASSIGN(l.ln2_w, b.vector(pre + "ln2.weight", dim));
+    CLEAVE_ASSIGN(l.ln2_b, b.vector(pre + "ln2.bias", dim));
+    CLEAVE_ASSIGN(l.up, b.matrix(pre + up_name + ".weight", dim, c.ffn));
+    CLEAVE_ASSIGN(l.up_b, b.vector(pre + up_name + ".bias", c.ffn));
+    CLEAVE_ASSIGN(l.down, b.matrix(pre + down_name + ".weight", c.ffn, dim));
+    CLEAVE_ASSIGN(l.down_b, b.vector(pre + down_name + ".bias", dim));
+  }
+  c.weight_type = m->layers_[0].q.type;
+
+  const GgufTensorInfo* mm0 = f.find_tensor("mm.0.weight");
+  if (!mm0) return Status(Code::not_found, "clip: missing tensor 'mm.0.weight'");
+  if (mm0->n_dims != 2 || mm0->ne[1] < 1 || mm0->ne[1] > (1 << 20))
+    return Status(Code::corruption, "clip: tensor 'mm.0.weight' has shape " +
+                                        shape_str(mm0->ne, mm0->n_dims) + ", expected [" +
+                                        std::to_string(dim) + ", hidden]");
+  c.mm_hidden = int32_t(mm0->ne[1]);
+  CLEAVE_ASSIGN(m->mm0_, b.matrix("mm.0.weight", dim, c.mm_hidden));
+  CLEAVE_ASSIGN(m->mm0_b_, b.vector("mm.0.bias", c.mm_hidden));
+  CLEAVE_ASSIGN(m->mm2_, b.matrix("mm.2.weight", c.mm_hidden, c.projection_dim));
+  CLEAVE_ASSIGN(m->mm2_b_, b.vector("mm.2.bias", c.projection_dim));
+  return m;
+}
+
+Status ClipModel::encode(Backend& backend, const float* pixels, int64_t n, float* out) const {
+  const ClipConfig& c = config_;
+  if (n < 1 || n > (1 << 16) || pixels == nullptr || out == nullptr)
+    return Status(Code::invalid_argument, "clip: encode needs 1..65536 images and buffers (got " +
+                                              std::to_string(n) + ")");
+  auto check = [&](const WeightView& w, const char* what) -> Status {
+    if (!backend.supports(Op::matmul, w.type))
+      return Status(Code::unsupported, std::string("clip: backend ") + backend.caps().name +
+                                           " has no matmul for " + dtype_name(w.type) + " (" + what + ")");
+    return Status::Ok();
+  };
+  CLEAVE_RETURN_IF_ERROR(check(patch_embd_, "v.patch_embd.weight"));
+  CLEAVE_RETURN_IF_ERROR(check(mm0_, "mm.0.weight"));
+  CLEAVE_RETURN_IF_ERROR(check(mm2_, "mm.2.weight"));
+  for (const ClipLayer& l : layers_)
+    for (const WeightView* w : {&l.q, &l.k, &l.v, &l.o, &l.up, &l.down})
+      CLEAVE_RETURN_IF_ERROR(check(*w, "v.blk.*"));
+
+  const int64_t dim = c.dim, p = c.patch_size, side = c.image_size / c.patch_size;
+  const int64_t np = c.n_patches, T = c.n_positions, rows = n * T, pdim = 3 * p * p;
+  const int64_t S = c.image_size;
+  const int64_t first_patch = c.has_class_embd ? 1 : 0;
+
+  // Patch embedding: one row of 3 * p * p pixels per patch, (c, ky, kx) order.
+  std::vector<float> patches(size_t(n * np * pdim)), pe(size_t(n * np * dim));
+  for (int64_t img = 0; img < n; ++img) {
+    const float* px = pixels + img * 3 * S * S;
+    for (int64_t py = 0; py < side; ++py)
+      for (int64_t pxi = 0; pxi < side; ++pxi) {
+        float* dst = patches.data() + ((img * np) + py * side + pxi) * pdim;
+        for (int64_t ch = 0; ch < 3; ++ch)
+          for (int64_t ky = 0; ky < p; ++ky)
+            for (int64_t kx = 0; kx < p; ++kx)
+              *dst++ = px[(ch * S + py * p + ky) * S + pxi * p + kx];
+      }
+  }
+  backend.matmul(patch_embd_, patches.data(), n * np, pe.data());
+  if (!patch_b_.empty()) add_bias(pe.data(), n * np, patch_b_);
+
+  std::vector<float> x(size_t(rows * dim));
+  for (int64_t img = 0; img < n; ++img) {
+    float* xi = x.data() + img * T * dim;
+    if (c.has_class_embd) std::copy(class_embd_.begin(), class_embd_.end(), xi);
+    std::copy(pe.begin() + img * np * dim, pe.begin() + (img + 1) * np * dim, xi + first_patch * dim);
+    for (int64_t i = 0; i < T * dim; ++i) xi[i] += position_embd_[size_t(i)];
+  }
+  if (c.has_pre_ln) layer_norm(x.data(), rows, dim, pre_ln_w_, pre_ln_b_, c.eps, x.data());
+
+  std::vector<float> h(size_t(rows * dim)), q(h.size()), k(h.size()), v(h.size()), att(h.size()),
+      tmp(h.size()), ff(size_t(rows * c.ffn)), scores(static_cast<size_t>(T));
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  const int64_t hd = c.head_dim;
+  for (const ClipLayer& l : layers_) {
+    layer_norm(x.data(), rows, dim, l.ln1_w, l.ln1_b, c.eps, h.data());
+    backend.matmul(l.q, h.data(), rows, q.data());
+    backend.matmul(l.k, h.data(), rows, k.data());
+    backend.matmul(l.v, h.data(), rows, v.data());
+    add_bias(q.data(), rows, l.q_b);
+    add_bias(k.data(), rows, l.k_b);
+    add_bias(v.data(), rows, l.v_b);
+    // Full attention within each image, keys in order: independent of the batch.
+    for (int64_t img = 0; img < n; ++img) {
+      const int64_t base = img * T;
+      for (int64_t head = 0; head < c.n_heads; ++head)
+        for (int64_t i = 0; i < T; ++i) {
+          const float* qi = q.data() + (base + i) * dim + head * hd;
+          float mx = -INFINITY;
+          for (int64_t j = 0; j < T; ++j) {
+            const float* kj = k.data() + (base + j) * dim + head * hd;
+            float s = 0;
+            for (int64_t d = 0; d < hd; ++d) s += qi[d] * kj[d];
+            scores[size_t(j)] = s * scale;
+            mx = std::max(mx, scores[size_t(j)]);
+          }
+          float sum = 0;
+          for (int64_t j = 0; j < T; ++j) {
+            scores[size_t(j)] = std::exp(scores[size_t(j)] - mx);
+            sum += scores[size_t(j)];
+          }
+          float* oi = att.data() + (base + i) * dim + head * hd;
+          std::fill(oi, oi + hd, 0.0f);
+          for (int64_t j = 0; j < T; ++j) {
+            const float* vj = v.data() + (base + j) * dim + head * hd;
+            const float w = scores[size_t(j)] / sum;
+            for (int64_t d = 0; d < hd; ++d) oi[d] += w * vj[d];
+          }
+        }
+    }
+    backend.matmul(l.o, att.data(), rows, tmp.data());
+    add_bias(tmp.data(), rows, l.o_b);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+
+    layer_norm(x.data(), rows, dim, l.ln2_w, l.ln2_b, c.eps, h.data());
+    backend.matmul(l.up, h.data(), rows, ff.data());
+    add_bias(ff.data(), rows, l.up_b);
+    if (c.use_gelu)
+      for (float& e : ff) e = gelu_tanh(e);
+    else
+      for (float& e : ff) e = gelu_quick(e);
+    backend.matmul(l.down, ff.data(), rows, tmp.data());
+    add_bias(tmp.data(), rows, l.down_b);
+    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+  }
+  if (c.use_post_ln) layer_norm(x.data(), rows, dim, post_ln_w_, post_ln_b_, c.eps, x.data());
+
+  // Projector over the patch tokens (class token dropped).
+  std::vector<float> feats(size_t(n * np * dim)), hidden(size_t(n * np * c.mm_hidden));
+  for (int64_t img = 0; img < n; ++img)
+    std::copy(x.begin() + (img * T + first_patch) * dim, x.begin() + (img * T + T) * dim,
+              feats.begin() + img * np * dim);
+  backend.matmul(mm0_, feats.data(), n * np, hidden.data());
+  add_bias(hidden.data(), n * np, mm0_b_);
+  for (float& e : hidden) e = gelu_tanh(e);
+  backend.matmul(mm2_, hidden.data(), n * np, out);
+  add_bias(out, n * np, mm2_b_);
+  return Status::Ok();
+}
+
+}  // namespace cleave
