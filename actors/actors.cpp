@@ -12,18 +12,31 @@
 //   prefill --kv_put--> kv_store, then --handoff--> router --handoff--> decode
 //   decode --kv_get--> kv_store, resume; --kv_put--> newly filled blocks
 //
+// Nodes (actors/node.h, at the end of this file) spread the same actors over
+// processes: the head publishes a join actor through CAF's middleman, workers
+// join it and attach their stages to the head's router.
+//
 // Stage actors run detached (Engine::forward blocks) and drive their
 // scheduler with step messages to themselves, so every other message is
 // handled between two forward passes.
 #include <caf/all.hpp>
+#include <caf/io/all.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <iterator>
 #include <mutex>
+#include <thread>
 #include <unordered_map>
 #include <unordered_set>
 
 #include "actors/actor_pipeline.h"
+#include "actors/node.h"
 #include "actors/stage_core.h"
 #include "schema/codec.h"
 #include "storage/memory_tier.h"
@@ -993,6 +1006,475 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
   st = pipeline->start(std::move(cores), std::move(store.value()));
   if (!st.ok()) return st;
   return std::unique_ptr<Pipeline>(std::move(pipeline));
+}
+
+}  // namespace cleave
+
+// ---- nodes: the same actors spread over processes (actors/node.h) ----
+
+namespace cleave {
+
+bool secrets_equal(std::string_view a, std::string_view b) {
+  // Every byte of the longer string is looked at, whatever differs first.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+Result<std::optional<std::string>> read_cluster_secret(const ClusterSpec& spec) {
+  if (!spec.secret_file.empty()) {
+    std::ifstream f(spec.secret_file, std::ios::binary);
+    if (!f) return Status(Code::io_error, "cannot read the cluster secret file '" + spec.secret_file + "'");
+    std::string secret((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+    if (secret.empty())
+      return Status(Code::invalid_argument, "the cluster secret file '" + spec.secret_file + "' is empty");
+    return std::optional<std::string>(std::move(secret));
+  }
+  const char* env = spec.secret_env.empty() ? nullptr : std::getenv(spec.secret_env.c_str());
+  if (!env || !*env) return std::optional<std::string>();
+  return std::optional<std::string>(std::string(env));
+}
+
+namespace {
+
+using join_atom = caf::atom_constant<caf::atom("join")>;
+
+// What the head publishes. join: (secret, node name) -> the router and
+// kv_store handles, or an error naming why the node is refused. attach:
+// (secret, node name, kind, stage) -> the router's answer; the join actor
+// watches the stage so the head can say which node lost it.
+using join_actor = caf::typed_actor<
+    caf::replies_to<join_atom, std::string, std::string>::with<router_actor, kv_store_actor>,
+    caf::replies_to<attach_atom, std::string, std::string, std::string, stage_actor>::with<bool>>;
+
+constexpr auto kJoinTimeout = std::chrono::seconds(10);
+
+void log_line(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A name from the wire, safe to print.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (char c : s.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return out;
+}
+
+bool is_stage_kind(const std::string& kind) {
+  return kind == "prefill" || kind == "decode" || kind == "colocated";
+}
+
+struct JoinState {
+  std::optional<std::string> secret;
+  router_actor router;
+  kv_store_actor kv;
+  struct Watched {
+    caf::actor_addr addr;
+    std::string node, kind;
+  };
+  std::vector<Watched> watched;
+  static inline const char* name = "cleave.join";
+};
+using join_pointer = join_actor::stateful_pointer<JoinState>;
+
+join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> secret,
+                                  router_actor router, kv_store_actor kv) {
+  self->state.secret = std::move(secret);
+  self->state.router = router;
+  self->state.kv = kv;
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& w = self->state.watched;
+    for (auto it = w.begin(); it != w.end(); ++it) {
+      if (it->addr != dm.source) continue;
+      char when[32];
+      std::snprintf(when, sizeof when, "%.3f", epoch_seconds());
+      log_line("cleave node head: node " + it->node + " lost its " + it->kind + " stage (" +
+               caf::to_string(dm.reason) + ") at " + when);
+      w.erase(it);
+      return;
+    }
+  });
+  auto admitted = [=](const std::string& secret) {
+    return !self->state.secret || secrets_equal(*self->state.secret, secret);
+  };
+  return {
+      [=](join_atom, const std::string& secret,
+          const std::string& node) -> caf::result<router_actor, kv_store_actor> {
+        if (!admitted(secret)) {
+          log_line("refused node " + printable(node) + ": wrong cluster secret");
+          return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        }
+        log_line("cleave node head: node " + printable(node) + " joined");
+        return {self->state.router, self->state.kv};
+      },
+      [=](attach_atom, const std::string& secret, const std::string& node, const std::string& kind,
+          stage_actor stage) -> caf::result<bool> {
+        if (!admitted(secret)) {
+          log_line("refused node " + printable(node) + ": wrong cluster secret");
+          return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        }
+        if (!is_stage_kind(kind))
+          return to_error(Status(Code::invalid_argument, "cannot attach a '" + printable(kind) +
+                                                             "' actor: not a stage kind"));
+        self->monitor(stage);
+        self->state.watched.push_back({stage.address(), printable(node), kind});
+        auto rp = self->make_response_promise<bool>();
+        self->request(self->state.router, kClientTimeout, attach_atom::value, kind, stage)
+            .then([=](bool ok) mutable { rp.deliver(ok); },
+                  [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+  };
+}
+
+// Middleman, heartbeats and the handle types that cross the wire: the same
+// on every node.
+void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, int32_t threads) {
+  config.load<caf::io::middleman>();
+  config.add_message_type<router_actor>("cleave.router_actor");
+  config.add_message_type<kv_store_actor>("cleave.kv_store_actor");
+  config.add_message_type<stage_actor>("cleave.stage_actor");
+  auto span = [](double s) {
+    return caf::timespan(std::chrono::nanoseconds(int64_t(s * 1e9)));
+  };
+  config.set("middleman.heartbeat-interval", span(spec.heartbeat_interval_s));
+  config.set("middleman.connection-timeout", span(spec.connection_timeout_s));
+  if (threads > 0) config.set("scheduler.max-threads", size_t(threads));
+  // As ActorPipeline: idle workers sleep instead of polling the engines' cores.
+  config.set("work-stealing.aggressive-poll-attempts", size_t(10));
+  config.set("work-stealing.moderate-poll-attempts", size_t(0));
+}
+
+// The stage cores a node hosts, in kActorKinds order; engines are built
+// before any actor so their errors come back first.
+Result<std::vector<std::pair<std::string, std::shared_ptr<StageCore>>>> make_node_cores(
+    const NodeOptions& o, const NodeSpec& node) {
+  std::vector<std::pair<std::string, std::shared_ptr<StageCore>>> cores;
+  EngineOptions eo = o.engine;
+  if (node.threads > 0) eo.threads = node.threads;
+  for (const ActorGroupSpec& g : node.actors) {
+    if (g.kind == "kv_store") {
+      if (!node.head)
+        log_line("cleave node " + node.name +
+                 ": kv_store on a worker is not implemented yet; the head's store serves the cluster");
+      continue;
+    }
+    if (!is_stage_kind(g.kind))
+      return Status(Code::unsupported, "node '" + node.name + "': actor kind '" + g.kind +
+                                           "' is not implemented yet (line " + std::to_string(g.line) + ")");
+    SchedulerOptions so = o.scheduler;
+    so.prefill_only = g.kind == "prefill";
+    for (int32_t i = 0; i < g.count; ++i) {
+      auto core = StageCore::create(o.file, o.tokenizer, eo, so,
+                                    node.name + "/" + g.kind + "/" + std::to_string(i));
+      if (!core.ok()) return core.status();
+      cores.emplace_back(g.kind, std::shared_ptr<StageCore>(std::move(core.value())));
+    }
+  }
+  return cores;
+}
+
+// With the middleman loaded, CAF 0.17's ~actor_system sometimes waits forever
+// for a detached actor that is never destroyed (seen on heads, workers and
+// refused workers alike, after their connections closed). By then the
+// scheduler and the middleman have stopped; give the teardown two seconds and
+// leave what remains to process exit rather than hang.
+void destroy_system(std::unique_ptr<caf::actor_system> system) {
+  auto done = std::make_shared<std::promise<void>>();
+  auto finished = done->get_future();
+  std::thread teardown([s = system.release(), done] {
+    delete s;
+    done->set_value();
+  });
+  if (finished.wait_for(std::chrono::seconds(2)) == std::future_status::ready) {
+    teardown.join();
+    return;
+  }
+  teardown.detach();  // silently: a refused node's one error line stays the only one
+}
+
+class HeadNode final : public Node {
+ public:
+  explicit HeadNode(const NodeOptions& o, const NodeSpec& me) : options_(o), me_(me) {
+    configure_node(config_, o.spec, 0);
+    system_ = std::make_unique<caf::actor_system>(config_);
+    sinks_ = std::make_shared<EventSinks>();
+  }
+
+  ~HeadNode() override {
+    {
+      caf::scoped_actor self{*system_};
+      self->request(router_, kClientTimeout, shutdown_atom::value)
+          .receive([](bool) {}, [](caf::error&) {});
+      if (port_ > 0) system_->middleman().unpublish(join_, port_);
+      self->send_exit(join_, caf::exit_reason::user_shutdown);
+      for (auto& st : stages_) self->send_exit(st, caf::exit_reason::user_shutdown);
+      self->send_exit(router_, caf::exit_reason::user_shutdown);
+      self->send_exit(kv_, caf::exit_reason::user_shutdown);
+    }
+    stages_.clear();
+    join_ = join_actor{};
+    router_ = router_actor{};
+    kv_ = kv_store_actor{};
+    destroy_system(std::move(system_));
+  }
+
+  Status start() {
+    auto cores = make_node_cores(options_, me_);
+    if (!cores.ok()) return cores.status();
+    // The store's fingerprint and layout, and request validation, come from
+    // an engine: a local stage's, or one made for that when there is none.
+    std::unique_ptr<Engine> probe;
+    Engine* engine = nullptr;
+    if (!cores->empty()) {
+      engine = &cores->front().second->engine();
+    } else {
+      EngineOptions eo = options_.engine;
+      eo.max_seqs = 1;
+      auto e = Engine::create(options_.file, eo);
+      if (!e.ok()) return e.status();
+      probe = std::move(e.value());
+      engine = probe.get();
+    }
+    context_ = engine->context();
+    n_vocab_ = engine->config().n_vocab;
+    PipelineOptions po;
+    po.kv_tier0_bytes = size_t(me_.kv_tier0_bytes);
+    po.kv_tier1_bytes = size_t(me_.kv_tier1_bytes);
+    po.kv_dir = me_.kv_dir;
+    auto store = make_store(po, engine->model_fingerprint(), engine->kv_layout());
+    if (!store.ok()) return store.status();
+    probe.reset();
+
+    kv_ = system_->spawn<caf::detached>(kv_store_fn, std::move(store.value()));
+    RouterConfig rc;
+    rc.disaggregated = options_.spec.count("prefill") > 0;
+    rc.max_pending = options_.spec.max_pending;
+    rc.block_size = options_.engine.block_size;
+    rc.request_timeout_s = options_.spec.request_timeout_s;
+    router_ = system_->spawn(router_fn, rc, sinks_, kv_);
+    join_ = system_->spawn(join_fn, options_.secret, router_, kv_);
+    caf::scoped_actor self{*system_};
+    Status result;
+    for (auto& [kind, core] : cores.value()) {
+      auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, kind != "prefill");
+      stages_.push_back(handle);
+      self->request(join_, kClientTimeout, attach_atom::value, options_.secret.value_or(""), me_.name,
+                    kind, handle)
+          .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
+      if (!result.ok()) return result;
+    }
+    auto port = system_->middleman().publish(join_, uint16_t(me_.port), me_.host.c_str());
+    if (!port)
+      return Status(Code::unavailable, "cannot listen on " + me_.host + ":" +
+                                           std::to_string(me_.port) + ": " +
+                                           system_->render(port.error()));
+    port_ = *port;
+    return Status::Ok();
+  }
+
+  bool is_head() const override { return true; }
+  std::string address() const override { return me_.host + ":" + std::to_string(port_); }
+  bool lost_head() const override { return false; }
+
+  int32_t stages() override {
+    for (const msg::Stats& s : stats())
+      if (s.actor == "router")
+        return int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated"));
+    return 0;
+  }
+
+  Status submit(GenerateRequest request, EventCallback on_event) override {
+    Status st = validate_request(request, context_, n_vocab_);
+    if (!st.ok()) return st;
+    const uint64_t id = request.request_id;
+    if (!sinks_->add(id, std::move(on_event)))
+      return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
+    caf::scoped_actor self{*system_};
+    self->request(router_, kClientTimeout, submit_atom::value, codec::encode(request))
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok()) sinks_->remove(id);
+    return st;
+  }
+
+  std::vector<msg::Stats> stats() override {
+    std::vector<msg::Stats> out;
+    caf::scoped_actor self{*system_};
+    auto collect = [&](auto handle) {
+      self->request(handle, kClientTimeout, stats_atom::value)
+          .receive(
+              [&](const Bytes& b) {
+                auto s = codec::decode_as<msg::Stats>(b);
+                if (s.ok()) out.push_back(std::move(s.value()));
+              },
+              [](caf::error&) {});
+    };
+    collect(router_);
+    collect(kv_);
+    return out;
+  }
+
+ private:
+  NodeOptions options_;
+  NodeSpec me_;
+  caf::actor_system_config config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::shared_ptr<EventSinks> sinks_;
+  kv_store_actor kv_;
+  router_actor router_;
+  join_actor join_;
+  std::vector<stage_actor> stages_;
+  uint16_t port_ = 0;
+  int32_t context_ = 0, n_vocab_ = 0;
+};
+
+class WorkerNode final : public Node {
+ public:
+  WorkerNode(const NodeOptions& o, const NodeSpec& me, const NodeSpec& head)
+      : options_(o), me_(me), head_(head) {
+    configure_node(config_, o.spec, 0);
+    system_ = std::make_unique<caf::actor_system>(config_);
+    head_lost_ = std::make_shared<std::atomic<bool>>(false);
+  }
+
+  ~WorkerNode() override {
+    {
+      caf::scoped_actor self{*system_};
+      for (auto& st : stages_) self->send_exit(st, caf::exit_reason::user_shutdown);
+      if (watcher_) self->send_exit(watcher_, caf::exit_reason::user_shutdown);
+    }
+    stages_.clear();
+    watcher_ = caf::actor{};
+    join_ = join_actor{};
+    router_ = router_actor{};
+    kv_ = kv_store_actor{};
+    destroy_system(std::move(system_));
+  }
+
+  Status start() {
+    auto cores = make_node_cores(options_, me_);
+    if (!cores.ok()) return cores.status();
+    // Nodes start in any order: keep trying until the deadline.
+    const auto deadline =
+        Clock::now() + std::chrono::milliseconds(int64_t(options_.join_timeout_s * 1e3));
+    caf::error last;
+    for (;;) {
+      auto j = system_->middleman().remote_actor<join_actor>(head_.host, uint16_t(head_.port));
+      if (j) {
+        join_ = *j;
+        break;
+      }
+      last = j.error();
+      if (Clock::now() >= deadline)
+        return Status(Code::unavailable, "cannot reach the head '" + head_.name + "' at " + address() +
+                                             " within " + std::to_string(options_.join_timeout_s) +
+                                             " s: " + system_->render(last));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const std::string secret = options_.secret.value_or("");
+    caf::scoped_actor self{*system_};
+    Status st;
+    self->request(join_, kJoinTimeout, join_atom::value, secret, me_.name)
+        .receive(
+            [&](router_actor& r, kv_store_actor& k) {
+              router_ = std::move(r);
+              kv_ = std::move(k);
+            },
+            [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok())
+      return Status(st.code(), "the head at " + address() + " refused node " + me_.name + ": " + st.message());
+    watcher_ = system_->spawn([router = router_, lost = head_lost_](caf::event_based_actor* w) {
+      w->monitor(router);
+      w->set_down_handler([=](caf::down_msg&) {
+        lost->store(true);
+        w->quit();
+      });
+      return caf::behavior{[](int32_t) {}};
+    });
+    for (auto& [kind, core] : cores.value()) {
+      auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, kind != "prefill");
+      stages_.push_back(handle);
+      self->request(join_, kJoinTimeout, attach_atom::value, secret, me_.name, kind, handle)
+          .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+      if (!st.ok()) return Status(st.code(), "attaching " + kind + " to the head: " + st.message());
+    }
+    return Status::Ok();
+  }
+
+  bool is_head() const override { return false; }
+  std::string address() const override { return head_.host + ":" + std::to_string(head_.port); }
+  bool lost_head() const override { return head_lost_->load(); }
+  int32_t stages() override { return int32_t(stages_.size()); }
+
+  Status submit(GenerateRequest, EventCallback) override {
+    return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);
+  }
+
+  std::vector<msg::Stats> stats() override {
+    std::vector<msg::Stats> out;
+    caf::scoped_actor self{*system_};
+    for (auto& st : stages_)
+      self->request(st, kClientTimeout, stats_atom::value)
+          .receive(
+              [&](const Bytes& b) {
+                auto s = codec::decode_as<msg::Stats>(b);
+                if (s.ok()) out.push_back(std::move(s.value()));
+              },
+              [](caf::error&) {});
+    return out;
+  }
+
+ private:
+  NodeOptions options_;
+  NodeSpec me_, head_;
+  caf::actor_system_config config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::shared_ptr<std::atomic<bool>> head_lost_;
+  join_actor join_;
+  router_actor router_;
+  kv_store_actor kv_;
+  caf::actor watcher_;
+  std::vector<stage_actor> stages_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Node>> Node::start(const NodeOptions& options) {
+  if (!options.file) return Status(Code::invalid_argument, "node: no model file");
+  const NodeSpec* me = options.spec.find(options.name);
+  if (!me) {
+    std::string names;
+    for (const NodeSpec& n : options.spec.nodes) names += (names.empty() ? "" : ", ") + n.name;
+    return Status(Code::invalid_argument,
+                  "no node '" + options.name + "' in the topology (nodes: " + names + ")");
+  }
+  if (me->head) {
+    auto node = std::make_unique<HeadNode>(options, *me);
+    Status st = node->start();
+    if (!st.ok()) return st;
+    return std::unique_ptr<Node>(std::move(node));
+  }
+  const NodeSpec& head = options.spec.head();
+  if (head.port <= 0 || head.port > 65535)
+    return Status(Code::invalid_argument,
+                  "the head '" + head.name + "' has port " + std::to_string(head.port) +
+                      " in the topology: a worker needs its real port (e.g. --set " + head.name +
+                      "_port=N)");
+  auto node = std::make_unique<WorkerNode>(options, *me, head);
+  Status st = node->start();
+  if (!st.ok()) return st;
+  return std::unique_ptr<Node>(std::move(node));
 }
 
 }  // namespace cleave

@@ -26,6 +26,10 @@
 
 using namespace cleave;
 
+// apps/node_cmd.cpp: `cleave node`.
+CLI::App* add_node_command(CLI::App& app);
+int run_node_command();
+
 namespace {
 
 struct RunError {
@@ -368,6 +372,7 @@ int main(int argc, char** argv) {
 
   TopologyArgs topo_args;
   auto* topo = add_topology_command(app, topo_args);
+  auto* node = add_node_command(app);  // apps/node_cmd.cpp
 
   try {
     app.parse(argc, argv);
@@ -386,6 +391,7 @@ int main(int argc, char** argv) {
     if (*ins) return run_inspect(inspect_path);
     if (*make) return run_make_model(mk);
     if (*topo) return run_topology(topo_args);
+    if (*node) return run_node_command();
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "cleave: usage error: %s\n", e.what());
     return 2;

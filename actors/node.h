@@ -1,0 +1,77 @@
+// One process of a multi-node cluster (`cleave node`), behind a CAF-free
+// interface; the implementation lives in actors/actors.cpp with the actors.
+//
+//   head    spawns the router and the kv_store, hosts its own stage actors,
+//           and publishes a join actor on its host:port (CAF middleman).
+//   worker  connects to the head (retrying until a deadline: nodes start in
+//           any order), joins with the cluster secret, gets the router and
+//           kv_store handles back, spawns its stage actors with them and
+//           attaches each one through the join actor.
+//
+// The head monitors every attached stage (the router re-places the requests
+// of a stage that goes down); a worker watches the router and reports when
+// the head is gone. Every node sends middleman heartbeats, so a frozen peer
+// is dropped after the spec's connection timeout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "actors/pipeline.h"
+#include "actors/topology.h"
+
+namespace cleave {
+
+struct NodeOptions {
+  ClusterSpec spec;
+  std::string name;  // this node's name in spec
+  std::shared_ptr<const GgufFile> file;
+  std::shared_ptr<const Tokenizer> tokenizer;  // may be null
+  EngineOptions engine;        // per stage engine; threads from the NodeSpec when it sets them
+  SchedulerOptions scheduler;  // prefill_only is set for prefill stages
+  // The cluster secret: nullopt on the head = open cluster; a worker sends
+  // "" then.
+  std::optional<std::string> secret;
+  double join_timeout_s = 30;  // worker: keep trying to reach the head this long
+};
+
+class Node {
+ public:
+  // Head: publishes and returns once listening. Worker: returns once joined
+  // and every stage is attached. Errors: invalid_argument (unknown node, a
+  // worker without the head's real port), unsupported (an actor kind not
+  // implemented yet), unavailable (the head unreachable before the
+  // deadline, or the head refused the node: the message names its reason,
+  // "wrong cluster secret"), the engines' and the store's errors.
+  static Result<std::unique_ptr<Node>> start(const NodeOptions& options);
+  virtual ~Node() = default;
+
+  virtual bool is_head() const = 0;
+  // Head: the bound "HOST:PORT"; worker: the head's "HOST:PORT".
+  virtual std::string address() const = 0;
+  // Head: live stages attached to the router (local and remote).
+  // Worker: the stages it spawned.
+  virtual int32_t stages() = 0;
+  // Worker: the head went away (its router is down). Head: always false.
+  virtual bool lost_head() const = 0;
+  // Head only (unsupported on a worker): as Pipeline::submit.
+  virtual Status submit(GenerateRequest request, EventCallback on_event) = 0;
+  // Head: the router's and kv_store's counters; worker: its stages'.
+  virtual std::vector<msg::Stats> stats() = 0;
+};
+
+// The secret the spec names: secret_file's contents (trailing newlines
+// dropped) when set, else the environment variable secret_env; nullopt when
+// neither gives one. io_error for an unreadable file, invalid_argument for an
+// empty one.
+Result<std::optional<std::string>> read_cluster_secret(const ClusterSpec& spec);
+
+// Compares in time that depends only on the lengths, not on where the
+// strings differ.
+bool secrets_equal(std::string_view a, std::string_view b);
+
+}  // namespace cleave

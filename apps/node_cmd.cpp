@@ -1,0 +1,249 @@
+// cleave node --topology FILE --name NODE -m MODEL [--set k=v]...
+//              [--requests IN.jsonl --out OUT.jsonl --wait-stages N]
+// One process of a cluster (actors/node.h). The head prints
+// "cleave node head listening on HOST:PORT" once it accepts joins; a worker
+// prints "cleave node NAME joined HOST:PORT with N stages". Both run until
+// SIGINT/SIGTERM; a worker exits 1 when the head goes away. With --requests
+// the head waits for N attached stages, runs every request, writes one JSON
+// line per request (in input order) and exits 0.
+#include <CLI/CLI.hpp>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+#include <thread>
+
+#include "actors/node.h"
+#include "actors/topology.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+
+namespace cleave {
+namespace {
+
+struct NodeArgs {
+  std::string topology, name, model, requests, out;
+  std::vector<std::string> sets;
+  int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8;
+  double join_timeout_s = 30, wait_timeout_s = 60;
+};
+NodeArgs g_args;
+std::atomic<bool> g_stop{false};
+
+void on_signal(int) { g_stop.store(true); }
+
+[[noreturn]] void fail(const Status& st) { throw std::runtime_error(st.to_string()); }
+
+template <class T>
+T unwrap(Result<T> r) {
+  if (!r.ok()) fail(r.status());
+  return std::move(*r);
+}
+
+std::map<std::string, std::string> parse_sets(const std::vector<std::string>& sets) {
+  std::map<std::string, std::string> out;
+  for (const std::string& s : sets) {
+    const size_t eq = s.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw CLI::ValidationError("--set", "'" + s + "' is not key=value");
+    out[s.substr(0, eq)] = s.substr(eq + 1);
+  }
+  return out;
+}
+
+// One request per line: {"id": N, "prompt_ids": [...], "max_tokens": N,
+// "temperature": T, "seed": S, "top_k": K, "top_p": P, "min_p": M,
+// "ignore_eos": B, "prefill_chunk": C}; only id and prompt_ids are required.
+std::vector<GenerateRequest> read_requests(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) fail(Status(Code::io_error, "cannot read requests file '" + path + "'"));
+  std::vector<GenerateRequest> out;
+  std::string line;
+  int line_no = 0;
+  while (std::getline(f, line)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = path + ":" + std::to_string(line_no) + ": ";
+    try {
+      nlohmann::json j = nlohmann::json::parse(line);
+      if (!j.is_object() || !j.contains("id") || !j.contains("prompt_ids"))
+        fail(Status(Code::invalid_argument, where + "a request needs \"id\" and \"prompt_ids\""));
+      GenerateRequest r;
+      r.request_id = j.at("id").get<uint64_t>();
+      r.prompt = j.at("prompt_ids").get<std::vector<int32_t>>();
+      r.sampling.max_tokens = j.value("max_tokens", 16);
+      r.sampling.temperature = j.value("temperature", 0.0f);
+      r.sampling.seed = j.value("seed", uint64_t(0));
+      r.sampling.top_k = j.value("top_k", r.sampling.top_k);
+      r.sampling.top_p = j.value("top_p", r.sampling.top_p);
+      r.sampling.min_p = j.value("min_p", r.sampling.min_p);
+      r.ignore_eos = j.value("ignore_eos", false);
+      r.prefill_chunk = j.value("prefill_chunk", 512);
+      out.push_back(std::move(r));
+    } catch (const nlohmann::json::exception& e) {
+      fail(Status(Code::invalid_argument, where + e.what()));
+    }
+  }
+  if (out.empty()) fail(Status(Code::invalid_argument, "no requests in '" + path + "'"));
+  return out;
+}
+
+struct Outcome {
+  std::vector<int32_t> tokens;
+  std::string finish_reason;
+  Status error;
+  bool done = false;
+};
+
+int run_requests(Node& node, const NodeArgs& a) {
+  std::vector<GenerateRequest> requests = read_requests(a.requests);
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(a.wait_timeout_s * 1e3));
+  int32_t attached = 0;
+  while ((attached = node.stages()) < a.wait_stages) {
+    if (g_stop) fail(Status(Code::aborted, "stopped by a signal"));
+    if (std::chrono::steady_clock::now() >= deadline)
+      fail(Status(Code::timed_out, "only " + std::to_string(attached) + " of " +
+                                       std::to_string(a.wait_stages) + " stages attached after " +
+                                       std::to_string(a.wait_timeout_s) + " s"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, Outcome> outcomes;
+  size_t remaining = requests.size();
+  for (const GenerateRequest& r : requests)
+    if (!outcomes.emplace(r.request_id, Outcome{}).second)
+      fail(Status(Code::invalid_argument, "request id " + std::to_string(r.request_id) + " appears twice"));
+  for (const GenerateRequest& r : requests) {
+    const uint64_t id = r.request_id;
+    Status st = node.submit(r, [&, id](const msg::StreamEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      Outcome& o = outcomes[id];
+      if (e.kind == msg::StreamEvent::Kind::token) {
+        o.tokens.push_back(e.token);
+        return;
+      }
+      if (e.kind == msg::StreamEvent::Kind::finished) o.finish_reason = e.finish_reason;
+      else o.error = e.error;
+      o.done = true;
+      --remaining;
+      cv.notify_all();
+    });
+    if (!st.ok()) {
+      std::lock_guard<std::mutex> lock(mu);
+      outcomes[id].error = st;
+      outcomes[id].done = true;
+      --remaining;
+    }
+  }
+  std::printf("cleave node head: submitted %zu requests\n", requests.size());
+  std::fflush(stdout);
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    while (remaining > 0 && !g_stop) cv.wait_for(lock, std::chrono::milliseconds(100));
+    if (remaining > 0) fail(Status(Code::aborted, "stopped by a signal with " +
+                                                      std::to_string(remaining) + " requests running"));
+  }
+  std::ofstream out(a.out);
+  if (!out) fail(Status(Code::io_error, "cannot write '" + a.out + "'"));
+  size_t failed = 0;
+  for (const GenerateRequest& r : requests) {
+    const Outcome& o = outcomes.at(r.request_id);
+    nlohmann::json j;
+    j["id"] = r.request_id;
+    j["tokens"] = o.tokens;
+    if (o.error.ok()) {
+      j["finish_reason"] = o.finish_reason;
+    } else {
+      j["error"] = o.error.to_string();
+      ++failed;
+    }
+    out << j.dump() << "\n";
+  }
+  out.close();
+  if (!out) fail(Status(Code::io_error, "cannot write '" + a.out + "'"));
+  std::fprintf(stderr, "cleave node head: %zu requests, %zu failed, results in %s\n", requests.size(),
+               failed, a.out.c_str());
+  for (const msg::Stats& s : node.stats()) {  // one line per actor: what moved where
+    std::string line = "cleave node head: stats " + s.actor;
+    for (const auto& [k, v] : s.counters) line += " " + k + "=" + std::to_string(v);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace cleave
+
+CLI::App* add_node_command(CLI::App& app) {
+  using cleave::g_args;
+  auto* cmd = app.add_subcommand("node", "run one node of a cluster from a topology script");
+  cmd->add_option("--topology", g_args.topology, "Lua topology script")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--name", g_args.name, "this node's name in the topology")->required();
+  cmd->add_option("-m,--model", g_args.model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--set", g_args.sets, "key=value visible to the script as args / param() (repeatable)");
+  cmd->add_option("-t,--threads", g_args.threads, "threads per engine (the node's threads win)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("-c,--ctx-size", g_args.ctx, "context size (0: the model's)")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--max-seqs", g_args.max_seqs, "sequences per stage engine")->check(CLI::Range(1, 4096));
+  cmd->add_option("--join-timeout", g_args.join_timeout_s, "worker: seconds to keep trying the head")
+      ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--requests", g_args.requests, "head: JSONL requests to run, then exit")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--out", g_args.out, "head: JSONL results of --requests");
+  cmd->add_option("--wait-stages", g_args.wait_stages, "head: stages to wait for before --requests")
+      ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--wait-timeout", g_args.wait_timeout_s, "head: seconds to wait for those stages")
+      ->check(CLI::Range(0.0, 3600.0));
+  return cmd;
+}
+
+int run_node_command() {
+  using namespace cleave;
+  const NodeArgs& a = g_args;
+  if (a.requests.empty() != a.out.empty())
+    throw CLI::ValidationError("--requests", "--requests and --out go together");
+  NodeOptions o;
+  o.spec = unwrap(load_topology_file(a.topology, parse_sets(a.sets)));
+  o.name = a.name;
+  const NodeSpec* me = o.spec.find(a.name);
+  if (me && !me->head && !a.requests.empty())
+    throw CLI::ValidationError("--requests", "only the head runs requests; '" + a.name + "' is a worker");
+  o.file = unwrap(GgufFile::open(a.model));
+  auto tok = Tokenizer::from_gguf(*o.file);
+  if (tok.ok()) o.tokenizer = std::move(*tok);
+  o.engine.threads = a.threads;
+  o.engine.context = a.ctx;
+  o.engine.max_seqs = a.max_seqs;
+  o.secret = unwrap(read_cluster_secret(o.spec));
+  o.join_timeout_s = a.join_timeout_s;
+  if (me && me->head && !o.secret)
+    std::fprintf(stderr, "cleave node %s: no cluster secret (%s): open cluster, any node may join\n",
+                 a.name.c_str(),
+                 o.spec.secret_file.empty() ? (o.spec.secret_env + " is unset").c_str()
+                                            : o.spec.secret_file.c_str());
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
+
+  auto node = unwrap(Node::start(o));
+  if (node->is_head()) {
+    std::printf("cleave node head listening on %s\n", node->address().c_str());
+  } else {
+    std::printf("cleave node %s joined %s with %d stages\n", a.name.c_str(), node->address().c_str(),
+                node->stages());
+  }
+  std::fflush(stdout);
+  if (!a.requests.empty()) return run_requests(*node, a);
+  while (!g_stop) {
+    if (node->lost_head()) fail(Status(Code::unavailable, "lost the head at " + node->address()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return 0;
+}

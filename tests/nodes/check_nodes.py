@@ -1,0 +1,245 @@
+#!/usr/bin/env python3
+"""`cleave node` with real processes on loopback (ports 0): the head (router +
+KV store) and prefill / decode worker nodes joined over CAF's middleman.
+
+  pd across 3 processes gives mono's tokens for 100 requests;
+  a worker with the wrong (or no) cluster secret is refused and the head logs it;
+  kill -9 of a decode node while requests run: every request finishes with
+  mono's tokens (re-placed on the other decoder) or fails with a clear error,
+  none hangs; the head's detection time is printed.
+
+usage: check_nodes.py CLEAVE VOCAB WORKDIR"""
+import json
+import os
+import queue
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+CLEAVE, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+TOPOLOGY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.lua")
+os.makedirs(WORK, exist_ok=True)
+failures = []
+procs = []
+
+
+def expect(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else ": " + str(detail)[:2000]), flush=True)
+    if not cond:
+        failures.append(name)
+
+
+class Node:
+    """A `cleave node` process; stdout lines arrive on a queue, stderr goes to a file."""
+
+    def __init__(self, name, args, env_secret=None, tag=""):
+        env = dict(os.environ)
+        env.pop("CLEAVE_CLUSTER_SECRET", None)
+        if env_secret is not None:
+            env["CLEAVE_CLUSTER_SECRET"] = env_secret
+        self.err_path = os.path.join(WORK, f"{tag}{name}.err")
+        self.err_file = open(self.err_path, "w")
+        self.proc = subprocess.Popen(
+            [CLEAVE, "node", "--topology", TOPOLOGY, "--name", name, "-m", MODEL, *args],
+            stdout=subprocess.PIPE, stderr=self.err_file, text=True, env=env)
+        procs.append(self.proc)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_line(self, pattern, timeout=30):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.time()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            m = re.search(pattern, line)
+            if m:
+                return m
+        return None
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stderr(self):
+        self.err_file.flush()
+        with open(self.err_path) as f:
+            return f.read()
+
+
+def start_head(args, secret=None, tag=""):
+    head = Node("head", args, secret, tag)
+    m = head.wait_line(r"cleave node head listening on ([0-9.]+):(\d+)")
+    if not m:
+        return head, None
+    return head, int(m.group(2))
+
+
+def worker(name, port, secret=None, tag="", sets=(), extra=()):
+    args = ["--set", f"head_port={port}", "--set", "prefills=1", "--set", "decoders=2",
+            "--join-timeout", "20", *extra]
+    for s in sets:
+        args += ["--set", s]
+    return Node(name, args, secret, tag)
+
+
+def stop_all():
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    procs.clear()
+
+
+# ---- model, requests and mono's answers ---------------------------------------
+MODEL = os.path.join(WORK, "nodes.gguf")
+p = subprocess.run([CLEAVE, "make-model", "--out", MODEL, "--vocab", VOCAB, "--dim", "64", "--layers",
+                    "2", "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--ctx", "128", "--type",
+                    "f16"], capture_output=True, text=True, timeout=120)
+if p.returncode != 0:
+    print("FAIL make-model: " + p.stderr)
+    sys.exit(1)
+
+rng = random.Random(5)
+shared = [1] + [rng.randrange(3, 32000) for _ in range(20)]  # a prefix several prompts share
+requests = []
+for i in range(100):
+    if i % 4 == 0:
+        prompt = shared + [rng.randrange(3, 32000) for _ in range(rng.randrange(1, 12))]
+    else:
+        prompt = [1] + [rng.randrange(3, 32000) for _ in range(rng.randrange(1, 45))]
+    requests.append({"id": 1000 + i, "prompt_ids": prompt, "max_tokens": rng.randrange(8, 33),
+                     "temperature": 0, "ignore_eos": True})
+req_path = os.path.join(WORK, "requests.jsonl")
+with open(req_path, "w") as f:
+    for r in requests:
+        f.write(json.dumps(r) + "\n")
+
+mono = {}
+for r in requests:
+    p = subprocess.run([CLEAVE, "generate", "-m", MODEL, "--prompt-ids",
+                        ",".join(map(str, r["prompt_ids"])), "-n", str(r["max_tokens"]), "--temp", "0",
+                        "--ignore-eos", "--json", "-t", "1"], capture_output=True, text=True, timeout=60)
+    mono[r["id"]] = json.loads(p.stdout)["generated_ids"] if p.returncode == 0 else None
+expect("mono answers every request", all(v is not None for v in mono.values()))
+
+
+def read_results(path):
+    try:
+        with open(path) as f:
+            return [json.loads(l) for l in f if l.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def stats_of(head_err, actor):
+    m = re.search(r"stats " + actor + r" (.*)", head_err)
+    return dict(kv.split("=") for kv in m.group(1).split()) if m else {}
+
+
+try:
+    # ---- (a) head + prefill node + decode node give mono's tokens ---------------
+    out = os.path.join(WORK, "pd.jsonl")
+    head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "2",
+                             "--set", "prefills=1", "--set", "decoders=1"], tag="pd_")
+    expect("head prints its port", port is not None and port > 0, head.stderr())
+    p0 = worker("p0", port, tag="pd_", sets=["decoders=1"])
+    d0 = worker("d0", port, tag="pd_", sets=["decoders=1"])
+    rc = head.wait(180)
+    herr = head.stderr()
+    results = read_results(out)
+    expect("pd head runs every request and exits 0", rc == 0 and len(results) == 100,
+           f"rc={rc} results={len(results)} {herr}")
+    wrong = [r["id"] for r in results if r.get("tokens") != mono.get(r["id"]) or "error" in r]
+    expect("pd over 3 processes gives mono's tokens for 100 requests", not wrong and len(results) == 100,
+           f"differ: {wrong[:10]}")
+    kv = stats_of(herr, "kv_store")
+    expect("KV blocks crossed processes (prefill node -> head store -> decode node)",
+           int(kv.get("kv_blocks_stored", 0)) > 0 and int(kv.get("kv_blocks_served", 0)) > 0, herr)
+    expect("the head logs both joins", "node p0 joined" in herr and "node d0 joined" in herr, herr)
+    expect("an open cluster says so", "open cluster" in herr, herr)
+    for w in (p0, d0):
+        w.wait(10)
+    expect("workers exit 1 naming the lost head once the head is gone",
+           p0.proc.returncode == 1 and "lost the head" in p0.stderr(), p0.stderr())
+    stop_all()
+
+    # ---- (b) cluster secret ------------------------------------------------------
+    head, port = start_head(["--set", "decoders=2"], secret="s3cret-A", tag="sec_")
+    expect("secret head listens", port is not None, head.stderr())
+    bad = worker("d0", port, secret="s3cret-B", tag="sec_")
+    rc = bad.wait(30)
+    bad_err = [l for l in bad.stderr().splitlines() if l.strip()]
+    expect("a wrong secret is refused: exit 1 with one line naming the reason",
+           rc == 1 and len(bad_err) == 1 and "wrong cluster secret" in bad_err[0], f"rc={rc} {bad_err}")
+    none = worker("d1", port, secret=None, tag="sec_")
+    rc = none.wait(30)
+    expect("no secret against a secret head is refused", rc == 1 and "wrong cluster secret" in none.stderr(),
+           f"rc={rc} {none.stderr()}")
+    time.sleep(0.2)
+    herr = head.stderr()
+    expect("the head logs the refusal", "refused node d0: wrong cluster secret" in herr and
+           "refused node d1: wrong cluster secret" in herr, herr)
+    good = worker("p0", port, secret="s3cret-A", tag="sec_")
+    expect("the right secret joins", good.wait_line(r"cleave node p0 joined .* with 1 stages") is not None,
+           good.stderr())
+    head.proc.send_signal(signal.SIGTERM)
+    expect("the head exits 0 on SIGTERM", head.wait(20) == 0, head.stderr())
+    rc = good.wait(20)
+    expect("its worker then exits 1 (lost the head)", rc == 1, f"rc={rc} {good.stderr()}")
+    stop_all()
+
+    # ---- (c) kill -9 of a decode node while requests run -------------------------
+    out = os.path.join(WORK, "kill.jsonl")
+    head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "3", "--set",
+                             "decoders=2"], tag="kill_")
+    expect("kill: head listens", port is not None, head.stderr())
+    p0 = worker("p0", port, tag="kill_", sets=["decoders=2"])
+    # One sequence at a time: the decoders hold queued work when d0 dies.
+    d0 = worker("d0", port, tag="kill_", sets=["decoders=2"], extra=["--max-seqs", "1"])
+    d1 = worker("d1", port, tag="kill_", sets=["decoders=2"], extra=["--max-seqs", "1"])
+    submitted = head.wait_line(r"submitted (\d+) requests", timeout=60)
+    t_submitted = time.time()
+    time.sleep(0.1)
+    t_kill = time.time()
+    d0.proc.kill()
+    rc = head.wait(120)  # a hang fails here, not forever
+    t_done = time.time()
+    herr = head.stderr()
+    results = read_results(out)
+    expect("kill: every request ends (none hangs), head exits 0",
+           submitted is not None and rc == 0 and len(results) == 100, f"rc={rc} {herr}")
+    finished = [r for r in results if "error" not in r]
+    failed = [r for r in results if "error" in r]
+    wrong = [r["id"] for r in finished if r["tokens"] != mono.get(r["id"])]
+    expect("kill: finished requests have mono's tokens", not wrong, f"differ: {wrong[:10]}")
+    unclear = [r for r in failed if not re.search(r"unavailable|timed_out|aborted", r["error"])]
+    expect("kill: failed requests name a clear error", not unclear, unclear[:3])
+    m = re.search(r"node d0 lost its decode stage \((.*)\) at ([0-9.]+)", herr)
+    expect("kill: the head detects the lost node", m is not None, herr)
+    router = stats_of(herr, "router")
+    expect("kill: the router re-placed the dead node's requests",
+           int(router.get("stage_downs", 0)) == 1 and int(router.get("replacements", 0)) > 0, router)
+    if m:
+        print(f"     detection {1e3 * (float(m.group(2)) - t_kill):.1f} ms after kill -9 ({m.group(1)}); "
+              f"{len(finished)} finished, {len(failed)} failed, "
+              f"{router.get('replacements')} re-placed; run {t_done - t_submitted:.2f} s after submit")
+finally:
+    stop_all()
+
+print(f"{len(failures)} failures" if failures else "all node checks passed")
+sys.exit(1 if failures else 0)
