@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
 
 // stb_image's implementation lives in this one translation unit, static so it
@@ -84,40 +85,72 @@ Result<Dims> png_dims(const uint8_t* d, size_t n) {
     return Status(Code::corruption, "image: corrupt PNG (no IHDR chunk first)");
   return Dims{be32(d + 16), be32(d + 20)};
 }
-Result<Dims> jpeg_dims(const uint8_t* d, size_t n) {
+// Walks every JPEG segment (skipping entropy-coded data) before stb_image
+// sees the file:
+// - stb_image pads a JPEG that ends early with zeros and succeeds, so the
+//   end-of-image marker must be present (entropy-coded data cannot contain
+//   FF D9: 0xFF bytes there are stuffed);
+// - Debian's stb_image (2.27) overflows a 257-byte table on a Huffman table
+//   declaring more than 256 codes (fixed upstream later), so DHT segments
+//   are checked here;
+// - the frame header gives the dimensions.
+Result<Dims> walk_jpeg(const uint8_t* d, size_t n) {
+  auto corrupt = [](const std::string& why, size_t at) {
+    return Status(Code::corruption, "image: corrupt JPEG (" + why + " at byte " + std::to_string(at) + ")");
+  };
+  std::optional<Dims> dims;
+  bool in_scan = false;
   size_t pos = 2;
-  while (pos + 4 <= n) {
-    if (d[pos] != 0xFF) return Status(Code::corruption, "image: corrupt JPEG (no marker at byte " + std::to_string(pos) + ")");
+  while (pos + 1 < n) {
+    if (d[pos] != 0xFF) {
+      if (!in_scan) return corrupt("no marker", pos);
+      ++pos;  // entropy-coded data
+      continue;
+    }
     const uint8_t m = d[pos + 1];
     if (m == 0xFF) {  // fill byte
       ++pos;
       continue;
     }
-    const size_t len = size_t(d[pos + 2]) << 8 | d[pos + 3];
-    if (len < 2) return Status(Code::corruption, "image: corrupt JPEG (segment length " + std::to_string(len) + ")");
-    const bool sof = m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
-    if (sof) {
-      if (len < 7 || pos + 9 > n) break;
-      return Dims{int64_t(d[pos + 7]) << 8 | d[pos + 8], int64_t(d[pos + 5]) << 8 | d[pos + 6]};
+    if (m == 0x00 || (m >= 0xD0 && m <= 0xD7) || m == 0x01) {  // stuffed 0xFF, restart, TEM
+      if (!in_scan && m == 0x00) return corrupt("stuffed byte outside a scan", pos);
+      pos += 2;
+      continue;
     }
-    if (m == 0xDA) return Status(Code::corruption, "image: corrupt JPEG (scan before frame header)");
+    if (m == 0xD9) {
+      if (!dims) return corrupt("end of image before a frame header", pos);
+      return *dims;
+    }
+    if (m == 0xD8) return corrupt("second start-of-image marker", pos);
+    if (pos + 4 > n) break;
+    const size_t len = size_t(d[pos + 2]) << 8 | d[pos + 3];
+    if (len < 2) return corrupt("segment length " + std::to_string(len), pos);
+    if (pos + 2 + len > n) break;
+    const uint8_t* seg = d + pos + 4;
+    const size_t seg_len = len - 2;
+    const bool sof = m >= 0xC0 && m <= 0xCF && m != 0xC4 && m != 0xC8 && m != 0xCC;
+    if (sof && !dims) {
+      if (seg_len < 5) return corrupt("short frame header", pos);
+      dims = Dims{int64_t(seg[3]) << 8 | seg[4], int64_t(seg[1]) << 8 | seg[2]};
+    }
+    if (m == 0xC4) {  // DHT: tables of (class/id, 16 code counts, symbols)
+      size_t off = 0;
+      while (off < seg_len) {
+        if (seg_len - off < 17) return corrupt("short Huffman table", pos);
+        size_t codes = 0;
+        for (int i = 1; i <= 16; ++i) codes += seg[off + size_t(i)];
+        if (codes > 256)
+          return corrupt("Huffman table with " + std::to_string(codes) + " codes", pos);
+        off += 17 + codes;
+        if (off > seg_len) return corrupt("Huffman table past its segment", pos);
+      }
+    }
+    in_scan = m == 0xDA;
     pos += 2 + len;
   }
-  return Status(Code::corruption, "image: truncated JPEG (no frame header)");
-}
-
-// stb_image pads a JPEG that ends early with zeros and succeeds. The entropy
-// coded data cannot contain FF D9 (0xFF bytes are stuffed), so a complete
-// JPEG has its end-of-image marker after the last start-of-scan.
-Status check_jpeg_end(const uint8_t* d, size_t n) {
-  size_t last_sos = 0;
-  for (size_t i = 2; i + 1 < n; ++i)
-    if (d[i] == 0xFF && d[i + 1] == 0xDA) last_sos = i;
-  if (last_sos == 0) return Status(Code::corruption, "image: truncated JPEG (no start-of-scan marker)");
-  for (size_t i = last_sos + 2; i + 1 < n; ++i)
-    if (d[i] == 0xFF && d[i + 1] == 0xD9) return Status::Ok();
-  return Status(Code::corruption, "image: truncated JPEG (no end-of-image marker after the scan at byte " +
-                                      std::to_string(last_sos) + ")");
+  if (!dims) return Status(Code::corruption, "image: truncated JPEG (no frame header)");
+  return Status(Code::corruption, "image: truncated JPEG (no end-of-image marker after " +
+                                      std::to_string(n) + " bytes)");
 }
 
 struct StbiFree {
@@ -134,10 +167,10 @@ Result<RgbImage> decode_image(const uint8_t* data, size_t size, const ImageLimit
   const bool png = is_png(data, size);
   if (!png && !is_jpeg(data, size))
     return Status(Code::unsupported, "image: not a PNG or JPEG (unknown signature)");
-  CLEAVE_RETURN_IF_ERROR(png ? check_png_chunks(data, size) : check_jpeg_end(data, size));
+  if (png) CLEAVE_RETURN_IF_ERROR(check_png_chunks(data, size));
 
   const char* kind = png ? "PNG" : "JPEG";
-  auto dims = png ? png_dims(data, size) : jpeg_dims(data, size);
+  auto dims = png ? png_dims(data, size) : walk_jpeg(data, size);
   if (!dims.ok()) return dims.status();
   const int64_t w = dims->w, h = dims->h;
   if (w <= 0 || h <= 0)

@@ -30,9 +30,11 @@ struct RgbImage {
 //   invalid_argument  no bytes
 //   out_of_range      more than max_bytes, or width/height over the limits
 //   unsupported       neither PNG nor JPEG
-//   corruption        zero-sized, corrupt or truncated (a JPEG must have its
-//                     end-of-image marker after the last start-of-scan; a PNG
-//                     its IEND chunk)
+//   corruption        zero-sized, corrupt or truncated. Before stb_image
+//                     runs, a PNG's chunks are walked (CRCs checked, IEND
+//                     required) and a JPEG's segments (end-of-image marker
+//                     required, Huffman tables of at most 256 codes: Debian's
+//                     stb_image 2.27 overflows a table on more)
 Result<RgbImage> decode_image(const uint8_t* data, size_t size, const ImageLimits& limits = {});
 
 // Content hash of the decoded image: XXH3-128 over width and height (uint32

@@ -508,6 +508,17 @@ TEST_CASE("image: corrupt PNG and JPEG bytes are corruption") {
   REQUIRE_FALSE(p.ok());
   require_code(p.status(), Code::corruption, "PNG");
 
+  // A Huffman table declaring more than 256 codes (overflows a table inside
+  // Debian's stb_image 2.27 if it ever gets there).
+  std::vector<uint8_t> dht = encode_jpeg(img, 90);
+  size_t at = 2;
+  while (at + 1 < dht.size() && !(dht[at] == 0xFF && dht[at + 1] == 0xC4)) ++at;
+  REQUIRE(at + 21 < dht.size());
+  for (size_t i = 0; i < 16; ++i) dht[at + 5 + i] = 0xFF;
+  auto h = decode_image(dht.data(), dht.size());
+  REQUIRE_FALSE(h.ok());
+  require_code(h.status(), Code::corruption, "Huffman table with 4080 codes");
+
   std::vector<uint8_t> jpg = encode_jpeg(img, 90);
   // Garble the quantisation and Huffman tables and the frame header.
   for (size_t i = 4; i < std::min<size_t>(jpg.size() - 4, 400); i += 3) jpg[i] = 0xFF;
@@ -564,6 +575,38 @@ TEST_CASE("image: oversized images are out_of_range before decoding") {
   std::vector<uint8_t> huge = png;
   set_png_dims(huge, 100000, 100000);
   require_code(decode_image(huge.data(), huge.size()).status(), Code::out_of_range, "100000x100000");
+}
+
+TEST_CASE("image: mutated and cut PNG and JPEG files never crash the decoder") {
+  const RgbImage img = random_image(24, 18, 12);
+  const std::vector<std::vector<uint8_t>> files = {encode_png(img), encode_jpeg(img, 80),
+                                                   encode_jpeg(img, 20)};
+  uint32_t s = 12345;
+  auto next = [&s] {
+    s ^= s << 13;
+    s ^= s >> 17;
+    s ^= s << 5;
+    return s;
+  };
+  int ok = 0, failed = 0;
+  for (const std::vector<uint8_t>& file : files) {
+    for (int round = 0; round < 700; ++round) {
+      std::vector<uint8_t> m = file;
+      const int flips = 1 + int(next() % 8);
+      for (int f = 0; f < flips; ++f) m[next() % m.size()] = uint8_t(next());
+      if (round % 5 == 0) m.resize(1 + next() % m.size());
+      auto r = decode_image(m.data(), m.size());
+      if (r.ok()) {
+        ++ok;
+        CHECK(r->rgb.size() == size_t(r->width) * size_t(r->height) * 3);
+      } else {
+        ++failed;
+        CHECK(!r.status().message().empty());
+      }
+    }
+  }
+  MESSAGE("mutations decoded: " << ok << ", refused: " << failed);
+  CHECK(failed > 0);
 }
 
 TEST_CASE("image: content hash is stable and follows the pixels") {
