@@ -8,8 +8,8 @@ import struct
 
 import numpy as np
 
-from gguf_reader import (GGML_BF16, GGML_F16, GGML_F32, GGML_Q8_0, QK8_0, T_ARRAY, T_FLOAT32,
-                         T_INT32, T_STRING, T_UINT32)
+from gguf_reader import (GGML_BF16, GGML_F16, GGML_F32, GGML_Q8_0, QK8_0, T_ARRAY, T_BOOL,
+                         T_FLOAT32, T_INT32, T_STRING, T_UINT32)
 
 
 def _s(b):
@@ -18,13 +18,22 @@ def _s(b):
 
 
 def _kv(key, value):
+    """str, bool, float (f32), int (u32), or a list of str, float (f32) or int (i32)."""
     out = _s(key)
     if isinstance(value, str):
         return out + struct.pack("<I", T_STRING) + _s(value)
+    if isinstance(value, bool):
+        return out + struct.pack("<IB", T_BOOL, int(value))
     if isinstance(value, float):
         return out + struct.pack("<If", T_FLOAT32, value)
     if isinstance(value, int):
         return out + struct.pack("<II", T_UINT32, value)
+    if isinstance(value, list) and value and isinstance(value[0], str):
+        return out + struct.pack("<IIQ", T_ARRAY, T_STRING, len(value)) + \
+            b"".join(_s(v) for v in value)
+    if isinstance(value, list) and value and isinstance(value[0], float):
+        return out + struct.pack("<IIQ", T_ARRAY, T_FLOAT32, len(value)) + \
+            np.asarray(value, dtype="<f4").tobytes()
     if isinstance(value, list):  # list of int32
         return out + struct.pack("<IIQ", T_ARRAY, T_INT32, len(value)) + \
             np.asarray(value, dtype="<i4").tobytes()
