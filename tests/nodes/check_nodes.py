@@ -6,7 +6,9 @@ KV store) and prefill / decode worker nodes joined over CAF's middleman.
   a worker with the wrong (or no) cluster secret is refused and the head logs it;
   kill -9 of a decode node while requests run: every request finishes with
   mono's tokens (re-placed on the other decoder) or fails with a clear error,
-  none hangs; the head's detection time is printed.
+  none hangs; the head's detection time is printed;
+  SIGSTOP of a decode node: the head's heartbeat timeout drops it and its
+  requests end elsewhere (detection time printed).
 
 usage: check_nodes.py CLEAVE VOCAB WORKDIR"""
 import json
@@ -214,7 +216,10 @@ try:
     d1 = worker("d1", port, tag="kill_", sets=["decoders=2"], extra=["--max-seqs", "1"])
     submitted = head.wait_line(r"submitted (\d+) requests", timeout=60)
     t_submitted = time.time()
-    time.sleep(0.1)
+    # Frozen for less than the heartbeat timeout, d0 still takes its share of
+    # the handoffs: it surely holds requests when it dies.
+    d0.proc.send_signal(signal.SIGSTOP)
+    time.sleep(0.2)
     t_kill = time.time()
     d0.proc.kill()
     rc = head.wait(120)  # a hang fails here, not forever
@@ -237,8 +242,44 @@ try:
     if m:
         print(f"     detection {1e3 * (float(m.group(2)) - t_kill):.1f} ms after kill -9 ({m.group(1)}); "
               f"{len(finished)} finished, {len(failed)} failed, "
-              f"{router.get('replacements')} re-placed; run {t_done - t_submitted:.2f} s after submit")
+              f"{router.get('replacements')} re-placed; head exited {t_done - t_submitted:.2f} s after submit")
+    stop_all()
+
+    # ---- (d) SIGSTOP of a decode node: heartbeats drop it, its work ends elsewhere ----
+    out = os.path.join(WORK, "stop.jsonl")
+    head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "3", "--set",
+                             "decoders=2"], tag="stop_")
+    expect("stop: head listens", port is not None, head.stderr())
+    p0 = worker("p0", port, tag="stop_", sets=["decoders=2"])
+    d0 = worker("d0", port, tag="stop_", sets=["decoders=2"], extra=["--max-seqs", "1"])
+    d1 = worker("d1", port, tag="stop_", sets=["decoders=2"], extra=["--max-seqs", "1"])
+    submitted = head.wait_line(r"submitted (\d+) requests", timeout=60)
+    t_stop = time.time()
+    d0.proc.send_signal(signal.SIGSTOP)
+    rc = head.wait(120)
+    herr = head.stderr()
+    d0.proc.send_signal(signal.SIGCONT)
+    results = read_results(out)
+    expect("stop: every request ends (none hangs), head exits 0",
+           submitted is not None and rc == 0 and len(results) == 100, f"rc={rc} {herr}")
+    finished = [r for r in results if "error" not in r]
+    failed = [r for r in results if "error" in r]
+    wrong = [r["id"] for r in finished if r["tokens"] != mono.get(r["id"])]
+    expect("stop: finished requests have mono's tokens", not wrong, f"differ: {wrong[:10]}")
+    unclear = [r for r in failed if not re.search(r"unavailable|timed_out|aborted", r["error"])]
+    expect("stop: failed requests name a clear error", not unclear, unclear[:3])
+    m = re.search(r"node d0 lost its decode stage \((.*)\) at ([0-9.]+)", herr)
+    router = stats_of(herr, "router")
+    expect("stop: the head drops the frozen node (heartbeat timeout) and re-places its requests",
+           m is not None and int(router.get("stage_downs", 0)) == 1 and
+           int(router.get("replacements", 0)) > 0, herr)
+    if m:
+        print(f"     detection {1e3 * (float(m.group(2)) - t_stop):.1f} ms after SIGSTOP ({m.group(1)}); "
+              f"{len(finished)} finished, {len(failed)} failed, {router.get('replacements')} re-placed")
 finally:
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGCONT)
     stop_all()
 
 print(f"{len(failures)} failures" if failures else "all node checks passed")
