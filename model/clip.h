@@ -34,6 +34,7 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "model/gguf.h"
+#include "model/image.h"
 
 namespace cleave {
 
@@ -84,12 +85,19 @@ class ClipModel {
   size_t input_floats() const { return size_t(3) * config_.image_size * config_.image_size; }
   size_t output_floats() const { return size_t(config_.n_patches) * config_.projection_dim; }
 
+  // A decoded image as this encoder's input: preprocess_image with the
+  // file's image_size, image_mean and image_std.
+  Result<std::vector<float>> preprocess(const RgbImage& image) const {
+    return preprocess_image(image, config_.image_size, config_.image_mean, config_.image_std);
+  }
+
   // Encodes n images: pixels is n x 3 x image_size x image_size (CHW, already
   // normalised, e.g. by preprocess_image), out is n x n_patches x
   // projection_dim. The matrices run on `backend` (host-addressable memory:
   // the CPU backend); each image's result is the same whether it is encoded
   // alone or with others. invalid_argument for n < 1 or null pointers,
-  // unsupported when the backend lacks matmul for the weight type.
+  // unsupported when the backend lacks matmul for the weight type. Scratch
+  // is per call: concurrent calls with their own backends are safe.
   Status encode(Backend& backend, const float* pixels, int64_t n, float* out) const;
 
  private:

@@ -259,8 +259,15 @@ Status validate_clip_spec(const ClipSpec& s) {
     return bad("feature_layer", std::to_string(s.feature_layer), "must be -1 or a block index");
   if (!(std::isfinite(s.eps) && s.eps > 0))
     return bad("eps", std::to_string(s.eps), "must be positive and finite");
-  if (s.type != DType::F32 && s.type != DType::F16)
-    return bad("type", dtype_name(s.type), "must be F32 or F16");
+  if (!dtype_known(static_cast<uint32_t>(s.type)))
+    return bad("type", std::to_string(static_cast<uint32_t>(s.type)), "unknown weight type");
+  if (s.type == DType::Q8_0) {  // every quantised row (ne[0]) must be whole 32-blocks
+    const int32_t hidden = s.mm_hidden > 0 ? s.mm_hidden : s.projection_dim;
+    if (s.patch_size % kQ8Block != 0)
+      return bad("patch_size", std::to_string(s.patch_size), "must be a multiple of 32 for Q8_0");
+    for (auto [f, v] : {std::pair<const char*, int32_t>{"dim", s.dim}, {"ffn", s.ffn}, {"mm_hidden", hidden}})
+      if (v % kQ8Block != 0) return bad(f, std::to_string(v), "must be a multiple of 32 for Q8_0");
+  }
   const long double params = static_cast<long double>(s.dim) * (4.0L * s.dim + 2.0L * s.ffn) * s.n_layers +
                              static_cast<long double>(s.image_size) * s.image_size * s.dim;
   if (params > 1e10L) return bad("n_layers", std::to_string(s.n_layers), "model too large");

@@ -54,7 +54,8 @@ Status write_test_model(const ModelSpec& spec, const std::string& vocab_path,
 //   v.position_embd.weight 0.5 u;          matrices u / sqrt(fan-in)
 //   (v.patch_embd.weight's fan-in is 3 * patch_size^2)
 // Norms, biases and v.class_embd are F32; v.patch_embd, v.position_embd and
-// the matrices are stored in spec.type (F32 or F16).
+// the matrices are stored in spec.type (Q8_0 needs patch_size, dim, ffn and
+// the projector's hidden size to be multiples of 32).
 struct ClipSpec {
   int32_t image_size = 32, patch_size = 8, dim = 64, n_layers = 2, n_heads = 4, ffn = 128;
   int32_t projection_dim = 64;  // the language model's embedding size (mm.2 rows)

@@ -159,8 +159,7 @@ void set_png_dims(std::vector<uint8_t>& png, uint32_t w, uint32_t h) {
 }
 
 std::vector<float> preprocess(const ClipModel& m, const RgbImage& img) {
-  const ClipConfig& c = m.config();
-  auto px = preprocess_image(img, c.image_size, c.image_mean, c.image_std);
+  auto px = m.preprocess(img);
   REQUIRE_MESSAGE(px.ok(), px.status().to_string());
   return std::move(*px);
 }
@@ -449,8 +448,17 @@ TEST_CASE("clip: the spec is validated") {
   s.image_size = 30;
   require_code(write_test_clip_model(s, tmp_path("bad.gguf")), Code::invalid_argument, "image_size");
   s = small_spec();
-  s.type = DType::Q8_0;
-  require_code(write_test_clip_model(s, tmp_path("bad.gguf")), Code::invalid_argument, "type");
+  s.type = DType::Q8_0;  // patch rows of 8 cannot be 32-element blocks
+  require_code(write_test_clip_model(s, tmp_path("bad.gguf")), Code::invalid_argument, "patch_size");
+  s.patch_size = 32;
+  s.image_size = 64;
+  s.mm_hidden = 40;
+  require_code(write_test_clip_model(s, tmp_path("bad.gguf")), Code::invalid_argument, "mm_hidden");
+  s.mm_hidden = 64;
+  REQUIRE(write_test_clip_model(s, tmp_path("q8.gguf")).ok());
+  auto q8 = must_load(tmp_path("q8.gguf"));
+  CHECK(q8->config().weight_type == DType::Q8_0);
+  CHECK(q8->config().n_patches == 4);
   s = small_spec();
   s.feature_layer = 2;
   require_code(write_test_clip_model(s, tmp_path("bad.gguf")), Code::invalid_argument, "feature_layer");

@@ -82,7 +82,7 @@ int encode(int argc, char** argv) {
   const std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), {});
   auto img = decode_image(bytes.data(), bytes.size());
   if (!img.ok()) return fail(img.status().to_string());
-  auto px = preprocess_image(*img, c.image_size, c.image_mean, c.image_std);
+  auto px = (*model)->preprocess(*img);
   if (!px.ok()) return fail(px.status().to_string());
   std::vector<float> emb((*model)->output_floats());
   auto backend = make_cpu_backend(2);

@@ -13,9 +13,10 @@ tensor and the projected embeddings. Checks:
   preprocess   numpy's half-pixel bilinear resize + normalise of those pixels
                equals cleave's tensor (max abs <= 1e-6)
   encoder      float64 forward pass on cleave's tensor vs cleave's embeddings:
-               max abs error <= 1e-4 (F32 and F16 weights: the reference
-               dequantises the very values stored, so only float32 arithmetic
-               differs)
+               max abs error <= 1e-4 for F32, F16, BF16 and Q8_0 weights (the
+               reference dequantises the very values stored and cleave's
+               kernels do not quantise activations, so only float32
+               arithmetic differs)
   end to end   the same pass on numpy's own tensor, same bound
 Vacuous-pass guards: embedding std > 0.1, distinct images give distinct
 embeddings, distinct patches give distinct rows. Exit status 0 on success.
@@ -47,6 +48,9 @@ CASES = [
      dict(image_size=48, patch_size=12, dim=96, heads=6, ffn=192, proj=72),
      [(100, 80, 6), (7, 9, 7)], 1e-4),
     ("gelu_class_postln_f16", "f16", 204, {}, [(45, 37, 8), (50, 50, 9)], 1e-4),
+    ("penultimate_bf16", "bf16", 205, dict(layers=3, feature_layer=1), [(40, 28, 10)], 1e-4),
+    ("q8_0", "q8_0", 206, dict(image_size=64, patch_size=32, dim=64, ffn=128, proj=48, hidden=64),
+     [(90, 70, 11), (64, 64, 12)], 1e-4),
 ]
 
 
