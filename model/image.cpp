@@ -104,7 +104,10 @@ Result<Dims> walk_jpeg(const uint8_t* d, size_t n) {
   while (pos + 1 < n) {
     if (d[pos] != 0xFF) {
       if (!in_scan) return corrupt("no marker", pos);
-      ++pos;  // entropy-coded data
+      // Entropy-coded data up to the next 0xFF.
+      const void* ff = std::memchr(d + pos, 0xFF, n - pos);
+      if (ff == nullptr) break;
+      pos = size_t(static_cast<const uint8_t*>(ff) - d);
       continue;
     }
     const uint8_t m = d[pos + 1];
