@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <new>
 #include <string>
 
 namespace cleave {
@@ -269,7 +270,6 @@ Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFil
 }
 
 Status ClipModel::encode(Backend& backend, const float* pixels, int64_t n, float* out) const {
-  const ClipConfig& c = config_;
   if (n < 1 || n > (1 << 16) || pixels == nullptr || out == nullptr)
     return Status(Code::invalid_argument, "clip: encode needs 1..65536 images and buffers (got " +
                                               std::to_string(n) + ")");
@@ -286,6 +286,19 @@ Status ClipModel::encode(Backend& backend, const float* pixels, int64_t n, float
     for (const WeightView* w : {&l.q, &l.k, &l.v, &l.o, &l.up, &l.down})
       CLEAVE_RETURN_IF_ERROR(check(*w, "v.blk.*"));
 
+  // Scratch grows with the batch: a batch too large for memory is an error,
+  // not an exception out of the library.
+  try {
+    run(backend, pixels, n, out);
+  } catch (const std::bad_alloc&) {
+    return Status(Code::out_of_memory, "clip: no memory for the scratch of " + std::to_string(n) +
+                                           " images");
+  }
+  return Status::Ok();
+}
+
+void ClipModel::run(Backend& backend, const float* pixels, int64_t n, float* out) const {
+  const ClipConfig& c = config_;
   const int64_t dim = c.dim, p = c.patch_size, side = c.image_size / c.patch_size;
   const int64_t np = c.n_patches, T = c.n_positions, rows = n * T, pdim = 3 * p * p;
   const int64_t S = c.image_size;
@@ -379,7 +392,6 @@ Status ClipModel::encode(Backend& backend, const float* pixels, int64_t n, float
   for (float& e : hidden) e = gelu_tanh(e);
   backend.matmul(mm2_, hidden.data(), n * np, out);
   add_bias(out, n * np, mm2_b_);
-  return Status::Ok();
 }
 
 }  // namespace cleave

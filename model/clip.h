@@ -96,12 +96,14 @@ class ClipModel {
   // projection_dim. The matrices run on `backend` (host-addressable memory:
   // the CPU backend); each image's result is the same whether it is encoded
   // alone or with others. invalid_argument for n < 1 or null pointers,
-  // unsupported when the backend lacks matmul for the weight type. Scratch
-  // is per call: concurrent calls with their own backends are safe.
+  // unsupported when the backend lacks matmul for the weight type,
+  // out_of_memory when the batch's scratch cannot be allocated. Scratch is
+  // per call: concurrent calls with their own backends are safe.
   Status encode(Backend& backend, const float* pixels, int64_t n, float* out) const;
 
  private:
   ClipModel() = default;
+  void run(Backend& backend, const float* pixels, int64_t n, float* out) const;
   std::shared_ptr<const GgufFile> file_;
   ClipConfig config_;
   WeightView patch_embd_;               // dim x (3 * patch * patch)
