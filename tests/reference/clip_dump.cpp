@@ -7,8 +7,10 @@
 //   clip_dump encode MMPROJ IMAGE PREFIX
 //     writes PREFIX.rgb (decoded uint8 HWC), PREFIX.pixels (float32 CHW
 //     encoder input) and PREFIX.emb (float32 n_patches x projection_dim),
-//     and prints one JSON line (width, height, n_patches, projection_dim, hash).
+//     and prints one JSON line (width, height, n_patches, projection_dim, hash,
+//     encode_ms: the encoder alone on 2 threads).
 // Exit status 1 with the error on stderr for any failure.
+#include <chrono>
 #include <cinttypes>
 #include <cstdio>
 #include <fstream>
@@ -86,7 +88,9 @@ int encode(int argc, char** argv) {
   if (!px.ok()) return fail(px.status().to_string());
   std::vector<float> emb((*model)->output_floats());
   auto backend = make_cpu_backend(2);
+  const auto t0 = std::chrono::steady_clock::now();
   Status st = (*model)->encode(*backend, px->data(), 1, emb.data());
+  const double encode_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   if (!st.ok()) return fail(st.to_string());
 
   if (!write_file(prefix + ".rgb", img->rgb.data(), img->rgb.size()) ||
@@ -95,8 +99,8 @@ int encode(int argc, char** argv) {
     return fail("cannot write " + prefix + ".*");
   const ImageHash h = image_hash(*img);
   std::printf("{\"width\": %d, \"height\": %d, \"n_patches\": %d, \"projection_dim\": %d, "
-              "\"hash\": \"%016" PRIx64 "%016" PRIx64 "\"}\n",
-              img->width, img->height, c.n_patches, c.projection_dim, h.hi, h.lo);
+              "\"hash\": \"%016" PRIx64 "%016" PRIx64 "\", \"encode_ms\": %.1f}\n",
+              img->width, img->height, c.n_patches, c.projection_dim, h.hi, h.lo, encode_ms);
   return 0;
 }
 
