@@ -182,17 +182,31 @@ Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFil
   const int32_t side = c.image_size / c.patch_size;
   c.n_patches = side * side;
 
+  // llama.cpp's convention: a hidden-state index h (0 = the encoder input
+  // after pre_ln, h = the output of block h - 1), so h blocks run. Default
+  // n_layers - 1: the penultimate block's output, as llama.cpp runs LLaVA
+  // files (LLaVA's select_layer -2).
+  const std::string fl_key = "clip.vision.feature_layer";
   c.feature_layer = c.n_layers - 1;
-  if (const GgufKv* fl = f.find("clip.vision.feature_layer")) {
-    if (fl->value.type == GgufType::ARRAY)
-      return Status(Code::unsupported, "clip: clip.vision.feature_layer is an array (llama.cpp's hidden-state "
-                                       "list); a scalar block index is expected");
-    auto v = f.get_int("clip.vision.feature_layer");
-    if (!v.ok()) return with_prefix(v.status());
-    if (*v < 0 || *v >= c.n_layers)
-      return Status(Code::corruption, "clip: clip.vision.feature_layer = " + std::to_string(*v) +
-                                          " is not a block index in [0, " + std::to_string(c.n_layers) + ")");
-    c.feature_layer = int32_t(*v);
+  if (const GgufKv* fl = f.find(fl_key)) {
+    int64_t h = 0;
+    if (fl->value.type == GgufType::ARRAY) {
+      auto list = f.get_int_array(fl_key);
+      if (!list.ok()) return with_prefix(list.status());
+      if (list->size() != 1)
+        return Status(Code::unsupported, "clip: " + fl_key + " lists " + std::to_string(list->size()) +
+                                             " layers; only one feature layer is supported (no stacking)");
+      h = (*list)[0];
+    } else {
+      auto v = f.get_int(fl_key);
+      if (!v.ok()) return with_prefix(v.status());
+      h = *v;
+    }
+    if (h < 0 || h > c.n_layers)
+      return Status(Code::corruption, "clip: " + fl_key + " = " + std::to_string(h) +
+                                          " is not a hidden-state index in [0, " + std::to_string(c.n_layers) +
+                                          "]");
+    c.feature_layer = int32_t(h);
   }
 
   Binder b(f);
@@ -222,7 +236,7 @@ Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFil
     CLEAVE_ASSIGN(m->post_ln_w_, b.vector("v.post_ln.weight", dim));
     CLEAVE_ASSIGN(m->post_ln_b_, b.vector("v.post_ln.bias", dim));
   }
-  c.use_post_ln = has_post_ln && c.feature_layer == c.n_layers - 1;
+  c.use_post_ln = has_post_ln && c.feature_layer == c.n_layers;
 
   // Legacy fc1/fc2 naming: ffn_down holding the dim -> ffn matrix.
   if (const GgufTensorInfo* down = f.find_tensor("v.blk.0.ffn_down.weight"))
@@ -230,11 +244,11 @@ Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFil
   const std::string up_name = c.ffn_swapped ? "ffn_down" : "ffn_up";
   const std::string down_name = c.ffn_swapped ? "ffn_up" : "ffn_down";
 
-  // Every block is checked; only those up to the feature layer are kept.
-  m->layers_.resize(size_t(c.feature_layer) + 1);
+  // Every block is checked; only those that run are kept.
+  m->layers_.resize(size_t(c.feature_layer));
   for (int32_t i = 0; i < c.n_layers; ++i) {
     ClipLayer scratch;
-    ClipLayer& l = i <= c.feature_layer ? m->layers_[size_t(i)] : scratch;
+    ClipLayer& l = i < c.feature_layer ? m->layers_[size_t(i)] : scratch;
     const std::string pre = "v.blk." + std::to_string(i) + ".";
     CLEAVE_ASSIGN(l.ln1_w, b.vector(pre + "ln1.weight", dim));
     CLEAVE_ASSIGN(l.ln1_b, b.vector(pre + "ln1.bias", dim));
@@ -252,8 +266,8 @@ Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFil
     CLEAVE_ASSIGN(l.up_b, b.vector(pre + up_name + ".bias", c.ffn));
     CLEAVE_ASSIGN(l.down, b.matrix(pre + down_name + ".weight", c.ffn, dim));
     CLEAVE_ASSIGN(l.down_b, b.vector(pre + down_name + ".bias", dim));
+    if (i == 0) c.weight_type = l.q.type;
   }
-  c.weight_type = m->layers_[0].q.type;
 
   const GgufTensorInfo* mm0 = f.find_tensor("mm.0.weight");
   if (!mm0) return Status(Code::not_found, "clip: missing tensor 'mm.0.weight'");

@@ -10,17 +10,21 @@
 //             full (non-causal) attention, scale 1/sqrt(head_dim); act is
 //             GELU (tanh approximation, as ggml_gelu) when clip.use_gelu,
 //             else quick GELU x * sigmoid(1.702 x)
-//   features  output of block `feature_layer`; v.post_ln only when that is
-//             the last block; the class token dropped
+//   features  the hidden state `feature_layer` (below); v.post_ln only when
+//             every block ran; the class token dropped
 //   projector mm.2(GELU_tanh(mm.0(features)))
 //
-// Feature layer: `clip.vision.feature_layer` (optional, a scalar integer) is
-// the 0-based index of the block whose output feeds the projector; without
-// it, the last block. LLaVA-1.5 reads the penultimate layer: llama.cpp's
-// converter drops the last block from the file instead, so such files run
-// every block they hold, which is this default. (llama.cpp's newer array
-// form of the key, hidden-state indices, is refused as unsupported.)
-// Blocks after the feature layer are not run.
+// Feature layer, llama.cpp's convention: `clip.vision.feature_layer` holds
+// hidden-state indices (llama.cpp writes an int array; a scalar is read the
+// same way): 0 is the encoder input after pre_ln, h the output of block
+// h - 1, so h blocks run and later ones are skipped. One index is supported
+// (several, stacked as granite-vision does, are unsupported). Without the
+// key, block_count - 1 blocks run: the penultimate block's output, which is
+// what LLaVA feeds its projector (select_layer -2) and what llama.cpp does
+// for these files (its converter keeps every block and drops post_ln).
+// v.post_ln is applied only when all block_count blocks ran, as in the
+// Hugging Face model (llama.cpp applies it whenever present; its LLaVA files
+// have none, so both agree).
 //
 // Legacy llama.cpp files stored fc1 as ffn_down and fc2 as ffn_up; as
 // llama.cpp does, the two are swapped when the shapes say so (ffn_down
@@ -48,7 +52,7 @@ struct ClipConfig {
   int32_t n_layers = 0;        // block_count
   int32_t n_heads = 0;
   int32_t head_dim = 0;
-  int32_t feature_layer = 0;   // 0-based block index
+  int32_t feature_layer = 0;   // hidden-state index = blocks that run, in [0, n_layers]
   int32_t mm_hidden = 0;       // rows of mm.0
   int32_t projection_dim = 0;  // rows of mm.2: the language model's embedding size
   float eps = 1e-5f;
@@ -57,7 +61,7 @@ struct ClipConfig {
   bool use_gelu = false;
   bool has_class_embd = false;
   bool has_pre_ln = false;
-  bool use_post_ln = false;  // the file has v.post_ln and feature_layer is the last block
+  bool use_post_ln = false;  // the file has v.post_ln and every block runs
   bool ffn_swapped = false;  // legacy fc1/fc2 naming detected
   DType weight_type = DType::F32;  // type of the attention matrices (for reports)
 };
@@ -111,7 +115,7 @@ class ClipModel {
   std::vector<float> class_embd_;       // empty when absent
   std::vector<float> position_embd_;    // n_positions x dim
   std::vector<float> pre_ln_w_, pre_ln_b_, post_ln_w_, post_ln_b_;
-  std::vector<ClipLayer> layers_;       // the blocks that run (feature_layer + 1)
+  std::vector<ClipLayer> layers_;       // the blocks that run (feature_layer of them)
   WeightView mm0_, mm2_;
   std::vector<float> mm0_b_, mm2_b_;
 };

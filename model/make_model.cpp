@@ -255,8 +255,8 @@ Status validate_clip_spec(const ClipSpec& s) {
   if (s.dim % s.n_heads != 0)
     return bad("dim", std::to_string(s.dim),
                ("not a multiple of n_heads " + std::to_string(s.n_heads)).c_str());
-  if (s.feature_layer < -1 || s.feature_layer >= s.n_layers)
-    return bad("feature_layer", std::to_string(s.feature_layer), "must be -1 or a block index");
+  if (s.feature_layer < -1 || s.feature_layer > s.n_layers)
+    return bad("feature_layer", std::to_string(s.feature_layer), "must be -1 or in [0, n_layers]");
   if (!(std::isfinite(s.eps) && s.eps > 0))
     return bad("eps", std::to_string(s.eps), "must be positive and finite");
   if (!dtype_known(static_cast<uint32_t>(s.type)))
@@ -295,8 +295,8 @@ Status write_test_clip_model(const ClipSpec& spec, const std::string& out_path) 
   w.set_u32("clip.vision.projection_dim", static_cast<uint32_t>(spec.projection_dim));
   w.set_f32_array("clip.vision.image_mean", {spec.image_mean[0], spec.image_mean[1], spec.image_mean[2]});
   w.set_f32_array("clip.vision.image_std", {spec.image_std[0], spec.image_std[1], spec.image_std[2]});
-  if (spec.feature_layer >= 0)
-    w.set_i32("clip.vision.feature_layer", spec.feature_layer);
+  if (spec.feature_layer >= 0)  // llama.cpp writes a list of hidden-state indices
+    w.set_i32_array("clip.vision.feature_layer", {spec.feature_layer});
 
   Gen g{spec.seed, w, {}};
   const DType t = spec.type;

@@ -60,7 +60,10 @@ struct ClipSpec {
   int32_t image_size = 32, patch_size = 8, dim = 64, n_layers = 2, n_heads = 4, ffn = 128;
   int32_t projection_dim = 64;  // the language model's embedding size (mm.2 rows)
   int32_t mm_hidden = 0;        // mm.0 rows; 0: projection_dim (as LLaVA)
-  int32_t feature_layer = -1;   // written as clip.vision.feature_layer when >= 0
+  // Hidden-state index (blocks that run, model/clip.h), written as
+  // clip.vision.feature_layer = [feature_layer] when >= 0; -1: no key (the
+  // encoder then runs n_layers - 1 blocks).
+  int32_t feature_layer = -1;
   bool use_gelu = true;
   bool class_embd = true, pre_ln = true, post_ln = true, patch_bias = false;
   float eps = 1e-5f;

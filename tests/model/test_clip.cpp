@@ -199,13 +199,13 @@ TEST_CASE("clip: the test mmproj loads with the spec's configuration") {
   CHECK(c.n_heads == 4);
   CHECK(c.head_dim == 16);
   CHECK(c.n_layers == 2);
-  CHECK(c.feature_layer == 1);
+  CHECK(c.feature_layer == 1);  // no key: n_layers - 1 blocks run
   CHECK(c.mm_hidden == 80);
   CHECK(c.projection_dim == 48);
   CHECK(c.use_gelu);
   CHECK(c.has_class_embd);
   CHECK(c.has_pre_ln);
-  CHECK(c.use_post_ln);
+  CHECK_FALSE(c.use_post_ln);  // not after the penultimate block
   CHECK_FALSE(c.ffn_swapped);
   CHECK(c.image_std[1] == doctest::Approx(0.26130258f));
   CHECK(m->output_floats() == 16u * 48u);
@@ -291,12 +291,20 @@ TEST_CASE("clip: bad or missing keys give typed errors naming the key") {
   {
     ClipSpec s = small_spec();
     s.feature_layer = 0;
+    const std::string fl_base = clip_file(s, "base_fl");
     GgufValue v;
     v.type = GgufType::INT32;
-    v.i = 2;  // only blocks 0 and 1
-    auto m = load_clip(rewrite(clip_file(s, "base_fl"), "k6", set_kv("clip.vision.feature_layer", v)));
+    v.i = 3;  // hidden states 0..2 only
+    auto m = load_clip(rewrite(fl_base, "k6", set_kv("clip.vision.feature_layer", v)));
     REQUIRE_FALSE(m.ok());
-    require_code(m.status(), Code::corruption, "clip.vision.feature_layer = 2");
+    require_code(m.status(), Code::corruption, "clip.vision.feature_layer = 3");
+    GgufValue list;
+    list.type = GgufType::ARRAY;
+    list.array_type = GgufType::INT32;
+    list.arr_i = {1, 2};  // granite-style stacking
+    auto m2 = load_clip(rewrite(fl_base, "k6b", set_kv("clip.vision.feature_layer", list)));
+    REQUIRE_FALSE(m2.ok());
+    require_code(m2.status(), Code::unsupported, "lists 2 layers");
   }
   {
     auto m = load_clip(rewrite(base, "k7", set_kv("general.architecture", str_value("llama"))));
@@ -359,29 +367,45 @@ TEST_CASE("clip: batched images give the bits each gives alone") {
   }
 }
 
-TEST_CASE("clip: feature layer stops early and post_ln applies only after the last block") {
+TEST_CASE("clip: feature layer follows llama.cpp and post_ln applies only after every block") {
+  // No key: n_layers - 1 blocks run (the penultimate block's output).
+  auto deflt = must_load(clip_file(small_spec(), "fl_default"));
+  CHECK(deflt->config().feature_layer == 1);
   ClipSpec s = small_spec();
-  s.feature_layer = 0;
-  auto early = must_load(clip_file(s, "fl0"));
-  CHECK(early->config().feature_layer == 0);
-  CHECK_FALSE(early->config().use_post_ln);
+  s.feature_layer = 1;  // written as llama.cpp's list [1]
+  auto listed = must_load(clip_file(s, "fl1"));
+  s.feature_layer = 2;  // every block
+  const std::string all_path = clip_file(s, "fl2");
+  auto all = must_load(all_path);
+  CHECK(all->config().use_post_ln);
+  GgufValue scalar;
+  scalar.type = GgufType::INT32;
+  scalar.i = 1;
+  auto scalar1 = must_load(rewrite(all_path, "fl_scalar", set_kv("clip.vision.feature_layer", scalar)));
+  CHECK(scalar1->config().feature_layer == 1);
+  s.feature_layer = 0;  // the embeddings after pre_ln, no block
+  auto none = must_load(clip_file(s, "fl0"));
   // Tensors depend only on (seed, name): a one-block file without post_ln
   // holds exactly the weights the early exit uses.
   ClipSpec one = small_spec();
   one.n_layers = 1;
+  one.feature_layer = 1;
   one.post_ln = false;
   auto truncated = must_load(clip_file(one, "one"));
-  ClipSpec one_post = one;
-  one_post.post_ln = true;
-  auto with_post = must_load(clip_file(one_post, "one_post"));
+  one.post_ln = true;
+  auto with_post = must_load(clip_file(one, "one_post"));
   CHECK(with_post->config().use_post_ln);
 
-  const std::vector<float> px = preprocess(*early, random_image(32, 32, 5));
-  const std::vector<float> e0 = encode(*early, px, 1), e1 = encode(*truncated, px, 1),
-                           e2 = encode(*with_post, px, 1), full = encode(*must_load(clip_file(small_spec(), "fl_full")), px, 1);
-  CHECK(same_bits(e0, e1));
-  CHECK_FALSE(same_bits(e1, e2));
-  CHECK_FALSE(same_bits(e0, full));
+  const std::vector<float> px = preprocess(*deflt, random_image(32, 32, 5));
+  const std::vector<float> e_default = encode(*deflt, px, 1);
+  CHECK(same_bits(e_default, encode(*listed, px, 1)));
+  CHECK(same_bits(e_default, encode(*scalar1, px, 1)));
+  CHECK(same_bits(e_default, encode(*truncated, px, 1)));
+  CHECK_FALSE(same_bits(e_default, encode(*with_post, px, 1)));
+  CHECK_FALSE(same_bits(e_default, encode(*all, px, 1)));
+  const std::vector<float> e_none = encode(*none, px, 1);
+  CHECK_FALSE(same_bits(e_default, e_none));
+  for (float e : e_none) REQUIRE(std::isfinite(e));
 }
 
 TEST_CASE("clip: quick GELU and GELU differ and optional tensors are optional") {
@@ -460,7 +484,7 @@ TEST_CASE("clip: the spec is validated") {
   CHECK(q8->config().weight_type == DType::Q8_0);
   CHECK(q8->config().n_patches == 4);
   s = small_spec();
-  s.feature_layer = 2;
+  s.feature_layer = 3;
   require_code(write_test_clip_model(s, tmp_path("bad.gguf")), Code::invalid_argument, "feature_layer");
 }
 

@@ -39,16 +39,18 @@ sys.path.insert(0, HERE)
 from gguf_reader import GGUFFile  # noqa: E402
 
 # name, weight type, model seed, clip_dump make fields, images (w, h, seed), bound
+# feature_layer: llama.cpp's hidden-state index (blocks that run); no key: layers - 1.
 CASES = [
-    ("gelu_class_postln_f32", "f32", 201, {}, [(45, 37, 1), (32, 32, 2), (20, 24, 3)], 1e-4),
+    ("all_blocks_postln_f32", "f32", 201, dict(feature_layer=2), [(45, 37, 1), (32, 32, 2), (20, 24, 3)],
+     1e-4),
     ("quick_penultimate_f32", "f32", 202,
-     dict(layers=3, feature_layer=1, use_gelu=0, class_embd=0, pre_ln=0, patch_bias=1, hidden=96, proj=40),
+     dict(layers=3, use_gelu=0, class_embd=0, pre_ln=0, patch_bias=1, hidden=96, proj=40),
      [(64, 64, 4), (33, 31, 5)], 1e-4),
     ("wide_f32", "f32", 203,
-     dict(image_size=48, patch_size=12, dim=96, heads=6, ffn=192, proj=72),
+     dict(image_size=48, patch_size=12, dim=96, heads=6, ffn=192, proj=72, layers=3),
      [(100, 80, 6), (7, 9, 7)], 1e-4),
-    ("gelu_class_postln_f16", "f16", 204, {}, [(45, 37, 8), (50, 50, 9)], 1e-4),
-    ("penultimate_bf16", "bf16", 205, dict(layers=3, feature_layer=1), [(40, 28, 10)], 1e-4),
+    ("all_blocks_postln_f16", "f16", 204, dict(feature_layer=2), [(45, 37, 8), (50, 50, 9)], 1e-4),
+    ("first_block_bf16", "bf16", 205, dict(layers=3, feature_layer=1), [(40, 28, 10)], 1e-4),
     ("q8_0", "q8_0", 206, dict(image_size=64, patch_size=32, dim=64, ffn=128, proj=48, hidden=64),
      [(90, 70, 11), (64, 64, 12)], 1e-4),
 ]
@@ -138,7 +140,12 @@ class ClipReference:
         self.mean = np.asarray(kv["clip.vision.image_mean"], dtype=np.float64)
         self.std = np.asarray(kv["clip.vision.image_std"], dtype=np.float64)
         self.use_gelu = bool(kv.get("clip.use_gelu", False))
-        self.feature_layer = int(kv.get("clip.vision.feature_layer", self.L - 1))
+        # llama.cpp's hidden-state index: 0 = encoder input, h = output of block h - 1.
+        fl = kv.get("clip.vision.feature_layer", self.L - 1)
+        fl = np.atleast_1d(np.asarray(fl, dtype=np.int64))
+        if fl.size != 1:
+            raise CaseFailure(f"feature_layer {fl.tolist()}: one layer expected")
+        self.feature_layer = int(fl[0])
         self.has_class = g.has("v.class_embd")
         self.side = self.S // self.P
         self.n_patches = self.side ** 2
@@ -181,7 +188,7 @@ class ClipReference:
         if self.g.has("v.pre_ln.weight"):
             x = layer_norm(x, self.t("v.pre_ln.weight"), self.t("v.pre_ln.bias"), self.eps)
         act = gelu_tanh if self.use_gelu else gelu_quick
-        for i in range(self.feature_layer + 1):
+        for i in range(self.feature_layer):
             pre = f"v.blk.{i}."
             x = x + self.attention(layer_norm(x, self.t(pre + "ln1.weight"), self.t(pre + "ln1.bias"),
                                               self.eps), pre)
@@ -191,7 +198,7 @@ class ClipReference:
             if up.shape[1] != self.D:  # legacy fc1/fc2 naming
                 up, down, up_b, down_b = down, up, down_b, up_b
             x = x + act(h @ up.T + up_b) @ down.T + down_b
-        if self.feature_layer == self.L - 1 and self.g.has("v.post_ln.weight"):
+        if self.feature_layer == self.L and self.g.has("v.post_ln.weight"):
             x = layer_norm(x, self.t("v.post_ln.weight"), self.t("v.post_ln.bias"), self.eps)
         if self.has_class:
             x = x[1:]
