@@ -159,7 +159,10 @@ Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFil
   CLEAVE_ASSIGN(c.ffn, get_dim(f, "clip.vision.feed_forward_length"));
   CLEAVE_ASSIGN(c.n_layers, get_dim(f, "clip.vision.block_count"));
   CLEAVE_ASSIGN(c.n_heads, get_dim(f, "clip.vision.attention.head_count"));
-  CLEAVE_ASSIGN(c.projection_dim, get_dim(f, "clip.vision.projection_dim"));
+  // CLIP's own visual projection size: llama.cpp's converter writes it (768
+  // for CLIP-L), but the MLP projector ignores it; the output size is mm.2's.
+  if (f.find("clip.vision.projection_dim"))
+    CLEAVE_ASSIGN(c.clip_projection_dim, get_dim(f, "clip.vision.projection_dim"));
   auto eps = f.get_float("clip.vision.attention.layer_norm_epsilon");
   if (!eps.ok()) return with_prefix(eps.status());
   if (!(std::isfinite(*eps) && *eps > 0 && *eps < 1))
@@ -278,6 +281,13 @@ Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFil
   c.mm_hidden = int32_t(mm0->ne[1]);
   CLEAVE_ASSIGN(m->mm0_, b.matrix("mm.0.weight", dim, c.mm_hidden));
   CLEAVE_ASSIGN(m->mm0_b_, b.vector("mm.0.bias", c.mm_hidden));
+  const GgufTensorInfo* mm2 = f.find_tensor("mm.2.weight");
+  if (!mm2) return Status(Code::not_found, "clip: missing tensor 'mm.2.weight'");
+  if (mm2->n_dims != 2 || mm2->ne[1] < 1 || mm2->ne[1] > (1 << 20))
+    return Status(Code::corruption, "clip: tensor 'mm.2.weight' has shape " +
+                                        shape_str(mm2->ne, mm2->n_dims) + ", expected [" +
+                                        std::to_string(c.mm_hidden) + ", n_embd]");
+  c.projection_dim = int32_t(mm2->ne[1]);
   CLEAVE_ASSIGN(m->mm2_, b.matrix("mm.2.weight", c.mm_hidden, c.projection_dim));
   CLEAVE_ASSIGN(m->mm2_b_, b.vector("mm.2.bias", c.projection_dim));
   return m;

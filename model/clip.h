@@ -55,6 +55,7 @@ struct ClipConfig {
   int32_t feature_layer = 0;   // hidden-state index = blocks that run, in [0, n_layers]
   int32_t mm_hidden = 0;       // rows of mm.0
   int32_t projection_dim = 0;  // rows of mm.2: the language model's embedding size
+  int32_t clip_projection_dim = 0;  // clip.vision.projection_dim (unused by the MLP projector; 0: absent)
   float eps = 1e-5f;
   float image_mean[3] = {0, 0, 0};
   float image_std[3] = {1, 1, 1};

@@ -320,12 +320,25 @@ TEST_CASE("clip: bad or missing keys give typed errors naming the key") {
     require_code(m.status(), Code::unsupported, "has_vision_encoder");
   }
   {
+    // clip.vision.projection_dim is CLIP's own projection size (768 in LLaVA's
+    // CLIP-L files); the output size comes from mm.2.
     auto m = load_clip(rewrite(base, "k9", set_kv("clip.vision.projection_dim", [] {
       GgufValue v;
       v.type = GgufType::UINT32;
-      v.u = 64;  // mm.2 has 48 rows
+      v.u = 768;
       return v;
     }())));
+    REQUIRE_MESSAGE(m.ok(), m.status().to_string());
+    CHECK((*m)->config().projection_dim == 48);
+    CHECK((*m)->config().clip_projection_dim == 768);
+  }
+  {
+    Edit e;  // mm.2 reading 40 inputs while mm.0 gives 80
+    e.tensor = [](std::string& n, std::vector<int64_t>& ne, std::vector<uint8_t>&) {
+      if (n == "mm.2.weight") ne = {40, 96};  // same element count as [80, 48]
+      return true;
+    };
+    auto m = load_clip(rewrite(base, "k10", e));
     REQUIRE_FALSE(m.ok());
     require_code(m.status(), Code::corruption, "mm.2.weight");
   }

@@ -149,7 +149,7 @@ class ClipReference:
         self.has_class = g.has("v.class_embd")
         self.side = self.S // self.P
         self.n_patches = self.side ** 2
-        self.proj = int(kv["clip.vision.projection_dim"])
+        self.proj = self.g.tensors["mm.2.weight"].ne[1]  # clip.vision.projection_dim is CLIP's own
 
     def t(self, name):
         return self.g.tensor(name)
