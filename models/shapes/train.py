@@ -308,6 +308,9 @@ def export_mmproj(vision, c, path):
         "clip.vision.attention.head_count": c.v_heads,
         "clip.vision.attention.layer_norm_epsilon": float(c.ln_eps),
         "clip.vision.projection_dim": c.dim,
+        # Hidden state after every block (then v.post_ln): without the key,
+        # llama.cpp (and cleave) run block_count - 1 blocks, as for LLaVA.
+        "clip.vision.feature_layer": [c.v_layers],
         "clip.vision.image_mean": [float(v) for v in c.mean],
         "clip.vision.image_std": [float(v) for v in c.std],
     }
