@@ -259,7 +259,7 @@ std::vector<float> resize_bilinear(const RgbImage& image, int32_t out_w, int32_t
 
 Result<std::vector<float>> preprocess_image(const RgbImage& image, int32_t size, const float mean[3],
                                             const float std[3]) {
-  if (size < 1 || size > 65536)
+  if (size < 1 || size > 8192)  // as ClipModel's image_size
     return Status(Code::invalid_argument, "image: target size " + std::to_string(size) + " out of range");
   if (image.width < 1 || image.height < 1 ||
       image.rgb.size() != size_t(image.width) * size_t(image.height) * 3)

@@ -54,12 +54,14 @@ ImageHash image_hash(const RgbImage& image);
 //   x0 = floor(sx), x1 = min(x0 + 1, in_w - 1), fx = sx - x0   (same for y)
 //   out = (1-fy) * ((1-fx) p[y0][x0] + fx p[y0][x1]) + fy * ((1-fx) p[y1][x0] + fx p[y1][x1])
 // computed in double and rounded to float once. Same size is the identity.
+// The image must hold width * height pixels and the sizes be positive (an
+// invariant, checked: callers validate first, as preprocess_image does).
 std::vector<float> resize_bilinear(const RgbImage& image, int32_t out_w, int32_t out_h);
 
 // The encoder input: resize to size x size, then per channel
 // (v / 255 - mean[c]) / std[c] in double, rounded to float; CHW layout
-// (3 x size x size). invalid_argument for a size < 1 or an image without
-// pixels.
+// (3 x size x size). invalid_argument for a size outside [1, 8192], an
+// image without pixels, or a mean/std that is not finite (std must be > 0).
 Result<std::vector<float>> preprocess_image(const RgbImage& image, int32_t size,
                                             const float mean[3], const float std[3]);
 
