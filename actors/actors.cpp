@@ -28,7 +28,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
-#include <future>
 #include <iterator>
 #include <mutex>
 #include <thread>
@@ -1185,25 +1184,6 @@ Result<std::vector<std::pair<std::string, std::shared_ptr<StageCore>>>> make_nod
   return cores;
 }
 
-// With the middleman loaded, CAF 0.17's ~actor_system sometimes waits forever
-// for a detached actor that is never destroyed (seen on heads, workers and
-// refused workers alike, after their connections closed). By then the
-// scheduler and the middleman have stopped; give the teardown two seconds and
-// leave what remains to process exit rather than hang.
-void destroy_system(std::unique_ptr<caf::actor_system> system) {
-  auto done = std::make_shared<std::promise<void>>();
-  auto finished = done->get_future();
-  std::thread teardown([s = system.release(), done] {
-    delete s;
-    done->set_value();
-  });
-  if (finished.wait_for(std::chrono::seconds(2)) == std::future_status::ready) {
-    teardown.join();
-    return;
-  }
-  teardown.detach();  // silently: a refused node's one error line stays the only one
-}
-
 class HeadNode final : public Node {
  public:
   explicit HeadNode(const NodeOptions& o, const NodeSpec& me) : options_(o), me_(me) {
@@ -1227,7 +1207,7 @@ class HeadNode final : public Node {
     join_ = join_actor{};
     router_ = router_actor{};
     kv_ = kv_store_actor{};
-    destroy_system(std::move(system_));
+    system_.reset();
   }
 
   Status start() {
@@ -1359,7 +1339,7 @@ class WorkerNode final : public Node {
     join_ = join_actor{};
     router_ = router_actor{};
     kv_ = kv_store_actor{};
-    destroy_system(std::move(system_));
+    system_.reset();
   }
 
   Status start() {

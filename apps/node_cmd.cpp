@@ -12,6 +12,7 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -179,6 +180,23 @@ int run_requests(Node& node, const NodeArgs& a) {
   return 0;
 }
 
+// Destroys the node, but ends the process with `code` if that has not
+// finished within a few seconds: CAF 0.17's actor_system destructor now and
+// then waits forever for a detached stage actor after the connection to the
+// head broke (about 1 in 15 lost-head exits here). The process is done by
+// then; only its exit code is left to give.
+int finish(std::unique_ptr<Node> node, int code) {
+  std::fflush(stdout);
+  std::fflush(stderr);
+  std::thread([code] {
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    std::fflush(nullptr);
+    std::_Exit(code);
+  }).detach();
+  node.reset();
+  return code;
+}
+
 }  // namespace
 }  // namespace cleave
 
@@ -240,10 +258,18 @@ int run_node_command() {
                 node->stages());
   }
   std::fflush(stdout);
-  if (!a.requests.empty()) return run_requests(*node, a);
-  while (!g_stop) {
-    if (node->lost_head()) fail(Status(Code::unavailable, "lost the head at " + node->address()));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  try {
+    if (!a.requests.empty()) {
+      const int code = run_requests(*node, a);
+      return finish(std::move(node), code);
+    }
+    while (!g_stop) {
+      if (node->lost_head()) fail(Status(Code::unavailable, "lost the head at " + node->address()));
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "cleave: error: %s\n", e.what());
+    return finish(std::move(node), 1);
   }
-  return 0;
+  return finish(std::move(node), 0);
 }
