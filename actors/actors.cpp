@@ -1070,6 +1070,12 @@ std::string printable(const std::string& s) {
   return out;
 }
 
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", s);
+  return buf;
+}
+
 bool is_stage_kind(const std::string& kind) {
   return kind == "prefill" || kind == "decode" || kind == "colocated";
 }
@@ -1358,8 +1364,8 @@ class WorkerNode final : public Node {
       last = j.error();
       if (Clock::now() >= deadline)
         return Status(Code::unavailable, "cannot reach the head '" + head_.name + "' at " + address() +
-                                             " within " + std::to_string(options_.join_timeout_s) +
-                                             " s: " + system_->render(last));
+                                             " within " + seconds_text(options_.join_timeout_s) +
+                                             ": " + system_->render(last));
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     }
     const std::string secret = options_.secret.value_or("");

@@ -86,6 +86,10 @@ std::vector<GenerateRequest> read_requests(const std::string& path) {
       r.sampling.min_p = j.value("min_p", r.sampling.min_p);
       r.ignore_eos = j.value("ignore_eos", false);
       r.prefill_chunk = j.value("prefill_chunk", 512);
+      for (const GenerateRequest& earlier : out)
+        if (earlier.request_id == r.request_id)
+          fail(Status(Code::invalid_argument, where + "request id " + std::to_string(r.request_id) +
+                                                  " appears twice"));
       out.push_back(std::move(r));
     } catch (const nlohmann::json::exception& e) {
       fail(Status(Code::invalid_argument, where + e.what()));
@@ -102,8 +106,7 @@ struct Outcome {
   bool done = false;
 };
 
-int run_requests(Node& node, const NodeArgs& a) {
-  std::vector<GenerateRequest> requests = read_requests(a.requests);
+int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateRequest>& requests) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(a.wait_timeout_s * 1e3));
   int32_t attached = 0;
@@ -119,9 +122,7 @@ int run_requests(Node& node, const NodeArgs& a) {
   std::condition_variable cv;
   std::map<uint64_t, Outcome> outcomes;
   size_t remaining = requests.size();
-  for (const GenerateRequest& r : requests)
-    if (!outcomes.emplace(r.request_id, Outcome{}).second)
-      fail(Status(Code::invalid_argument, "request id " + std::to_string(r.request_id) + " appears twice"));
+  for (const GenerateRequest& r : requests) outcomes.emplace(r.request_id, Outcome{});
   for (const GenerateRequest& r : requests) {
     const uint64_t id = r.request_id;
     Status st = node.submit(r, [&, id](const msg::StreamEvent& e) {
@@ -234,6 +235,9 @@ int run_node_command() {
   const NodeSpec* me = o.spec.find(a.name);
   if (me && !me->head && !a.requests.empty())
     throw CLI::ValidationError("--requests", "only the head runs requests; '" + a.name + "' is a worker");
+  // A bad requests file fails before the node starts listening.
+  std::vector<GenerateRequest> requests;
+  if (!a.requests.empty()) requests = read_requests(a.requests);
   o.file = unwrap(GgufFile::open(a.model));
   auto tok = Tokenizer::from_gguf(*o.file);
   if (tok.ok()) o.tokenizer = std::move(*tok);
@@ -260,7 +264,7 @@ int run_node_command() {
   std::fflush(stdout);
   try {
     if (!a.requests.empty()) {
-      const int code = run_requests(*node, a);
+      const int code = run_requests(*node, a, requests);
       return finish(std::move(node), code);
     }
     while (!g_stop) {

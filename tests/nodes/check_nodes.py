@@ -153,7 +153,31 @@ def stats_of(head_err, actor):
     return dict(kv.split("=") for kv in m.group(1).split()) if m else {}
 
 
+def one_line_error(name, args, code, *needles):
+    p = subprocess.run([CLEAVE, "node", "--topology", TOPOLOGY, "-m", MODEL, *args], capture_output=True,
+                       text=True, timeout=60)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    expect(name, p.returncode == code and len(lines) == 1 and all(n in p.stderr for n in needles),
+           f"rc={p.returncode} stderr={p.stderr!r}")
+
+
 try:
+    # ---- bad input: exit 1 (2 for usage), one line naming the problem ------------
+    one_line_error("unknown node name", ["--name", "zz"], 1, "'zz'", "head, p0, d0")
+    one_line_error("a worker without the head's port", ["--name", "d0"], 1, "port 0", "head_port")
+    one_line_error("an unreachable head within the join timeout",
+                   ["--name", "d0", "--set", "head_port=1", "--join-timeout", "0.3"], 1, "127.0.0.1:1", "0.3 s")
+    one_line_error("--requests without --out", ["--name", "head", "--requests", req_path], 2, "--out")
+    bad_req = os.path.join(WORK, "bad.jsonl")
+    with open(bad_req, "w") as f:
+        f.write('{"id": 1, "prompt_ids": [1, 2]}\n{"id": 1, "prompt_ids": [1, 3]}\n')
+    one_line_error("a duplicate request id", ["--name", "head", "--requests", bad_req, "--out", bad_req + ".out"],
+                   1, "bad.jsonl:2", "appears twice")
+    with open(bad_req, "w") as f:
+        f.write('{"id": 1, "prompt_ids": [1, 2]}\n{"id": 2, "prompt_ids": [1, 3\n')
+    one_line_error("a malformed request line", ["--name", "head", "--requests", bad_req, "--out", bad_req + ".out"],
+                   1, "bad.jsonl:2")
+
     # ---- (a) head + prefill node + decode node give mono's tokens ---------------
     out = os.path.join(WORK, "pd.jsonl")
     head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "2",
