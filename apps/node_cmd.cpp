@@ -104,6 +104,8 @@ struct Outcome {
   std::string finish_reason;
   Status error;
   bool done = false;
+  double ttft_s = 0, total_s = 0;
+  std::map<std::string, std::pair<int32_t, double>> stages;  // origin -> (tokens, step seconds)
 };
 
 int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateRequest>& requests) {
@@ -123,15 +125,26 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
   std::map<uint64_t, Outcome> outcomes;
   size_t remaining = requests.size();
   for (const GenerateRequest& r : requests) outcomes.emplace(r.request_id, Outcome{});
+  const auto t0 = std::chrono::steady_clock::now();
+  auto since_t0 = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  };
   for (const GenerateRequest& r : requests) {
     const uint64_t id = r.request_id;
     Status st = node.submit(r, [&, id](const msg::StreamEvent& e) {
       std::lock_guard<std::mutex> lock(mu);
       Outcome& o = outcomes[id];
+      if (!e.origin.empty()) {
+        auto& stage = o.stages[e.origin];
+        stage.first += e.kind == msg::StreamEvent::Kind::token;
+        stage.second += e.stage_seconds;
+      }
       if (e.kind == msg::StreamEvent::Kind::token) {
+        if (o.tokens.empty()) o.ttft_s = since_t0();
         o.tokens.push_back(e.token);
         return;
       }
+      o.total_s = since_t0();
       if (e.kind == msg::StreamEvent::Kind::finished) o.finish_reason = e.finish_reason;
       else o.error = e.error;
       o.done = true;
@@ -161,6 +174,10 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
     nlohmann::json j;
     j["id"] = r.request_id;
     j["tokens"] = o.tokens;
+    j["ttft_ms"] = o.ttft_s * 1e3;
+    j["total_ms"] = o.total_s * 1e3;
+    for (const auto& [origin, st] : o.stages)  // which actor on which node, and its step time
+      j["stages"][origin] = {{"tokens", st.first}, {"ms", st.second * 1e3}};
     if (o.error.ok()) {
       j["finish_reason"] = o.finish_reason;
     } else {

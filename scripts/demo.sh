@@ -15,3 +15,6 @@ build/apps/cleave generate -m "$MODEL" -p "Once upon a time" -n 48 --temp 0.8 --
 echo
 echo "== the same request, disaggregated: prefill actor -> KV store actor -> decode actor"
 build/apps/cleave generate -m "$MODEL" -p "Once upon a time" -n 48 --temp 0.8 --seed 42 --topology pd
+echo
+echo "== P/D as two processes (examples/pd_2nodes.lua): head + decode node over loopback"
+scripts/demo_nodes.sh "$MODEL"

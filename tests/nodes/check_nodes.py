@@ -193,6 +193,12 @@ try:
     wrong = [r["id"] for r in results if r.get("tokens") != mono.get(r["id"]) or "error" in r]
     expect("pd over 3 processes gives mono's tokens for 100 requests", not wrong and len(results) == 100,
            f"differ: {wrong[:10]}")
+    def stage_tokens(r, node):
+        return sum(s["tokens"] for k, s in r.get("stages", {}).items() if k.startswith(node + "/"))
+    expect("each result names its stages: the first token from p0, the rest from d0, with step times",
+           all(stage_tokens(r, "p0") == 1 and stage_tokens(r, "d0") == len(r["tokens"]) - 1 and
+               all(s["ms"] > 0 for s in r["stages"].values()) for r in results if r.get("tokens")),
+           str(results[0] if results else None))
     kv = stats_of(herr, "kv_store")
     expect("KV blocks crossed processes (prefill node -> head store -> decode node)",
            int(kv.get("kv_blocks_stored", 0)) > 0 and int(kv.get("kv_blocks_served", 0)) > 0, herr)
