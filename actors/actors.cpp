@@ -1380,14 +1380,17 @@ class WorkerNode final : public Node {
             [&](caf::error& e) { st = from_error(e); });
     if (!st.ok())
       return Status(st.code(), "the head at " + address() + " refused node " + me_.name + ": " + st.message());
-    watcher_ = system_->spawn([router = router_, lost = head_lost_](caf::event_based_actor* w) {
+    // Arguments go through spawn, not captures: CAF 0.17 dereferences a null
+    // shared_ptr<tuple<>> for a function actor spawned without any (UBSan).
+    watcher_ = system_->spawn([](caf::event_based_actor* w, router_actor router,
+                                 std::shared_ptr<std::atomic<bool>> lost) {
       w->monitor(router);
       w->set_down_handler([=](caf::down_msg&) {
         lost->store(true);
         w->quit();
       });
       return caf::behavior{[](int32_t) {}};
-    });
+    }, router_, head_lost_);
     for (auto& [kind, core] : cores.value()) {
       auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, kind != "prefill");
       stages_.push_back(handle);
