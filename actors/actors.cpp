@@ -790,6 +790,33 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
 
 // ---- the pipeline ----
 
+// Registers the callback, then hands the request to the router (admission:
+// busy, unavailable or a typed error comes back, and the callback goes).
+Status submit_to_router(caf::actor_system& system, const router_actor& router, EventSinks& sinks,
+                        GenerateRequest request, EventCallback on_event) {
+  const uint64_t id = request.request_id;
+  if (!sinks.add(id, std::move(on_event)))
+    return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
+  Status st;
+  caf::scoped_actor self{system};
+  self->request(router, kClientTimeout, submit_atom::value, codec::encode(request))
+      .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+  if (!st.ok()) sinks.remove(id);
+  return st;
+}
+
+// Appends an actor's counters; a dead actor has none.
+template <class Handle>
+void collect_stats(caf::scoped_actor& self, const Handle& handle, std::vector<msg::Stats>& out) {
+  self->request(handle, kClientTimeout, stats_atom::value)
+      .receive(
+          [&](const Bytes& b) {
+            auto s = codec::decode_as<msg::Stats>(b);
+            if (s.ok()) out.push_back(std::move(s.value()));
+          },
+          [](caf::error&) {});
+}
+
 Result<std::shared_ptr<TieredStore>> make_store(const PipelineOptions& o, uint64_t fp,
                                                 const KvLayout& layout) {
   constexpr size_t kDefaultTierBytes = size_t(64) << 20;
@@ -884,28 +911,13 @@ class ActorPipeline final : public Pipeline {
   Status submit(GenerateRequest request, EventCallback on_event) override {
     Status st = validate_request(request, context_, n_vocab_);
     if (!st.ok()) return st;
-    const uint64_t id = request.request_id;
-    if (!sinks_->add(id, std::move(on_event)))
-      return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
-    caf::scoped_actor self{*system_};
-    self->request(router_, kClientTimeout, submit_atom::value, codec::encode(request))
-        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
-    if (!st.ok()) sinks_->remove(id);
-    return st;
+    return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
 
   std::vector<msg::Stats> stats() override {
     std::vector<msg::Stats> out;
     caf::scoped_actor self{*system_};
-    auto collect = [&](auto handle) {
-      self->request(handle, kClientTimeout, stats_atom::value)
-          .receive(
-              [&](const Bytes& b) {
-                auto s = codec::decode_as<msg::Stats>(b);
-                if (s.ok()) out.push_back(std::move(s.value()));
-              },
-              [](caf::error&) {});  // a dead actor has no counters
-    };
+    auto collect = [&](auto handle) { collect_stats(self, handle, out); };
     collect(router_);
     collect(kv_);
     for (auto& st : stages_) collect(st.handle);
@@ -1284,28 +1296,13 @@ class HeadNode final : public Node {
   Status submit(GenerateRequest request, EventCallback on_event) override {
     Status st = validate_request(request, context_, n_vocab_);
     if (!st.ok()) return st;
-    const uint64_t id = request.request_id;
-    if (!sinks_->add(id, std::move(on_event)))
-      return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
-    caf::scoped_actor self{*system_};
-    self->request(router_, kClientTimeout, submit_atom::value, codec::encode(request))
-        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
-    if (!st.ok()) sinks_->remove(id);
-    return st;
+    return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
 
   std::vector<msg::Stats> stats() override {
     std::vector<msg::Stats> out;
     caf::scoped_actor self{*system_};
-    auto collect = [&](auto handle) {
-      self->request(handle, kClientTimeout, stats_atom::value)
-          .receive(
-              [&](const Bytes& b) {
-                auto s = codec::decode_as<msg::Stats>(b);
-                if (s.ok()) out.push_back(std::move(s.value()));
-              },
-              [](caf::error&) {});
-    };
+    auto collect = [&](auto handle) { collect_stats(self, handle, out); };
     collect(router_);
     collect(kv_);
     return out;
