@@ -11,13 +11,27 @@
 #include <vector>
 
 #include "common/status.h"
+#include "model/image.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
 
 namespace cleave {
 
+// An image in the prompt, LLaVA style: prompt[position, position + n_tokens)
+// hold placeholder ids whose rows take the image's embeddings instead of
+// token embeddings. The content hash keys the KV prefix (a different image
+// never reuses KV, the same one does) and the encoders' embedding cache.
+struct PromptImage {
+  int32_t position = 0;
+  int32_t n_tokens = 0;
+  ImageHash hash;
+  RgbImage image;                 // decoded pixels, for the encoder; may be dropped once encoded
+  std::vector<float> embeddings;  // n_tokens x n_embd once encoded, empty before
+};
+
 struct GenerateRequest {
   std::vector<int32_t> prompt;  // token ids (already tokenised)
+  std::vector<PromptImage> images;  // in prompt order, not overlapping
   SamplingParams sampling;
   uint64_t request_id = 0;      // keys the sampler's RNG
   int32_t prefill_chunk = 512;  // tokens per prefill forward (llama.cpp's ubatch)
