@@ -40,6 +40,25 @@ struct SamplingParams {
   stop @8 :List(Text);
 }
 
+# model/request.h PromptImage: prompt[position, position + nTokens) take the
+# image's rows. pixels: RGB, row-major, width * height * 3 bytes, or empty
+# once encoded; embeddings: float32 little-endian, nTokens x n_embd, or
+# empty before encoding.
+struct ImageHash {
+  lo @0 :UInt64;
+  hi @1 :UInt64;
+}
+
+struct PromptImage {
+  position @0 :Int32;
+  nTokens @1 :Int32;
+  hash @2 :ImageHash;
+  width @3 :Int32;
+  height @4 :Int32;
+  pixels @5 :Data;
+  embeddings @6 :Data;
+}
+
 struct GenerateRequest {
   prompt @0 :List(Int32);
   sampling @1 :SamplingParams;
@@ -47,6 +66,20 @@ struct GenerateRequest {
   prefillChunk @3 :Int32;
   ignoreEos @4 :Bool;
   keepLogits @5 :Bool;
+  images @6 :List(PromptImage);
+}
+
+# Router -> vision_encoder: the images of one request that need embeddings
+# (with pixels). The reply is ImageEmbeddings: the same images, in order,
+# with embeddings and without pixels.
+struct EncodeRequest {
+  requestId @0 :UInt64;
+  images @1 :List(PromptImage);
+}
+
+struct ImageEmbeddings {
+  requestId @0 :UInt64;
+  images @1 :List(PromptImage);
 }
 
 struct StreamEvent {
@@ -149,5 +182,7 @@ struct Envelope {
     kvBlocks @7 :KvBlocks;
     health @8 :Health;
     stats @9 :Stats;
+    encodeRequest @10 :EncodeRequest;
+    imageEmbeddings @11 :ImageEmbeddings;
   }
 }

@@ -11,6 +11,7 @@
 #include <kj/io.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -23,11 +24,12 @@ namespace {
 
 using Body = wire::Envelope::Body;
 
-constexpr const char* kKindNames[] = {"GenerateRequest", "StreamEvent", "Handoff",
-                                      "KvPut",           "KvAck",       "KvGet",
-                                      "KvBlocks",        "Health",      "Stats"};
+constexpr const char* kKindNames[] = {"GenerateRequest", "StreamEvent",   "Handoff",
+                                      "KvPut",           "KvAck",         "KvGet",
+                                      "KvBlocks",        "Health",        "Stats",
+                                      "EncodeRequest",   "ImageEmbeddings"};
 constexpr size_t kNumKinds = sizeof(kKindNames) / sizeof(kKindNames[0]);
-static_assert(kNumKinds == size_t(Body::STATS) + 1, "a kind name per union member");
+static_assert(kNumKinds == size_t(Body::IMAGE_EMBEDDINGS) + 1, "a kind name per union member");
 
 std::string kind_name(Body::Which which) {
   return size_t(which) < kNumKinds ? kKindNames[size_t(which)]
@@ -64,6 +66,27 @@ void put(wire::SamplingParams::Builder b, const SamplingParams& p) {
   for (size_t i = 0; i < p.stop.size(); ++i) stop.set(unsigned(i), text(p.stop[i]));
 }
 
+// Data of float32 little-endian (this build's byte order: static_assert
+// below), copied bit for bit.
+static_assert(std::endian::native == std::endian::little, "embeddings travel as little-endian floats");
+
+void put(wire::PromptImage::Builder b, const PromptImage& im) {
+  b.setPosition(im.position);
+  b.setNTokens(im.n_tokens);
+  auto hash = b.initHash();
+  hash.setLo(im.hash.lo);
+  hash.setHi(im.hash.hi);
+  b.setWidth(im.image.width);
+  b.setHeight(im.image.height);
+  b.setPixels(capnp::Data::Reader(im.image.rgb.data(), im.image.rgb.size()));
+  b.setEmbeddings(capnp::Data::Reader(reinterpret_cast<const uint8_t*>(im.embeddings.data()),
+                                      im.embeddings.size() * sizeof(float)));
+}
+
+void put(capnp::List<wire::PromptImage>::Builder list, const std::vector<PromptImage>& images) {
+  for (size_t i = 0; i < images.size(); ++i) put(list[unsigned(i)], images[i]);
+}
+
 void put(wire::GenerateRequest::Builder b, const GenerateRequest& r) {
   put_scalars(b.initPrompt(unsigned(r.prompt.size())), r.prompt);
   put(b.initSampling(), r.sampling);
@@ -71,6 +94,17 @@ void put(wire::GenerateRequest::Builder b, const GenerateRequest& r) {
   b.setPrefillChunk(r.prefill_chunk);
   b.setIgnoreEos(r.ignore_eos);
   b.setKeepLogits(r.keep_logits);
+  put(b.initImages(unsigned(r.images.size())), r.images);
+}
+
+void put(wire::EncodeRequest::Builder b, const msg::EncodeRequest& m) {
+  b.setRequestId(m.request_id);
+  put(b.initImages(unsigned(m.images.size())), m.images);
+}
+
+void put(wire::ImageEmbeddings::Builder b, const msg::ImageEmbeddings& m) {
+  b.setRequestId(m.request_id);
+  put(b.initImages(unsigned(m.images.size())), m.images);
 }
 
 void put(wire::StreamEvent::Builder b, const msg::StreamEvent& e) {
@@ -208,6 +242,40 @@ SamplingParams get(wire::SamplingParams::Reader r) {
   return p;
 }
 
+// Sizes are checked here, before the copies: a hostile message must not
+// make us allocate what validation would refuse.
+PromptImage get(wire::PromptImage::Reader r) {
+  PromptImage im;
+  im.position = r.getPosition();
+  im.n_tokens = r.getNTokens();
+  im.hash = ImageHash{r.getHash().getLo(), r.getHash().getHi()};
+  im.image.width = r.getWidth();
+  im.image.height = r.getHeight();
+  auto pixels = r.getPixels();
+  if (pixels.size() > size_t(kMaxImageSide) * size_t(kMaxImageSide) * 3)
+    throw TooLong{"image pixels: " + std::to_string(pixels.size()) + " bytes, limit " +
+                  std::to_string(size_t(kMaxImageSide) * size_t(kMaxImageSide) * 3)};
+  im.image.rgb.assign(pixels.begin(), pixels.end());
+  auto emb = r.getEmbeddings();
+  if (emb.size() > kMaxEmbeddingBytes)
+    throw TooLong{"image embeddings: " + std::to_string(emb.size()) + " bytes, limit " +
+                  std::to_string(kMaxEmbeddingBytes)};
+  if (emb.size() % sizeof(float) != 0)
+    throw TooLong{"image embeddings: " + std::to_string(emb.size()) +
+                  " bytes is not a whole number of float32"};
+  im.embeddings.resize(emb.size() / sizeof(float));
+  if (!im.embeddings.empty()) std::memcpy(im.embeddings.data(), emb.begin(), emb.size());
+  return im;
+}
+
+std::vector<PromptImage> get(capnp::List<wire::PromptImage>::Reader list) {
+  bounded(list, kMaxImages, "images");
+  std::vector<PromptImage> out;
+  out.reserve(list.size());
+  for (auto im : list) out.push_back(get(im));
+  return out;
+}
+
 GenerateRequest get(wire::GenerateRequest::Reader r) {
   GenerateRequest out;
   out.prompt = get_scalars<int32_t>(bounded(r.getPrompt(), kMaxTokens, "prompt"));
@@ -216,6 +284,7 @@ GenerateRequest get(wire::GenerateRequest::Reader r) {
   out.prefill_chunk = r.getPrefillChunk();
   out.ignore_eos = r.getIgnoreEos();
   out.keep_logits = r.getKeepLogits();
+  out.images = get(r.getImages());
   return out;
 }
 
@@ -297,6 +366,14 @@ void get(wire::Stats::Reader r, msg::Stats& m) {
   m.actor = get(r.getActor());
   for (auto c : bounded(r.getCounters(), kMaxListEntries, "counters")) m.counters.emplace_back(get(c.getName()), c.getValue());
 }
+void get(wire::EncodeRequest::Reader r, msg::EncodeRequest& m) {
+  m.request_id = r.getRequestId();
+  m.images = get(r.getImages());
+}
+void get(wire::ImageEmbeddings::Reader r, msg::ImageEmbeddings& m) {
+  m.request_id = r.getRequestId();
+  m.images = get(r.getImages());
+}
 void get(wire::GenerateRequest::Reader r, GenerateRequest& m) { m = get(r); }
 void get(wire::StreamEvent::Reader r, msg::StreamEvent& m) { m = get(r); }
 
@@ -344,11 +421,51 @@ Status validate(const SamplingParams& p) {
   return Status::Ok();
 }
 
+// One image on its own; where it sits in a prompt is validate_request()'s.
+Status validate(const PromptImage& im, size_t index) {
+  const std::string who = "image " + std::to_string(index) + ": ";
+  if (im.position < 0) return invalid(who + "position " + std::to_string(im.position) + " is negative");
+  if (im.n_tokens < 1) return invalid(who + "n_tokens " + std::to_string(im.n_tokens) + " must be >= 1");
+  const RgbImage& px = im.image;
+  if (px.width < 0 || px.height < 0 || px.width > kMaxImageSide || px.height > kMaxImageSide)
+    return invalid(who + "size " + std::to_string(px.width) + "x" + std::to_string(px.height) +
+                   " outside 0.." + std::to_string(kMaxImageSide));
+  if (!px.rgb.empty() && px.rgb.size() != size_t(px.width) * size_t(px.height) * 3)
+    return invalid(who + std::to_string(px.rgb.size()) + " pixel bytes, " +
+                   std::to_string(px.width) + "x" + std::to_string(px.height) + " RGB needs " +
+                   std::to_string(size_t(px.width) * size_t(px.height) * 3));
+  if (im.embeddings.size() % size_t(im.n_tokens) != 0)
+    return invalid(who + std::to_string(im.embeddings.size()) +
+                   " embedding floats are not whole rows of its " + std::to_string(im.n_tokens) +
+                   " tokens");
+  return Status::Ok();
+}
+
+Status validate(const std::vector<PromptImage>& images) {
+  for (size_t i = 0; i < images.size(); ++i) CLEAVE_RETURN_IF_ERROR(validate(images[i], i));
+  return Status::Ok();
+}
+
 Status validate(const GenerateRequest& r) {
   CLEAVE_RETURN_IF_ERROR(check_tokens("prompt", r.prompt));
   if (r.prefill_chunk < 1)
     return invalid("prefill_chunk = " + std::to_string(r.prefill_chunk) + " must be >= 1");
+  CLEAVE_RETURN_IF_ERROR(validate(r.images));
   return validate(r.sampling);
+}
+
+Status validate(const msg::EncodeRequest& m) {
+  for (size_t i = 0; i < m.images.size(); ++i)
+    if (m.images[i].image.rgb.empty())
+      return invalid("image " + std::to_string(i) + " has no pixels to encode");
+  return validate(m.images);
+}
+
+Status validate(const msg::ImageEmbeddings& m) {
+  for (size_t i = 0; i < m.images.size(); ++i)
+    if (m.images[i].embeddings.empty())
+      return invalid("image " + std::to_string(i) + " has no embeddings");
+  return validate(m.images);
 }
 
 Status validate(const msg::StreamEvent& e) {
@@ -448,6 +565,8 @@ CLEAVE_MEMBER(msg::KvGet, KV_GET, KvGet)
 CLEAVE_MEMBER(msg::KvBlocks, KV_BLOCKS, KvBlocks)
 CLEAVE_MEMBER(msg::Health, HEALTH, Health)
 CLEAVE_MEMBER(msg::Stats, STATS, Stats)
+CLEAVE_MEMBER(msg::EncodeRequest, ENCODE_REQUEST, EncodeRequest)
+CLEAVE_MEMBER(msg::ImageEmbeddings, IMAGE_EMBEDDINGS, ImageEmbeddings)
 #undef CLEAVE_MEMBER
 
 template <class T>
@@ -518,6 +637,7 @@ Status decode_message(const char* data, size_t size, T& out, const Limits& limit
 
 Limits control_limits() { return Limits{(uint64_t(16) << 20) / sizeof(capnp::word), 16}; }
 Limits kv_limits() { return Limits{(uint64_t(1) << 30) / sizeof(capnp::word), 16}; }
+Limits image_limits() { return Limits{(uint64_t(512) << 20) / sizeof(capnp::word), 16}; }
 
 #define CLEAVE_CODEC(Type)                                                         \
   Bytes encode(const Type& m) { return encode_message(m); }                        \
@@ -533,6 +653,8 @@ CLEAVE_CODEC(msg::KvGet)
 CLEAVE_CODEC(msg::KvBlocks)
 CLEAVE_CODEC(msg::Health)
 CLEAVE_CODEC(msg::Stats)
+CLEAVE_CODEC(msg::EncodeRequest)
+CLEAVE_CODEC(msg::ImageEmbeddings)
 #undef CLEAVE_CODEC
 
 }  // namespace cleave::codec

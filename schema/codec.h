@@ -10,8 +10,11 @@
 // BlockRecord's byte count matches its layout and n_tokens fits the block,
 // but its checksum and fingerprints are NOT checked here. Receivers call
 // verify() (storage/block.h) against the model and layout they expect.
-// Request fields that need the model (token < n_vocab, prompt length vs
-// context) are validate_request()'s job.
+// Likewise an image's pixels match its width and height and its embeddings
+// are whole rows of its n_tokens, but the content hash is not recomputed
+// (the vision encoder does that). Request fields that need the model
+// (token < n_vocab, prompt length vs context, embedding width, image order)
+// are validate_request()'s job.
 //
 // Bytes is std::vector<char>, CAF's built-in message type, so encoded
 // messages cross actors and nodes with nothing to register.
@@ -41,6 +44,11 @@ constexpr size_t kMaxListEntries = 4096;
 constexpr size_t kMaxTokens = size_t(1) << 24;  // a token list; logits floats
 constexpr size_t kMaxKeys = size_t(1) << 20;    // block keys in one message
 constexpr size_t kMaxBlocks = size_t(1) << 16;  // block records in one message
+// Images: per message, pixels per side (preprocess_image's bound), and the
+// bytes of one image's embeddings.
+constexpr size_t kMaxImages = 256;
+constexpr int32_t kMaxImageSide = 8192;
+constexpr size_t kMaxEmbeddingBytes = size_t(256) << 20;
 
 // Reader limits, set explicitly per channel (Cap'n Proto's defaults are
 // 64 MiB and 64 levels).
@@ -48,8 +56,11 @@ struct Limits {
   uint64_t traversal_words = 0;
   uint32_t nesting = 0;
 };
-Limits control_limits();  // requests, events, health, stats: 16 MiB, nesting 16
+Limits control_limits();  // events, health, stats, KV gets: 16 MiB, nesting 16
 Limits kv_limits();       // messages that carry KV blocks: 1 GiB, nesting 16
+// Requests and the encoder's messages, which may carry pixels and
+// embeddings: 512 MiB, nesting 16.
+Limits image_limits();
 
 // Every message is wrapped in one envelope whose union names its kind, so
 // decoding bytes of one kind as another is an invalid_argument naming both.
@@ -62,10 +73,12 @@ Bytes encode(const msg::KvGet& m);
 Bytes encode(const msg::KvBlocks& m);
 Bytes encode(const msg::Health& m);
 Bytes encode(const msg::Stats& m);
+Bytes encode(const msg::EncodeRequest& m);
+Bytes encode(const msg::ImageEmbeddings& m);
 
 // data need not be aligned (it is copied into words when it is not).
 Status decode(const char* data, size_t size, GenerateRequest& out,
-              const Limits& limits = control_limits());
+              const Limits& limits = image_limits());
 Status decode(const char* data, size_t size, msg::StreamEvent& out,
               const Limits& limits = control_limits());
 Status decode(const char* data, size_t size, msg::Handoff& out,
@@ -81,6 +94,10 @@ Status decode(const char* data, size_t size, msg::Health& out,
               const Limits& limits = control_limits());
 Status decode(const char* data, size_t size, msg::Stats& out,
               const Limits& limits = control_limits());
+Status decode(const char* data, size_t size, msg::EncodeRequest& out,
+              const Limits& limits = image_limits());
+Status decode(const char* data, size_t size, msg::ImageEmbeddings& out,
+              const Limits& limits = image_limits());
 
 template <class T>
 Status decode(const Bytes& bytes, T& out) {

@@ -65,6 +65,19 @@ struct KvBlocks {
   std::vector<BlockRecord> blocks;  // records for keys[0..blocks.size()), in order
 };
 
+// Router -> vision_encoder: the images of request_id that need embeddings
+// (with pixels). The reply, ImageEmbeddings, gives the same images in the
+// same order with their embeddings (n_tokens x n_embd floats) and without
+// pixels; the router puts them into the request it holds.
+struct EncodeRequest {
+  uint64_t request_id = 0;
+  std::vector<PromptImage> images;
+};
+struct ImageEmbeddings {
+  uint64_t request_id = 0;
+  std::vector<PromptImage> images;
+};
+
 struct Health {
   std::string actor;
   bool ok = true;

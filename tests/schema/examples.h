@@ -35,6 +35,28 @@ inline BlockRecord block(uint32_t salt, KvLayout layout = small_layout()) {
   return r;
 }
 
+// An image with pixels (to encode) or with embeddings (encoded), values
+// differing per salt; embeddings hold bit patterns that must survive
+// (negative zero, subnormal, infinity, NaN).
+inline PromptImage image(uint32_t salt, bool encoded) {
+  PromptImage im;
+  im.position = 1 + int32_t(salt % 3);
+  im.n_tokens = 4;
+  im.hash = ImageHash{0xabcdef0000000000ull + salt, 0x1234567800000000ull ^ salt};
+  im.image.width = 3;
+  im.image.height = 2;
+  if (encoded) {
+    for (int i = 0; i < 4 * 5; ++i) im.embeddings.push_back(float(i) * 0.5f - float(salt));
+    im.embeddings[1] = -0.0f;
+    im.embeddings[2] = 1e-40f;
+    im.embeddings[3] = INFINITY;
+    im.embeddings[4] = NAN;
+  } else {
+    for (int i = 0; i < 3 * 2 * 3; ++i) im.image.rgb.push_back(uint8_t(i * 13 + salt));
+  }
+  return im;
+}
+
 inline GenerateRequest request() {
   GenerateRequest r;
   r.prompt = {1, 15043, 3186, 0, 31999, 7};
@@ -51,6 +73,7 @@ inline GenerateRequest request() {
   r.prefill_chunk = 96;
   r.ignore_eos = true;
   r.keep_logits = true;
+  r.images = {image(1, false), image(2, true)};
   return r;
 }
 
@@ -130,6 +153,20 @@ inline msg::Stats stats() {
   s.counters = {{"requests", 1000}, {"tokens", 123456789012ull}, {"kv_blocks_moved", 0},
                 {"failures", ~0ull}};
   return s;
+}
+
+inline msg::EncodeRequest encode_request() {
+  msg::EncodeRequest m;
+  m.request_id = 77;
+  m.images = {image(3, false), image(4, false)};
+  return m;
+}
+
+inline msg::ImageEmbeddings image_embeddings() {
+  msg::ImageEmbeddings m;
+  m.request_id = 77;
+  m.images = {image(3, true), image(4, true)};
+  return m;
 }
 
 }  // namespace cleave::examples

@@ -27,7 +27,29 @@ void check_same(const Status& a, const Status& b) {
   CHECK(a.code() == b.code());
   CHECK(a.message() == b.message());
 }
+void check_same(const PromptImage& a, const PromptImage& b) {
+  CHECK(a.position == b.position);
+  CHECK(a.n_tokens == b.n_tokens);
+  CHECK(a.hash == b.hash);
+  CHECK(a.image.width == b.image.width);
+  CHECK(a.image.height == b.image.height);
+  CHECK(a.image.rgb == b.image.rgb);
+  CHECK(cleave::testing::same_bits(a.embeddings, b.embeddings));
+}
+void check_same(const std::vector<PromptImage>& a, const std::vector<PromptImage>& b) {
+  REQUIRE(a.size() == b.size());
+  for (size_t i = 0; i < a.size(); ++i) check_same(a[i], b[i]);
+}
+void check_same(const msg::EncodeRequest& a, const msg::EncodeRequest& b) {
+  CHECK(a.request_id == b.request_id);
+  check_same(a.images, b.images);
+}
+void check_same(const msg::ImageEmbeddings& a, const msg::ImageEmbeddings& b) {
+  CHECK(a.request_id == b.request_id);
+  check_same(a.images, b.images);
+}
 void check_same(const GenerateRequest& a, const GenerateRequest& b) {
+  check_same(a.images, b.images);
   CHECK(a.prompt == b.prompt);
   CHECK(same_bits(a.sampling.temperature, b.sampling.temperature));
   CHECK(a.sampling.top_k == b.sampling.top_k);
@@ -107,10 +129,12 @@ T round_trip(const T& in) {
 auto all_examples() {
   return std::make_tuple(examples::request(), examples::finished_event(), examples::handoff(),
                          examples::kv_put(), examples::kv_ack(), examples::kv_get(),
-                         examples::kv_blocks(), examples::health(), examples::stats());
+                         examples::kv_blocks(), examples::health(), examples::stats(),
+                         examples::encode_request(), examples::image_embeddings());
 }
-const char* const kNames[] = {"GenerateRequest", "StreamEvent", "Handoff", "KvPut", "KvAck",
-                              "KvGet",           "KvBlocks",    "Health",  "Stats"};
+const char* const kNames[] = {"GenerateRequest", "StreamEvent",  "Handoff", "KvPut",
+                              "KvAck",           "KvGet",        "KvBlocks", "Health",
+                              "Stats",           "EncodeRequest", "ImageEmbeddings"};
 
 template <class F>
 void for_each_example(F&& f) {
@@ -156,6 +180,8 @@ TEST_CASE("codec: every message round-trips field by field, floats bit for bit")
   check_same(round_trip(examples::kv_blocks()), examples::kv_blocks());
   check_same(round_trip(examples::health()), examples::health());
   check_same(round_trip(examples::stats()), examples::stats());
+  check_same(round_trip(examples::encode_request()), examples::encode_request());
+  check_same(round_trip(examples::image_embeddings()), examples::image_embeddings());
   // Default values too (empty lists, empty strings, default Status).
   check_same(round_trip(GenerateRequest{}), GenerateRequest{});
   msg::StreamEvent finished;  // (the default kind, token, needs a token id)
@@ -164,6 +190,7 @@ TEST_CASE("codec: every message round-trips field by field, floats bit for bit")
   check_same(round_trip(msg::Handoff{}), msg::Handoff{});
   check_same(round_trip(msg::KvAck{}), msg::KvAck{});
   check_same(round_trip(msg::Stats{}), msg::Stats{});
+  check_same(round_trip(msg::EncodeRequest{}), msg::EncodeRequest{});
 }
 
 TEST_CASE("codec: encoding is deterministic and decoding does not need aligned input") {
@@ -418,4 +445,92 @@ TEST_CASE("codec: another schema version is unsupported, an unknown kind is name
   st = codec::decode(other, out);
   CHECK(st.code() == Code::invalid_argument);
   CHECK(st.message() == "expected Health, got unknown kind 42");
+}
+
+TEST_CASE("codec: images carry pixels and float32 embeddings bit for bit") {
+  // A NaN payload and every byte value of the pixels survive.
+  GenerateRequest r = examples::request();
+  uint32_t payload = 0x7fc01234u;
+  std::memcpy(&r.images[1].embeddings[5], &payload, sizeof(payload));
+  r.images[0].image.width = 16;
+  r.images[0].image.height = 16;
+  r.images[0].image.rgb.resize(16 * 16 * 3);
+  for (size_t i = 0; i < r.images[0].image.rgb.size(); ++i) r.images[0].image.rgb[i] = uint8_t(i);
+  const GenerateRequest back = round_trip(r);
+  check_same(back, r);
+  uint32_t got = 0;
+  std::memcpy(&got, &back.images[1].embeddings[5], sizeof(got));
+  CHECK(got == payload);
+  // A handoff's request keeps its images (the decoder needs their embeddings).
+  msg::Handoff h = examples::handoff();
+  h.request = r;
+  check_same(round_trip(h).request, r);
+  // An image of 64 KiB of embeddings and one of 256x256 pixels.
+  msg::ImageEmbeddings big;
+  big.images = {examples::image(5, true)};
+  big.images[0].n_tokens = 128;
+  big.images[0].embeddings.assign(128 * 128, 0.125f);
+  check_same(round_trip(big), big);
+  msg::EncodeRequest px;
+  px.images = {examples::image(6, false)};
+  px.images[0].image.width = px.images[0].image.height = 256;
+  px.images[0].image.rgb.assign(256 * 256 * 3, 200);
+  check_same(round_trip(px), px);
+}
+
+TEST_CASE("codec: image fields are validated and named") {
+  auto status_of = [](const auto& m) {
+    std::decay_t<decltype(m)> out;
+    return codec::decode(codec::encode(m), out);
+  };
+  auto expect = [&](const auto& m, const std::string& what) {
+    Status st = status_of(m);
+    INFO(st.to_string());
+    CHECK(st.code() == Code::invalid_argument);
+    CHECK(st.message().find(what) != std::string::npos);
+  };
+  GenerateRequest r = examples::request();
+  r.images[1].position = -2;
+  expect(r, "image 1: position -2 is negative");
+  r = examples::request();
+  r.images[0].n_tokens = 0;
+  expect(r, "image 0: n_tokens 0 must be >= 1");
+  r = examples::request();
+  r.images[0].image.rgb.pop_back();
+  expect(r, "image 0: 17 pixel bytes, 3x2 RGB needs 18");
+  r = examples::request();
+  r.images[0].image.width = codec::kMaxImageSide + 1;
+  expect(r, "outside 0..8192");
+  r = examples::request();
+  r.images[1].embeddings.pop_back();  // 19 floats for 4 tokens
+  expect(r, "19 embedding floats are not whole rows of its 4 tokens");
+  r = examples::request();
+  r.images.assign(codec::kMaxImages + 1, examples::image(1, true));
+  expect(r, "images: 257 entries, limit 256");
+
+  msg::EncodeRequest enc = examples::encode_request();
+  enc.images[1].image.rgb.clear();
+  expect(enc, "image 1 has no pixels to encode");
+  msg::ImageEmbeddings emb = examples::image_embeddings();
+  emb.images[0].embeddings.clear();
+  expect(emb, "image 0 has no embeddings");
+  // Pixels may be dropped once a request is encoded (width and height stay).
+  r = examples::request();
+  r.images[0].image.rgb.clear();
+  CHECK(status_of(r).ok());
+}
+
+TEST_CASE("codec: requests with images have their own reader limit") {
+  // 20 MiB of pixels: over control_limits' 16 MiB, within image_limits.
+  msg::EncodeRequest m;
+  m.images = {examples::image(1, false)};
+  m.images[0].image.width = 2560;
+  m.images[0].image.height = 2731;
+  m.images[0].image.rgb.assign(size_t(2560) * 2731 * 3, 7);
+  const Bytes bytes = codec::encode(m);
+  msg::EncodeRequest out;
+  CHECK(codec::decode(bytes.data(), bytes.size(), out, codec::control_limits()).code() ==
+        Code::corruption);
+  REQUIRE(codec::decode(bytes, out).ok());
+  CHECK(out.images[0].image.rgb.size() == m.images[0].image.rgb.size());
 }
