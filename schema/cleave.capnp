@@ -80,6 +80,8 @@ struct EncodeRequest {
 struct ImageEmbeddings {
   requestId @0 :UInt64;
   images @1 :List(PromptImage);
+  origin @2 :Text;        # which encoder
+  seconds @3 :Float64;    # its step's wall time
 }
 
 struct StreamEvent {
@@ -98,6 +100,8 @@ struct StreamEvent {
   error @7 :Status;
   origin @8 :Text;
   stageSeconds @9 :Float64;
+  encodeOrigin @10 :Text;     # the vision encoder of the request's images (first token)
+  encodeSeconds @11 :Float64;
 }
 
 # storage/block.h

@@ -105,6 +105,8 @@ void put(wire::EncodeRequest::Builder b, const msg::EncodeRequest& m) {
 void put(wire::ImageEmbeddings::Builder b, const msg::ImageEmbeddings& m) {
   b.setRequestId(m.request_id);
   put(b.initImages(unsigned(m.images.size())), m.images);
+  b.setOrigin(text(m.origin));
+  b.setSeconds(m.seconds);
 }
 
 void put(wire::StreamEvent::Builder b, const msg::StreamEvent& e) {
@@ -118,6 +120,8 @@ void put(wire::StreamEvent::Builder b, const msg::StreamEvent& e) {
   put(b.initError(), e.error);
   b.setOrigin(text(e.origin));
   b.setStageSeconds(e.stage_seconds);
+  b.setEncodeOrigin(text(e.encode_origin));
+  b.setEncodeSeconds(e.encode_seconds);
 }
 
 void put(wire::BlockKey::Builder b, const BlockKey& k) {
@@ -302,6 +306,8 @@ msg::StreamEvent get(wire::StreamEvent::Reader r) {
   e.error = get(r.getError());
   e.origin = get(r.getOrigin());
   e.stage_seconds = r.getStageSeconds();
+  e.encode_origin = get(r.getEncodeOrigin());
+  e.encode_seconds = r.getEncodeSeconds();
   return e;
 }
 
@@ -373,6 +379,8 @@ void get(wire::EncodeRequest::Reader r, msg::EncodeRequest& m) {
 void get(wire::ImageEmbeddings::Reader r, msg::ImageEmbeddings& m) {
   m.request_id = r.getRequestId();
   m.images = get(r.getImages());
+  m.origin = get(r.getOrigin());
+  m.seconds = r.getSeconds();
 }
 void get(wire::GenerateRequest::Reader r, GenerateRequest& m) { m = get(r); }
 void get(wire::StreamEvent::Reader r, msg::StreamEvent& m) { m = get(r); }
@@ -404,6 +412,12 @@ Status check_status(const char* field, const Status& s) {
     return invalid(std::string(field) + ": status code " + std::to_string(int(s.code())) +
                    " is not a known code");
   return check_string(field, s.message());
+}
+
+Status check_seconds(const char* field, double v) {
+  if (!std::isfinite(v) || v < 0)
+    return invalid(std::string(field) + " = " + std::to_string(v) + " is not a finite non-negative number");
+  return Status::Ok();
 }
 
 Status check_non_negative(const char* field, int64_t v) {
@@ -462,6 +476,8 @@ Status validate(const msg::EncodeRequest& m) {
 }
 
 Status validate(const msg::ImageEmbeddings& m) {
+  CLEAVE_RETURN_IF_ERROR(check_string("origin", m.origin));
+  CLEAVE_RETURN_IF_ERROR(check_seconds("seconds", m.seconds));
   for (size_t i = 0; i < m.images.size(); ++i)
     if (m.images[i].embeddings.empty())
       return invalid("image " + std::to_string(i) + " has no embeddings");
@@ -482,7 +498,8 @@ Status validate(const msg::StreamEvent& e) {
   if (!std::isfinite(e.stage_seconds) || e.stage_seconds < 0)
     return invalid("stage_seconds = " + std::to_string(e.stage_seconds) +
                    " is not a finite non-negative number");
-  return Status::Ok();
+  CLEAVE_RETURN_IF_ERROR(check_string("encode_origin", e.encode_origin));
+  return check_seconds("encode_seconds", e.encode_seconds);
 }
 
 // The block's byte count must equal the layout's; the product is computed

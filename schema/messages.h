@@ -35,6 +35,10 @@ struct StreamEvent {
   // produced it (per-stage timings shown to users); informational.
   std::string origin;
   double stage_seconds = 0;
+  // The vision encoder that embedded the request's images and its step
+  // time: set by the router on the first token event when one ran.
+  std::string encode_origin;
+  double encode_seconds = 0;
 };
 
 // Prefill -> (router) -> decode: continue a request whose first tokens were
@@ -76,6 +80,8 @@ struct EncodeRequest {
 struct ImageEmbeddings {
   uint64_t request_id = 0;
   std::vector<PromptImage> images;
+  std::string origin;   // the encoder, and the wall time of its step
+  double seconds = 0;
 };
 
 struct Health {

@@ -86,6 +86,8 @@ inline msg::StreamEvent token_event() {
   e.text = std::string(" h\xc3\xa9llo\0!", 9);  // byte tokens can be NUL
   e.origin = "decode-3";
   e.stage_seconds = 0.00125;
+  e.encode_origin = "vision_encoder/0";
+  e.encode_seconds = 0.0031;
   return e;
 }
 
@@ -166,6 +168,8 @@ inline msg::ImageEmbeddings image_embeddings() {
   msg::ImageEmbeddings m;
   m.request_id = 77;
   m.images = {image(3, true), image(4, true)};
+  m.origin = "vision_encoder/1";
+  m.seconds = 0.0042;
   return m;
 }
 

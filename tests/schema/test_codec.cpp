@@ -47,6 +47,8 @@ void check_same(const msg::EncodeRequest& a, const msg::EncodeRequest& b) {
 void check_same(const msg::ImageEmbeddings& a, const msg::ImageEmbeddings& b) {
   CHECK(a.request_id == b.request_id);
   check_same(a.images, b.images);
+  CHECK(a.origin == b.origin);
+  CHECK(same_bits(a.seconds, b.seconds));
 }
 void check_same(const GenerateRequest& a, const GenerateRequest& b) {
   check_same(a.images, b.images);
@@ -76,6 +78,8 @@ void check_same(const msg::StreamEvent& a, const msg::StreamEvent& b) {
   check_same(a.error, b.error);
   CHECK(a.origin == b.origin);
   CHECK(same_bits(a.stage_seconds, b.stage_seconds));
+  CHECK(a.encode_origin == b.encode_origin);
+  CHECK(same_bits(a.encode_seconds, b.encode_seconds));
 }
 void check_same(const BlockRecord& a, const BlockRecord& b) {
   CHECK(a.header.key == b.header.key);
@@ -514,6 +518,12 @@ TEST_CASE("codec: image fields are validated and named") {
   msg::ImageEmbeddings emb = examples::image_embeddings();
   emb.images[0].embeddings.clear();
   expect(emb, "image 0 has no embeddings");
+  emb = examples::image_embeddings();
+  emb.seconds = -1;
+  expect(emb, "seconds = -1");
+  msg::StreamEvent ev = examples::token_event();
+  ev.encode_seconds = NAN;
+  expect(ev, "encode_seconds");
   // Pixels may be dropped once a request is encoded (width and height stay).
   r = examples::request();
   r.images[0].image.rgb.clear();
