@@ -15,4 +15,10 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
                                                        std::shared_ptr<const Tokenizer> tokenizer,
                                                        const PipelineOptions& options);
 
+// options.vision_actors encoders (1 for mono) when options.mmproj is set,
+// each with its own backend and cache, checked against the model's n_embd;
+// none without an mmproj.
+Result<std::vector<std::shared_ptr<VisionEncoder>>> make_vision_encoders(const PipelineOptions& options,
+                                                                         int32_t n_embd);
+
 }  // namespace cleave

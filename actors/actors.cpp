@@ -8,6 +8,9 @@
 // error code, the message as context) or into stream events.
 //
 //   client --submit--> router --submit/handoff--> stage (prefill | decode | colocated)
+//   a request whose images lack embeddings goes first: router --encode-->
+//   vision_encoder (least loaded), whose reply (the embeddings) the router
+//   puts into the request before it goes on to a stage
 //   stage --event--> router (token / finished / failed) --> client callback
 //   prefill --kv_put--> kv_store, then --handoff--> router --handoff--> decode
 //   decode --kv_get--> kv_store, resume; --kv_put--> newly filled blocks
@@ -37,6 +40,7 @@
 #include "actors/actor_pipeline.h"
 #include "actors/node.h"
 #include "actors/stage_core.h"
+#include "model/vision_encoder.h"
 #include "schema/codec.h"
 #include "storage/memory_tier.h"
 #include "storage/tiered_store.h"
@@ -61,6 +65,7 @@ using kv_get_atom = caf::atom_constant<caf::atom("kv_get")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+using encode_atom = caf::atom_constant<caf::atom("encode")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -80,12 +85,20 @@ using stage_actor = caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<b
                                      caf::reacts_to<step_atom>,
                                      caf::replies_to<stats_atom>::with<Bytes>>;
 
+// encode: EncodeRequest -> ImageEmbeddings (or a typed error for that
+// request alone); requests that arrive between two steps are batched.
+using vision_encoder_actor = caf::typed_actor<caf::replies_to<encode_atom, Bytes>::with<Bytes>,
+                                              caf::reacts_to<step_atom>,
+                                              caf::replies_to<stats_atom>::with<Bytes>>;
+
 // submit: GenerateRequest from the client (admission); event: StreamEvent
-// and handoff: Handoff from stages; attach: a stage and its kind.
+// and handoff: Handoff from stages; attach: a stage and its kind, or a
+// vision encoder.
 using router_actor =
     caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
                      caf::reacts_to<event_atom, Bytes>, caf::reacts_to<handoff_atom, Bytes>,
                      caf::replies_to<attach_atom, std::string, stage_actor>::with<bool>,
+                     caf::replies_to<attach_atom, std::string, vision_encoder_actor>::with<bool>,
                      caf::reacts_to<tick_atom>, caf::replies_to<shutdown_atom>::with<bool>,
                      caf::replies_to<stats_atom>::with<Bytes>>;
 
@@ -187,6 +200,99 @@ kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvSto
                                          {"store_drops", c.drops},
                                          {"store_corrupt_detected", c.corrupt_detected},
                                          {"failures", s.bad_messages}});
+      },
+  };
+}
+
+// ---- vision_encoder ----
+
+struct VisionState {
+  struct Job {
+    msg::EncodeRequest request;
+    caf::typed_response_promise<Bytes> reply;
+  };
+  std::shared_ptr<VisionEncoder> encoder;
+  std::string origin;  // "vision_encoder/0", "NODE/vision_encoder/0"
+  std::vector<Job> queue;
+  bool step_queued = false;
+  uint64_t requests = 0, replies = 0, failed = 0, bad_messages = 0, steps = 0;
+  static inline const char* name = "cleave.vision_encoder";
+};
+using vision_pointer = vision_encoder_actor::stateful_pointer<VisionState>;
+
+// Encodes every request that arrived since the last step in one batch and
+// answers each (the encoder fails a bad request alone).
+void run_encode_step(vision_pointer self) {
+  auto& s = self->state;
+  s.step_queued = false;
+  std::vector<VisionState::Job> jobs;
+  jobs.swap(s.queue);
+  std::vector<std::vector<PromptImage>*> groups;
+  std::vector<uint64_t> ids;
+  for (auto& j : jobs) {
+    groups.push_back(&j.request.images);
+    ids.push_back(j.request.request_id);
+  }
+  const auto t0 = Clock::now();
+  const std::vector<Status> status = s.encoder->encode(groups, ids);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ++s.steps;
+  for (size_t k = 0; k < jobs.size(); ++k) {
+    if (!status[k].ok()) {
+      ++s.failed;
+      jobs[k].reply.deliver(to_error(status[k]));
+      continue;
+    }
+    msg::ImageEmbeddings m;
+    m.request_id = ids[k];
+    m.images = std::move(jobs[k].request.images);
+    for (PromptImage& im : m.images) im.image.rgb = {};  // the router has them
+    m.origin = s.origin;
+    m.seconds = seconds;
+    ++s.replies;
+    jobs[k].reply.deliver(codec::encode(m));
+  }
+}
+
+vision_encoder_actor::behavior_type vision_encoder_fn(vision_pointer self,
+                                                      std::shared_ptr<VisionEncoder> encoder,
+                                                      std::string origin) {
+  self->state.encoder = std::move(encoder);
+  self->state.origin = std::move(origin);
+  return {
+      [=](encode_atom, const Bytes& bytes) -> caf::result<Bytes> {
+        auto& s = self->state;
+        auto request = codec::decode_as<msg::EncodeRequest>(bytes);
+        if (!request.ok()) {
+          ++s.bad_messages;
+          return to_error(request.status());
+        }
+        ++s.requests;
+        auto reply = self->make_response_promise<Bytes>();
+        s.queue.push_back({std::move(request.value()), reply});
+        if (!s.step_queued) {  // after the messages already queued
+          s.step_queued = true;
+          self->send(caf::actor_cast<vision_encoder_actor>(self), step_atom::value);
+        }
+        return reply;
+      },
+      [=](step_atom) { run_encode_step(self); },
+      [=](stats_atom) -> Bytes {
+        auto& s = self->state;
+        const VisionEncoderCounters c = s.encoder->counters();
+        return encode_stats(s.origin, {{"requests", s.requests},
+                                       {"replies", s.replies},
+                                       {"failures", s.failed + s.bad_messages},
+                                       {"bad_messages", s.bad_messages},
+                                       {"steps", s.steps},
+                                       {"images", c.images},
+                                       {"cache_hits", c.cache_hits},
+                                       {"cache_misses", c.cache_misses},
+                                       {"cache_evictions", c.cache_evictions},
+                                       {"cache_entries", c.cache_entries},
+                                       {"cache_bytes", c.cache_bytes},
+                                       {"batches", c.batches},
+                                       {"encode_us", uint64_t(c.encode_seconds * 1e6)}});
       },
   };
 }
@@ -443,12 +549,21 @@ struct RouterState {
     bool alive = true;
     int32_t in_flight = 0;
   };
+  struct Encoder {
+    vision_encoder_actor handle;
+    caf::actor_addr addr;
+    bool alive = true;
+    int32_t in_flight = 0;
+  };
   struct Pending {
     GenerateRequest request;  // kept to re-place it
     std::vector<int32_t> generated;
     int32_t stage = -1;
+    int32_t encoder = -1;     // the vision encoder it waits for
     bool continuing = false;  // handed off (or re-placed with tokens)
     Clock::time_point last_progress;
+    std::string encode_origin;  // reported with the first token
+    double encode_seconds = 0;
   };
   RouterConfig config;
   std::shared_ptr<EventSinks> sinks;
@@ -456,11 +571,13 @@ struct RouterState {
   bool kv_alive = true;
   bool closed = false;
   std::vector<Stage> stages;
+  std::vector<Encoder> encoders;
   std::unordered_map<uint64_t, Pending> pending;
   std::unordered_map<uint64_t, int32_t> affinity;  // first prompt block -> entry stage
   uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0;
   uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, replacements = 0;
   uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
+  uint64_t encodes = 0, encoder_downs = 0, encode_replacements = 0;
   static inline const char* name = "cleave.router";
 };
 using router_pointer = router_actor::stateful_pointer<RouterState>;
@@ -506,11 +623,30 @@ void leave_stage(RouterState& s, RouterState::Pending& p) {
   if (p.stage >= 0 && s.stages[size_t(p.stage)].in_flight > 0) --s.stages[size_t(p.stage)].in_flight;
 }
 
+void leave_encoder(RouterState& s, RouterState::Pending& p) {
+  if (p.encoder >= 0 && s.encoders[size_t(p.encoder)].in_flight > 0)
+    --s.encoders[size_t(p.encoder)].in_flight;
+  p.encoder = -1;
+}
+
+bool needs_encoding(const GenerateRequest& r) {
+  for (const PromptImage& im : r.images)
+    if (im.embeddings.empty()) return true;
+  return false;
+}
+
+bool any_encoder_alive(const RouterState& s) {
+  for (const auto& e : s.encoders)
+    if (e.alive) return true;
+  return false;
+}
+
 void finish(router_pointer self, uint64_t id, const msg::StreamEvent& e) {
   auto& s = self->state;
   auto it = s.pending.find(id);
   if (it == s.pending.end()) return;
   leave_stage(s, it->second);
+  leave_encoder(s, it->second);
   s.pending.erase(it);
   if (e.kind == msg::StreamEvent::Kind::finished) ++s.finished;
   else ++s.failed;
@@ -586,6 +722,99 @@ void place_continue(router_pointer self, uint64_t id, Bytes handoff) {
       .then([](bool) {}, [=](caf::error& err) { on_stage_error(self, id, i, err); });
 }
 
+void on_embeddings(router_pointer self, uint64_t id, int32_t encoder, const Bytes& reply);
+
+// The request's images that lack embeddings go to the least loaded live
+// encoder; its reply puts them into the request, which then goes on to a
+// stage (place_entry).
+void place_encode(router_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto& p = s.pending.at(id);
+  int32_t best = -1;
+  for (int32_t i = 0; i < int32_t(s.encoders.size()); ++i) {
+    const auto& e = s.encoders[size_t(i)];
+    if (e.alive && (best < 0 || e.in_flight < s.encoders[size_t(best)].in_flight)) best = i;
+  }
+  if (best < 0) {
+    ++s.rejected_unavailable;
+    return fail(self, id, Status(Code::unavailable, "no live vision_encoder actor"));
+  }
+  p.encoder = best;
+  p.last_progress = Clock::now();
+  ++s.encoders[size_t(best)].in_flight;
+  ++s.encodes;
+  msg::EncodeRequest m;
+  m.request_id = id;
+  for (const PromptImage& im : p.request.images)
+    if (im.embeddings.empty()) m.images.push_back(im);
+  self->request(s.encoders[size_t(best)].handle, kStageTimeout, encode_atom::value, codec::encode(m))
+      .then([=](const Bytes& reply) { on_embeddings(self, id, best, reply); },
+            [=](caf::error& err) {
+              auto& s = self->state;
+              auto it = s.pending.find(id);
+              if (it == s.pending.end() || it->second.encoder != best) return;
+              if (!s.encoders[size_t(best)].alive) return;
+              if (err.category() == caf::atom("system") &&
+                  static_cast<caf::sec>(err.code()) == caf::sec::request_receiver_down)
+                return;  // the down message re-places it
+              fail(self, id, from_error(err));
+            });
+}
+
+void on_embeddings(router_pointer self, uint64_t id, int32_t encoder, const Bytes& reply) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end() || it->second.encoder != encoder) {
+    ++s.stray_events;  // failed or re-placed meanwhile
+    return;
+  }
+  auto& p = it->second;
+  leave_encoder(s, p);
+  auto m = codec::decode_as<msg::ImageEmbeddings>(reply);
+  if (!m.ok()) {
+    ++s.bad_messages;
+    return fail(self, id, m.status());
+  }
+  size_t k = 0;
+  for (const PromptImage& im : p.request.images) {
+    if (!im.embeddings.empty()) continue;
+    if (k >= m->images.size() || !(m->images[k].hash == im.hash) ||
+        m->images[k].n_tokens != im.n_tokens)
+      break;
+    ++k;
+  }
+  if (k != m->images.size() || m->request_id != id)
+    return fail(self, id, Status(Code::corruption, "the vision encoder's answer for request " +
+                                                       std::to_string(id) +
+                                                       " does not match its images"));
+  k = 0;
+  for (PromptImage& im : p.request.images) {
+    if (!im.embeddings.empty()) continue;
+    im.embeddings = std::move(m->images[k++].embeddings);
+    im.image.rgb = {};  // encoded: the pixels are not needed any more
+  }
+  p.encode_origin = m->origin;
+  p.encode_seconds = m->seconds;
+  p.last_progress = Clock::now();
+  place_entry(self, id);
+}
+
+void on_encoder_down(router_pointer self, int32_t index) {
+  auto& s = self->state;
+  s.encoders[size_t(index)].alive = false;
+  s.encoders[size_t(index)].in_flight = 0;
+  ++s.encoder_downs;
+  std::vector<uint64_t> affected;
+  for (auto& [id, p] : s.pending)
+    if (p.encoder == index) affected.push_back(id);
+  std::sort(affected.begin(), affected.end());
+  for (uint64_t id : affected) {
+    s.pending.at(id).encoder = -1;
+    ++s.encode_replacements;
+    place_encode(self, id);  // on another encoder, or unavailable
+  }
+}
+
 // The pending entry when the message comes from the stage the request is on.
 RouterState::Pending* from_current_stage(router_pointer self, uint64_t id) {
   auto& s = self->state;
@@ -644,6 +873,9 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
     for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
       if (s.stages[size_t(i)].alive && s.stages[size_t(i)].addr == dm.source)
         return on_stage_down(self, i);
+    for (int32_t i = 0; i < int32_t(s.encoders.size()); ++i)
+      if (s.encoders[size_t(i)].alive && s.encoders[size_t(i)].addr == dm.source)
+        return on_encoder_down(self, i);
   });
   self->send(caf::actor_cast<router_actor>(self), tick_atom::value);
   return {
@@ -671,12 +903,20 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                                         ? "no live decode actor"
                                                         : "no live stage actor"));
         }
+        const bool encode = needs_encoding(*request);
+        if (encode && !any_encoder_alive(s)) {
+          ++s.rejected_unavailable;
+          return to_error(Status(Code::unavailable, "request " + std::to_string(id) +
+                                                        " has images to encode and there is no "
+                                                        "live vision_encoder actor"));
+        }
         RouterState::Pending p;
         p.request = std::move(request.value());
         p.last_progress = Clock::now();
         s.pending.emplace(id, std::move(p));
         ++s.admitted;
-        place_entry(self, id);
+        if (encode) place_encode(self, id);
+        else place_entry(self, id);
         return true;
       },
       [=](event_atom, const Bytes& bytes) {
@@ -699,6 +939,10 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
           }
           p->generated.push_back(e->token);
           ++s.tokens;
+          if (e->index == 0 && !p->encode_origin.empty()) {
+            e->encode_origin = p->encode_origin;
+            e->encode_seconds = p->encode_seconds;
+          }
           s.sinks->emit(*e);
           return;
         }
@@ -734,6 +978,14 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         s.stages.push_back(std::move(st));
         return true;
       },
+      [=](attach_atom, const std::string&, vision_encoder_actor encoder) -> bool {
+        RouterState::Encoder e;
+        e.addr = encoder.address();
+        e.handle = encoder;
+        self->monitor(encoder);
+        self->state.encoders.push_back(std::move(e));
+        return true;
+      },
       [=](tick_atom) {
         auto& s = self->state;
         const auto now = Clock::now();
@@ -759,7 +1011,8 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
       },
       [=](stats_atom) -> Bytes {
         auto& s = self->state;
-        uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0;
+        uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0, alive_encoders = 0;
+        for (const auto& e : s.encoders) alive_encoders += e.alive;
         for (const auto& st : s.stages) {
           if (!st.alive) continue;
           if (st.kind == "prefill") ++alive_prefill;
@@ -783,6 +1036,10 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"alive_prefill", alive_prefill},
                                        {"alive_decode", alive_decode},
                                        {"alive_colocated", alive_colocated},
+                                       {"alive_vision_encoder", alive_encoders},
+                                       {"encodes", s.encodes},
+                                       {"encoder_downs", s.encoder_downs},
+                                       {"encode_replacements", s.encode_replacements},
                                        {"alive_kv_store", s.kv_alive ? 1u : 0u}});
       },
   };
@@ -852,8 +1109,8 @@ Result<std::shared_ptr<TieredStore>> make_store(const PipelineOptions& o, uint64
 
 class ActorPipeline final : public Pipeline {
  public:
-  ActorPipeline(const PipelineOptions& options, int32_t context, int32_t n_vocab)
-      : options_(options), context_(context), n_vocab_(n_vocab) {
+  ActorPipeline(const PipelineOptions& options, int32_t context, int32_t n_vocab, int32_t n_embd)
+      : options_(options), context_(context), n_vocab_(n_vocab), n_embd_(n_embd) {
     if (options.actor_threads > 0)
       config_.set("scheduler.max-threads", size_t(options.actor_threads));
     // Idle CAF workers poll (by default 100 busy polls, then 500 polls 50 us
@@ -875,17 +1132,20 @@ class ActorPipeline final : public Pipeline {
       self->request(router_, kClientTimeout, shutdown_atom::value)
           .receive([](bool) {}, [](caf::error&) {});
       for (auto& st : stages_) self->send_exit(st.handle, caf::exit_reason::user_shutdown);
+      for (auto& e : encoders_) self->send_exit(e.handle, caf::exit_reason::user_shutdown);
       self->send_exit(router_, caf::exit_reason::user_shutdown);
       self->send_exit(kv_, caf::exit_reason::user_shutdown);
     }
     // A detached actor's thread ends only when its last handle is gone.
     stages_.clear();
+    encoders_.clear();
     router_ = router_actor{};
     kv_ = kv_store_actor{};
     system_.reset();  // waits for every actor (a stage ends its current step first)
   }
 
   Status start(std::vector<std::pair<std::string, std::shared_ptr<StageCore>>> cores,
+               std::vector<std::shared_ptr<VisionEncoder>> encoders,
                std::shared_ptr<TieredStore> store) {
     kv_ = system_->spawn<caf::detached>(kv_store_fn, std::move(store));
     RouterConfig rc;
@@ -905,12 +1165,25 @@ class ActorPipeline final : public Pipeline {
           .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
       if (!result.ok()) return result;
     }
+    for (size_t i = 0; i < encoders.size(); ++i) {
+      auto handle = system_->spawn<caf::detached>(vision_encoder_fn, std::move(encoders[i]),
+                                                  "vision_encoder/" + std::to_string(i));
+      encoders_.push_back(EncoderHandle{handle});
+      self->request(router_, kClientTimeout, attach_atom::value, std::string("vision_encoder"), handle)
+          .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
+      if (!result.ok()) return result;
+    }
     return Status::Ok();
   }
 
   Status submit(GenerateRequest request, EventCallback on_event) override {
-    Status st = validate_request(request, context_, n_vocab_);
+    Status st = validate_request(request, context_, n_vocab_, n_embd_);
     if (!st.ok()) return st;
+    if (encoders_.empty() && !check_images_encoded(request).ok())
+      return Status(Code::invalid_argument,
+                    "request " + std::to_string(request.request_id) +
+                        " has images without embeddings and this pipeline has no vision encoder "
+                        "(no mmproj)");
     return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
 
@@ -921,6 +1194,7 @@ class ActorPipeline final : public Pipeline {
     collect(router_);
     collect(kv_);
     for (auto& st : stages_) collect(st.handle);
+    for (auto& e : encoders_) collect(e.handle);
     return out;
   }
 
@@ -944,6 +1218,14 @@ class ActorPipeline final : public Pipeline {
     return Status(Code::not_found, "no live " + kind + " actor " + std::to_string(index));
   }
 
+  Status kill_vision_actor(int32_t index) override {
+    if (index < 0 || index >= int32_t(encoders_.size()) || encoders_[size_t(index)].killed)
+      return Status(Code::not_found, "no live vision_encoder actor " + std::to_string(index));
+    encoders_[size_t(index)].killed = true;
+    caf::anon_send_exit(encoders_[size_t(index)].handle, caf::exit_reason::kill);
+    return Status::Ok();
+  }
+
   Status send_raw_for_test(const std::string& kind, int32_t index,
                            const std::vector<char>& bytes) override {
     caf::scoped_actor self{*system_};
@@ -956,6 +1238,13 @@ class ActorPipeline final : public Pipeline {
     }
     if (kind == "kv_store") {
       self->request(kv_, kClientTimeout, kv_put_atom::value, bytes)
+          .receive([](const Bytes&) {}, on_error);
+      return st;
+    }
+    if (kind == "vision_encoder") {
+      if (index < 0 || index >= int32_t(encoders_.size()))
+        return Status(Code::not_found, "no vision_encoder actor " + std::to_string(index));
+      self->request(encoders_[size_t(index)].handle, kClientTimeout, encode_atom::value, bytes)
           .receive([](const Bytes&) {}, on_error);
       return st;
     }
@@ -977,14 +1266,19 @@ class ActorPipeline final : public Pipeline {
     stage_actor handle;
     bool killed = false;
   };
+  struct EncoderHandle {
+    vision_encoder_actor handle;
+    bool killed = false;
+  };
   PipelineOptions options_;
-  int32_t context_, n_vocab_;
+  int32_t context_, n_vocab_, n_embd_;
   caf::actor_system_config config_;
   std::unique_ptr<caf::actor_system> system_;
   std::shared_ptr<EventSinks> sinks_;
   kv_store_actor kv_;
   router_actor router_;
   std::vector<StageHandle> stages_;
+  std::vector<EncoderHandle> encoders_;
 };
 
 }  // namespace
@@ -1011,10 +1305,13 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
   if (st.ok() && options.topology == Topology::pd) st = add("decode", options.decode_actors, false);
   if (!st.ok()) return st;
   Engine& engine = cores.front().second->engine();
+  auto encoders = make_vision_encoders(options, engine.config().dim);
+  if (!encoders.ok()) return encoders.status();
   auto store = make_store(options, engine.model_fingerprint(), engine.kv_layout());
   if (!store.ok()) return store.status();
-  auto pipeline = std::make_unique<ActorPipeline>(options, engine.context(), engine.config().n_vocab);
-  st = pipeline->start(std::move(cores), std::move(store.value()));
+  auto pipeline = std::make_unique<ActorPipeline>(options, engine.context(), engine.config().n_vocab,
+                                                  engine.config().dim);
+  st = pipeline->start(std::move(cores), std::move(encoders.value()), std::move(store.value()));
   if (!st.ok()) return st;
   return std::unique_ptr<Pipeline>(std::move(pipeline));
 }
@@ -1062,7 +1359,9 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 // watches the stage so the head can say which node lost it.
 using join_actor = caf::typed_actor<
     caf::replies_to<join_atom, std::string, std::string>::with<router_actor, kv_store_actor>,
-    caf::replies_to<attach_atom, std::string, std::string, std::string, stage_actor>::with<bool>>;
+    caf::replies_to<attach_atom, std::string, std::string, std::string, stage_actor>::with<bool>,
+    caf::replies_to<attach_atom, std::string, std::string, std::string,
+                    vision_encoder_actor>::with<bool>>;
 
 constexpr auto kJoinTimeout = std::chrono::seconds(10);
 
@@ -1125,6 +1424,25 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
   auto admitted = [=](const std::string& secret) {
     return !self->state.secret || secrets_equal(*self->state.secret, secret);
   };
+  // A stage or a vision encoder of a node: watched here (to log which node
+  // lost it) and handed to the router, which monitors it.
+  auto attach = [=](const std::string& secret, const std::string& node, const std::string& kind,
+                    const auto& actor, bool kind_ok) -> caf::result<bool> {
+    if (!admitted(secret)) {
+      log_line("refused node " + printable(node) + ": wrong cluster secret");
+      return to_error(Status(Code::unavailable, "wrong cluster secret"));
+    }
+    if (!kind_ok)
+      return to_error(Status(Code::invalid_argument, "cannot attach a '" + printable(kind) +
+                                                         "' actor as this kind of actor"));
+    self->monitor(actor);
+    self->state.watched.push_back({actor.address(), printable(node), kind});
+    auto rp = self->make_response_promise<bool>();
+    self->request(self->state.router, kClientTimeout, attach_atom::value, kind, actor)
+        .then([=](bool ok) mutable { rp.deliver(ok); },
+              [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+    return rp;
+  };
   return {
       [=](join_atom, const std::string& secret,
           const std::string& node) -> caf::result<router_actor, kv_store_actor> {
@@ -1137,20 +1455,11 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
       },
       [=](attach_atom, const std::string& secret, const std::string& node, const std::string& kind,
           stage_actor stage) -> caf::result<bool> {
-        if (!admitted(secret)) {
-          log_line("refused node " + printable(node) + ": wrong cluster secret");
-          return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        }
-        if (!is_stage_kind(kind))
-          return to_error(Status(Code::invalid_argument, "cannot attach a '" + printable(kind) +
-                                                             "' actor: not a stage kind"));
-        self->monitor(stage);
-        self->state.watched.push_back({stage.address(), printable(node), kind});
-        auto rp = self->make_response_promise<bool>();
-        self->request(self->state.router, kClientTimeout, attach_atom::value, kind, stage)
-            .then([=](bool ok) mutable { rp.deliver(ok); },
-                  [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
+        return attach(secret, node, kind, stage, is_stage_kind(kind));
+      },
+      [=](attach_atom, const std::string& secret, const std::string& node, const std::string& kind,
+          vision_encoder_actor encoder) -> caf::result<bool> {
+        return attach(secret, node, kind, encoder, kind == "vision_encoder");
       },
   };
 }
@@ -1162,6 +1471,7 @@ void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, i
   config.add_message_type<router_actor>("cleave.router_actor");
   config.add_message_type<kv_store_actor>("cleave.kv_store_actor");
   config.add_message_type<stage_actor>("cleave.stage_actor");
+  config.add_message_type<vision_encoder_actor>("cleave.vision_encoder_actor");
   auto span = [](double s) {
     return caf::timespan(std::chrono::nanoseconds(int64_t(s * 1e9)));
   };
@@ -1173,11 +1483,18 @@ void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, i
   config.set("work-stealing.moderate-poll-attempts", size_t(0));
 }
 
-// The stage cores a node hosts, in kActorKinds order; engines are built
-// before any actor so their errors come back first.
-Result<std::vector<std::pair<std::string, std::shared_ptr<StageCore>>>> make_node_cores(
-    const NodeOptions& o, const NodeSpec& node) {
-  std::vector<std::pair<std::string, std::shared_ptr<StageCore>>> cores;
+// What a node hosts besides the head's router and store.
+struct NodeActors {
+  std::vector<std::pair<std::string, std::shared_ptr<StageCore>>> cores;  // kind, core
+  std::vector<std::shared_ptr<VisionEncoder>> encoders;
+};
+
+// The stage cores and vision encoders a node hosts, in kActorKinds order;
+// engines and encoders are built before any actor so their errors come
+// back first.
+Result<NodeActors> make_node_cores(const NodeOptions& o, const NodeSpec& node) {
+  NodeActors out;
+  auto& cores = out.cores;
   EngineOptions eo = o.engine;
   if (node.threads > 0) eo.threads = node.threads;
   for (const ActorGroupSpec& g : node.actors) {
@@ -1185,6 +1502,23 @@ Result<std::vector<std::pair<std::string, std::shared_ptr<StageCore>>>> make_nod
       if (!node.head)
         log_line("cleave node " + node.name +
                  ": kv_store on a worker is not implemented yet; the head's store serves the cluster");
+      continue;
+    }
+    if (g.kind == "vision_encoder") {
+      if (!o.mmproj)
+        return Status(Code::invalid_argument, "node '" + node.name +
+                                                  "' hosts vision_encoder actors (line " +
+                                                  std::to_string(g.line) + "): give it --mmproj");
+      auto lm = LlamaModel::load(o.file);
+      if (!lm.ok()) return lm.status();
+      VisionEncoderOptions vo = o.vision;
+      vo.n_embd = (*lm)->config().dim;
+      if (node.threads > 0) vo.threads = node.threads;
+      for (int32_t i = 0; i < g.count; ++i) {
+        auto e = VisionEncoder::create(o.mmproj, vo);
+        if (!e.ok()) return e.status();
+        out.encoders.push_back(std::move(e.value()));
+      }
       continue;
     }
     if (!is_stage_kind(g.kind))
@@ -1199,7 +1533,25 @@ Result<std::vector<std::pair<std::string, std::shared_ptr<StageCore>>>> make_nod
       cores.emplace_back(g.kind, std::shared_ptr<StageCore>(std::move(core.value())));
     }
   }
-  return cores;
+  return out;
+}
+
+// Spawns a node's vision encoders and attaches each through the join actor.
+Status spawn_node_encoders(caf::actor_system& system, const join_actor& join, const std::string& secret,
+                           const std::string& node, std::vector<std::shared_ptr<VisionEncoder>> encoders,
+                           std::vector<vision_encoder_actor>& out) {
+  caf::scoped_actor self{system};
+  Status st;
+  for (size_t i = 0; i < encoders.size(); ++i) {
+    auto handle = system.spawn<caf::detached>(vision_encoder_fn, std::move(encoders[i]),
+                                              node + "/vision_encoder/" + std::to_string(i));
+    out.push_back(handle);
+    self->request(join, kJoinTimeout, attach_atom::value, secret, node, std::string("vision_encoder"),
+                  handle)
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok()) return Status(st.code(), "attaching vision_encoder to the head: " + st.message());
+  }
+  return Status::Ok();
 }
 
 class HeadNode final : public Node {
@@ -1218,10 +1570,12 @@ class HeadNode final : public Node {
       if (port_ > 0) system_->middleman().unpublish(join_, port_);
       self->send_exit(join_, caf::exit_reason::user_shutdown);
       for (auto& st : stages_) self->send_exit(st, caf::exit_reason::user_shutdown);
+      for (auto& e : encoders_) self->send_exit(e, caf::exit_reason::user_shutdown);
       self->send_exit(router_, caf::exit_reason::user_shutdown);
       self->send_exit(kv_, caf::exit_reason::user_shutdown);
     }
     stages_.clear();
+    encoders_.clear();
     join_ = join_actor{};
     router_ = router_actor{};
     kv_ = kv_store_actor{};
@@ -1235,8 +1589,8 @@ class HeadNode final : public Node {
     // an engine: a local stage's, or one made for that when there is none.
     std::unique_ptr<Engine> probe;
     Engine* engine = nullptr;
-    if (!cores->empty()) {
-      engine = &cores->front().second->engine();
+    if (!cores->cores.empty()) {
+      engine = &cores->cores.front().second->engine();
     } else {
       EngineOptions eo = options_.engine;
       eo.max_seqs = 1;
@@ -1247,6 +1601,7 @@ class HeadNode final : public Node {
     }
     context_ = engine->context();
     n_vocab_ = engine->config().n_vocab;
+    n_embd_ = engine->config().dim;
     PipelineOptions po;
     po.kv_tier0_bytes = size_t(me_.kv_tier0_bytes);
     po.kv_tier1_bytes = size_t(me_.kv_tier1_bytes);
@@ -1265,7 +1620,7 @@ class HeadNode final : public Node {
     join_ = system_->spawn(join_fn, options_.secret, router_, kv_);
     caf::scoped_actor self{*system_};
     Status result;
-    for (auto& [kind, core] : cores.value()) {
+    for (auto& [kind, core] : cores->cores) {
       auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, kind != "prefill");
       stages_.push_back(handle);
       self->request(join_, kClientTimeout, attach_atom::value, options_.secret.value_or(""), me_.name,
@@ -1273,6 +1628,9 @@ class HeadNode final : public Node {
           .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
       if (!result.ok()) return result;
     }
+    result = spawn_node_encoders(*system_, join_, options_.secret.value_or(""), me_.name,
+                                 std::move(cores->encoders), encoders_);
+    if (!result.ok()) return result;
     auto port = system_->middleman().publish(join_, uint16_t(me_.port), me_.host.c_str());
     if (!port)
       return Status(Code::unavailable, "cannot listen on " + me_.host + ":" +
@@ -1289,12 +1647,13 @@ class HeadNode final : public Node {
   int32_t stages() override {
     for (const msg::Stats& s : stats())
       if (s.actor == "router")
-        return int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated"));
+        return int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated") +
+                       s.get("alive_vision_encoder"));
     return 0;
   }
 
   Status submit(GenerateRequest request, EventCallback on_event) override {
-    Status st = validate_request(request, context_, n_vocab_);
+    Status st = validate_request(request, context_, n_vocab_, n_embd_);
     if (!st.ok()) return st;
     return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
@@ -1305,6 +1664,7 @@ class HeadNode final : public Node {
     auto collect = [&](auto handle) { collect_stats(self, handle, out); };
     collect(router_);
     collect(kv_);
+    for (auto& e : encoders_) collect(e);
     return out;
   }
 
@@ -1318,8 +1678,9 @@ class HeadNode final : public Node {
   router_actor router_;
   join_actor join_;
   std::vector<stage_actor> stages_;
+  std::vector<vision_encoder_actor> encoders_;
   uint16_t port_ = 0;
-  int32_t context_ = 0, n_vocab_ = 0;
+  int32_t context_ = 0, n_vocab_ = 0, n_embd_ = 0;
 };
 
 class WorkerNode final : public Node {
@@ -1335,9 +1696,11 @@ class WorkerNode final : public Node {
     {
       caf::scoped_actor self{*system_};
       for (auto& st : stages_) self->send_exit(st, caf::exit_reason::user_shutdown);
+      for (auto& e : encoders_) self->send_exit(e, caf::exit_reason::user_shutdown);
       if (watcher_) self->send_exit(watcher_, caf::exit_reason::user_shutdown);
     }
     stages_.clear();
+    encoders_.clear();
     watcher_ = caf::actor{};
     join_ = join_actor{};
     router_ = router_actor{};
@@ -1388,20 +1751,20 @@ class WorkerNode final : public Node {
       });
       return caf::behavior{[](int32_t) {}};
     }, router_, head_lost_);
-    for (auto& [kind, core] : cores.value()) {
+    for (auto& [kind, core] : cores->cores) {
       auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, kind != "prefill");
       stages_.push_back(handle);
       self->request(join_, kJoinTimeout, attach_atom::value, secret, me_.name, kind, handle)
           .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
       if (!st.ok()) return Status(st.code(), "attaching " + kind + " to the head: " + st.message());
     }
-    return Status::Ok();
+    return spawn_node_encoders(*system_, join_, secret, me_.name, std::move(cores->encoders), encoders_);
   }
 
   bool is_head() const override { return false; }
   std::string address() const override { return head_.host + ":" + std::to_string(head_.port); }
   bool lost_head() const override { return head_lost_->load(); }
-  int32_t stages() override { return int32_t(stages_.size()); }
+  int32_t stages() override { return int32_t(stages_.size() + encoders_.size()); }
 
   Status submit(GenerateRequest, EventCallback) override {
     return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);
@@ -1410,14 +1773,8 @@ class WorkerNode final : public Node {
   std::vector<msg::Stats> stats() override {
     std::vector<msg::Stats> out;
     caf::scoped_actor self{*system_};
-    for (auto& st : stages_)
-      self->request(st, kClientTimeout, stats_atom::value)
-          .receive(
-              [&](const Bytes& b) {
-                auto s = codec::decode_as<msg::Stats>(b);
-                if (s.ok()) out.push_back(std::move(s.value()));
-              },
-              [](caf::error&) {});
+    for (auto& st : stages_) collect_stats(self, st, out);
+    for (auto& e : encoders_) collect_stats(self, e, out);
     return out;
   }
 
@@ -1432,6 +1789,7 @@ class WorkerNode final : public Node {
   kv_store_actor kv_;
   caf::actor watcher_;
   std::vector<stage_actor> stages_;
+  std::vector<vision_encoder_actor> encoders_;
 };
 
 }  // namespace

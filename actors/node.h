@@ -33,6 +33,11 @@ struct NodeOptions {
   std::shared_ptr<const Tokenizer> tokenizer;  // may be null
   EngineOptions engine;        // per stage engine; threads from the NodeSpec when it sets them
   SchedulerOptions scheduler;  // prefill_only is set for prefill stages
+  // vision_encoder actors: the mmproj they run (required when the node
+  // hosts any) and their options (threads from the NodeSpec when it sets
+  // them; n_embd from the model).
+  std::shared_ptr<const GgufFile> mmproj;
+  VisionEncoderOptions vision;
   // The cluster secret: nullopt on the head = open cluster; a worker sends
   // "" then.
   std::optional<std::string> secret;
@@ -58,8 +63,8 @@ class Node {
   virtual bool is_head() const = 0;
   // Head: the bound "HOST:PORT"; worker: the head's "HOST:PORT".
   virtual std::string address() const = 0;
-  // Head: live stages attached to the router (local and remote).
-  // Worker: the stages it spawned.
+  // Head: live stages and vision encoders attached to the router (local and
+  // remote). Worker: the stages and encoders it spawned.
   virtual int32_t stages() = 0;
   // Worker: the head went away (its router is down). Head: always false.
   virtual bool lost_head() const = 0;

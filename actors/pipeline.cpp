@@ -8,6 +8,7 @@
 #include <mutex>
 #include <thread>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "actors/actor_pipeline.h"
 #include "actors/stage_core.h"
@@ -34,8 +35,10 @@ namespace {
 
 class MonoPipeline final : public Pipeline {
  public:
-  MonoPipeline(const PipelineOptions& options, std::unique_ptr<StageCore> core)
-      : options_(options), core_(std::move(core)) {
+  // encoder may be null (text only: requests come encoded).
+  MonoPipeline(const PipelineOptions& options, std::unique_ptr<StageCore> core,
+               std::shared_ptr<VisionEncoder> encoder)
+      : options_(options), core_(std::move(core)), encoder_(std::move(encoder)) {
     snapshot_ = core_->stats();
     thread_ = std::thread([this] { loop(); });
   }
@@ -64,7 +67,13 @@ class MonoPipeline final : public Pipeline {
   }
 
   Status submit(GenerateRequest request, EventCallback on_event) override {
-    Status st = core_->check_request(request);  // only reads sizes fixed at creation
+    // Both only read sizes fixed at creation.
+    Status st = encoder_ ? encoder_->check(request.images, request.request_id)
+                         : core_->check_request(request);
+    if (st.ok() && encoder_) {
+      const Engine& e = core_->engine();
+      st = validate_request(request, e.context(), e.config().n_vocab, e.config().dim);
+    }
     if (!st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     ++requests_;
@@ -102,7 +111,14 @@ class MonoPipeline final : public Pipeline {
   const PipelineOptions& options() const override { return options_; }
 
  private:
-  void emit(const msg::StreamEvent& e) {
+  void emit(msg::StreamEvent e) {
+    if (e.kind == msg::StreamEvent::Kind::token && e.index == 0) {
+      if (auto it = encode_seconds_.find(e.request_id); it != encode_seconds_.end()) {
+        e.encode_origin = "mono";
+        e.encode_seconds = it->second;
+      }
+    }
+    if (e.kind != msg::StreamEvent::Kind::token || e.index == 0) encode_seconds_.erase(e.request_id);
     EventCallback cb;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -131,6 +147,7 @@ class MonoPipeline final : public Pipeline {
         if (stop_) return;
         incoming.swap(inbox_);
       }
+      if (encoder_) encode(incoming, events);
       for (GenerateRequest& r : incoming) {
         const uint64_t id = r.request_id;
         Status st = core_->submit(std::move(r));
@@ -151,8 +168,43 @@ class MonoPipeline final : public Pipeline {
     }
   }
 
+  // Encodes the images of the requests that just arrived, in one batch, on
+  // this thread (the prefill path): a request that fails gets its failed
+  // event and leaves `incoming`.
+  void encode(std::deque<GenerateRequest>& incoming, std::vector<SchedulerEvent>& events) {
+    std::vector<std::vector<PromptImage>*> groups;
+    std::vector<uint64_t> ids;
+    for (GenerateRequest& r : incoming) {
+      if (r.images.empty()) continue;
+      groups.push_back(&r.images);
+      ids.push_back(r.request_id);
+    }
+    if (groups.empty()) return;
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<Status> status = encoder_->encode(groups, ids);
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    std::unordered_set<uint64_t> failed_ids;  // ids are unique among requests in flight
+    for (size_t k = 0; k < status.size(); ++k) {
+      if (status[k].ok()) {
+        encode_seconds_[ids[k]] = seconds;
+        for (PromptImage& im : *groups[k]) im.image.rgb = {};  // not needed once encoded
+        continue;
+      }
+      failed_ids.insert(ids[k]);
+      SchedulerEvent failed;
+      failed.kind = SchedulerEvent::Kind::failed;
+      failed.request_id = ids[k];
+      failed.error = status[k];
+      events.push_back(std::move(failed));
+    }
+    std::erase_if(incoming, [&](const GenerateRequest& r) { return failed_ids.count(r.request_id) > 0; });
+  }
+
   PipelineOptions options_;
   std::unique_ptr<StageCore> core_;  // touched by the thread only (after construction)
+  std::shared_ptr<VisionEncoder> encoder_;  // likewise (check() is const and reads sizes only)
+  std::unordered_map<uint64_t, double> encode_seconds_;  // the thread's: reported with token 0
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<GenerateRequest> inbox_;
@@ -161,32 +213,6 @@ class MonoPipeline final : public Pipeline {
   msg::Stats snapshot_;
   uint64_t requests_ = 0, rejected_busy_ = 0, tokens_ = 0, finished_ = 0, failed_ = 0;
   std::thread thread_;
-};
-
-// The actor topologies have no vision stage yet: a request with images is
-// refused at submit rather than run without them.
-class TextOnlyPipeline final : public Pipeline {
- public:
-  explicit TextOnlyPipeline(std::unique_ptr<Pipeline> inner) : inner_(std::move(inner)) {}
-  Status submit(GenerateRequest request, EventCallback on_event) override {
-    if (!request.images.empty())
-      return Status(Code::unsupported,
-                    std::string("pipeline: request ") + std::to_string(request.request_id) +
-                        " has images; the " + topology_name(inner_->options().topology) +
-                        " topology has no vision actors yet (use mono)");
-    return inner_->submit(std::move(request), std::move(on_event));
-  }
-  std::vector<msg::Stats> stats() override { return inner_->stats(); }
-  int32_t alive(const std::string& kind) override { return inner_->alive(kind); }
-  Status kill_decode_actor(int32_t index) override { return inner_->kill_decode_actor(index); }
-  Status send_raw_for_test(const std::string& kind, int32_t index,
-                           const std::vector<char>& bytes) override {
-    return inner_->send_raw_for_test(kind, index, bytes);
-  }
-  const PipelineOptions& options() const override { return inner_->options(); }
-
- private:
-  std::unique_ptr<Pipeline> inner_;
 };
 
 Status check_options(const PipelineOptions& o) {
@@ -206,6 +232,8 @@ Status check_options(const PipelineOptions& o) {
   if (!st.ok()) return st;
   if (!(o.request_timeout_s > 0))
     return Status(Code::invalid_argument, "request_timeout_s must be positive");
+  if (o.mmproj && o.topology != Topology::mono && (o.vision_actors < 1 || o.vision_actors > 64))
+    return bad("vision_actors", o.vision_actors);
   if (o.actor_threads < 0)
     return Status(Code::invalid_argument, "actor_threads must not be negative, got " +
                                               std::to_string(o.actor_threads));
@@ -220,16 +248,31 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
   if (!file) return Status(Code::invalid_argument, "pipeline: no model file");
   Status st = check_options(options);
   if (!st.ok()) return st;
-  if (options.topology != Topology::mono) {
-    auto actors = make_actor_pipeline(std::move(file), std::move(tokenizer), options);
-    if (!actors.ok()) return actors.status();
-    return std::unique_ptr<Pipeline>(new TextOnlyPipeline(std::move(actors.value())));
-  }
+  if (options.topology != Topology::mono)
+    return make_actor_pipeline(std::move(file), std::move(tokenizer), options);
   SchedulerOptions so = options.scheduler;
   so.prefill_only = false;
   auto core = StageCore::create(std::move(file), std::move(tokenizer), options.engine, so, "mono");
   if (!core.ok()) return core.status();
-  return std::unique_ptr<Pipeline>(new MonoPipeline(options, std::move(core.value())));
+  auto encoders = make_vision_encoders(options, (*core)->engine().config().dim);
+  if (!encoders.ok()) return encoders.status();
+  std::shared_ptr<VisionEncoder> encoder = encoders->empty() ? nullptr : encoders->front();
+  return std::unique_ptr<Pipeline>(new MonoPipeline(options, std::move(core.value()), encoder));
+}
+
+Result<std::vector<std::shared_ptr<VisionEncoder>>> make_vision_encoders(const PipelineOptions& options,
+                                                                         int32_t n_embd) {
+  std::vector<std::shared_ptr<VisionEncoder>> out;
+  if (!options.mmproj) return out;
+  VisionEncoderOptions vo = options.vision;
+  vo.n_embd = n_embd;
+  const int32_t n = options.topology == Topology::mono ? 1 : options.vision_actors;
+  for (int32_t i = 0; i < n; ++i) {
+    auto e = VisionEncoder::create(options.mmproj, vo);
+    if (!e.ok()) return e.status();
+    out.push_back(std::move(e.value()));
+  }
+  return out;
 }
 
 Result<std::vector<Completion>> Pipeline::run(std::vector<GenerateRequest> requests) {
@@ -249,6 +292,10 @@ Result<std::vector<Completion>> Pipeline::run(std::vector<GenerateRequest> reque
       switch (e.kind) {
         case msg::StreamEvent::Kind::token:
           if (c.tokens.empty()) c.ttft_seconds = t;
+          if (!e.encode_origin.empty()) {
+            c.encode_origin = e.encode_origin;
+            c.encode_seconds = e.encode_seconds;
+          }
           c.tokens.push_back(e.token);
           c.text += e.text;
           return;

@@ -8,6 +8,11 @@
 //   pd         prefill actors -> KV through the kv_store actor -> decode
 //              actors, behind the router
 //
+// With an mmproj (a CLIP vision encoder), colocated and pd also run
+// vision_encoder actors (pd + encoders = E/P/D): the router sends a request
+// whose images lack embeddings to the least loaded encoder first. mono
+// encodes on its own thread, before the request's prefill.
+//
 // Every message between actors is Cap'n Proto bytes (schema/codec.h), in
 // process too. For one backend, a request's tokens and logits are the same
 // in every topology (DESIGN.md invariant 1).
@@ -25,6 +30,7 @@
 #include "model/request.h"
 #include "model/scheduler.h"
 #include "model/tokenizer.h"
+#include "model/vision_encoder.h"
 #include "schema/messages.h"
 
 namespace cleave {
@@ -39,6 +45,13 @@ struct PipelineOptions {
   int32_t prefill_actors = 1;    // pd
   int32_t decode_actors = 1;     // pd
   int32_t colocated_actors = 1;  // colocated
+  // The vision encoder (a llama.cpp mmproj file); null: text only, requests
+  // must come with their images encoded. colocated / pd run vision_actors
+  // encoder actors; mono one encoder inline. vision.n_embd is set from the
+  // model (the projector must fit it).
+  std::shared_ptr<const GgufFile> mmproj;
+  int32_t vision_actors = 1;
+  VisionEncoderOptions vision;
   EngineOptions engine;          // per engine (each actor owns one)
   SchedulerOptions scheduler;    // per scheduler (prefill_only is set for pd prefill)
   int32_t max_pending = 1024;    // requests admitted and not finished; beyond: busy
@@ -65,6 +78,8 @@ struct Completion {
   Status error;               // not ok when the request failed
   double ttft_seconds = 0;    // submit -> first token
   double total_seconds = 0;   // submit -> finished
+  std::string encode_origin;  // the vision encoder that ran (and its step time)
+  double encode_seconds = 0;
 };
 
 class Pipeline {
@@ -86,16 +101,21 @@ class Pipeline {
   // Each actor's counters (requests, tokens, queue depth, KV blocks moved,
   // failures, ...), gathered through the stats message.
   virtual std::vector<msg::Stats> stats() = 0;
-  // Live actors of a kind ("prefill", "decode", "colocated", "kv_store").
+  // Live actors of a kind ("prefill", "decode", "colocated", "kv_store",
+  // "vision_encoder").
   virtual int32_t alive(const std::string& kind) = 0;
   // Fault injection for tests: kills decode actor `index` (0-based) as if it
   // crashed (exit_reason::kill). not_found when there is no such live actor.
   // In colocated, the colocated actors are the decoders.
   virtual Status kill_decode_actor(int32_t index) = 0;
+  // Likewise for vision_encoder actor `index`.
+  virtual Status kill_vision_actor(int32_t index) {
+    return Status(Code::not_found, "no vision_encoder actor " + std::to_string(index));
+  }
   // Fault injection for tests: sends `bytes` as the main message of actor
   // `index` of `kind` (stage and router: a request; kv_store: a KvPut) and
   // returns its answer as a Status (a typed error for bytes that do not
-  // decode). unsupported for mono.
+  // decode; vision_encoder: an EncodeRequest). unsupported for mono.
   virtual Status send_raw_for_test(const std::string& kind, int32_t index,
                                    const std::vector<char>& bytes) = 0;
   virtual const PipelineOptions& options() const = 0;
