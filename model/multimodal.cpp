@@ -1,6 +1,7 @@
 #include "model/multimodal.h"
 
 #include <algorithm>
+#include <map>
 #include <utility>
 
 namespace cleave {
@@ -61,45 +62,52 @@ Status check_projector_fits(const ClipModel& clip, int32_t n_embd) {
 }
 
 Status encode_images(const ClipModel& clip, Backend& backend, int32_t n_embd,
-                     GenerateRequest& request, int32_t max_batch) {
+                     std::span<GenerateRequest> requests, int32_t max_batch) {
   CLEAVE_RETURN_IF_ERROR(check_projector_fits(clip, n_embd));
   if (max_batch < 1)
     return Status(Code::invalid_argument,
                   "encode_images: max_batch must be positive, got " + std::to_string(max_batch));
   const ClipConfig& c = clip.config();
-  std::vector<size_t> todo;
-  for (size_t i = 0; i < request.images.size(); ++i) {
-    const PromptImage& im = request.images[i];
-    if (!im.embeddings.empty()) continue;
-    if (im.n_tokens != c.n_patches)
-      return Status(Code::invalid_argument,
-                    "encode_images: image " + std::to_string(i) + " spans " +
-                        std::to_string(im.n_tokens) + " tokens, the encoder gives " +
-                        std::to_string(c.n_patches));
-    if (im.image.rgb.empty())
-      return Status(Code::invalid_argument,
-                    "encode_images: image " + std::to_string(i) + " has no pixels to encode");
-    todo.push_back(i);
+  std::vector<PromptImage*> todo;
+  for (GenerateRequest& r : requests) {
+    for (size_t i = 0; i < r.images.size(); ++i) {
+      PromptImage& im = r.images[i];
+      if (!im.embeddings.empty()) continue;
+      const std::string who = "encode_images: request " + std::to_string(r.request_id) +
+                              " image " + std::to_string(i);
+      if (im.n_tokens != c.n_patches)
+        return Status(Code::invalid_argument, who + " spans " + std::to_string(im.n_tokens) +
+                                                  " tokens, the encoder gives " +
+                                                  std::to_string(c.n_patches));
+      if (im.image.rgb.empty())
+        return Status(Code::invalid_argument, who + " has no pixels to encode");
+      todo.push_back(&im);
+    }
   }
-  std::vector<std::vector<float>> out(todo.size());
-  std::vector<float> pixels, batch_out;
-  for (size_t first = 0; first < todo.size(); first += size_t(max_batch)) {
-    const size_t n = std::min(todo.size() - first, size_t(max_batch));
+  // One encode per distinct image (equal hashes, equal pixels): the rest copy its rows.
+  std::vector<PromptImage*> unique;
+  std::vector<size_t> source(todo.size());
+  std::map<std::pair<uint64_t, uint64_t>, size_t> seen;
+  for (size_t k = 0; k < todo.size(); ++k) {
+    auto [it, added] = seen.try_emplace({todo[k]->hash.lo, todo[k]->hash.hi}, unique.size());
+    if (added) unique.push_back(todo[k]);
+    source[k] = it->second;
+  }
+  const size_t per_image = clip.output_floats();
+  std::vector<float> pixels, out(unique.size() * per_image);
+  for (size_t first = 0; first < unique.size(); first += size_t(max_batch)) {
+    const size_t n = std::min(unique.size() - first, size_t(max_batch));
     pixels.clear();
-    for (size_t k = 0; k < n; ++k) {
-      auto px = clip.preprocess(request.images[todo[first + k]].image);
-      if (!px.ok())
-        return Status(px.status().code(), "encode_images: image " + std::to_string(todo[first + k]) +
-                                              ": " + px.status().message());
+    for (size_t k = first; k < first + n; ++k) {
+      auto px = clip.preprocess(unique[k]->image);
+      if (!px.ok()) return Status(px.status().code(), "encode_images: " + px.status().message());
       pixels.insert(pixels.end(), px->begin(), px->end());
     }
-    batch_out.resize(n * clip.output_floats());
-    CLEAVE_RETURN_IF_ERROR(clip.encode(backend, pixels.data(), int64_t(n), batch_out.data()));
-    for (size_t k = 0; k < n; ++k)
-      out[first + k].assign(batch_out.begin() + int64_t(k * clip.output_floats()),
-                            batch_out.begin() + int64_t((k + 1) * clip.output_floats()));
+    CLEAVE_RETURN_IF_ERROR(clip.encode(backend, pixels.data(), int64_t(n), out.data() + first * per_image));
   }
-  for (size_t k = 0; k < todo.size(); ++k) request.images[todo[k]].embeddings = std::move(out[k]);
+  for (size_t k = 0; k < todo.size(); ++k)
+    todo[k]->embeddings.assign(out.begin() + int64_t(source[k] * per_image),
+                               out.begin() + int64_t((source[k] + 1) * per_image));
   return Status::Ok();
 }
 

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -42,14 +43,18 @@ Result<GenerateRequest> build_image_prompt(const Tokenizer& tokenizer, std::stri
 // not the language model's n_embd (the rows could not stand in for tokens).
 Status check_projector_fits(const ClipModel& clip, int32_t n_embd);
 
-// Fills the embeddings of every image of the request that has none: each
-// is preprocessed with the encoder's size, mean and std, and all of them
-// are encoded in batches of up to max_batch through ClipModel::encode on
-// `backend` (an image's rows do not depend on its batch). check_projector_fits'
-// error; invalid_argument when an image's n_tokens is not the encoder's
-// n_patches or it has no pixels; the encoder's errors. On error the request
-// keeps the embeddings it had.
+// Fills the embeddings of every image of the requests that has none: each
+// is preprocessed with the encoder's size, mean and std, and all of them,
+// across requests, are encoded in batches of up to max_batch through
+// ClipModel::encode on `backend` (an image's rows do not depend on its
+// batch); images with equal content hashes are encoded once. check_projector_fits()'s error; invalid_argument naming the
+// request and image when its n_tokens is not the encoder's n_patches or it
+// has no pixels; the encoder's errors. On error no request is changed.
 Status encode_images(const ClipModel& clip, Backend& backend, int32_t n_embd,
-                     GenerateRequest& request, int32_t max_batch = 16);
+                     std::span<GenerateRequest> requests, int32_t max_batch = 16);
+inline Status encode_images(const ClipModel& clip, Backend& backend, int32_t n_embd,
+                            GenerateRequest& request, int32_t max_batch = 16) {
+  return encode_images(clip, backend, n_embd, std::span<GenerateRequest>(&request, 1), max_batch);
+}
 
 }  // namespace cleave

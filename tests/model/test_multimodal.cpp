@@ -127,6 +127,13 @@ TEST_CASE("multimodal: encode_images fills the encoder's rows batch-independentl
     CHECK(same_bits(one_by_one.images[i].embeddings, want));
     CHECK(same_bits(batched.images[i].embeddings, want));
   }
+  // Across requests (batches of 3 that straddle them): the same rows.
+  std::vector<GenerateRequest> two = {*build_image_prompt(*tok, "describe", {images[0], images[1]}, P),
+                                      *build_image_prompt(*tok, "<image> x <image>", {images[2], images[3]}, P)};
+  two[1].request_id = 1;
+  REQUIRE(encode_images(*clip, *backend, 64, two, 3).ok());
+  for (size_t i = 0; i < 4; ++i)
+    CHECK(same_bits(two[i / 2].images[i % 2].embeddings, batched.images[i].embeddings));
   CHECK(validate_request(batched, 256, tok->n_vocab(), 64).ok());
   CHECK(check_images_encoded(batched).ok());
   // Encoded images are left alone.
