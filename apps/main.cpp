@@ -263,6 +263,7 @@ int run_generate(const GenerateArgs& a) {
                     {"threads", eo.threads}};
     if (!a.images.empty()) {
       j["images"] = req.images.size();
+      for (const PromptImage& im : req.images) j["image_spans"].push_back({im.position, im.n_tokens});
       j["timings"]["encode_seconds"] = encode_seconds;
     }
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
