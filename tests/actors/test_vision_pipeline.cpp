@@ -1,0 +1,367 @@
+// Image requests through vision_encoder actors (E/P/D and colocated with
+// encoders) against the monolithic run fed embeddings from encode_images():
+// the same tokens, text, finish reason and final logits bit for bit; a
+// killed encoder's requests are re-placed (same answers) or fail with a
+// typed error, never hang; bad input gets typed errors.
+#include <doctest/doctest.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <map>
+#include <mutex>
+#include <random>
+
+#include "actors/pipeline.h"
+#include "model/make_model.h"
+#include "model/multimodal.h"
+#include "schema/codec.h"
+#include "tests/same_bits.h"
+
+using namespace cleave;
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+using cleave::testing::same_bits;
+
+namespace {
+
+struct Vlm {
+  std::shared_ptr<const GgufFile> lm, mmproj;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::unique_ptr<ClipModel> clip;  // for the reference encoding
+};
+
+// A 64-wide llama test model and a CLIP encoder projecting to 64 (16 image
+// tokens per 32x32 image), written once per process.
+const Vlm& vlm() {
+  static Vlm v = [] {
+    Vlm m;
+    fs::path dir = fs::temp_directory_path() / ("cleave-vision-test-" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    ModelSpec spec;
+    spec.dim = 64; spec.n_layers = 2; spec.n_heads = 4; spec.n_kv_heads = 2; spec.ffn = 128;
+    spec.context = 256; spec.seed = 23; spec.name = "vision-lm";
+    const std::string lm_path = (dir / "lm.gguf").string();
+    Status st = write_test_model(spec, std::string(CLEAVE_SOURCE_DIR) +
+                                           "/models/vocab/ggml-vocab-llama-spm.gguf", lm_path);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    ClipSpec cs;
+    cs.projection_dim = 64;
+    cs.seed = 5;
+    const std::string clip_path = (dir / "mmproj.gguf").string();
+    st = write_test_clip_model(cs, clip_path);
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    m.lm = GgufFile::open(lm_path).value();
+    m.mmproj = GgufFile::open(clip_path).value();
+    m.tokenizer = std::shared_ptr<const Tokenizer>(Tokenizer::from_gguf(*m.lm).value());
+    m.clip = ClipModel::load(m.mmproj).value();
+    return m;
+  }();
+  return v;
+}
+
+RgbImage random_image(uint32_t seed) {
+  std::mt19937 rng(seed);
+  RgbImage im;
+  im.width = 24 + int32_t(rng() % 24);
+  im.height = 24 + int32_t(rng() % 24);
+  im.rgb.resize(size_t(im.width) * size_t(im.height) * 3);
+  for (auto& b : im.rgb) b = uint8_t(rng());
+  return im;
+}
+
+const char* kWords[] = {"what", "shape", "is", "red", "blue", "how", "many", "circles",
+                        "left", "right", "top", "small", "large", "green", "the", "square"};
+
+// n requests: every fourth text only, the rest with one or two images drawn
+// from a pool of 12 (so images repeat and hit the encoders' caches), the
+// marker at the start, in the middle or absent (images first); mixed
+// sampling; prefill chunks that split images.
+std::vector<GenerateRequest> image_requests(int n, uint64_t first_id) {
+  const Vlm& m = vlm();
+  std::vector<GenerateRequest> out;
+  for (int i = 0; i < n; ++i) {
+    std::string text;
+    for (int w = 0; w < 3 + i % 9; ++w) text += std::string(w ? " " : "") + kWords[(i * 7 + w * 3) % 16];
+    GenerateRequest r;
+    if (i % 4 == 3) {
+      r.prompt = m.tokenizer->encode(text);
+    } else {
+      std::vector<RgbImage> images = {random_image(uint32_t(i * 5 % 12))};
+      if (i % 5 == 1) images.push_back(random_image(uint32_t(100 + i % 3)));
+      if (images.size() == 2) text = "<image> and <image> " + text;
+      else if (i % 3 == 0) text = "<image> " + text;
+      else if (i % 3 == 1) text = text + " <image> answer";  // else: images first
+      r = build_image_prompt(*m.tokenizer, text, std::move(images), m.clip->config().n_patches).value();
+    }
+    r.request_id = first_id + uint64_t(i);
+    r.sampling.seed = uint64_t(i) * 31 + 7;
+    r.sampling.max_tokens = 1 + (i * 11) % 20;
+    r.sampling.temperature = i % 2 ? 0.8f : 0.f;
+    r.sampling.top_k = i % 2 ? 20 : 0;
+    r.prefill_chunk = i % 3 == 0 ? 5 : (i % 3 == 1 ? 24 : 512);
+    r.ignore_eos = true;
+    r.keep_logits = true;
+    out.push_back(std::move(r));
+  }
+  return out;
+}
+
+PipelineOptions options(Topology t, int p, int d, int c, int encoders) {
+  PipelineOptions o;
+  o.topology = t;
+  o.prefill_actors = p;
+  o.decode_actors = d;
+  o.colocated_actors = c;
+  o.engine.threads = 1;
+  o.engine.max_seqs = 32;
+  o.engine.block_size = 16;
+  o.actor_threads = 2;
+  o.kv_tier0_bytes = o.kv_tier1_bytes = size_t(8) << 20;
+  if (encoders > 0) {
+    o.mmproj = vlm().mmproj;
+    o.vision_actors = encoders;
+    o.vision.max_batch = 8;
+  }
+  return o;
+}
+
+std::unique_ptr<Pipeline> make_pipeline(const PipelineOptions& o) {
+  auto p = Pipeline::create(vlm().lm, vlm().tokenizer, o);
+  REQUIRE_MESSAGE(p.ok(), p.status().to_string());
+  return std::move(p.value());
+}
+
+std::vector<Completion> run_all(Pipeline& p, const std::vector<GenerateRequest>& rs) {
+  auto r = p.run(rs);
+  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
+  return std::move(r.value());
+}
+
+// The reference: encode_images() (model/multimodal.h, no actors, no cache)
+// fills the embeddings, then the mono pipeline without an encoder runs them.
+std::vector<Completion> reference(const std::vector<GenerateRequest>& requests) {
+  std::vector<GenerateRequest> encoded = requests;
+  auto backend = make_cpu_backend(1);
+  Status st = encode_images(*vlm().clip, *backend, 64, encoded);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  auto mono = make_pipeline(options(Topology::mono, 1, 1, 1, 0));
+  auto ref = run_all(*mono, encoded);
+  for (const Completion& c : ref) REQUIRE_MESSAGE(c.error.ok(), c.error.to_string());
+  return ref;
+}
+
+int count_mismatches(const std::vector<Completion>& ref, const std::vector<Completion>& got,
+                     const std::string& what) {
+  REQUIRE(ref.size() == got.size());
+  int mismatches = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    CAPTURE(what);
+    CAPTURE(i);
+    REQUIRE_MESSAGE(got[i].error.ok(), got[i].error.to_string());
+    const bool same = got[i].tokens == ref[i].tokens && got[i].text == ref[i].text &&
+                      got[i].finish_reason == ref[i].finish_reason &&
+                      same_bits(got[i].logits, ref[i].logits);
+    mismatches += !same;
+  }
+  return mismatches;
+}
+
+const msg::Stats* find_stats(const std::vector<msg::Stats>& all, const std::string& actor) {
+  for (const auto& s : all)
+    if (s.actor == actor) return &s;
+  return nullptr;
+}
+
+uint64_t sum_counter(const std::vector<msg::Stats>& all, const std::string& prefix,
+                     const std::string& name) {
+  uint64_t n = 0;
+  for (const auto& s : all)
+    if (s.actor.rfind(prefix, 0) == 0) n += s.get(name);
+  return n;
+}
+
+size_t count_image_requests(const std::vector<GenerateRequest>& rs) {
+  size_t n = 0;
+  for (const auto& r : rs) n += !r.images.empty();
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("vision pipeline invariant: E/P/D and colocated with encoders give mono's tokens and logits") {
+  const auto requests = image_requests(72, 1000);
+  const size_t with_images = count_image_requests(requests);
+  REQUIRE(with_images >= 50);
+  const auto ref = reference(requests);
+
+  struct Case {
+    Topology t;
+    int p, d, c, e;
+  };
+  for (Case k : {Case{Topology::mono, 1, 1, 1, 1}, Case{Topology::pd, 1, 1, 0, 1},
+                 Case{Topology::pd, 1, 1, 0, 2}, Case{Topology::pd, 2, 2, 0, 2},
+                 Case{Topology::colocated, 0, 0, 2, 2}}) {
+    const std::string what = std::string(topology_name(k.t)) + " P" + std::to_string(k.p) + " D" +
+                             std::to_string(k.d) + " C" + std::to_string(k.c) + " E" +
+                             std::to_string(k.e);
+    const auto start = Clock::now();
+    auto p = make_pipeline(options(k.t, k.p, k.d, k.c, k.e));
+    const auto got = run_all(*p, requests);
+    CHECK_MESSAGE(count_mismatches(ref, got, what) == 0, what);
+    for (size_t i = 0; i < requests.size(); ++i)  // the encoder's timing reaches the client
+      if (!requests[i].images.empty()) CHECK(!got[i].encode_origin.empty());
+    if (k.t != Topology::mono) {
+      const auto stats = p->stats();
+      const msg::Stats* router = find_stats(stats, "router");
+      REQUIRE(router);
+      CHECK(router->get("finished") == requests.size());
+      CHECK(router->get("encodes") == with_images);
+      CHECK(router->get("alive_vision_encoder") == uint64_t(k.e));
+      // Repeated images came from the caches, and every encoder worked.
+      CHECK(sum_counter(stats, "vision_encoder", "cache_hits") > 0);
+      CHECK(sum_counter(stats, "vision_encoder", "replies") == with_images);
+      for (int e = 0; e < k.e; ++e) {
+        const msg::Stats* enc = find_stats(stats, "vision_encoder/" + std::to_string(e));
+        REQUIRE(enc);
+        CHECK(enc->get("replies") > 0);
+      }
+    }
+    MESSAGE(what << ": " << std::chrono::duration<double>(Clock::now() - start).count() << " s");
+  }
+}
+
+TEST_CASE("vision pipeline failure: a killed encoder's requests finish on another identical or fail typed") {
+  const auto requests = image_requests(64, 3000);
+  const auto ref = reference(requests);
+  auto p = make_pipeline(options(Topology::pd, 1, 1, 0, 2));
+  struct Done {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::map<uint64_t, Completion> done, partial;
+  } d;
+  for (const auto& r : requests) {
+    const uint64_t id = r.request_id;
+    REQUIRE(p->submit(r, [&d, id](const msg::StreamEvent& e) {
+                std::lock_guard<std::mutex> lock(d.mu);
+                Completion& c = d.partial[id];
+                if (e.kind == msg::StreamEvent::Kind::token) {
+                  c.tokens.push_back(e.token);
+                  c.text += e.text;
+                  return;
+                }
+                c.text += e.text;
+                c.finish_reason = e.finish_reason;
+                c.logits = e.logits;
+                c.error = e.kind == msg::StreamEvent::Kind::failed ? e.error : Status::Ok();
+                d.done[id] = c;
+                d.cv.notify_all();
+              }).ok());
+    if (r.request_id == 3005) REQUIRE(p->kill_vision_actor(0).ok());  // with work queued behind it
+  }
+  {
+    std::unique_lock<std::mutex> lock(d.mu);
+    REQUIRE_MESSAGE(d.cv.wait_for(lock, std::chrono::seconds(120),
+                                  [&] { return d.done.size() == requests.size(); }),
+                    "only " << d.done.size() << " of " << requests.size() << " finished");
+  }
+  int identical = 0, failed = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Completion& c = d.done.at(requests[i].request_id);
+    if (!c.error.ok()) {
+      ++failed;
+      CHECK(c.error.code() == Code::unavailable);
+      continue;
+    }
+    CHECK(c.tokens == ref[i].tokens);
+    CHECK(same_bits(c.logits, ref[i].logits));
+    identical += c.tokens == ref[i].tokens;
+  }
+  const auto stats = p->stats();
+  const msg::Stats* router = find_stats(stats, "router");
+  REQUIRE(router);
+  CHECK(router->get("encoder_downs") == 1);
+  CHECK(router->get("alive_vision_encoder") == 1);
+  CHECK(failed == 0);  // one encoder is left for them
+  MESSAGE("killed encoder: " << router->get("encode_replacements") << " requests re-placed, "
+                             << identical << " identical, " << failed << " failed");
+  CHECK(p->kill_vision_actor(0).code() == Code::not_found);
+
+  // No encoder left: image requests are refused at once, text still runs.
+  REQUIRE(p->kill_vision_actor(1).ok());
+  for (int tries = 0; p->alive("vision_encoder") > 0 && tries < 200; ++tries)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  auto more = image_requests(8, 4000);
+  std::vector<GenerateRequest> images_only, text_only;
+  for (auto& r : more) (r.images.empty() ? text_only : images_only).push_back(r);
+  const auto got = run_all(*p, images_only);
+  for (const Completion& c : got) {
+    CHECK(c.error.code() == Code::unavailable);
+    CHECK(c.error.message().find("vision_encoder") != std::string::npos);
+  }
+  for (const Completion& c : run_all(*p, text_only)) CHECK(c.error.ok());
+}
+
+TEST_CASE("vision pipeline: bad image input gets typed errors and fails only its request") {
+  auto p = make_pipeline(options(Topology::pd, 1, 1, 0, 1));
+  auto requests = image_requests(6, 5000);
+  // Request 5000 (one image) now has pixels that do not match its hash.
+  REQUIRE(requests[0].images.size() == 1);
+  requests[0].images[0].image.rgb[7] ^= 0x40;
+  const auto got = run_all(*p, requests);
+  CHECK(got[0].error.code() == Code::invalid_argument);
+  CHECK(got[0].error.message().find("request 5000") != std::string::npos);
+  for (size_t i = 1; i < got.size(); ++i) CHECK_MESSAGE(got[i].error.ok(), got[i].error.to_string());
+
+  // A span that is not the encoder's 16 tokens: refused at submit (mono)
+  // or by the encoder (actors), typed either way.
+  GenerateRequest wrong = image_requests(1, 5100)[0];
+  REQUIRE(!wrong.images.empty());
+  wrong.images[0].n_tokens = 8;
+  const auto w = run_all(*p, {wrong});
+  CHECK(w[0].error.code() == Code::invalid_argument);
+  auto mono = make_pipeline(options(Topology::mono, 1, 1, 1, 1));
+  bool called = false;
+  CHECK(mono->submit(wrong, [&](const msg::StreamEvent&) { called = true; }).code() ==
+        Code::invalid_argument);
+  CHECK_FALSE(called);
+
+  // Corrupt and foreign bytes sent straight to an encoder.
+  CHECK(p->send_raw_for_test("vision_encoder", 0, {'x', 'y', 'z', 0, 0, 0, 0, 0}).code() ==
+        Code::corruption);
+  msg::KvGet other;
+  CHECK(p->send_raw_for_test("vision_encoder", 0, codec::encode(other)).code() ==
+        Code::invalid_argument);
+  CHECK(p->send_raw_for_test("vision_encoder", 3, codec::encode(other)).code() == Code::not_found);
+  const auto stats = p->stats();
+  CHECK(find_stats(stats, "vision_encoder/0")->get("bad_messages") == 2);
+
+  // A pipeline without an mmproj refuses unencoded images; encoded ones run.
+  auto text = make_pipeline(options(Topology::pd, 1, 1, 0, 0));
+  GenerateRequest raw = image_requests(1, 5200)[0];
+  CHECK(text->submit(raw, [](const msg::StreamEvent&) {}).code() == Code::invalid_argument);
+  auto backend = make_cpu_backend(1);
+  REQUIRE(encode_images(*vlm().clip, *backend, 64, raw).ok());
+  CHECK(run_all(*text, {raw})[0].error.ok());
+}
+
+TEST_CASE("vision pipeline options: vision_actors and the projector width are checked") {
+  PipelineOptions o = options(Topology::pd, 1, 1, 0, 1);
+  o.vision_actors = 0;
+  CHECK(Pipeline::create(vlm().lm, vlm().tokenizer, o).status().code() == Code::invalid_argument);
+  o.vision_actors = 65;
+  CHECK(Pipeline::create(vlm().lm, vlm().tokenizer, o).status().code() == Code::invalid_argument);
+  // A projector of another width than the model's 64.
+  const std::string path =
+      (fs::temp_directory_path() / ("cleave-vision-wide-" + std::to_string(::getpid()) + ".gguf")).string();
+  ClipSpec wide;
+  wide.projection_dim = 96;
+  REQUIRE(write_test_clip_model(wide, path).ok());
+  o = options(Topology::colocated, 0, 0, 1, 1);
+  o.mmproj = GgufFile::open(path).value();
+  auto p = Pipeline::create(vlm().lm, vlm().tokenizer, o);
+  CHECK(p.status().code() == Code::invalid_argument);
+  CHECK(p.status().message().find("96") != std::string::npos);
+  fs::remove(path);
+}
