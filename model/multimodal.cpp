@@ -61,28 +61,41 @@ Status check_projector_fits(const ClipModel& clip, int32_t n_embd) {
   return Status::Ok();
 }
 
+Status check_encodable(const ClipModel& clip, const std::vector<PromptImage>& images,
+                       uint64_t request_id) {
+  const ClipConfig& c = clip.config();
+  for (size_t i = 0; i < images.size(); ++i) {
+    const PromptImage& im = images[i];
+    if (!im.embeddings.empty()) continue;
+    const std::string who = "image prompt: request " + std::to_string(request_id) + " image " +
+                            std::to_string(i);
+    if (im.n_tokens != c.n_patches)
+      return Status(Code::invalid_argument, who + " spans " + std::to_string(im.n_tokens) +
+                                                " tokens, the encoder gives " +
+                                                std::to_string(c.n_patches));
+    if (im.image.rgb.empty()) return Status(Code::invalid_argument, who + " has no pixels to encode");
+    if (im.image.width < 1 || im.image.height < 1 ||
+        im.image.rgb.size() != size_t(im.image.width) * size_t(im.image.height) * 3)
+      return Status(Code::invalid_argument,
+                    who + " has " + std::to_string(im.image.rgb.size()) + " pixel bytes for " +
+                        std::to_string(im.image.width) + "x" + std::to_string(im.image.height));
+    if (!(image_hash(im.image) == im.hash))
+      return Status(Code::invalid_argument, who + ": its content hash does not match its pixels");
+  }
+  return Status::Ok();
+}
+
 Status encode_images(const ClipModel& clip, Backend& backend, int32_t n_embd,
                      std::span<GenerateRequest> requests, int32_t max_batch) {
   CLEAVE_RETURN_IF_ERROR(check_projector_fits(clip, n_embd));
   if (max_batch < 1)
     return Status(Code::invalid_argument,
                   "encode_images: max_batch must be positive, got " + std::to_string(max_batch));
-  const ClipConfig& c = clip.config();
   std::vector<PromptImage*> todo;
   for (GenerateRequest& r : requests) {
-    for (size_t i = 0; i < r.images.size(); ++i) {
-      PromptImage& im = r.images[i];
-      if (!im.embeddings.empty()) continue;
-      const std::string who = "encode_images: request " + std::to_string(r.request_id) +
-                              " image " + std::to_string(i);
-      if (im.n_tokens != c.n_patches)
-        return Status(Code::invalid_argument, who + " spans " + std::to_string(im.n_tokens) +
-                                                  " tokens, the encoder gives " +
-                                                  std::to_string(c.n_patches));
-      if (im.image.rgb.empty())
-        return Status(Code::invalid_argument, who + " has no pixels to encode");
-      todo.push_back(&im);
-    }
+    CLEAVE_RETURN_IF_ERROR(check_encodable(clip, r.images, r.request_id));
+    for (PromptImage& im : r.images)
+      if (im.embeddings.empty()) todo.push_back(&im);
   }
   // One encode per distinct image (equal hashes, equal pixels): the rest copy its rows.
   std::vector<PromptImage*> unique;

@@ -43,6 +43,14 @@ Result<GenerateRequest> build_image_prompt(const Tokenizer& tokenizer, std::stri
 // not the language model's n_embd (the rows could not stand in for tokens).
 Status check_projector_fits(const ClipModel& clip, int32_t n_embd);
 
+// invalid_argument naming the request and image when an image that still
+// needs embeddings cannot be encoded by clip: its span is not n_patches
+// tokens, it has no pixels or not width x height x 3 bytes of them, or its
+// content hash does not match the pixels (the hash keys the embedding
+// caches and the KV blocks: a wrong one could poison both).
+Status check_encodable(const ClipModel& clip, const std::vector<PromptImage>& images,
+                       uint64_t request_id);
+
 // Fills the embeddings of every image of the requests that has none: each
 // is preprocessed with the encoder's size, mean and std, and all of them,
 // across requests, are encoded in batches of up to max_batch through

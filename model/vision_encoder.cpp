@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 
+#include "model/multimodal.h"
+
 namespace cleave {
 
 // ---- EmbeddingCache ----
@@ -47,12 +49,7 @@ Result<std::unique_ptr<VisionEncoder>> VisionEncoder::create(std::shared_ptr<con
                       std::to_string(options.max_batch));
   auto clip = ClipModel::load(mmproj);
   if (!clip.ok()) return clip.status();
-  const int32_t width = (*clip)->config().projection_dim;
-  if (options.n_embd != 0 && width != options.n_embd)
-    return Status(Code::invalid_argument,
-                  "vision encoder: the mmproj projects to " + std::to_string(width) +
-                      " floats per row, the language model's n_embd is " +
-                      std::to_string(options.n_embd));
+  if (options.n_embd != 0) CLEAVE_RETURN_IF_ERROR(check_projector_fits(**clip, options.n_embd));
   std::unique_ptr<VisionEncoder> e(new VisionEncoder());
   e->file_ = std::move(mmproj);
   e->clip_ = std::move(clip.value());
@@ -63,29 +60,7 @@ Result<std::unique_ptr<VisionEncoder>> VisionEncoder::create(std::shared_ptr<con
 }
 
 Status VisionEncoder::check(const std::vector<PromptImage>& images, uint64_t request_id) const {
-  const ClipConfig& c = clip_->config();
-  for (size_t i = 0; i < images.size(); ++i) {
-    const PromptImage& im = images[i];
-    if (!im.embeddings.empty()) continue;
-    const std::string who =
-        "vision encoder: request " + std::to_string(request_id) + " image " + std::to_string(i);
-    if (im.n_tokens != c.n_patches)
-      return Status(Code::invalid_argument, who + " spans " + std::to_string(im.n_tokens) +
-                                                " tokens, the encoder gives " +
-                                                std::to_string(c.n_patches));
-    if (im.image.rgb.empty())
-      return Status(Code::invalid_argument, who + " has no pixels to encode");
-    if (im.image.width < 1 || im.image.height < 1 ||
-        im.image.rgb.size() != size_t(im.image.width) * size_t(im.image.height) * 3)
-      return Status(Code::invalid_argument,
-                    who + " has " + std::to_string(im.image.rgb.size()) + " pixel bytes for " +
-                        std::to_string(im.image.width) + "x" + std::to_string(im.image.height));
-    // The hash keys the cache and the KV: pixels that do not match it could
-    // poison both.
-    if (!(image_hash(im.image) == im.hash))
-      return Status(Code::invalid_argument, who + ": its content hash does not match its pixels");
-  }
-  return Status::Ok();
+  return check_encodable(*clip_, images, request_id);
 }
 
 std::vector<Status> VisionEncoder::encode(std::span<std::vector<PromptImage>* const> groups,
