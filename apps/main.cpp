@@ -13,6 +13,7 @@
 #include <condition_variable>
 #include <map>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "actors/pipeline.h"
@@ -71,21 +72,25 @@ struct GenerateArgs {
   std::string mmproj, requests, out;
   std::vector<std::string> images;
   int32_t n_predict = 64, threads = 0, ctx = 0, ubatch = 512;
-  int32_t prefill_actors = 1, decode_actors = 1;
+  int32_t prefill_actors = 1, decode_actors = 1, vision_actors = 1;
   SamplingParams sampling;
   bool json = false, ignore_eos = false, no_bos = false;
 };
 
 // The same request through an actor topology: text streams as token events
 // arrive; per-stage timings go to stderr (or into --json).
+// With an mmproj, the request's images are encoded by vision_encoder actors.
 int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
                  std::shared_ptr<const Tokenizer> tok, Topology topology, const EngineOptions& eo,
-                 const GenerateRequest& req) {
+                 const GenerateRequest& req, std::shared_ptr<const GgufFile> mmproj) {
   PipelineOptions po;
   po.topology = topology;
   po.prefill_actors = a.prefill_actors;
   po.decode_actors = a.decode_actors;
   po.engine = eo;
+  po.mmproj = std::move(mmproj);
+  po.vision_actors = a.vision_actors;
+  po.vision.threads = eo.threads;
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
 
   if (!a.json && !a.prompt.empty()) {
@@ -105,6 +110,7 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
       s.first += e.kind == msg::StreamEvent::Kind::token;
       s.second += e.stage_seconds;
     }
+    if (!e.encode_origin.empty()) stages[e.encode_origin].second += e.encode_seconds;
     if (e.kind == msg::StreamEvent::Kind::token) {
       if (c.tokens.empty())
         c.ttft_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -178,11 +184,9 @@ std::unique_ptr<ClipModel> load_mmproj(const std::string& path, int32_t n_embd) 
   return clip;
 }
 
-void check_image_usage(const GenerateArgs& a, Topology topology, bool has_images) {
-  if (!has_images) return;
-  if (a.mmproj.empty()) throw CLI::ValidationError("--image", "images need --mmproj (the vision encoder)");
-  if (topology != Topology::mono)
-    throw CLI::ValidationError("--image", "images need --topology mono until vision actors land");
+void check_image_usage(const GenerateArgs& a, bool has_images) {
+  if (has_images && a.mmproj.empty())
+    throw CLI::ValidationError("--image", "images need --mmproj (the vision encoder)");
 }
 
 int run_generate_requests(const GenerateArgs& a);
@@ -192,7 +196,7 @@ int run_generate(const GenerateArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty())
     throw CLI::ValidationError("generate", "give exactly one of -p/--prompt and --prompt-ids");
   const Topology topology = unwrap(parse_topology(a.topology));
-  check_image_usage(a, topology, !a.images.empty());
+  check_image_usage(a, !a.images.empty());
   if (!a.images.empty() && a.prompt.empty())
     throw CLI::ValidationError("--image", "images need -p/--prompt (the text around them)");
   if (topology != Topology::mono && !a.logits_path.empty())
@@ -211,17 +215,24 @@ int run_generate(const GenerateArgs& a) {
 
   GenerateRequest req;
   double encode_seconds = 0;
+  std::shared_ptr<const GgufFile> mmproj;
   if (!a.images.empty()) {
-    // LLaVA-style prompt: <image> markers (or images first), encoded on the engine's backend.
-    auto clip = load_mmproj(a.mmproj, engine->config().dim);
+    // LLaVA-style prompt: <image> markers (or images first). mono encodes on
+    // the engine's backend; the actor topologies' vision_encoder actors do.
+    mmproj = unwrap(GgufFile::open(a.mmproj));
+    const int32_t n_embd =
+        engine ? engine->config().dim : unwrap(LlamaModel::load(file))->config().dim;
+    auto clip = load_mmproj(a.mmproj, n_embd);
     std::vector<RgbImage> images;
     for (const std::string& path : a.images) images.push_back(load_image(path));
     req = unwrap(build_image_prompt(*tok, a.prompt, std::move(images), clip->config().n_patches,
                                     !a.no_bos));
-    const auto t0 = std::chrono::steady_clock::now();
-    Status st = encode_images(*clip, engine->backend(), engine->config().dim, req);
-    if (!st.ok()) fail(st);
-    encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    if (engine) {
+      const auto t0 = std::chrono::steady_clock::now();
+      Status st = encode_images(*clip, engine->backend(), n_embd, req);
+      if (!st.ok()) fail(st);
+      encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    }
   } else {
     req.prompt = a.prompt_ids.empty() ? tok->encode(a.prompt, !a.no_bos) : parse_ids(a.prompt_ids);
   }
@@ -231,7 +242,8 @@ int run_generate(const GenerateArgs& a) {
   req.ignore_eos = a.ignore_eos;
   req.keep_logits = !a.logits_path.empty();
 
-  if (topology != Topology::mono) return run_pipeline(a, file, std::move(tok), topology, eo, req);
+  if (topology != Topology::mono)
+    return run_pipeline(a, file, std::move(tok), topology, eo, req, std::move(mmproj));
 
   auto on_text = [&](const std::string& piece) {
     if (a.json) return;
@@ -355,22 +367,22 @@ int run_generate_requests(const GenerateArgs& a) {
   std::vector<GenerateRequest> requests = read_generate_requests(a, tok.get(), clip.get());
   const bool has_images = std::any_of(requests.begin(), requests.end(),
                                       [](const GenerateRequest& r) { return !r.images.empty(); });
-  check_image_usage(a, topology, has_images);
+  check_image_usage(a, has_images);
 
   size_t n_images = 0;
   for (const GenerateRequest& r : requests) n_images += r.images.size();
-  const auto t0 = std::chrono::steady_clock::now();
-  if (clip) {
-    auto backend = make_cpu_backend(threads);
-    Status st = encode_images(*clip, *backend, clip->config().projection_dim, requests);
-    if (!st.ok()) fail(st);
-  }
-  const double encode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 
+  // Images are encoded by the pipeline: inline before prefill in mono, by
+  // vision_encoder actors in colocated and pd (E/P/D).
   PipelineOptions po;
   po.topology = topology;
   po.prefill_actors = a.prefill_actors;
   po.decode_actors = a.decode_actors;
+  if (clip) {
+    po.mmproj = unwrap(GgufFile::open(a.mmproj));
+    po.vision_actors = a.vision_actors;
+    po.vision.threads = threads;
+  }
   po.engine.threads = threads;
   po.engine.context = a.ctx;
   po.engine.max_seqs = int32_t(std::min<size_t>(requests.size(), 64));
@@ -387,6 +399,8 @@ int run_generate_requests(const GenerateArgs& a) {
   }
   std::ostream& out = a.out.empty() ? std::cout : file_out;
   size_t failed = 0;
+  double encode_s = 0;  // the encoder steps' time, once per step
+  std::set<std::pair<std::string, double>> encoder_steps;
   for (size_t i = 0; i < requests.size(); ++i) {
     const Completion& c = done[i];
     nlohmann::json j;
@@ -395,6 +409,11 @@ int run_generate_requests(const GenerateArgs& a) {
     j["text"] = c.text;
     j["ttft_ms"] = c.ttft_seconds * 1e3;
     j["total_ms"] = c.total_seconds * 1e3;
+    if (!c.encode_origin.empty()) {
+      j["encoder"] = c.encode_origin;
+      j["encode_ms"] = c.encode_seconds * 1e3;
+      if (encoder_steps.insert({c.encode_origin, c.encode_seconds}).second) encode_s += c.encode_seconds;
+    }
     if (c.error.ok()) {
       j["finish_reason"] = c.finish_reason;
     } else {
@@ -541,6 +560,9 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"mono", "colocated", "pd"}));
   gen->add_option("--prefill-actors", g.prefill_actors, "prefill actors (pd)")->check(CLI::Range(1, 64));
   gen->add_option("--decode-actors", g.decode_actors, "decode actors (pd)")->check(CLI::Range(1, 64));
+  gen->add_option("--vision-actors", g.vision_actors,
+                  "vision_encoder actors (colocated, pd: E/P/D; with --mmproj)")
+      ->check(CLI::Range(1, 64));
   gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
   gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
   gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");

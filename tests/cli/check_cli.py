@@ -125,7 +125,7 @@ expect_error("bad topology", ["generate", "-m", model, "-p", "x", "--topology", 
 expect_error("--logits needs mono", ["generate", "-m", model, "-p", "x", "--topology", "pd", "--logits",
                                      logits], 2, "mono")
 
-# Images (llama.cpp's mtmd spelling): --mmproj and --image, mono only for now.
+# Images (llama.cpp's mtmd spelling): --mmproj and --image, in every topology.
 if CLIP_DUMP:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
     import numpy as np
@@ -182,9 +182,24 @@ if CLIP_DUMP:
            len(got.get(8, {}).get("tokens", [])) == 5, out + err + str(got))
 
     expect_error("--image without --mmproj", [*img, "--image", png, "-p", "x"], 2, "--mmproj")
-    expect_error("--image with another topology",
-                 [*img, "--mmproj", mmproj, "--image", png, "-p", "x", "--topology", "pd"], 2,
-                 "images need --topology mono until vision actors land")
+    # E/P/D and colocated with vision_encoder actors: mono's tokens, and the
+    # encoder among the stages.
+    for topo in (["--topology", "pd", "--vision-actors", "2"], ["--topology", "colocated"]):
+        rc4, out4, err4 = run(*img, "--mmproj", mmproj, "--image", png, "-p", "Hello", *topo)
+        j4 = json.loads(out4) if rc4 == 0 else {}
+        expect("--image " + " ".join(topo) + " gives the mono tokens",
+               j4.get("generated_ids") == j.get("generated_ids") and
+               any("vision_encoder" in k for k in j4.get("stages", {})), out4 + err4)
+    rc5, out5, err5 = run("generate", "-m", model, "--mmproj", mmproj, "--requests", reqs, "--out", res,
+                          "--temp", "0", "-t", "1", "--topology", "pd")
+    got5 = {}
+    if rc5 == 0:
+        with open(res) as f:
+            got5 = {r["id"]: r for r in map(json.loads, f)}
+    expect("--requests through E/P/D gives the mono tokens",
+           got5.get(7, {}).get("tokens") == j.get("generated_ids") and
+           got5.get(7, {}).get("encoder", "").startswith("vision_encoder") and
+           got5.get(8, {}).get("tokens") == got.get(8, {}).get("tokens"), out5 + err5 + str(got5))
     expect_error("--image with --prompt-ids", [*img, "--mmproj", mmproj, "--image", png,
                                                "--prompt-ids", "1,2"], 2, "--prompt")
     expect_error("missing image file", [*img, "--mmproj", mmproj, "--image", os.path.join(WORK, "no.png"),

@@ -10,7 +10,7 @@ text. Exit status 1 when the accuracy is below --min-accuracy.
 
     /usr/bin/python3 tests/vision/check_shapes.py --cleave build/apps/cleave \\
         --lm models/shapes/shapes-lm-f32.gguf --mmproj models/shapes/shapes-mmproj-f32.gguf \\
-        --images 200 --min-accuracy 0.95 --workdir /tmp/shapes-check
+        --images 200 --min-accuracy 0.95 --workdir /tmp/shapes-check [--topology pd]
 
 Needs numpy only (no PIL): the PNG writer is tests/reference's.
 """
@@ -44,6 +44,9 @@ def main():
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--workdir", required=True)
     ap.add_argument("--tasks", choices=["all", "caption", "questions"], default="all")
+    ap.add_argument("--topology", choices=["mono", "colocated", "pd"], default="mono",
+                    help="pd with --vision-actors: E/P/D in one process")
+    ap.add_argument("--vision-actors", type=int, default=1)
     a = ap.parse_args()
     if a.seed in USED_SEEDS:
         sys.exit(f"seed {a.seed} was used in training or its evaluation; pick another")
@@ -75,6 +78,8 @@ def main():
            "--out", out_path, "--temp", "0"]
     if a.threads:
         cmd += ["-t", str(a.threads)]
+    if a.topology != "mono":
+        cmd += ["--topology", a.topology, "--vision-actors", str(a.vision_actors)]
     t0 = time.time()
     p = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.time() - t0
