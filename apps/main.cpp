@@ -158,23 +158,7 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
 }
 
 // Reads and decodes an image file under the default limits; errors name the file.
-RgbImage load_image(const std::string& path) {
-  const ImageLimits limits;
-  std::ifstream f(path, std::ios::binary | std::ios::ate);
-  if (!f) fail(Status(Code::io_error, "image '" + path + "': cannot read it"));
-  const std::streamoff size = f.tellg();
-  if (size < 0 || size_t(size) > limits.max_bytes)
-    fail(Status(Code::out_of_range, "image '" + path + "': " + std::to_string(size) +
-                                        " bytes, more than the limit of " +
-                                        std::to_string(limits.max_bytes)));
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  f.seekg(0);
-  f.read(reinterpret_cast<char*>(bytes.data()), size);
-  if (!f) fail(Status(Code::io_error, "image '" + path + "': read failed"));
-  auto image = decode_image(bytes.data(), bytes.size(), limits);
-  if (!image.ok()) fail(Status(image.status().code(), "image '" + path + "': " + image.status().message()));
-  return std::move(*image);
-}
+RgbImage load_image(const std::string& path) { return unwrap(read_image_file(path)); }
 
 // The vision encoder of --mmproj, checked against the language model's width.
 std::unique_ptr<ClipModel> load_mmproj(const std::string& path, int32_t n_embd) {

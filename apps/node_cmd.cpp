@@ -1,4 +1,4 @@
-// cleave node --topology FILE --name NODE -m MODEL [--set k=v]...
+// cleave node --topology FILE --name NODE -m MODEL [--mmproj MMPROJ] [--set k=v]...
 //              [--requests IN.jsonl --out OUT.jsonl --wait-stages N]
 // One process of a cluster (actors/node.h). The head prints
 // "cleave node head listening on HOST:PORT" once it accepts joins; a worker
@@ -22,14 +22,16 @@
 
 #include "actors/node.h"
 #include "actors/topology.h"
+#include "model/clip.h"
 #include "model/gguf.h"
+#include "model/multimodal.h"
 #include "model/tokenizer.h"
 
 namespace cleave {
 namespace {
 
 struct NodeArgs {
-  std::string topology, name, model, requests, out;
+  std::string topology, name, model, mmproj, requests, out;
   std::vector<std::string> sets;
   int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8;
   double join_timeout_s = 30, wait_timeout_s = 60;
@@ -60,8 +62,12 @@ std::map<std::string, std::string> parse_sets(const std::vector<std::string>& se
 
 // One request per line: {"id": N, "prompt_ids": [...], "max_tokens": N,
 // "temperature": T, "seed": S, "top_k": K, "top_p": P, "min_p": M,
-// "ignore_eos": B, "prefill_chunk": C}; only id and prompt_ids are required.
-std::vector<GenerateRequest> read_requests(const std::string& path) {
+// "ignore_eos": B, "prefill_chunk": C}; id and prompt_ids are required,
+// or instead of prompt_ids "prompt" (text, with BOS; needs the model's
+// tokenizer) and "images" (files; `<image>` in the text places them, else
+// they go first; needs --mmproj, whose n_patches = image_tokens).
+std::vector<GenerateRequest> read_requests(const std::string& path, const Tokenizer* tokenizer,
+                                           int32_t image_tokens) {
   std::ifstream f(path);
   if (!f) fail(Status(Code::io_error, "cannot read requests file '" + path + "'"));
   std::vector<GenerateRequest> out;
@@ -73,11 +79,29 @@ std::vector<GenerateRequest> read_requests(const std::string& path) {
     const std::string where = path + ":" + std::to_string(line_no) + ": ";
     try {
       nlohmann::json j = nlohmann::json::parse(line);
-      if (!j.is_object() || !j.contains("id") || !j.contains("prompt_ids"))
-        fail(Status(Code::invalid_argument, where + "a request needs \"id\" and \"prompt_ids\""));
+      if (!j.is_object() || !j.contains("id") || j.contains("prompt_ids") == j.contains("prompt"))
+        fail(Status(Code::invalid_argument,
+                    where + "a request needs \"id\" and one of \"prompt_ids\" and \"prompt\""));
       GenerateRequest r;
+      const auto image_files = j.value("images", std::vector<std::string>{});
+      if (!image_files.empty() && image_tokens < 1)
+        fail(Status(Code::invalid_argument, where + "images need --mmproj"));
+      if (j.contains("prompt")) {
+        if (!tokenizer) fail(Status(Code::invalid_argument, where + "the model has no tokenizer for \"prompt\""));
+        std::vector<RgbImage> images;
+        for (const std::string& file : image_files) {
+          auto im = read_image_file(file);
+          if (!im.ok()) fail(Status(im.status().code(), where + im.status().message()));
+          images.push_back(std::move(im.value()));
+        }
+        const std::string text = j.at("prompt").get<std::string>();
+        if (images.empty()) r.prompt = tokenizer->encode(text);
+        else r = unwrap(build_image_prompt(*tokenizer, text, std::move(images), image_tokens));
+      } else {
+        if (!image_files.empty()) fail(Status(Code::invalid_argument, where + "images need \"prompt\" text"));
+        r.prompt = j.at("prompt_ids").get<std::vector<int32_t>>();
+      }
       r.request_id = j.at("id").get<uint64_t>();
-      r.prompt = j.at("prompt_ids").get<std::vector<int32_t>>();
       r.sampling.max_tokens = j.value("max_tokens", 16);
       r.sampling.temperature = j.value("temperature", 0.0f);
       r.sampling.seed = j.value("seed", uint64_t(0));
@@ -139,6 +163,7 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
         stage.first += e.kind == msg::StreamEvent::Kind::token;
         stage.second += e.stage_seconds;
       }
+      if (!e.encode_origin.empty()) o.stages[e.encode_origin].second += e.encode_seconds;
       if (e.kind == msg::StreamEvent::Kind::token) {
         if (o.tokens.empty()) o.ttft_s = since_t0();
         o.tokens.push_back(e.token);
@@ -224,6 +249,10 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_option("--topology", g_args.topology, "Lua topology script")->required()->check(CLI::ExistingFile);
   cmd->add_option("--name", g_args.name, "this node's name in the topology")->required();
   cmd->add_option("-m,--model", g_args.model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--mmproj", g_args.mmproj,
+                  "vision encoder GGUF: the node's vision_encoder actors run it; the head reads "
+                  "images in --requests with it")
+      ->check(CLI::ExistingFile);
   cmd->add_option("--set", g_args.sets, "key=value visible to the script as args / param() (repeatable)");
   cmd->add_option("-t,--threads", g_args.threads, "threads per engine (the node's threads win)")
       ->check(CLI::Range(1, 1024));
@@ -252,12 +281,18 @@ int run_node_command() {
   const NodeSpec* me = o.spec.find(a.name);
   if (me && !me->head && !a.requests.empty())
     throw CLI::ValidationError("--requests", "only the head runs requests; '" + a.name + "' is a worker");
-  // A bad requests file fails before the node starts listening.
-  std::vector<GenerateRequest> requests;
-  if (!a.requests.empty()) requests = read_requests(a.requests);
   o.file = unwrap(GgufFile::open(a.model));
   auto tok = Tokenizer::from_gguf(*o.file);
   if (tok.ok()) o.tokenizer = std::move(*tok);
+  int32_t image_tokens = 0;
+  if (!a.mmproj.empty()) {
+    o.mmproj = unwrap(GgufFile::open(a.mmproj));
+    image_tokens = unwrap(ClipModel::load(o.mmproj))->config().n_patches;
+    o.vision.threads = a.threads;
+  }
+  // A bad requests file fails before the node starts listening.
+  std::vector<GenerateRequest> requests;
+  if (!a.requests.empty()) requests = read_requests(a.requests, o.tokenizer.get(), image_tokens);
   o.engine.threads = a.threads;
   o.engine.context = a.ctx;
   o.engine.max_seqs = a.max_seqs;

@@ -7,6 +7,7 @@
 #include <climits>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <string>
@@ -294,6 +295,23 @@ Result<std::vector<float>> preprocess_image(const RgbImage& image, int32_t size,
       chw[size_t(c) * plane + i] =
           float((double(hwc[i * 3 + c]) / 255.0 - double(mean[c])) / double(std[c]));
   return chw;
+}
+
+Result<RgbImage> read_image_file(const std::string& path, const ImageLimits& limits) {
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) return Status(Code::io_error, "image '" + path + "': cannot read it");
+  const std::streamoff size = f.tellg();
+  if (size < 0 || size_t(size) > limits.max_bytes)
+    return Status(Code::out_of_range, "image '" + path + "': " + std::to_string(size) +
+                                          " bytes, more than the limit of " +
+                                          std::to_string(limits.max_bytes));
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(bytes.data()), size);
+  if (!f) return Status(Code::io_error, "image '" + path + "': read failed");
+  auto image = decode_image(bytes.data(), bytes.size(), limits);
+  if (!image.ok()) return Status(image.status().code(), "image '" + path + "': " + image.status().message());
+  return image;
 }
 
 }  // namespace cleave

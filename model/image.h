@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "common/status.h"
@@ -36,6 +37,11 @@ struct RgbImage {
 //                     required, Huffman tables of at most 256 codes: Debian's
 //                     stb_image 2.27 overflows a table on more)
 Result<RgbImage> decode_image(const uint8_t* data, size_t size, const ImageLimits& limits = {});
+
+// Reads and decodes an image file (decode_image under `limits`); every
+// error names the file: io_error when it cannot be read, out_of_range when
+// it is larger than max_bytes (checked before reading it).
+Result<RgbImage> read_image_file(const std::string& path, const ImageLimits& limits = {});
 
 // Content hash of the decoded image: XXH3-128 over width and height (uint32
 // little-endian each) followed by the RGB bytes. Equal pixels give equal
