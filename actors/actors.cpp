@@ -88,13 +88,13 @@ using kv_store_actor = caf::typed_actor<caf::replies_to<kv_put_atom, Bytes>::wit
                                         caf::replies_to<kv_get_atom, Bytes>::with<Bytes>,
                                         caf::replies_to<stats_atom>::with<Bytes>>;
 
-// A decode stage's end of KV streams. fetch (from its stage: a KvPull and
-// the prefill's kv_sender) answers once the stream is complete and in the
+// A decode stage's end of KV streams. fetch (from its stage: a KvPull, the
+// prefill's kv_sender and the "host:port" its node listens on) answers once the stream is complete and in the
 // stage's KvInbox (true) or has failed (false, or an error: the stage reads
 // the store instead); chunk (from the sender) answers the chunk's seq: the
 // ack that lets the sender send another.
 using kv_receiver_actor =
-    caf::typed_actor<caf::replies_to<kv_fetch_atom, Bytes, caf::actor>::with<bool>,
+    caf::typed_actor<caf::replies_to<kv_fetch_atom, Bytes, caf::actor, std::string>::with<bool>,
                      caf::replies_to<kv_chunk_atom, Bytes>::with<uint32_t>,
                      caf::reacts_to<tick_atom>>;
 
@@ -320,6 +320,7 @@ struct KvReceiverState {
   std::shared_ptr<KvInbox> inbox;
   std::shared_ptr<KvStreamCounters> counters;
   std::unordered_map<uint64_t, Transfer> transfers;
+  std::unordered_set<std::string> connected;  // nodes this one reaches directly
   static inline const char* name = "cleave.kv_receiver";
 };
 using kv_receiver_pointer = kv_receiver_actor::stateful_pointer<KvReceiverState>;
@@ -357,7 +358,8 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
   });
   self->delayed_send(caf::actor_cast<kv_receiver_actor>(self), kTickInterval, tick_atom::value);
   return {
-      [=](kv_fetch_atom, const Bytes& bytes, caf::actor from) -> caf::result<bool> {
+      [=](kv_fetch_atom, const Bytes& bytes, caf::actor from,
+          const std::string& address) -> caf::result<bool> {
         auto& s = self->state;
         auto pull = codec::decode_as<msg::KvPull>(bytes);
         if (!pull.ok()) return to_error(pull.status());
@@ -373,13 +375,33 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         auto done = t.done;
         s.transfers.emplace(id, std::move(t));
         self->monitor(from);
-        self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_pull_atom::value,
-                      bytes, caf::actor_cast<kv_receiver_actor>(self))
-            .then(
-                [=](uint32_t n_chunks) {
-                  if (n_chunks == 0) end_transfer(self, id, std::vector<BlockRecord>{});
-                },
-                [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
+        auto start = [=] {
+          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_pull_atom::value,
+                        bytes, caf::actor_cast<kv_receiver_actor>(self))
+              .then(
+                  [=](uint32_t n_chunks) {
+                    if (n_chunks == 0) end_transfer(self, id, std::vector<BlockRecord>{});
+                  },
+                  [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
+        };
+        // A sender on a node this one reaches only through the head: connect
+        // to it first, so the chunks go worker to worker (CAF routes by the
+        // direct connection once there is one). Failing that, through the head.
+        const size_t colon = address.rfind(':');
+        if (from.node() == self->node() || s.connected.count(address) || colon == std::string::npos) {
+          start();
+        } else {
+          const int port = std::atoi(address.c_str() + colon + 1);
+          self->request(self->system().middleman().actor_handle(), kKvTimeout,
+                        caf::connect_atom::value, address.substr(0, colon), uint16_t(port))
+              .then(
+                  [=](const caf::node_id&, const caf::strong_actor_ptr&,
+                      const std::set<std::string>&) {
+                    self->state.connected.insert(address);
+                    start();
+                  },
+                  [=](caf::error&) { start(); });
+        }
         return done;
       },
       [=](kv_chunk_atom, const Bytes& bytes) -> caf::result<uint32_t> {
@@ -484,6 +506,7 @@ void publish_handoff(stage_pointer self, SchedulerEvent&& e) {
   h.generated = std::move(e.generated);
   h.n_kv_tokens = e.n_kv_tokens;
   for (const BlockRecord& r : e.blocks) h.kv_keys.push_back(r.header.key);
+  if (s.sender) h.kv_source = s.stream.node_address;
   Bytes handoff = codec::encode(h);
   ++s.handoffs;
   if (e.blocks.empty()) {
@@ -631,7 +654,7 @@ caf::result<bool> accept_handoff(stage_pointer self, const Bytes& bytes,
     fetch_from_store(self, h, std::move(keys), first);
   };
   self->request(s.receiver, kKvFetchTimeout, kv_fetch_atom::value, codec::encode(pull),
-                caf::actor_cast<caf::actor>(*source))
+                caf::actor_cast<caf::actor>(*source), h->kv_source)
       .then(
           [=](bool complete) {
             auto blocks = self->state.inbox->take(id);
@@ -1494,10 +1517,6 @@ void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, i
   config.add_message_type<stage_actor>("cleave.stage_actor");
   config.add_message_type<kv_sender_actor>("cleave.kv_sender_actor");
   config.add_message_type<kv_receiver_actor>("cleave.kv_receiver_actor");
-  // KV streams go worker to worker: a node that learns of a peer through
-  // the head (a kv_sender handle in a hand-off) connects to it directly, at
-  // the address the peer's middleman listens on (each worker opens one).
-  config.set("middleman.enable-automatic-connections", true);
   auto span = [](double s) {
     return caf::timespan(std::chrono::nanoseconds(int64_t(s * 1e9)));
   };
@@ -1599,23 +1618,25 @@ class HeadNode final : public Node {
     rc.request_timeout_s = options_.spec.request_timeout_s;
     router_ = system_->spawn(router_fn, rc, sinks_, kv_);
     join_ = system_->spawn(join_fn, options_.secret, router_, kv_);
-    caf::scoped_actor self{*system_};
-    Status result;
-    for (auto& [kind, core] : cores.value()) {
-      auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_,
-                                                  kind != "prefill", options_.kv_stream);
-      stages_.push_back(handle);
-      self->request(join_, kClientTimeout, attach_atom::value, options_.secret.value_or(""), me_.name,
-                    kind, handle)
-          .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
-      if (!result.ok()) return result;
-    }
     auto port = system_->middleman().publish(join_, uint16_t(me_.port), me_.host.c_str());
     if (!port)
       return Status(Code::unavailable, "cannot listen on " + me_.host + ":" +
                                            std::to_string(me_.port) + ": " +
                                            system_->render(port.error()));
     port_ = *port;
+    KvStreamOptions stream = options_.kv_stream;
+    stream.node_address = address();
+    caf::scoped_actor self{*system_};
+    Status result;
+    for (auto& [kind, core] : cores.value()) {
+      auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_,
+                                                  kind != "prefill", stream);
+      stages_.push_back(handle);
+      self->request(join_, kClientTimeout, attach_atom::value, options_.secret.value_or(""), me_.name,
+                    kind, handle)
+          .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
+      if (!result.ok()) return result;
+    }
     return Status::Ok();
   }
 
@@ -1685,12 +1706,16 @@ class WorkerNode final : public Node {
   Status start() {
     auto cores = make_node_cores(options_, me_);
     if (!cores.ok()) return cores.status();
-    // Where peers connect for worker-to-worker KV streams (see configure_node).
+    // Where decoders on other nodes connect for worker-to-worker KV streams
+    // (named in this node's hand-offs; the topology's host, 127.0.0.1 by
+    // default, port 0: any free one).
     auto listening = system_->middleman().open(uint16_t(me_.port), me_.host.c_str());
     if (!listening)
       return Status(Code::unavailable, "worker " + me_.name + " cannot listen on " + me_.host + ":" +
                                            std::to_string(me_.port) + ": " +
                                            system_->render(listening.error()));
+    KvStreamOptions stream = options_.kv_stream;
+    stream.node_address = me_.host + ":" + std::to_string(*listening);
     // Nodes start in any order: keep trying until the deadline.
     const auto deadline =
         Clock::now() + std::chrono::milliseconds(int64_t(options_.join_timeout_s * 1e3));
@@ -1733,7 +1758,7 @@ class WorkerNode final : public Node {
     }, router_, head_lost_);
     for (auto& [kind, core] : cores.value()) {
       auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_,
-                                                  kind != "prefill", options_.kv_stream);
+                                                  kind != "prefill", stream);
       stages_.push_back(handle);
       self->request(join_, kJoinTimeout, attach_atom::value, secret, me_.name, kind, handle)
           .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });

@@ -37,6 +37,9 @@ struct KvStreamOptions {
   uint32_t chunk_bytes = kDefaultKvChunkBytes;
   int32_t window = kDefaultKvWindow;  // chunks in flight per stream before an ack
   int32_t fault_corrupt_chunk = -1;   // tests: senders flip a bit in this chunk of each stream
+  // Set by Node: "host:port" where this node's middleman listens, named in
+  // hand-offs so decoders on other nodes connect here directly.
+  std::string node_address;
 };
 
 // invalid_argument naming the bound: chunk bytes and window within what a

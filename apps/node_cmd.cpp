@@ -45,6 +45,16 @@ void on_signal(int) { g_stop.store(true); }
 
 [[noreturn]] void fail(const Status& st) { throw std::runtime_error(st.to_string()); }
 
+// One line per actor on stderr: what moved where (the head: router and
+// store; a worker: its stages, with their KV stream counters).
+void print_stats(Node& node, const std::string& name) {
+  for (const msg::Stats& s : node.stats()) {
+    std::string line = "cleave node " + name + ": stats " + s.actor;
+    for (const auto& [k, v] : s.counters) line += " " + k + "=" + std::to_string(v);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
+
 template <class T>
 T unwrap(Result<T> r) {
   if (!r.ok()) fail(r.status());
@@ -194,11 +204,7 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
   if (!out) fail(Status(Code::io_error, "cannot write '" + a.out + "'"));
   std::fprintf(stderr, "cleave node head: %zu requests, %zu failed, results in %s\n", requests.size(),
                failed, a.out.c_str());
-  for (const msg::Stats& s : node.stats()) {  // one line per actor: what moved where
-    std::string line = "cleave node head: stats " + s.actor;
-    for (const auto& [k, v] : s.counters) line += " " + k + "=" + std::to_string(v);
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
+  print_stats(node, "head");
   return 0;
 }
 
@@ -299,7 +305,10 @@ int run_node_command() {
       return finish(std::move(node), code);
     }
     while (!g_stop) {
-      if (node->lost_head()) fail(Status(Code::unavailable, "lost the head at " + node->address()));
+      if (node->lost_head()) {
+        print_stats(*node, a.name);
+        fail(Status(Code::unavailable, "lost the head at " + node->address()));
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   } catch (const std::exception& e) {

@@ -97,6 +97,7 @@ struct Handoff {
   nKvTokens @2 :Int32;
   kvKeys @3 :List(BlockKey);
   blocks @4 :List(BlockRecord);
+  kvSource @5 :Text;  # "host:port" of the node whose kv_sender holds the KV
 }
 
 struct KvPut {

@@ -164,6 +164,7 @@ void put(wire::Handoff::Builder b, const msg::Handoff& h) {
   b.setNKvTokens(h.n_kv_tokens);
   put(b.initKvKeys(unsigned(h.kv_keys.size())), h.kv_keys);
   put(b.initBlocks(unsigned(h.blocks.size())), h.blocks);
+  b.setKvSource(text(h.kv_source));
 }
 
 void put(wire::KvPut::Builder b, const msg::KvPut& m) {
@@ -341,6 +342,7 @@ void get(wire::Handoff::Reader r, msg::Handoff& h) {
   h.n_kv_tokens = r.getNKvTokens();
   h.kv_keys = get(bounded(r.getKvKeys(), kMaxKeys, "kv_keys"));
   h.blocks = get(r.getBlocks());
+  h.kv_source = get(r.getKvSource());
 }
 void get(wire::KvPut::Reader r, msg::KvPut& m) { m.blocks = get(r.getBlocks()); }
 void get(wire::KvAck::Reader r, msg::KvAck& m) {
@@ -496,6 +498,7 @@ Status validate(const msg::Handoff& h) {
   if (size_t(h.n_kv_tokens) > n_tokens)
     return invalid("n_kv_tokens " + std::to_string(h.n_kv_tokens) + " exceeds the " +
                    std::to_string(n_tokens) + " tokens of prompt and generated");
+  CLEAVE_RETURN_IF_ERROR(check_string("kv_source", h.kv_source));
   return validate(h.blocks);
 }
 

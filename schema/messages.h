@@ -47,6 +47,9 @@ struct Handoff {
   int32_t n_kv_tokens = 0;
   std::vector<BlockKey> kv_keys;
   std::vector<BlockRecord> blocks;
+  // "host:port" where the node of the prefill's kv_sender listens, so the
+  // decoder's node connects to it directly; empty within one process.
+  std::string kv_source;
 };
 
 // KV store traffic.
