@@ -343,18 +343,21 @@ void end_transfer(kv_receiver_pointer self, uint64_t id, Result<std::vector<Bloc
   done.deliver(ok);
 }
 
+// Ends every stream from one sender (it went down, or sent garbage).
+void end_transfers_from(kv_receiver_pointer self, const caf::actor_addr& sender, const Status& why) {
+  std::vector<uint64_t> cut;
+  for (auto& [id, t] : self->state.transfers)
+    if (t.sender == sender) cut.push_back(id);
+  for (uint64_t id : cut) end_transfer(self, id, why);
+}
+
 kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                                                 std::shared_ptr<KvInbox> inbox,
                                                 std::shared_ptr<KvStreamCounters> counters) {
   self->state.inbox = std::move(inbox);
   self->state.counters = std::move(counters);
   self->set_down_handler([=](caf::down_msg& dm) {
-    std::vector<uint64_t> cut;
-    for (auto& [id, t] : self->state.transfers)
-      if (t.sender == dm.source) cut.push_back(id);
-    for (uint64_t id : cut)
-      end_transfer(self, id, Status(Code::unavailable, "the KV sender of request " +
-                                                           std::to_string(id) + " went down"));
+    end_transfers_from(self, dm.source, Status(Code::unavailable, "the KV sender went down"));
   });
   self->delayed_send(caf::actor_cast<kv_receiver_actor>(self), kTickInterval, tick_atom::value);
   return {
@@ -410,11 +413,8 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         if (!chunk.ok()) {
           // Unreadable: end whatever this sender streams to us.
           ++s.counters->chunks_rejected;
-          const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
-          std::vector<uint64_t> cut;
-          for (auto& [id, t] : s.transfers)
-            if (t.sender == from) cut.push_back(id);
-          for (uint64_t id : cut) end_transfer(self, id, chunk.status());
+          end_transfers_from(self, caf::actor_cast<caf::actor_addr>(self->current_sender()),
+                             chunk.status());
           return to_error(chunk.status());
         }
         const uint64_t id = chunk->request_id;
