@@ -64,8 +64,7 @@ class MonoPipeline final : public Pipeline {
   }
 
   Status submit(GenerateRequest request, EventCallback on_event) override {
-    Status st = validate_request(request, core_->engine().context(),
-                                 core_->engine().config().n_vocab);
+    Status st = core_->check_request(request);  // only reads sizes fixed at creation
     if (!st.ok()) return st;
     std::lock_guard<std::mutex> lock(mu_);
     ++requests_;
@@ -164,6 +163,32 @@ class MonoPipeline final : public Pipeline {
   std::thread thread_;
 };
 
+// The actor topologies have no vision stage yet: a request with images is
+// refused at submit rather than run without them.
+class TextOnlyPipeline final : public Pipeline {
+ public:
+  explicit TextOnlyPipeline(std::unique_ptr<Pipeline> inner) : inner_(std::move(inner)) {}
+  Status submit(GenerateRequest request, EventCallback on_event) override {
+    if (!request.images.empty())
+      return Status(Code::unsupported,
+                    std::string("pipeline: request ") + std::to_string(request.request_id) +
+                        " has images; the " + topology_name(inner_->options().topology) +
+                        " topology has no vision actors yet (use mono)");
+    return inner_->submit(std::move(request), std::move(on_event));
+  }
+  std::vector<msg::Stats> stats() override { return inner_->stats(); }
+  int32_t alive(const std::string& kind) override { return inner_->alive(kind); }
+  Status kill_decode_actor(int32_t index) override { return inner_->kill_decode_actor(index); }
+  Status send_raw_for_test(const std::string& kind, int32_t index,
+                           const std::vector<char>& bytes) override {
+    return inner_->send_raw_for_test(kind, index, bytes);
+  }
+  const PipelineOptions& options() const override { return inner_->options(); }
+
+ private:
+  std::unique_ptr<Pipeline> inner_;
+};
+
 Status check_options(const PipelineOptions& o) {
   auto bad = [](const std::string& what, int64_t v) {
     return Status(Code::invalid_argument, what + " must be between 1 and 64, got " + std::to_string(v));
@@ -195,8 +220,11 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
   if (!file) return Status(Code::invalid_argument, "pipeline: no model file");
   Status st = check_options(options);
   if (!st.ok()) return st;
-  if (options.topology != Topology::mono)
-    return make_actor_pipeline(std::move(file), std::move(tokenizer), options);
+  if (options.topology != Topology::mono) {
+    auto actors = make_actor_pipeline(std::move(file), std::move(tokenizer), options);
+    if (!actors.ok()) return actors.status();
+    return std::unique_ptr<Pipeline>(new TextOnlyPipeline(std::move(actors.value())));
+  }
   SchedulerOptions so = options.scheduler;
   so.prefill_only = false;
   auto core = StageCore::create(std::move(file), std::move(tokenizer), options.engine, so, "mono");

@@ -64,8 +64,14 @@ Result<std::unique_ptr<StageCore>> StageCore::create(std::shared_ptr<const GgufF
   return core;
 }
 
+Status StageCore::check_request(const GenerateRequest& request) const {
+  Status st = validate_request(request, engine_->context(), engine_->config().n_vocab,
+                               engine_->config().dim);
+  return st.ok() ? check_images_encoded(request) : st;
+}
+
 Status StageCore::submit(GenerateRequest request) {
-  Status st = validate_request(request, engine_->context(), engine_->config().n_vocab);
+  Status st = check_request(request);
   if (!st.ok()) return st;
   if (backlog_.empty()) {
     st = scheduler_->submit(request);
@@ -77,7 +83,7 @@ Status StageCore::submit(GenerateRequest request) {
 
 Status StageCore::resume(GenerateRequest request, std::vector<int32_t> generated,
                          std::vector<BlockRecord> blocks, int32_t first_block) {
-  Status st = validate_request(request, engine_->context(), engine_->config().n_vocab);
+  Status st = check_request(request);
   if (!st.ok()) return st;
   if (backlog_.empty()) {
     st = scheduler_->resume(request, generated, blocks, first_block);

@@ -46,7 +46,10 @@ class StageCore {
   Engine& engine() { return *engine_; }
   const Scheduler& scheduler() const { return *scheduler_; }
 
-  // Queues a request or a resumed one: validate_request()'s and replay()'s
+  // What submit() and resume() check first: validate_request() with this
+  // engine's sizes, and check_images_encoded().
+  Status check_request(const GenerateRequest& request) const;
+  // Queues a request or a resumed one: check_request()'s and replay()'s
   // errors; a full scheduler queue is not an error (the work waits here).
   Status submit(GenerateRequest request);
   // first_block: see Scheduler::resume (incremental KV).

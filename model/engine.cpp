@@ -6,6 +6,21 @@
 #include <utility>
 
 namespace cleave {
+namespace {
+// Positions of [first, first + n) that lie in one of the sequence's image spans.
+int64_t image_rows_in(const std::vector<KeySpan>& images, int64_t first, int64_t n) {
+  int64_t rows = 0;
+  for (const KeySpan& sp : images)
+    rows += std::max<int64_t>(0, std::min<int64_t>(first + n, int64_t(sp.position) + sp.n_tokens) -
+                                     std::max<int64_t>(first, sp.position));
+  return rows;
+}
+bool in_image(const std::vector<KeySpan>& images, int32_t position) {
+  for (const KeySpan& sp : images)
+    if (position >= sp.position && position - sp.position < sp.n_tokens) return true;
+  return false;
+}
+}  // namespace
 
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> file,
                                                const EngineOptions& options) {
@@ -83,11 +98,24 @@ bool Engine::is_open(int32_t seq) const {
   return seq >= 0 && seq < int32_t(seqs_.size()) && seqs_[size_t(seq)].open;
 }
 
-Result<int32_t> Engine::open_sequence() {
+Result<int32_t> Engine::open_sequence(std::vector<KeySpan> images) {
+  for (size_t i = 0; i < images.size(); ++i) {
+    const KeySpan& sp = images[i];
+    const int64_t end = int64_t(sp.position) + sp.n_tokens;
+    const int64_t prev_end = i ? int64_t(images[i - 1].position) + images[i - 1].n_tokens : 0;
+    if (sp.position < 0 || sp.n_tokens < 1 || end > options_.context || sp.position < prev_end)
+      return Status(Code::invalid_argument,
+                    "engine: image span " + std::to_string(i) + " [" + std::to_string(sp.position) +
+                        ", " + std::to_string(end) +
+                        ") must be non-empty, sorted, not overlap the one before (ending at " +
+                        std::to_string(prev_end) + ") and lie inside the context of " +
+                        std::to_string(options_.context));
+  }
   for (size_t s = 0; s < seqs_.size(); ++s) {
     if (!seqs_[s].open) {
       seqs_[s] = Sequence{};
       seqs_[s].open = true;
+      seqs_[s].images = std::move(images);
       seqs_[s].blocks.emplace(*pool_);
       return static_cast<int32_t>(s);
     }
@@ -111,6 +139,11 @@ int32_t Engine::sequence_length(int32_t seq) const {
 const std::vector<int32_t>& Engine::sequence_tokens(int32_t seq) const {
   static const std::vector<int32_t> none;
   return is_open(seq) ? seqs_[size_t(seq)].tokens : none;
+}
+
+const std::vector<KeySpan>& Engine::sequence_images(int32_t seq) const {
+  static const std::vector<KeySpan> none;
+  return is_open(seq) ? seqs_[size_t(seq)].images : none;
 }
 
 int32_t Engine::evictable_blocks() const {
@@ -166,7 +199,8 @@ void Engine::publish_full_blocks(Sequence& s) {
   while (s.keys.size() < n_full) {
     const size_t b = s.keys.size();
     const BlockKey parent = b ? s.keys.back() : BlockKey{};
-    s.keys.push_back(block_key(parent, s.tokens.data() + b * size_t(bs), bs, model_fp_, layout_));
+    s.keys.push_back(block_key(parent, s.tokens.data() + b * size_t(bs), bs, model_fp_, layout_,
+                               int32_t(b) * bs, s.images));
     const int32_t id = s.blocks->blocks()[b];
     auto indexed = index_->insert(s.keys.back(), id);
     CLEAVE_CHECK(indexed.ok());
@@ -186,11 +220,13 @@ std::vector<BlockKey> Engine::keys_of(const Sequence& s) const {
   std::vector<BlockKey> keys(s.keys.begin(), s.keys.begin() + std::min<size_t>(s.keys.size(), n_full));
   while (int32_t(keys.size()) < n_full) {
     const BlockKey parent = keys.empty() ? BlockKey{} : keys.back();
-    keys.push_back(block_key(parent, s.tokens.data() + keys.size() * size_t(bs), bs, model_fp_, layout_));
+    const int32_t first = int32_t(keys.size()) * bs;
+    keys.push_back(block_key(parent, s.tokens.data() + first, bs, model_fp_, layout_, first, s.images));
   }
   if (len % bs) {
     const BlockKey parent = keys.empty() ? BlockKey{} : keys.back();
-    keys.push_back(block_key(parent, s.tokens.data() + size_t(n_full) * bs, len % bs, model_fp_, layout_));
+    keys.push_back(block_key(parent, s.tokens.data() + size_t(n_full) * bs, len % bs, model_fp_,
+                             layout_, n_full * bs, s.images));
   }
   return keys;
 }
@@ -212,14 +248,14 @@ Result<int32_t> Engine::attach_cached_prefix(int32_t seq, const int32_t* tokens,
                                               " tokens without a token array");
   if (!index_) return 0;
   ++stats_.lookups;
-  const PrefixMatch m = index_->longest_prefix(tokens, std::min(n, options_.context));
+  Sequence& s = seqs_[size_t(seq)];
+  const PrefixMatch m = index_->longest_prefix(tokens, std::min(n, options_.context), s.images);
   const int32_t usable = m.usable_tokens(n);
   if (usable == 0) return 0;
   const int32_t bs = options_.block_size;
   const std::vector<int32_t> ids(m.block_ids.begin(), m.block_ids.begin() + (usable + bs - 1) / bs);
   auto shared = SequenceBlocks::from_shared(*pool_, ids, usable);
   if (!shared.ok()) return shared.status();
-  Sequence& s = seqs_[size_t(seq)];
   s.blocks = std::move(*shared);
   s.tokens.assign(tokens, tokens + usable);
   s.keys.assign(m.keys.begin(), m.keys.begin() + usable / bs);
@@ -303,6 +339,7 @@ Status Engine::import_blocks(int32_t seq, const int32_t* tokens, int32_t n_token
   // The keys these tokens give: a record made for other tokens cannot attach.
   Sequence probe;
   probe.tokens.assign(tokens, tokens + n_tokens);
+  probe.images = seqs_[size_t(seq)].images;
   const std::vector<BlockKey> keys = keys_of(probe);
   for (int32_t i = 0; i < n_blocks; ++i) {
     const int32_t b = first + i;
@@ -359,6 +396,16 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
                                                   " is outside the vocabulary [0, " +
                                                   std::to_string(c.n_vocab) + ")");
     }
+    const int64_t first = int64_t(seqs_[it.seq].tokens.size()) + added[it.seq];
+    const int64_t image_rows = image_rows_in(seqs_[it.seq].images, first, it.n_tokens);
+    if (int64_t(it.embeddings.size()) != image_rows * c.dim)
+      return Status(Code::invalid_argument,
+                    "engine: sequence " + std::to_string(it.seq) + " positions [" +
+                        std::to_string(first) + ", " + std::to_string(first + it.n_tokens) +
+                        ") hold " + std::to_string(image_rows) + " image rows, which need " +
+                        std::to_string(image_rows * c.dim) + " embedding floats (n_embd " +
+                        std::to_string(c.dim) + "); the item carries " +
+                        std::to_string(it.embeddings.size()));
     added[it.seq] += it.n_tokens;
     const int32_t len = int32_t(seqs_[it.seq].tokens.size()) + added[it.seq];
     if (len > options_.context)
@@ -419,6 +466,17 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
 
   be.embed(model_->token_embd(), ids, n, x);
+  // Image rows: the item's embeddings replace the placeholders' rows.
+  for (size_t i = 0, r0 = 0; i < items.size(); r0 += size_t(items[i].n_tokens), ++i) {
+    const Item& it = items[i];
+    if (it.embeddings.empty()) continue;
+    const float* src = it.embeddings.data();
+    for (int32_t t = 0; t < it.n_tokens; ++t) {
+      if (!in_image(seqs_[it.seq].images, pos[r0 + size_t(t)])) continue;
+      std::copy(src, src + dim, x + int64_t(r0 + size_t(t)) * dim);
+      src += dim;
+    }
+  }
   for (int32_t li = 0; li < c.n_layers; ++li) {
     const LlamaLayer& l = model_->layer(li);
     be.rmsnorm(x, l.attn_norm, n, dim, c.rms_eps, h);

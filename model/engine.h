@@ -3,11 +3,22 @@
 // decode steps of many sequences; every row's result is independent of the
 // others (batch invariance), so how requests are batched never changes the
 // answer.
+//
+// Images (mixed token / embedding input): a sequence is opened with the
+// image spans of its prompt (KeySpan: positions, content hash). Rows at
+// those positions take the embedding rows the forward() items carry instead
+// of their placeholder token's embedding; everything after the embedding
+// lookup is the same for both kinds of row. Every KV block a span overlaps
+// is keyed with the span's content hash as well as the placeholder ids
+// (storage/prefix.h), so the prefix cache, block_keys(), export_blocks()
+// and import_blocks() reuse KV only for the same image at the same
+// positions; blocks no image touches keep their plain text keys.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "common/status.h"
@@ -50,8 +61,12 @@ class Engine {
   // The KV block layout (storage's view of the engine's paged KV).
   const KvLayout& kv_layout() const;
 
-  // Sequences: ids in [0, max_seqs). busy when all are taken.
-  Result<int32_t> open_sequence();
+  // Sequences: ids in [0, max_seqs). busy when all are taken. images: the
+  // positions that take embedding rows instead of token embeddings, with
+  // the content key that goes into their KV blocks' keys (see the top of
+  // this file); sorted, not overlapping, n_tokens > 0, inside the context,
+  // else invalid_argument naming the span.
+  Result<int32_t> open_sequence(std::vector<KeySpan> images = {});
   // Releases the sequence's blocks; with prefix_cache its full blocks stay
   // cached (they were published as they filled).
   void close_sequence(int32_t seq);
@@ -59,6 +74,8 @@ class Engine {
   // The tokens whose KV the sequence holds (sequence_length of them; empty
   // for a sequence not open).
   const std::vector<int32_t>& sequence_tokens(int32_t seq) const;
+  // The image spans the sequence was opened with (empty for one not open).
+  const std::vector<KeySpan>& sequence_images(int32_t seq) const;
 
   // KV blocks: free ones plus cached ones no sequence holds (evictable).
   int32_t available_blocks() const;
@@ -94,9 +111,11 @@ class Engine {
   // sequence's block k + i and makes tokens[0..n_tokens) its tokens.
   // records must cover exactly the tokens after the held ones (all blocks
   // full but the last), each must pass verify() for this model and layout
-  // and carry the key block_keys() would give it for those tokens.
-  // corruption or invalid_argument naming the block otherwise, and the
-  // sequence stays as it was; out_of_memory when the pool has no room.
+  // and carry the key block_keys() would give it for those tokens (and the
+  // images the sequence was opened with: a record made for another image
+  // does not import). corruption or invalid_argument naming the block
+  // otherwise, and the sequence stays as it was; out_of_memory when the
+  // pool has no room.
   Status import_blocks(int32_t seq, const int32_t* tokens, int32_t n_tokens,
                        const std::vector<BlockRecord>& records);
 
@@ -109,13 +128,19 @@ class Engine {
     int32_t seq = 0;
     const int32_t* tokens = nullptr;
     int32_t n_tokens = 0;
+    // One row of n_embd floats for each of the item's positions that lies
+    // in one of the sequence's image spans, in position order (empty when
+    // it covers none); these rows replace the token embeddings there.
+    std::span<const float> embeddings = {};
   };
   // Appends each item's tokens to its sequence and writes the logits of each
   // item's last token to logits (n_items x n_vocab). out_of_range when a
   // sequence would exceed the context, invalid_argument for a bad token id or
   // sequence, out_of_memory when the KV pool has no room even after evicting
-  // unused cached blocks; nothing is appended to any sequence then. With
-  // prefix_cache, the blocks this call fills are published.
+  // unused cached blocks; invalid_argument when an item's embeddings are
+  // not exactly its image rows x n_embd floats; nothing is appended to any
+  // sequence then. With prefix_cache, the blocks this call fills are
+  // published.
   Status forward(const std::vector<Item>& items, float* logits);
 
  private:
@@ -124,6 +149,7 @@ class Engine {
     bool open = false;
     std::optional<SequenceBlocks> blocks;  // set while open
     std::vector<int32_t> tokens;
+    std::vector<KeySpan> images;  // positions fed from embeddings, keyed by content
     // With prefix_cache: chain keys of the full blocks, in order (the parent
     // of the next block to publish).
     std::vector<BlockKey> keys;

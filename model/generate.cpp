@@ -20,18 +20,22 @@ Result<GenerateResult> generate(Engine& engine, const Tokenizer* tokenizer,
                                 const GenerateRequest& req,
                                 const std::function<void(const std::string&)>& on_text) {
   const int32_t n_vocab = engine.config().n_vocab;
-  CLEAVE_RETURN_IF_ERROR(validate_request(req, engine.context(), n_vocab));
+  const int32_t n_embd = engine.config().dim;
+  CLEAVE_RETURN_IF_ERROR(validate_request(req, engine.context(), n_vocab, n_embd));
+  CLEAVE_RETURN_IF_ERROR(check_images_encoded(req));
 
-  auto seq = engine.open_sequence();
+  auto seq = engine.open_sequence(image_key_spans(req));
   if (!seq.ok()) return seq.status();
   SequenceGuard guard{engine, *seq};
 
   GenerateResult out;
   std::vector<float> logits(n_vocab);
   auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> scratch;
   for (size_t at = 0; at < req.prompt.size(); at += req.prefill_chunk) {
     int32_t len = int32_t(std::min<size_t>(req.prefill_chunk, req.prompt.size() - at));
-    CLEAVE_RETURN_IF_ERROR(engine.forward({{*seq, req.prompt.data() + at, len}}, logits.data()));
+    const auto rows = image_rows(req, int32_t(at), len, n_embd, scratch);
+    CLEAVE_RETURN_IF_ERROR(engine.forward({{*seq, req.prompt.data() + at, len, rows}}, logits.data()));
   }
   out.prefill_seconds = seconds_since(t0);
   out.prefill_tokens = int32_t(req.prompt.size());

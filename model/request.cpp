@@ -1,8 +1,11 @@
 #include "model/request.h"
 
+#include <algorithm>
+
 namespace cleave {
 
-Status validate_request(const GenerateRequest& request, int32_t context, int32_t n_vocab) {
+Status validate_request(const GenerateRequest& request, int32_t context, int32_t n_vocab,
+                        int32_t n_embd) {
   if (request.prompt.empty()) return Status(Code::invalid_argument, "request: the prompt is empty");
   if (int64_t(request.prompt.size()) > context)
     return Status(Code::out_of_range, "request: prompt of " + std::to_string(request.prompt.size()) +
@@ -21,7 +24,79 @@ Status validate_request(const GenerateRequest& request, int32_t context, int32_t
   if (request.sampling.max_tokens < 0)
     return Status(Code::invalid_argument, "request: max tokens must not be negative, got " +
                                               std::to_string(request.sampling.max_tokens));
+  int64_t prev_end = 0;
+  for (size_t i = 0; i < request.images.size(); ++i) {
+    const PromptImage& im = request.images[i];
+    const std::string who = "request: image " + std::to_string(i) + " at position " +
+                            std::to_string(im.position) + " with " +
+                            std::to_string(im.n_tokens) + " tokens ";
+    const int64_t end = int64_t(im.position) + im.n_tokens;
+    if (im.n_tokens < 1) return Status(Code::invalid_argument, who + "is empty");
+    if (im.position < 0 || end > int64_t(request.prompt.size()))
+      return Status(Code::out_of_range, who + "reaches outside the prompt of " +
+                                            std::to_string(request.prompt.size()) + " tokens");
+    if (im.position < prev_end)
+      return Status(Code::invalid_argument,
+                    who + "starts before the previous image ends (" + std::to_string(prev_end) +
+                        "): images must be in prompt order and not overlap");
+    prev_end = end;
+    const size_t floats = im.embeddings.size();
+    const bool size_ok = n_embd > 0 ? floats == size_t(im.n_tokens) * size_t(n_embd)
+                                    : floats % size_t(im.n_tokens) == 0;
+    if (floats != 0 && !size_ok)
+      return Status(Code::invalid_argument,
+                    who + "has " + std::to_string(floats) + " embedding floats; expected " +
+                        (n_embd > 0 ? std::to_string(im.n_tokens) + " x n_embd " +
+                                          std::to_string(n_embd)
+                                    : "a multiple of its token count") +
+                        " (or none before encoding)");
+  }
   return Status();
+}
+
+Status check_images_encoded(const GenerateRequest& request) {
+  for (size_t i = 0; i < request.images.size(); ++i)
+    if (request.images[i].embeddings.empty())
+      return Status(Code::invalid_argument,
+                    "request " + std::to_string(request.request_id) + ": image " +
+                        std::to_string(i) + " at position " +
+                        std::to_string(request.images[i].position) +
+                        " is not encoded (no embeddings); encode the images first");
+  return Status();
+}
+
+std::vector<KeySpan> image_key_spans(const GenerateRequest& request) {
+  std::vector<KeySpan> spans;
+  spans.reserve(request.images.size());
+  for (const PromptImage& im : request.images)
+    spans.push_back(KeySpan{im.position, im.n_tokens, BlockKey{im.hash.lo, im.hash.hi}});
+  return spans;
+}
+
+std::span<const float> image_rows(const GenerateRequest& request, int32_t first, int32_t n,
+                                  int32_t n_embd, std::vector<float>& scratch) {
+  const int64_t end = int64_t(first) + n;
+  const PromptImage* only = nullptr;
+  int64_t only_from = 0, only_rows = 0, sources = 0;
+  for (const PromptImage& im : request.images) {
+    const int64_t lo = std::max<int64_t>(first, im.position);
+    const int64_t hi = std::min<int64_t>(end, int64_t(im.position) + im.n_tokens);
+    if (lo >= hi) continue;
+    only = &im, only_from = lo - im.position, only_rows = hi - lo;
+    ++sources;
+  }
+  if (sources == 0) return {};
+  if (sources == 1)
+    return {only->embeddings.data() + only_from * n_embd, size_t(only_rows * n_embd)};
+  scratch.clear();
+  for (const PromptImage& im : request.images) {
+    const int64_t lo = std::max<int64_t>(first, im.position);
+    const int64_t hi = std::min<int64_t>(end, int64_t(im.position) + im.n_tokens);
+    if (lo >= hi) continue;
+    const float* src = im.embeddings.data() + (lo - im.position) * n_embd;
+    scratch.insert(scratch.end(), src, src + (hi - lo) * n_embd);
+  }
+  return scratch;
 }
 
 RequestProgress::RequestProgress(GenerateRequest request, const Tokenizer* tokenizer,

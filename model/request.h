@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "model/image.h"
 #include "model/sampler.h"
 #include "model/tokenizer.h"
+#include "storage/prefix.h"
 
 namespace cleave {
 
@@ -41,8 +43,31 @@ struct GenerateRequest {
 
 // invalid_argument / out_of_range naming the problem: empty prompt, prompt
 // longer than the context, token outside [0, n_vocab), prefill_chunk < 1,
-// max_tokens < 0.
-Status validate_request(const GenerateRequest& request, int32_t context, int32_t n_vocab);
+// max_tokens < 0; images out of prompt order, overlapping, empty
+// (n_tokens < 1) or reaching past the prompt, embeddings neither empty nor
+// n_tokens x n_embd floats. n_embd is the language model's width; 0 (a
+// router that has no model) checks only that the size is a multiple of
+// n_tokens. Images may still be unencoded: see check_images_encoded().
+Status validate_request(const GenerateRequest& request, int32_t context, int32_t n_vocab,
+                        int32_t n_embd = 0);
+
+// invalid_argument naming the first image whose embeddings are empty: a
+// request must be encoded (encode_images, model/multimodal.h) before an
+// engine runs it.
+Status check_images_encoded(const GenerateRequest& request);
+
+// The engine's view of the request's images (Engine::open_sequence): their
+// positions and content hashes.
+std::vector<KeySpan> image_key_spans(const GenerateRequest& request);
+
+// Engine::Item::embeddings for prompt positions [first, first + n): one row
+// of n_embd floats for each position inside an image, in order. Points into
+// the image's embeddings when the rows come from one image, else copies them
+// into scratch. Positions past the prompt (generated tokens) have none. The
+// request must have passed validate_request() with n_embd and
+// check_images_encoded().
+std::span<const float> image_rows(const GenerateRequest& request, int32_t first, int32_t n,
+                                  int32_t n_embd, std::vector<float>& scratch);
 
 class RequestProgress {
  public:

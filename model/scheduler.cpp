@@ -46,7 +46,9 @@ bool Scheduler::has(uint64_t request_id) const {
 }
 
 Status Scheduler::check_new(const GenerateRequest& request) const {
-  CLEAVE_RETURN_IF_ERROR(validate_request(request, engine_.context(), engine_.config().n_vocab));
+  CLEAVE_RETURN_IF_ERROR(validate_request(request, engine_.context(), engine_.config().n_vocab,
+                                          engine_.config().dim));
+  CLEAVE_RETURN_IF_ERROR(check_images_encoded(request));
   if (has(request.request_id))
     return Status(Code::invalid_argument, "scheduler: request " +
                                               std::to_string(request.request_id) +
@@ -220,8 +222,8 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
     // block each to grow by while decoding.
     int32_t promised = 0;
     for (const auto& r : running_) promised += engine_.blocks_needed(r->seq, r->remaining()) + 1;
-    auto seq = engine_.open_sequence();
-    if (!seq.ok()) return;  // every slot is taken
+    auto seq = engine_.open_sequence(image_key_spans(e.progress.request()));
+    if (!seq.ok()) return;  // every slot is taken (the spans passed validate_request)
     e.seq = *seq;
     const int32_t need_all = engine_.blocks_needed(e.seq, int32_t(e.progress.history().size()));
     // Checked first when there are records, so no import is made in vain.
@@ -325,8 +327,14 @@ Status Scheduler::step(std::vector<SchedulerEvent>& events) {
 
   std::vector<Engine::Item> items;
   items.reserve(rows.size());
-  for (const Row& r : rows)
-    items.push_back({r.entry->seq, r.entry->progress.history().data() + r.entry->fed, r.n_tokens});
+  if (image_scratch_.size() < rows.size()) image_scratch_.resize(rows.size());
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const Entry& e = *rows[i].entry;
+    // Image rows of prompt chunks (also when a preempted request recomputes).
+    items.push_back({e.seq, e.progress.history().data() + e.fed, rows[i].n_tokens,
+                     image_rows(e.progress.request(), e.fed, rows[i].n_tokens,
+                                engine_.config().dim, image_scratch_[i])});
+  }
   const int32_t n_vocab = engine_.config().n_vocab;
   logits_.resize(rows.size() * size_t(n_vocab));
   Status st = engine_.forward(items, logits_.data());

@@ -80,8 +80,11 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request. validate_request()'s errors; invalid_argument for a
-  // request id already queued or running; busy when max_queue requests wait.
+  // Queues a request. validate_request()'s errors (with the engine's n_embd)
+  // and check_images_encoded()'s; invalid_argument for a request id already
+  // queued or running; busy when max_queue requests wait. Image positions
+  // are fed from the request's embeddings in every prefill chunk, also when
+  // a preempted request recomputes and in resume().
   Status submit(GenerateRequest request);
   // Continues a request begun elsewhere: `generated` tokens were already
   // produced (the first one by a prefill actor, or more by a decode actor
@@ -143,6 +146,7 @@ class Scheduler {
   std::vector<std::unique_ptr<Entry>> running_;
   SchedulerCounters counters_;
   std::vector<float> logits_;
+  std::vector<std::vector<float>> image_scratch_;  // per batch row, when its image rows need a copy
   uint64_t next_arrival_ = 0;  // orders running entries: oldest first, youngest preempted
 };
 

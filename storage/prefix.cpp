@@ -36,8 +36,33 @@ BlockKey block_key(const BlockKey& parent, const int32_t* tokens, int n, uint64_
   return BlockKey{h.low64, h.high64};
 }
 
+BlockKey block_key(const BlockKey& parent, const int32_t* tokens, int n, uint64_t model_fp,
+                   const KvLayout& layout, int32_t first, std::span<const KeySpan> spans) {
+  const BlockKey plain = block_key(parent, tokens, n, model_fp, layout);
+  std::vector<uint8_t> buf;
+  auto put = [&buf](const void* src, size_t len) {
+    const auto* b = static_cast<const uint8_t*>(src);
+    buf.insert(buf.end(), b, b + len);
+  };
+  const int64_t end = int64_t(first) + std::max(n, 0);
+  for (const KeySpan& s : spans) {
+    if (s.position >= end || int64_t(s.position) + s.n_tokens <= first) continue;
+    if (buf.empty()) {
+      put(&plain.lo, 8);
+      put(&plain.hi, 8);
+    }
+    put(&s.content.lo, 8);
+    put(&s.content.hi, 8);
+    put(&s.position, 4);
+    put(&s.n_tokens, 4);
+  }
+  if (buf.empty()) return plain;
+  const XXH128_hash_t h = XXH3_128bits(buf.data(), buf.size());
+  return BlockKey{h.low64, h.high64};
+}
+
 std::vector<BlockKey> chain_keys(const int32_t* tokens, int32_t n_tokens, uint64_t model_fp,
-                                 const KvLayout& layout) {
+                                 const KvLayout& layout, std::span<const KeySpan> spans) {
   std::vector<BlockKey> keys;
   const int32_t tpb = layout.tokens_per_block;
   if (tpb <= 0 || n_tokens <= 0) return keys;
@@ -45,7 +70,8 @@ std::vector<BlockKey> chain_keys(const int32_t* tokens, int32_t n_tokens, uint64
   keys.reserve(size_t(n_full));
   BlockKey parent{0, 0};
   for (int32_t b = 0; b < n_full; ++b) {
-    parent = block_key(parent, tokens + size_t(b) * size_t(tpb), tpb, model_fp, layout);
+    parent = block_key(parent, tokens + size_t(b) * size_t(tpb), tpb, model_fp, layout, b * tpb,
+                       spans);
     keys.push_back(parent);
   }
   return keys;
@@ -70,14 +96,16 @@ PrefixIndex::~PrefixIndex() {
   for (const auto& [key, id] : map_) CLEAVE_CHECK(pool_->release(id).ok());
 }
 
-PrefixMatch PrefixIndex::longest_prefix(const int32_t* tokens, int32_t n_tokens) const {
+PrefixMatch PrefixIndex::longest_prefix(const int32_t* tokens, int32_t n_tokens,
+                                        std::span<const KeySpan> spans) const {
   PrefixMatch m;
   const int32_t tpb = layout_.tokens_per_block;
   const int32_t n_full = n_tokens > 0 ? n_tokens / tpb : 0;
   BlockKey parent{0, 0};
   // Keys are computed one block at a time, so a miss early stops the hashing.
   for (int32_t b = 0; b < n_full; ++b) {
-    parent = block_key(parent, tokens + size_t(b) * size_t(tpb), tpb, model_fp_, layout_);
+    parent = block_key(parent, tokens + size_t(b) * size_t(tpb), tpb, model_fp_, layout_, b * tpb,
+                       spans);
     auto it = map_.find(parent);
     if (it == map_.end()) break;
     m.block_ids.push_back(it->second);

@@ -6,11 +6,18 @@
 // is {0, 0}. Equal keys mean equal KV bytes for the same model and layout, so
 // a block can be shared by every sequence whose prompt starts with the same
 // tokens. A partly filled last block has no key: it is never shared or cached.
+//
+// Positions whose KV depends on more than their token id (an image's
+// embeddings sit at placeholder ids) are named by KeySpans: every block a
+// span overlaps hashes the span's content key too, so equal placeholder ids
+// with different content never share a key, and the same content does.
+// Blocks that no span touches keep exactly the plain key.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <span>
 #include <unordered_map>
 #include <vector>
 
@@ -26,12 +33,30 @@ namespace cleave {
 BlockKey block_key(const BlockKey& parent, const int32_t* tokens, int n, uint64_t model_fp,
                    const KvLayout& layout);
 
+// Positions [position, position + n_tokens) of a sequence whose rows come
+// from `content` (e.g. an image's content hash), not from their token ids.
+struct KeySpan {
+  int32_t position = 0;
+  int32_t n_tokens = 0;
+  BlockKey content;
+  bool operator==(const KeySpan&) const = default;
+};
+
+// The key of the block holding positions [first, first + n) of a sequence
+// with spans (sorted by position, not overlapping): block_key() when no span
+// overlaps the block; else XXH3_128bits over block_key()'s lo, hi (u64 each)
+// followed by, for each overlapping span in order, content.lo, content.hi
+// (u64), position, n_tokens (i32).
+BlockKey block_key(const BlockKey& parent, const int32_t* tokens, int n, uint64_t model_fp,
+                   const KvLayout& layout, int32_t first, std::span<const KeySpan> spans);
+
 // Keys of the full blocks of tokens[0..n_tokens), in order, blocks of
 // layout.tokens_per_block tokens (the layout fingerprint covers the block
 // size, so it is taken from the layout rather than passed separately).
 // 40 tokens at 16 per block give 2 keys; the last 8 tokens have none.
+// With spans, each block is keyed by the spanned block_key().
 std::vector<BlockKey> chain_keys(const int32_t* tokens, int32_t n_tokens, uint64_t model_fp,
-                                 const KvLayout& layout);
+                                 const KvLayout& layout, std::span<const KeySpan> spans = {});
 
 // The longest cached prefix of a token sequence.
 struct PrefixMatch {
@@ -71,8 +96,10 @@ class PrefixIndex {
   const KvLayout& layout() const { return layout_; }
   size_t size() const { return map_.size(); }
 
-  // Walks the key chain of tokens[0..n_tokens) and stops at the first miss.
-  PrefixMatch longest_prefix(const int32_t* tokens, int32_t n_tokens) const;
+  // Walks the key chain of tokens[0..n_tokens) (keyed with spans, see
+  // chain_keys) and stops at the first miss.
+  PrefixMatch longest_prefix(const int32_t* tokens, int32_t n_tokens,
+                             std::span<const KeySpan> spans = {}) const;
   std::optional<int32_t> find(const BlockKey& key) const;
   bool contains(const BlockKey& key) const { return map_.count(key) != 0; }
 

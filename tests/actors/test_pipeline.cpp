@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "actors/pipeline.h"
+#include "model/generate.h"
 #include "model/make_model.h"
 #include "schema/codec.h"
 #include "tests/same_bits.h"
@@ -632,4 +633,57 @@ TEST_CASE("pipeline kv stream: a corrupt chunk is refused and the request still 
   const msg::Stats* router = find_stats(stats, "router");
   REQUIRE(router);
   CHECK(router->get("failures") == 0);
+}
+
+TEST_CASE("pipeline images: mono runs encoded images as generate() does and the actor topologies refuse them") {
+  const Model& m = model(small_dense());
+  const int32_t D = 64;
+  GenerateRequest r;
+  r.request_id = 5;
+  r.prompt = {1};
+  r.prompt.insert(r.prompt.end(), 12, 0);
+  for (int32_t t : {300, 301, 302}) r.prompt.push_back(t);
+  PromptImage im;
+  im.position = 1;
+  im.n_tokens = 12;
+  im.hash = ImageHash{3, 4};
+  im.embeddings.resize(size_t(12) * D);
+  for (size_t i = 0; i < im.embeddings.size(); ++i) im.embeddings[i] = float(i % 17) / 17.f - 0.5f;
+  r.images.push_back(im);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 5;
+  r.ignore_eos = true;
+  r.keep_logits = true;
+
+  EngineOptions eo;
+  eo.threads = 1;
+  auto engine = Engine::create(m.file, eo);
+  REQUIRE(engine.ok());
+  auto want = generate(**engine, m.tokenizer.get(), r);
+  REQUIRE_MESSAGE(want.ok(), want.status().to_string());
+  auto mono = make_pipeline(m, base_options(Topology::mono));
+  const auto got = run_all(*mono, {r});
+  REQUIRE_MESSAGE(got[0].error.ok(), got[0].error.to_string());
+  CHECK(got[0].tokens == want->tokens);
+  const int32_t V = (*engine)->config().n_vocab;
+  CHECK(same_bits(got[0].logits, std::vector<float>(want->logits.end() - V, want->logits.end())));
+  GenerateRequest unencoded = r;
+  unencoded.images[0].embeddings.clear();
+  Status st = mono->submit(unencoded, [](const msg::StreamEvent&) {});
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("not encoded") != std::string::npos);
+
+  for (Topology t : {Topology::colocated, Topology::pd}) {
+    CAPTURE(topology_name(t));
+    auto p = make_pipeline(m, base_options(t));
+    bool called = false;
+    st = p->submit(r, [&](const msg::StreamEvent&) { called = true; });
+    CHECK(st.code() == Code::unsupported);
+    CHECK(st.message().find("images") != std::string::npos);
+    CHECK_FALSE(called);
+    r.images.clear();  // the same prompt as text still runs
+    const auto text = run_all(*p, {r});
+    CHECK(text[0].error.ok());
+    r.images.push_back(im);
+  }
 }

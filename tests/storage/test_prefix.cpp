@@ -276,3 +276,38 @@ TEST_CASE("prefix index: holds references; first publisher wins; erase evicts") 
   CHECK(m.n_blocks == 1);
   CHECK(f.pool->free_count() == 7);
 }
+
+TEST_CASE("prefix keys: spans key the blocks they overlap and leave the others plain") {
+  const KvLayout layout = test_layout();
+  const auto t = iota_tokens(48);
+  const BlockKey image_a{11, 12}, image_b{21, 22};
+  // Positions [20, 36): blocks 1 and 2 of three.
+  const std::vector<KeySpan> a{{20, 16, image_a}}, b{{20, 16, image_b}};
+  const auto plain = chain_keys(t.data(), 48, kModelFp, layout);
+  const auto with_a = chain_keys(t.data(), 48, kModelFp, layout, a);
+  const auto with_b = chain_keys(t.data(), 48, kModelFp, layout, b);
+  REQUIRE(with_a.size() == 3);
+  CHECK(with_a[0] == plain[0]);
+  for (size_t i = 1; i < 3; ++i) {
+    CHECK_FALSE(with_a[i] == plain[i]);
+    CHECK_FALSE(with_a[i] == with_b[i]);
+  }
+  CHECK(chain_keys(t.data(), 48, kModelFp, layout, a) == with_a);  // deterministic
+  // The position and length are hashed too: the same content elsewhere is another key.
+  const std::vector<KeySpan> moved{{21, 15, image_a}};
+  CHECK_FALSE(chain_keys(t.data(), 48, kModelFp, layout, moved)[1] == with_a[1]);
+  // A span wholly after a block leaves that block's key plain, even when it starts right after.
+  const std::vector<KeySpan> later{{32, 4, image_a}};
+  const auto k_later = chain_keys(t.data(), 48, kModelFp, layout, later);
+  CHECK(k_later[1] == plain[1]);
+  CHECK_FALSE(k_later[2] == plain[2]);
+
+  // The index walks the spanned chain: only the same image matches past the text.
+  Fixture f;
+  auto s = SequenceBlocks(*f.pool);
+  REQUIRE(s.append_tokens(48).ok());
+  for (size_t i = 0; i < 3; ++i) REQUIRE(f.index->insert(with_a[i], s.blocks()[i]).ok());
+  CHECK(f.index->longest_prefix(t.data(), 48, a).n_blocks == 3);
+  CHECK(f.index->longest_prefix(t.data(), 48, b).n_blocks == 1);  // the text-only block
+  CHECK(f.index->longest_prefix(t.data(), 48).n_blocks == 1);
+}
