@@ -34,17 +34,19 @@ msg::StreamEvent to_stream_event(const SchedulerEvent& e, const std::string& ori
 
 std::vector<BlockKey> resume_kv_keys(const std::vector<int32_t>& prompt,
                                      const std::vector<int32_t>& generated,
-                                     uint64_t model_fingerprint, const KvLayout& layout) {
+                                     uint64_t model_fingerprint, const KvLayout& layout,
+                                     std::span<const KeySpan> images) {
   std::vector<int32_t> tokens = prompt;
   tokens.insert(tokens.end(), generated.begin(), generated.end());
   if (tokens.empty()) return {};
   const int32_t n = int32_t(tokens.size()) - 1;  // the last token has no KV yet
-  std::vector<BlockKey> keys = chain_keys(tokens.data(), n, model_fingerprint, layout);
+  std::vector<BlockKey> keys = chain_keys(tokens.data(), n, model_fingerprint, layout, images);
   const int32_t bs = layout.tokens_per_block;
   const int32_t n_full = n / bs, rest = n % bs;
   if (rest > 0) {
     BlockKey parent = keys.empty() ? BlockKey{} : keys.back();
-    keys.push_back(block_key(parent, tokens.data() + n_full * bs, rest, model_fingerprint, layout));
+    keys.push_back(block_key(parent, tokens.data() + n_full * bs, rest, model_fingerprint, layout,
+                             n_full * bs, images));
   }
   return keys;
 }
@@ -152,7 +154,7 @@ std::vector<BlockRecord> StageCore::take_new_blocks() {
 std::vector<BlockKey> StageCore::resume_keys(const GenerateRequest& request,
                                              const std::vector<int32_t>& generated) const {
   return resume_kv_keys(request.prompt, generated, engine_->model_fingerprint(),
-                        engine_->kv_layout());
+                        engine_->kv_layout(), image_key_spans(request));
 }
 
 msg::Stats StageCore::stats() const {

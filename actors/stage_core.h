@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -28,10 +29,12 @@ msg::StreamEvent to_stream_event(const SchedulerEvent& e, const std::string& ori
 // Keys of the KV blocks a request needs to continue after `generated`
 // tokens: the KV of prompt + generated minus the last token (which has not
 // run yet), as Engine::block_keys() names them: the chain keys of the full
-// blocks, then the key of the partly filled last block, if any.
+// blocks, then the key of the partly filled last block, if any; blocks that
+// images overlap keyed with their spans (image_key_spans of the request).
 std::vector<BlockKey> resume_kv_keys(const std::vector<int32_t>& prompt,
                                      const std::vector<int32_t>& generated,
-                                     uint64_t model_fingerprint, const KvLayout& layout);
+                                     uint64_t model_fingerprint, const KvLayout& layout,
+                                     std::span<const KeySpan> images = {});
 
 class StageCore {
  public:

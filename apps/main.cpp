@@ -22,6 +22,7 @@
 #include "model/gguf.h"
 #include "model/llama.h"
 #include "model/make_model.h"
+#include "model/multimodal.h"
 #include "model/tokenizer.h"
 
 using namespace cleave;
@@ -67,6 +68,8 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 // ---- generate ----------------------------------------------------------
 struct GenerateArgs {
   std::string model, prompt, prompt_ids, logits_path, topology = "mono";
+  std::string mmproj, requests, out;
+  std::vector<std::string> images;
   int32_t n_predict = 64, threads = 0, ctx = 0, ubatch = 512;
   int32_t prefill_actors = 1, decode_actors = 1;
   SamplingParams sampling;
@@ -148,10 +151,50 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
   return 0;
 }
 
+// Reads and decodes an image file under the default limits; errors name the file.
+RgbImage load_image(const std::string& path) {
+  const ImageLimits limits;
+  std::ifstream f(path, std::ios::binary | std::ios::ate);
+  if (!f) fail(Status(Code::io_error, "image '" + path + "': cannot read it"));
+  const std::streamoff size = f.tellg();
+  if (size < 0 || size_t(size) > limits.max_bytes)
+    fail(Status(Code::out_of_range, "image '" + path + "': " + std::to_string(size) +
+                                        " bytes, more than the limit of " +
+                                        std::to_string(limits.max_bytes)));
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  f.seekg(0);
+  f.read(reinterpret_cast<char*>(bytes.data()), size);
+  if (!f) fail(Status(Code::io_error, "image '" + path + "': read failed"));
+  auto image = decode_image(bytes.data(), bytes.size(), limits);
+  if (!image.ok()) fail(Status(image.status().code(), "image '" + path + "': " + image.status().message()));
+  return std::move(*image);
+}
+
+// The vision encoder of --mmproj, checked against the language model's width.
+std::unique_ptr<ClipModel> load_mmproj(const std::string& path, int32_t n_embd) {
+  auto clip = unwrap(ClipModel::load(unwrap(GgufFile::open(path))));
+  Status st = check_projector_fits(*clip, n_embd);
+  if (!st.ok()) fail(st);
+  return clip;
+}
+
+void check_image_usage(const GenerateArgs& a, Topology topology, bool has_images) {
+  if (!has_images) return;
+  if (a.mmproj.empty()) throw CLI::ValidationError("--image", "images need --mmproj (the vision encoder)");
+  if (topology != Topology::mono)
+    throw CLI::ValidationError("--image", "images need --topology mono until vision actors land");
+}
+
+int run_generate_requests(const GenerateArgs& a);
+
 int run_generate(const GenerateArgs& a) {
+  if (!a.requests.empty()) return run_generate_requests(a);
   if (a.prompt.empty() == a.prompt_ids.empty())
     throw CLI::ValidationError("generate", "give exactly one of -p/--prompt and --prompt-ids");
   const Topology topology = unwrap(parse_topology(a.topology));
+  check_image_usage(a, topology, !a.images.empty());
+  if (!a.images.empty() && a.prompt.empty())
+    throw CLI::ValidationError("--image", "images need -p/--prompt (the text around them)");
   if (topology != Topology::mono && !a.logits_path.empty())
     throw CLI::ValidationError("--logits", "needs --topology mono (actor topologies return the final row only)");
   auto file = unwrap(GgufFile::open(a.model));
@@ -167,7 +210,21 @@ int run_generate(const GenerateArgs& a) {
   else if (!a.prompt.empty()) fail(t.status());
 
   GenerateRequest req;
-  req.prompt = a.prompt_ids.empty() ? tok->encode(a.prompt, !a.no_bos) : parse_ids(a.prompt_ids);
+  double encode_seconds = 0;
+  if (!a.images.empty()) {
+    // LLaVA-style prompt: <image> markers (or images first), encoded on the engine's backend.
+    auto clip = load_mmproj(a.mmproj, engine->config().dim);
+    std::vector<RgbImage> images;
+    for (const std::string& path : a.images) images.push_back(load_image(path));
+    req = unwrap(build_image_prompt(*tok, a.prompt, std::move(images), clip->config().n_patches,
+                                    !a.no_bos));
+    const auto t0 = std::chrono::steady_clock::now();
+    Status st = encode_images(*clip, engine->backend(), engine->config().dim, req);
+    if (!st.ok()) fail(st);
+    encode_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  } else {
+    req.prompt = a.prompt_ids.empty() ? tok->encode(a.prompt, !a.no_bos) : parse_ids(a.prompt_ids);
+  }
   req.sampling = a.sampling;
   req.sampling.max_tokens = a.n_predict;
   req.prefill_chunk = a.ubatch;
@@ -204,11 +261,152 @@ int run_generate(const GenerateArgs& a) {
                     {"prefill_tok_per_s", pf_tps},          {"decode_tokens", r.decode_tokens},
                     {"decode_seconds", r.decode_seconds},   {"decode_tok_per_s", dc_tps},
                     {"threads", eo.threads}};
+    if (!a.images.empty()) {
+      j["images"] = req.images.size();
+      for (const PromptImage& im : req.images) j["image_spans"].push_back({im.position, im.n_tokens});
+      j["timings"]["encode_seconds"] = encode_seconds;
+    }
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
-    std::fprintf(stderr, "\n\nprefill: %d tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s | %s\n",
+    std::fprintf(stderr, "\n\n");
+    if (!a.images.empty())
+      std::fprintf(stderr, "encode: %zu images, %.1f ms | ", req.images.size(), encode_seconds * 1e3);
+    std::fprintf(stderr, "prefill: %d tokens, %.1f tok/s | decode: %d tokens, %.1f tok/s | %s\n",
                  r.prefill_tokens, pf_tps, r.decode_tokens, dc_tps, r.finish_reason.c_str());
   }
+  return 0;
+}
+
+// ---- generate --requests -----------------------------------------------
+// One request per line (apps/node_cmd.cpp's fields, plus text and images):
+// {"id": N, "prompt": "text" | "prompt_ids": [...], "images": ["a.png", ...],
+//  "max_tokens": N, "temperature": T, "seed": S, "top_k": K, "top_p": P,
+//  "min_p": M, "ignore_eos": B, "prefill_chunk": C}; id and one prompt kind
+// are required. Sampling defaults come from the command line. Images are
+// decoded, then encoded all together (batches of 16 across requests), then
+// every request runs through one pipeline at once.
+std::vector<GenerateRequest> read_generate_requests(const GenerateArgs& a, const Tokenizer* tok,
+                                                    const ClipModel* clip) {
+  std::ifstream f(a.requests);
+  if (!f) fail(Status(Code::io_error, "cannot read requests file '" + a.requests + "'"));
+  std::vector<GenerateRequest> out;
+  std::string line;
+  for (int line_no = 1; std::getline(f, line); ++line_no) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = a.requests + ":" + std::to_string(line_no) + ": ";
+    GenerateRequest r;
+    try {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (!j.is_object() || !j.contains("id") || j.contains("prompt") == j.contains("prompt_ids"))
+        fail(Status(Code::invalid_argument, where + "a request needs \"id\" and one of \"prompt\" "
+                                                    "and \"prompt_ids\""));
+      std::vector<RgbImage> images;
+      for (const std::string& path : j.value("images", std::vector<std::string>{})) {
+        if (!clip) throw CLI::ValidationError("--requests", where + "images need --mmproj");
+        images.push_back(load_image(path));
+      }
+      if (j.contains("prompt_ids")) {
+        if (!images.empty()) fail(Status(Code::invalid_argument, where + "images need \"prompt\" text"));
+        r.prompt = j.at("prompt_ids").get<std::vector<int32_t>>();
+      } else {
+        if (!tok) fail(Status(Code::invalid_argument, where + "the model has no tokenizer for \"prompt\""));
+        const std::string text = j.at("prompt").get<std::string>();
+        if (images.empty()) r.prompt = tok->encode(text, !a.no_bos);
+        else r = unwrap(build_image_prompt(*tok, text, std::move(images), clip->config().n_patches, !a.no_bos));
+      }
+      r.request_id = j.at("id").get<uint64_t>();
+      r.sampling = a.sampling;
+      r.sampling.max_tokens = j.value("max_tokens", a.n_predict);
+      r.sampling.temperature = j.value("temperature", a.sampling.temperature);
+      r.sampling.seed = j.value("seed", a.sampling.seed);
+      r.sampling.top_k = j.value("top_k", a.sampling.top_k);
+      r.sampling.top_p = j.value("top_p", a.sampling.top_p);
+      r.sampling.min_p = j.value("min_p", a.sampling.min_p);
+      r.ignore_eos = j.value("ignore_eos", a.ignore_eos);
+      r.prefill_chunk = j.value("prefill_chunk", a.ubatch);
+    } catch (const nlohmann::json::exception& e) {
+      fail(Status(Code::invalid_argument, where + e.what()));
+    }
+    for (const GenerateRequest& earlier : out)
+      if (earlier.request_id == r.request_id)
+        fail(Status(Code::invalid_argument,
+                    where + "request id " + std::to_string(r.request_id) + " appears twice"));
+    out.push_back(std::move(r));
+  }
+  if (out.empty()) fail(Status(Code::invalid_argument, "no requests in '" + a.requests + "'"));
+  return out;
+}
+
+int run_generate_requests(const GenerateArgs& a) {
+  if (!a.prompt.empty() || !a.prompt_ids.empty() || !a.images.empty() || !a.logits_path.empty())
+    throw CLI::ValidationError("--requests", "takes the prompts from the file: no -p, --prompt-ids, "
+                                             "--image or --logits");
+  const Topology topology = unwrap(parse_topology(a.topology));
+  auto file = unwrap(GgufFile::open(a.model));
+  const int32_t threads =
+      a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+  std::shared_ptr<const Tokenizer> tok;
+  if (auto t = Tokenizer::from_gguf(*file); t.ok()) tok = std::move(*t);
+  std::unique_ptr<ClipModel> clip;
+  if (!a.mmproj.empty()) {
+    auto lm = unwrap(LlamaModel::load(file));
+    clip = load_mmproj(a.mmproj, lm->config().dim);
+  }
+  std::vector<GenerateRequest> requests = read_generate_requests(a, tok.get(), clip.get());
+  const bool has_images = std::any_of(requests.begin(), requests.end(),
+                                      [](const GenerateRequest& r) { return !r.images.empty(); });
+  check_image_usage(a, topology, has_images);
+
+  size_t n_images = 0;
+  for (const GenerateRequest& r : requests) n_images += r.images.size();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (clip) {
+    auto backend = make_cpu_backend(threads);
+    Status st = encode_images(*clip, *backend, clip->config().projection_dim, requests);
+    if (!st.ok()) fail(st);
+  }
+  const double encode_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+
+  PipelineOptions po;
+  po.topology = topology;
+  po.prefill_actors = a.prefill_actors;
+  po.decode_actors = a.decode_actors;
+  po.engine.threads = threads;
+  po.engine.context = a.ctx;
+  po.engine.max_seqs = int32_t(std::min<size_t>(requests.size(), 64));
+  po.max_pending = 4096;
+  auto pipeline = unwrap(Pipeline::create(file, tok, po));
+  const auto t1 = std::chrono::steady_clock::now();
+  const std::vector<Completion> done = unwrap(pipeline->run(requests));
+  const double run_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+
+  std::ofstream file_out;
+  if (!a.out.empty()) {
+    file_out.open(a.out);
+    if (!file_out) fail(Status(Code::io_error, "cannot write '" + a.out + "'"));
+  }
+  std::ostream& out = a.out.empty() ? std::cout : file_out;
+  size_t failed = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const Completion& c = done[i];
+    nlohmann::json j;
+    j["id"] = requests[i].request_id;
+    j["tokens"] = c.tokens;
+    j["text"] = c.text;
+    j["ttft_ms"] = c.ttft_seconds * 1e3;
+    j["total_ms"] = c.total_seconds * 1e3;
+    if (c.error.ok()) {
+      j["finish_reason"] = c.finish_reason;
+    } else {
+      j["error"] = c.error.to_string();
+      ++failed;
+    }
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  out.flush();
+  if (!out) fail(Status(Code::io_error, "cannot write the results"));
+  std::fprintf(stderr, "%s: %zu requests (%zu failed) | encode: %zu images, %.1f ms | run: %.1f ms\n",
+               topology_name(topology), requests.size(), failed, n_images, encode_s * 1e3, run_s * 1e3);
   return 0;
 }
 
@@ -346,6 +544,16 @@ int main(int argc, char** argv) {
   gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
   gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
   gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");
+  gen->add_option("--mmproj", g.mmproj, "vision encoder + projector GGUF (llama.cpp mmproj)")
+      ->check(CLI::ExistingFile);
+  gen->add_option("--image", g.images, "image file (PNG or JPEG; repeatable; <image> in the prompt "
+                                       "marks where each goes, else they go first)")
+      ->check(CLI::ExistingFile);
+  gen->add_option("--requests", g.requests,
+                  "JSONL requests to run together (one per line: id, prompt or prompt_ids, images, "
+                  "max_tokens, ...); results go to --out")
+      ->check(CLI::ExistingFile);
+  gen->add_option("--out", g.out, "JSONL results of --requests (default: stdout)");
 
   std::string inspect_path;
   auto* ins = app.add_subcommand("inspect", "print a GGUF file's metadata and tensors");

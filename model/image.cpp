@@ -50,6 +50,21 @@ uint32_t crc32(const uint8_t* p, size_t n) {
   return c ^ 0xFFFFFFFFu;
 }
 
+// A corrupt chunk type in a message: bytes outside printable ASCII as \xNN,
+// so an error line stays valid text.
+std::string printable(const uint8_t* p, size_t n) {
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    if (p[i] >= 0x20 && p[i] < 0x7F) {
+      out += char(p[i]);
+    } else {
+      static const char hex[] = "0123456789abcdef";
+      out += {'\\', 'x', hex[p[i] >> 4], hex[p[i] & 15]};
+    }
+  }
+  return out;
+}
+
 // stb_image checks neither chunk CRCs nor that the file is complete: walk the
 // chunks so a truncated or bit-flipped PNG is an error, not garbage pixels.
 Status check_png_chunks(const uint8_t* d, size_t n) {
@@ -67,8 +82,8 @@ Status check_png_chunks(const uint8_t* d, size_t n) {
     const uint8_t* type = d + pos + 4;
     if (crc32(type, size_t(len) + 4) != be32(type + 4 + len))
       return Status(Code::corruption, "image: corrupt PNG (CRC mismatch in chunk '" +
-                                          std::string(reinterpret_cast<const char*>(type), 4) +
-                                          "' at byte " + std::to_string(pos) + ")");
+                                          printable(type, 4) + "' at byte " + std::to_string(pos) +
+                                          ")");
     if (std::memcmp(type, "IEND", 4) == 0) return Status::Ok();
     pos += size_t(len) + 12;
   }

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "actors/pipeline.h"
+#include "actors/stage_core.h"
 #include "model/generate.h"
 #include "model/make_model.h"
 #include "schema/codec.h"
@@ -686,4 +687,40 @@ TEST_CASE("pipeline images: mono runs encoded images as generate() does and the 
     CHECK(text[0].error.ok());
     r.images.push_back(im);
   }
+}
+
+TEST_CASE("stage core: resume keys of an image request are the keys its engine gives the blocks") {
+  const Model& m = model(small_dense());
+  EngineOptions eo;
+  eo.threads = 1;
+  eo.block_size = 16;
+  auto engine = Engine::create(m.file, eo);
+  REQUIRE(engine.ok());
+  Engine& e = **engine;
+  const int32_t D = e.config().dim;
+  GenerateRequest r;
+  r.prompt.assign(3, 300);
+  r.prompt.insert(r.prompt.end(), 20, 0);  // an image over positions [3, 23): blocks 0 and 1
+  r.prompt.insert(r.prompt.end(), 9, 301);
+  PromptImage im;
+  im.position = 3;
+  im.n_tokens = 20;
+  im.hash = ImageHash{5, 6};
+  im.embeddings.assign(size_t(20) * D, 0.125f);
+  r.images.push_back(im);
+  const std::vector<int32_t> generated = {400, 401, 402, 403, 404};
+
+  auto seq = e.open_sequence(image_key_spans(r));
+  REQUIRE(seq.ok());
+  std::vector<int32_t> tokens = r.prompt;
+  tokens.insert(tokens.end(), generated.begin(), generated.end() - 1);  // the last has no KV yet
+  std::vector<float> scratch, logits(static_cast<size_t>(e.config().n_vocab));
+  const int32_t n = int32_t(tokens.size());
+  REQUIRE(e.forward({{*seq, tokens.data(), n, image_rows(r, 0, n, D, scratch)}}, logits.data()).ok());
+  const auto keys = resume_kv_keys(r.prompt, generated, e.model_fingerprint(), e.kv_layout(),
+                                   image_key_spans(r));
+  CHECK(keys == e.block_keys(*seq));
+  const auto text_keys = resume_kv_keys(r.prompt, generated, e.model_fingerprint(), e.kv_layout());
+  CHECK_FALSE(text_keys[0] == keys[0]);
+  CHECK(text_keys[2] != keys[2]);
 }

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 CLEAVE, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
+CLIP_DUMP = sys.argv[4] if len(sys.argv) > 4 else None  # tests/reference/clip_dump: writes mmproj files
 os.makedirs(WORK, exist_ok=True)
 failures = []
 
@@ -123,6 +124,81 @@ expect("pd text mode streams and prints stage timings",
 expect_error("bad topology", ["generate", "-m", model, "-p", "x", "--topology", "ring"], 2, "ring")
 expect_error("--logits needs mono", ["generate", "-m", model, "-p", "x", "--topology", "pd", "--logits",
                                      logits], 2, "mono")
+
+# Images (llama.cpp's mtmd spelling): --mmproj and --image, mono only for now.
+if CLIP_DUMP:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "reference"))
+    import numpy as np
+    from reference_clip import write_png
+
+    mmproj, mmproj32 = os.path.join(WORK, "mmproj.gguf"), os.path.join(WORK, "mmproj32.gguf")
+    for path, proj in ((mmproj, 64), (mmproj32, 32)):  # 32x32 images, patch 8: 16 tokens
+        p = subprocess.run([CLIP_DUMP, "make", path, "f32", "5", f"proj={proj}"], capture_output=True, text=True)
+        expect("clip_dump writes " + os.path.basename(path), p.returncode == 0, p.stderr)
+    png, png2 = os.path.join(WORK, "img.png"), os.path.join(WORK, "img2.png")
+    write_png(png, (np.arange(40 * 30 * 3).reshape(30, 40, 3) * 7 % 251).astype(np.uint8))
+    write_png(png2, (np.arange(32 * 32 * 3).reshape(32, 32, 3) * 13 % 241).astype(np.uint8))
+    corrupt = os.path.join(WORK, "corrupt.png")
+    with open(png, "rb") as f:
+        data = bytearray(f.read())
+    data[40] ^= 0xFF  # inside IDAT: the CRC no longer matches
+    with open(corrupt, "wb") as f:
+        f.write(data)
+    img = ["generate", "-m", model, "-n", "5", "--temp", "0", "--ignore-eos", "--json", "-t", "1"]
+    rc, out, err = run(*img, "--mmproj", mmproj, "--image", png, "-p", "Hello")
+    try:
+        j = json.loads(out)
+    except ValueError:
+        j = {}
+    ids = j.get("prompt_ids", [])
+    expect("--image: BOS, 16 placeholder ids, then the text", rc == 0 and ids[:17] == [1] + [0] * 16
+           and len(ids) > 17 and j.get("images") == 1, out + err)
+    expect("--image: 5 tokens and an encode time", len(j.get("generated_ids", [])) == 5 and
+           j.get("timings", {}).get("encode_seconds", 0) > 0, str(j))
+    rc2, out2, _ = run(*img, "--mmproj", mmproj, "--image", png2, "-p", "Hello")
+    expect("another image: the same prompt ids",
+           rc2 == 0 and json.loads(out2)["prompt_ids"] == ids, out2)
+    rc3, out3, err3 = run(*img, "--mmproj", mmproj, "--image", png, "--image", png2,
+                          "-p", "one <image> two <image>")
+    ids3 = json.loads(out3).get("prompt_ids", []) if rc3 == 0 else []
+    expect("two <image> markers place two runs", rc3 == 0 and ids3.count(0) == 32 and ids3[1] != 0, out3 + err3)
+
+    # --requests: one batched run gives each request's single-run tokens.
+    reqs = os.path.join(WORK, "requests.jsonl")
+    with open(reqs, "w") as f:
+        f.write(json.dumps({"id": 7, "prompt": "Hello", "images": [png], "max_tokens": 5,
+                            "ignore_eos": True}) + "\n")
+        f.write(json.dumps({"id": 8, "prompt_ids": [1, 15043, 3186], "max_tokens": 5,
+                            "ignore_eos": True}) + "\n")
+    res = os.path.join(WORK, "results.jsonl")
+    rc, out, err = run("generate", "-m", model, "--mmproj", mmproj, "--requests", reqs, "--out", res,
+                       "--temp", "0", "-t", "1")
+    got = {}
+    if rc == 0:
+        with open(res) as f:
+            got = {r["id"]: r for r in map(json.loads, f)}
+    expect("--requests runs image and text requests together",
+           rc == 0 and got.get(7, {}).get("tokens") == j.get("generated_ids") and
+           len(got.get(8, {}).get("tokens", [])) == 5, out + err + str(got))
+
+    expect_error("--image without --mmproj", [*img, "--image", png, "-p", "x"], 2, "--mmproj")
+    expect_error("--image with another topology",
+                 [*img, "--mmproj", mmproj, "--image", png, "-p", "x", "--topology", "pd"], 2,
+                 "images need --topology mono until vision actors land")
+    expect_error("--image with --prompt-ids", [*img, "--mmproj", mmproj, "--image", png,
+                                               "--prompt-ids", "1,2"], 2, "--prompt")
+    expect_error("missing image file", [*img, "--mmproj", mmproj, "--image", os.path.join(WORK, "no.png"),
+                                        "-p", "x"], 2, "no.png")
+    expect_error("corrupt image file", [*img, "--mmproj", mmproj, "--image", corrupt, "-p", "x"], 1,
+                 "corrupt.png", "CRC")
+    expect_error("not an image", [*img, "--mmproj", mmproj, "--image", reqs, "-p", "x"], 1,
+                 "requests.jsonl")
+    expect_error("projection_dim differs from n_embd", [*img, "--mmproj", mmproj32, "--image", png,
+                                                         "-p", "x"], 1, "projection_dim 32", "n_embd 64")
+    expect_error("more <image> markers than images", [*img, "--mmproj", mmproj, "--image", png,
+                                                       "-p", "<image> and <image>"], 1, "2 <image> markers")
+    expect_error("--mmproj that is no clip file", [*img, "--mmproj", model, "--image", png, "-p", "x"], 1,
+                 "clip")
 
 # inspect.
 rc, out, err = run("inspect", model)

@@ -170,14 +170,22 @@ class LlamaReference:
             out[rows] += w[rows, slot][:, None] * y
         return out
 
-    def forward(self, tokens):
-        """Logits (T, n_vocab) for every position of one causal sequence."""
+    def forward(self, tokens, embeddings=()):
+        """Logits (T, n_vocab) for every position of one causal sequence.
+
+        embeddings: (position, rows (n, D)) pairs; rows position..position+n-1
+        take those rows instead of their token embeddings (image prompts)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.min() < 0 or tokens.max() >= self.n_vocab:
             raise ValueError("token id out of range")
         positions = np.arange(len(tokens))
         self.route_log = []  # per MoE layer: (T, K) chosen experts, for test diagnostics
         x = self.tok_embd[tokens].copy()
+        for pos, rows in embeddings:
+            rows = np.asarray(rows, dtype=np.float64)
+            if rows.ndim != 2 or rows.shape[1] != self.D or pos < 0 or pos + rows.shape[0] > len(tokens):
+                raise ValueError(f"embedding rows {rows.shape} at {pos} do not fit {len(tokens)} x {self.D}")
+            x[pos:pos + rows.shape[0]] = rows
         for lay in self.layers:
             x = x + self.attention(lay, rmsnorm(x, lay["attn_norm"], self.eps), positions)
             x = x + self.ffn(lay, rmsnorm(x, lay["ffn_norm"], self.eps))
