@@ -134,11 +134,13 @@ auto all_examples() {
   return std::make_tuple(examples::request(), examples::finished_event(), examples::handoff(),
                          examples::kv_put(), examples::kv_ack(), examples::kv_get(),
                          examples::kv_blocks(), examples::health(), examples::stats(),
-                         examples::encode_request(), examples::image_embeddings());
+                         examples::kv_pull(), examples::kv_chunk(), examples::encode_request(),
+                         examples::image_embeddings());
 }
-const char* const kNames[] = {"GenerateRequest", "StreamEvent",  "Handoff", "KvPut",
-                              "KvAck",           "KvGet",        "KvBlocks", "Health",
-                              "Stats",           "EncodeRequest", "ImageEmbeddings"};
+const char* const kNames[] = {"GenerateRequest", "StreamEvent",   "Handoff",  "KvPut",
+                              "KvAck",           "KvGet",         "KvBlocks", "Health",
+                              "Stats",           "KvPull",        "KvChunk",  "EncodeRequest",
+                              "ImageEmbeddings"};
 
 template <class F>
 void for_each_example(F&& f) {

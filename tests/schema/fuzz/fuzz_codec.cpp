@@ -41,6 +41,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check_kind<msg::KvBlocks>(data, size, "KvBlocks");
   check_kind<msg::Health>(data, size, "Health");
   check_kind<msg::Stats>(data, size, "Stats");
+  check_kind<msg::KvPull>(data, size, "KvPull");
+  check_kind<msg::KvChunk>(data, size, "KvChunk");
   check_kind<msg::EncodeRequest>(data, size, "EncodeRequest");
   check_kind<msg::ImageEmbeddings>(data, size, "ImageEmbeddings");
   return 0;
