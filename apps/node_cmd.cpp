@@ -139,7 +139,7 @@ std::vector<GenerateRequest> read_requests(const std::string& path, const Tokeni
 
 struct Outcome {
   std::vector<int32_t> tokens;
-  std::string finish_reason;
+  std::string text, finish_reason;
   Status error;
   bool done = false;
   double ttft_s = 0, total_s = 0;
@@ -178,6 +178,7 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
         stage.second += e.stage_seconds;
       }
       if (!e.encode_origin.empty()) o.stages[e.encode_origin].second += e.encode_seconds;
+      o.text += e.text;
       if (e.kind == msg::StreamEvent::Kind::token) {
         if (o.tokens.empty()) o.ttft_s = since_t0();
         o.tokens.push_back(e.token);
@@ -213,6 +214,7 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
     nlohmann::json j;
     j["id"] = r.request_id;
     j["tokens"] = o.tokens;
+    j["text"] = o.text;
     j["ttft_ms"] = o.ttft_s * 1e3;
     j["total_ms"] = o.total_s * 1e3;
     for (const auto& [origin, st] : o.stages)  // which actor on which node, and its step time
@@ -223,7 +225,7 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
       j["error"] = o.error.to_string();
       ++failed;
     }
-    out << j.dump() << "\n";
+    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   }
   out.close();
   if (!out) fail(Status(Code::io_error, "cannot write '" + a.out + "'"));

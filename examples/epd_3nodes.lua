@@ -1,6 +1,7 @@
--- E/P/D on three nodes: "encoder" runs the vision encoder (its actors arrive
--- with the vision issue; the loader accepts the kind already), "prefill" (the
--- head) hosts the router, prefill and the KV store, "decode" the decoders.
+-- E/P/D on three nodes: "encoder" runs the vision encoder (its actors encode
+-- the images of requests the router sends them), "prefill" (the head) hosts
+-- the router, prefill and the KV store, "decode" the decoders. Every node
+-- gets --mmproj (scripts/demo_epd.sh runs it).
 --   cleave topology show examples/epd_3nodes.lua --set prefill_port=7000
 cluster { router = "least_loaded_prefix" }
 

@@ -636,7 +636,7 @@ TEST_CASE("pipeline kv stream: a corrupt chunk is refused and the request still 
   CHECK(router->get("failures") == 0);
 }
 
-TEST_CASE("pipeline images: mono runs encoded images as generate() does and the actor topologies refuse them") {
+TEST_CASE("pipeline images: encoded images run as generate() does in mono colocated and pd") {
   const Model& m = model(small_dense());
   const int32_t D = 64;
   GenerateRequest r;
@@ -674,18 +674,21 @@ TEST_CASE("pipeline images: mono runs encoded images as generate() does and the 
   CHECK(st.code() == Code::invalid_argument);
   CHECK(st.message().find("not encoded") != std::string::npos);
 
+  // The actor topologies run encoded images the same; without an mmproj
+  // they refuse unencoded ones (tests/actors/test_vision_pipeline.cpp
+  // covers the vision_encoder actors).
   for (Topology t : {Topology::colocated, Topology::pd}) {
     CAPTURE(topology_name(t));
     auto p = make_pipeline(m, base_options(t));
+    const auto actors = run_all(*p, {r});
+    REQUIRE_MESSAGE(actors[0].error.ok(), actors[0].error.to_string());
+    CHECK(actors[0].tokens == want->tokens);
+    CHECK(same_bits(actors[0].logits, got[0].logits));
     bool called = false;
-    st = p->submit(r, [&](const msg::StreamEvent&) { called = true; });
-    CHECK(st.code() == Code::unsupported);
-    CHECK(st.message().find("images") != std::string::npos);
+    st = p->submit(unencoded, [&](const msg::StreamEvent&) { called = true; });
+    CHECK(st.code() == Code::invalid_argument);
+    CHECK(st.message().find("no vision encoder") != std::string::npos);
     CHECK_FALSE(called);
-    r.images.clear();  // the same prompt as text still runs
-    const auto text = run_all(*p, {r});
-    CHECK(text[0].error.ok());
-    r.images.push_back(im);
   }
 }
 
