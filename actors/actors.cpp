@@ -9,8 +9,12 @@
 //
 //   client --submit--> router --submit/handoff--> stage (prefill | decode | colocated)
 //   stage --event--> router (token / finished / failed) --> client callback
-//   prefill --kv_put--> kv_store, then --handoff--> router --handoff--> decode
-//   decode --kv_get--> kv_store, resume; --kv_put--> newly filled blocks
+//   prefill --handoff (+ its kv_sender)--> router --handoff--> decode, and
+//   prefill --kv_put--> kv_store at the same time (the copy for re-placement)
+//   decode --kv_fetch--> its kv_receiver --kv_pull--> the prefill's kv_sender
+//   kv_sender --kv_chunk (acked, a bounded window in flight)--> kv_receiver
+//   decode resumes from the streamed blocks (or, when the stream fails, from
+//   --kv_get--> kv_store); --kv_put--> newly filled blocks
 //
 // Nodes (actors/node.h, at the end of this file) spread the same actors over
 // processes: the head publishes a join actor through CAF's middleman, workers
@@ -35,6 +39,7 @@
 #include <unordered_set>
 
 #include "actors/actor_pipeline.h"
+#include "actors/kv_stream.h"
 #include "actors/node.h"
 #include "actors/stage_core.h"
 #include "schema/codec.h"
@@ -61,21 +66,50 @@ using kv_get_atom = caf::atom_constant<caf::atom("kv_get")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+using kv_pull_atom = caf::atom_constant<caf::atom("kv_pull")>;
+using kv_chunk_atom = caf::atom_constant<caf::atom("kv_chunk")>;
+using kv_fetch_atom = caf::atom_constant<caf::atom("kv_fetch")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
 constexpr auto kStageTimeout = std::chrono::seconds(30);
 constexpr auto kClientTimeout = std::chrono::seconds(10);
 constexpr auto kTickInterval = std::chrono::milliseconds(200);
+// KV streams: a stream that makes no progress this long fails (the decoder
+// then reads the store); a whole fetch is bounded too; a prefill keeps a
+// finished request's KV for its decoder's pull this long.
+constexpr auto kKvStallTimeout = std::chrono::seconds(5);
+constexpr auto kKvFetchTimeout = std::chrono::seconds(30);
+constexpr auto kKvOutboxTtl = std::chrono::seconds(30);
+constexpr auto kKvOutboxSweep = std::chrono::seconds(1);
+constexpr uint64_t kKvMaxStreamBytes = uint64_t(1) << 30;
 
 using kv_store_actor = caf::typed_actor<caf::replies_to<kv_put_atom, Bytes>::with<Bytes>,
                                         caf::replies_to<kv_get_atom, Bytes>::with<Bytes>,
                                         caf::replies_to<stats_atom>::with<Bytes>>;
 
-// submit: GenerateRequest; handoff: Handoff (the answer is admission only;
+// A decode stage's end of KV streams. fetch (from its stage: a KvPull, the
+// prefill's kv_sender and the "host:port" its node listens on) answers once the stream is complete and in the
+// stage's KvInbox (true) or has failed (false, or an error: the stage reads
+// the store instead); chunk (from the sender) answers the chunk's seq: the
+// ack that lets the sender send another.
+using kv_receiver_actor =
+    caf::typed_actor<caf::replies_to<kv_fetch_atom, Bytes, caf::actor, std::string>::with<bool>,
+                     caf::replies_to<kv_chunk_atom, Bytes>::with<uint32_t>,
+                     caf::reacts_to<tick_atom>>;
+
+// A prefill stage's end: pull (KvPull, where to send) answers the number of
+// chunks and streams them to the receiver.
+using kv_sender_actor =
+    caf::typed_actor<caf::replies_to<kv_pull_atom, Bytes, kv_receiver_actor>::with<uint32_t>,
+                     caf::reacts_to<tick_atom>>;
+
+// submit: GenerateRequest; handoff: Handoff, with the kv_sender to pull the
+// KV from or without (then from the store) (the answer is admission only;
 // the outcome arrives as events).
 using stage_actor = caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
                                      caf::replies_to<handoff_atom, Bytes>::with<bool>,
+                                     caf::replies_to<handoff_atom, Bytes, kv_sender_actor>::with<bool>,
                                      caf::reacts_to<cancel_atom, uint64_t>,
                                      caf::reacts_to<step_atom>,
                                      caf::replies_to<stats_atom>::with<Bytes>>;
@@ -85,6 +119,7 @@ using stage_actor = caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<b
 using router_actor =
     caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
                      caf::reacts_to<event_atom, Bytes>, caf::reacts_to<handoff_atom, Bytes>,
+                     caf::reacts_to<handoff_atom, Bytes, kv_sender_actor>,
                      caf::replies_to<attach_atom, std::string, stage_actor>::with<bool>,
                      caf::reacts_to<tick_atom>, caf::replies_to<shutdown_atom>::with<bool>,
                      caf::replies_to<stats_atom>::with<Bytes>>;
@@ -191,6 +226,229 @@ kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvSto
   };
 }
 
+// ---- KV streams: kv_sender (beside a prefill stage), kv_receiver (beside a decoder) ----
+
+struct KvSenderState {
+  std::shared_ptr<KvOutbox> outbox;
+  std::shared_ptr<KvStreamCounters> counters;
+  int32_t corrupt_chunk = -1;
+  static inline const char* name = "cleave.kv_sender";
+};
+using kv_sender_pointer = kv_sender_actor::stateful_pointer<KvSenderState>;
+
+struct SendTransfer {
+  SendTransfer(KvStreamWriter w, kv_receiver_actor r, int32_t win)
+      : writer(std::move(w)), to(std::move(r)), window(uint32_t(win)) {}
+  KvStreamWriter writer;
+  kv_receiver_actor to;
+  uint32_t window, next = 0, acked = 0;
+  bool failed = false;
+};
+
+// Sends chunks while fewer than `window` wait for their ack; each ack sends
+// the next, so a slow receiver holds the sender to `window` chunks in flight.
+void send_chunks(kv_sender_pointer self, std::shared_ptr<SendTransfer> t, uint64_t id) {
+  auto& s = self->state;
+  while (!t->failed && t->next < t->writer.n_chunks() && t->next - t->acked < t->window) {
+    msg::KvChunk c = t->writer.chunk(t->next++);
+    if (int64_t(c.seq) == s.corrupt_chunk && !c.data.empty()) c.data[0] ^= 1;
+    ++s.counters->chunks_sent;
+    s.counters->bytes_sent += c.data.size();
+    self->request(t->to, kKvTimeout, kv_chunk_atom::value, codec::encode(c))
+        .then(
+            [=](uint32_t) {
+              auto& s = self->state;
+              if (t->failed) return;
+              if (++t->acked < t->writer.n_chunks()) return send_chunks(self, t, id);
+              ++s.counters->transfers_sent;
+              s.counters->blocks_sent += uint64_t(t->writer.n_blocks());
+              s.outbox->erase(id);
+            },
+            [=](caf::error&) {
+              if (t->failed) return;
+              t->failed = true;  // the receiver refused a chunk or went away
+              ++self->state.counters->transfers_aborted;
+            });
+  }
+}
+
+kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_ptr<KvOutbox> outbox,
+                                            std::shared_ptr<KvStreamCounters> counters,
+                                            int32_t corrupt_chunk) {
+  self->state.outbox = std::move(outbox);
+  self->state.counters = std::move(counters);
+  self->state.corrupt_chunk = corrupt_chunk;
+  self->delayed_send(caf::actor_cast<kv_sender_actor>(self), kKvOutboxSweep, tick_atom::value);
+  return {
+      [=](kv_pull_atom, const Bytes& bytes, kv_receiver_actor to) -> caf::result<uint32_t> {
+        auto& s = self->state;
+        auto pull = codec::decode_as<msg::KvPull>(bytes);
+        if (!pull.ok()) return to_error(pull.status());
+        auto records = s.outbox->get(pull->request_id);
+        if (!records)
+          return to_error(Status(Code::not_found, "no KV kept for request " +
+                                                      std::to_string(pull->request_id)));
+        if (size_t(pull->first_block) > records->size())
+          return to_error(Status(Code::invalid_argument,
+                                 "pull from block " + std::to_string(pull->first_block) + " of " +
+                                     std::to_string(records->size())));
+        auto t = std::make_shared<SendTransfer>(
+            KvStreamWriter(pull->request_id, records, pull->first_block, pull->chunk_bytes),
+            std::move(to), pull->window);
+        const uint32_t n = t->writer.n_chunks();
+        if (n == 0) {
+          s.outbox->erase(pull->request_id);
+          return n;
+        }
+        send_chunks(self, t, pull->request_id);
+        return n;
+      },
+      [=](tick_atom) {
+        self->state.outbox->expire(kKvOutboxTtl);
+        self->delayed_send(caf::actor_cast<kv_sender_actor>(self), kKvOutboxSweep, tick_atom::value);
+      },
+  };
+}
+
+struct KvReceiverState {
+  struct Transfer {
+    std::unique_ptr<KvStreamAssembler> assembler;
+    caf::actor_addr sender;
+    caf::typed_response_promise<bool> done;
+    Clock::time_point last_progress;
+  };
+  std::shared_ptr<KvInbox> inbox;
+  std::shared_ptr<KvStreamCounters> counters;
+  std::unordered_map<uint64_t, Transfer> transfers;
+  std::unordered_set<std::string> connected;  // nodes this one reaches directly
+  static inline const char* name = "cleave.kv_receiver";
+};
+using kv_receiver_pointer = kv_receiver_actor::stateful_pointer<KvReceiverState>;
+
+// Hands the outcome to the stage (inbox + the fetch's answer).
+void end_transfer(kv_receiver_pointer self, uint64_t id, Result<std::vector<BlockRecord>> result) {
+  auto& s = self->state;
+  auto it = s.transfers.find(id);
+  if (it == s.transfers.end()) return;
+  const bool ok = result.ok();
+  if (ok) {
+    ++s.counters->transfers_received;
+    s.counters->blocks_received += result->size();
+  } else {
+    ++s.counters->transfers_failed;
+  }
+  auto done = it->second.done;
+  s.transfers.erase(it);
+  s.inbox->put(id, std::move(result));
+  done.deliver(ok);
+}
+
+// Ends every stream from one sender (it went down, or sent garbage).
+void end_transfers_from(kv_receiver_pointer self, const caf::actor_addr& sender, const Status& why) {
+  std::vector<uint64_t> cut;
+  for (auto& [id, t] : self->state.transfers)
+    if (t.sender == sender) cut.push_back(id);
+  for (uint64_t id : cut) end_transfer(self, id, why);
+}
+
+kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
+                                                std::shared_ptr<KvInbox> inbox,
+                                                std::shared_ptr<KvStreamCounters> counters) {
+  self->state.inbox = std::move(inbox);
+  self->state.counters = std::move(counters);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    end_transfers_from(self, dm.source, Status(Code::unavailable, "the KV sender went down"));
+  });
+  self->delayed_send(caf::actor_cast<kv_receiver_actor>(self), kTickInterval, tick_atom::value);
+  return {
+      [=](kv_fetch_atom, const Bytes& bytes, caf::actor from,
+          const std::string& address) -> caf::result<bool> {
+        auto& s = self->state;
+        auto pull = codec::decode_as<msg::KvPull>(bytes);
+        if (!pull.ok()) return to_error(pull.status());
+        const uint64_t id = pull->request_id;
+        if (s.transfers.count(id))
+          return to_error(Status(Code::invalid_argument,
+                                 "a KV stream for request " + std::to_string(id) + " is running"));
+        KvReceiverState::Transfer t;
+        t.assembler = std::make_unique<KvStreamAssembler>(id, pull->first_block, kKvMaxStreamBytes);
+        t.sender = from.address();
+        t.done = self->make_response_promise<bool>();
+        t.last_progress = Clock::now();
+        auto done = t.done;
+        s.transfers.emplace(id, std::move(t));
+        self->monitor(from);
+        auto start = [=] {
+          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_pull_atom::value,
+                        bytes, caf::actor_cast<kv_receiver_actor>(self))
+              .then(
+                  [=](uint32_t n_chunks) {
+                    if (n_chunks == 0) end_transfer(self, id, std::vector<BlockRecord>{});
+                  },
+                  [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
+        };
+        // A sender on a node this one reaches only through the head: connect
+        // to it first, so the chunks go worker to worker (CAF routes by the
+        // direct connection once there is one). Failing that, through the head.
+        const size_t colon = address.rfind(':');
+        if (from.node() == self->node() || s.connected.count(address) || colon == std::string::npos) {
+          start();
+        } else {
+          const int port = std::atoi(address.c_str() + colon + 1);
+          self->request(self->system().middleman().actor_handle(), kKvTimeout,
+                        caf::connect_atom::value, address.substr(0, colon), uint16_t(port))
+              .then(
+                  [=](const caf::node_id&, const caf::strong_actor_ptr&,
+                      const std::set<std::string>&) {
+                    self->state.connected.insert(address);
+                    start();
+                  },
+                  [=](caf::error&) { start(); });
+        }
+        return done;
+      },
+      [=](kv_chunk_atom, const Bytes& bytes) -> caf::result<uint32_t> {
+        auto& s = self->state;
+        auto chunk = codec::decode_as<msg::KvChunk>(bytes);
+        if (!chunk.ok()) {
+          // Unreadable: end whatever this sender streams to us.
+          ++s.counters->chunks_rejected;
+          end_transfers_from(self, caf::actor_cast<caf::actor_addr>(self->current_sender()),
+                             chunk.status());
+          return to_error(chunk.status());
+        }
+        const uint64_t id = chunk->request_id;
+        auto it = s.transfers.find(id);
+        if (it == s.transfers.end())
+          return to_error(Status(Code::not_found, "no KV stream expected for request " +
+                                                      std::to_string(id)));
+        KvStreamAssembler& a = *it->second.assembler;
+        Status st = a.add(chunk.value());
+        if (!st.ok()) {
+          ++s.counters->chunks_rejected;
+          end_transfer(self, id, st);
+          return to_error(st);
+        }
+        ++s.counters->chunks_received;
+        s.counters->bytes_received += chunk->data.size();
+        it->second.last_progress = Clock::now();
+        if (a.complete()) end_transfer(self, id, a.take());
+        return chunk->seq;
+      },
+      [=](tick_atom) {
+        const auto now = Clock::now();
+        std::vector<uint64_t> stalled;
+        for (auto& [id, t] : self->state.transfers)
+          if (now - t.last_progress > kKvStallTimeout) stalled.push_back(id);
+        for (uint64_t id : stalled)
+          end_transfer(self, id, Status(Code::timed_out, "the KV stream of request " +
+                                                             std::to_string(id) + " stalled"));
+        self->delayed_send(caf::actor_cast<kv_receiver_actor>(self), kTickInterval,
+                           tick_atom::value);
+      },
+  };
+}
+
 // ---- stage: prefill, decode or colocated ----
 
 struct StageState {
@@ -201,6 +459,14 @@ struct StageState {
   bool persist = false;      // send newly filled full blocks to the store
   bool step_queued = false;  // a step message is in the mailbox
   std::unordered_set<uint64_t> awaiting_kv;  // resumes waiting for their blocks
+  // KV streams: a prefill's outbox and kv_sender, a decoder's inbox and
+  // kv_receiver (each linked to the stage: they go down with it).
+  KvStreamOptions stream;
+  std::shared_ptr<KvStreamCounters> stream_counters = std::make_shared<KvStreamCounters>();
+  std::shared_ptr<KvOutbox> outbox;
+  kv_sender_actor sender;
+  std::shared_ptr<KvInbox> inbox;
+  kv_receiver_actor receiver;
   uint64_t requests = 0, resumes = 0, tokens = 0, finished = 0, failed = 0, handoffs = 0;
   uint64_t kv_blocks_put = 0, kv_blocks_got = 0, kv_errors = 0, bad_messages = 0;
   static inline const char* name = "cleave.stage";
@@ -240,6 +506,7 @@ void publish_handoff(stage_pointer self, SchedulerEvent&& e) {
   h.generated = std::move(e.generated);
   h.n_kv_tokens = e.n_kv_tokens;
   for (const BlockRecord& r : e.blocks) h.kv_keys.push_back(r.header.key);
+  if (s.sender) h.kv_source = s.stream.node_address;
   Bytes handoff = codec::encode(h);
   ++s.handoffs;
   if (e.blocks.empty()) {
@@ -247,7 +514,17 @@ void publish_handoff(stage_pointer self, SchedulerEvent&& e) {
     return;
   }
   msg::KvPut put;
-  put.blocks = std::move(e.blocks);
+  const bool direct = bool(s.sender);
+  if (direct) {
+    // The decoder pulls from the outbox; the store's copy (for a
+    // re-placement) goes at the same time and delays nothing.
+    auto records = std::make_shared<const std::vector<BlockRecord>>(std::move(e.blocks));
+    s.outbox->put(h.request.request_id, records);
+    self->send(s.router, handoff_atom::value, handoff, s.sender);
+    put.blocks = *records;
+  } else {
+    put.blocks = std::move(e.blocks);
+  }
   const uint64_t n = put.blocks.size();
   self->request(s.kv, kKvTimeout, kv_put_atom::value, codec::encode(put))
       .then(
@@ -255,11 +532,11 @@ void publish_handoff(stage_pointer self, SchedulerEvent&& e) {
             auto ack = codec::decode_as<msg::KvAck>(reply);
             if (ack.ok()) self->state.kv_blocks_put += uint64_t(ack->stored);
             if (!ack.ok() || ack->stored != int32_t(n)) ++self->state.kv_errors;
-            self->send(self->state.router, handoff_atom::value, handoff);
+            if (!direct) self->send(self->state.router, handoff_atom::value, handoff);
           },
           [=](caf::error&) {
             ++self->state.kv_errors;
-            self->send(self->state.router, handoff_atom::value, handoff);
+            if (!direct) self->send(self->state.router, handoff_atom::value, handoff);
           });
 }
 
@@ -301,26 +578,111 @@ void run_step(stage_pointer self) {
   kick(self);
 }
 
+// blocks hold KV from block first_block on; this engine caches the ones before.
 void finish_resume(stage_pointer self, std::shared_ptr<msg::Handoff> h,
-                   std::vector<BlockRecord> blocks) {
+                   std::vector<BlockRecord> blocks, int32_t first_block) {
   auto& s = self->state;
   const uint64_t id = h->request.request_id;
   if (s.awaiting_kv.erase(id) == 0) return;  // cancelled meanwhile
-  s.kv_blocks_got += blocks.size();
-  Status st = s.core->resume(std::move(h->request), std::move(h->generated), std::move(blocks));
+  Status st = s.core->resume(std::move(h->request), std::move(h->generated), std::move(blocks),
+                             first_block);
   if (!st.ok()) fail_request(self, id, st);
   kick(self);
 }
 
+// The blocks from first_block on, from the store (the longest run it has).
+void fetch_from_store(stage_pointer self, std::shared_ptr<msg::Handoff> h,
+                      std::vector<BlockKey> keys, int32_t first_block) {
+  auto& s = self->state;
+  msg::KvGet get;
+  get.keys.assign(keys.begin() + first_block, keys.end());
+  if (get.keys.empty()) return finish_resume(self, h, {}, first_block);
+  self->request(s.kv, kKvTimeout, kv_get_atom::value, codec::encode(get))
+      .then(
+          [=](const Bytes& reply) {
+            auto blocks = codec::decode_as<msg::KvBlocks>(reply);
+            if (!blocks.ok()) ++self->state.kv_errors;
+            if (blocks.ok()) self->state.kv_blocks_got += blocks->blocks.size();
+            finish_resume(self, h,
+                          blocks.ok() ? std::move(blocks->blocks) : std::vector<BlockRecord>{},
+                          first_block);
+          },
+          [=](caf::error&) {
+            ++self->state.kv_errors;
+            finish_resume(self, h, {}, first_block);  // recompute what is not cached
+          });
+}
+
+// A handed-off request: the decoder skips the leading blocks its prefix
+// cache holds (incremental), streams the rest from the prefill's kv_sender
+// when there is one, else (or when the stream fails) reads the store.
+caf::result<bool> accept_handoff(stage_pointer self, const Bytes& bytes,
+                                 const kv_sender_actor* source) {
+  auto& s = self->state;
+  auto decoded = codec::decode_as<msg::Handoff>(bytes);
+  if (!decoded.ok()) {
+    ++s.bad_messages;
+    return to_error(decoded.status());
+  }
+  auto h = std::make_shared<msg::Handoff>(std::move(decoded.value()));
+  Engine& engine = s.core->engine();
+  Status valid = validate_request(h->request, engine.context(), engine.config().n_vocab);
+  if (!valid.ok()) return to_error(valid);
+  ++s.resumes;
+  const uint64_t id = h->request.request_id;
+  s.awaiting_kv.insert(id);
+  if (!h->blocks.empty()) {  // KV inline
+    std::vector<BlockRecord> blocks = std::move(h->blocks);
+    finish_resume(self, h, std::move(blocks), 0);
+    return true;
+  }
+  std::vector<BlockKey> keys =
+      h->kv_keys.empty() ? s.core->resume_keys(h->request, h->generated) : h->kv_keys;
+  const int32_t first = engine.cached_leading_blocks(keys);
+  s.stream_counters->blocks_skipped += uint64_t(first);
+  if (!source || !s.receiver || size_t(first) == keys.size()) {
+    fetch_from_store(self, h, std::move(keys), first);
+    return true;
+  }
+  msg::KvPull pull;
+  pull.request_id = id;
+  pull.first_block = first;
+  pull.chunk_bytes = s.stream.chunk_bytes;
+  pull.window = s.stream.window;
+  auto on_failure = [=](std::vector<BlockKey> keys) {
+    self->state.inbox->erase(id);
+    fetch_from_store(self, h, std::move(keys), first);
+  };
+  self->request(s.receiver, kKvFetchTimeout, kv_fetch_atom::value, codec::encode(pull),
+                caf::actor_cast<caf::actor>(*source), h->kv_source)
+      .then(
+          [=](bool complete) {
+            auto blocks = self->state.inbox->take(id);
+            if (!complete || !blocks.ok()) return on_failure(keys);
+            finish_resume(self, h, std::move(blocks.value()), first);
+          },
+          [=](caf::error&) { on_failure(keys); });
+  return true;
+}
+
 stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCore> core,
                                     std::string kind, router_actor router, kv_store_actor kv,
-                                    bool persist) {
+                                    bool persist, KvStreamOptions stream) {
   auto& s = self->state;
   s.core = std::move(core);
   s.kind = std::move(kind);
   s.router = std::move(router);
   s.kv = std::move(kv);
   s.persist = persist;
+  s.stream = stream;
+  if (stream.direct && s.kind == "prefill") {
+    s.outbox = std::make_shared<KvOutbox>();
+    s.sender = self->spawn<caf::linked>(kv_sender_fn, s.outbox, s.stream_counters,
+                                        stream.fault_corrupt_chunk);
+  } else if (s.kind != "prefill") {
+    s.inbox = std::make_shared<KvInbox>();
+    s.receiver = self->spawn<caf::linked>(kv_receiver_fn, s.inbox, s.stream_counters);
+  }
   return {
       [=](submit_atom, const Bytes& bytes) -> caf::result<bool> {
         auto& s = self->state;
@@ -336,39 +698,10 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
         return true;
       },
       [=](handoff_atom, const Bytes& bytes) -> caf::result<bool> {
-        auto& s = self->state;
-        auto decoded = codec::decode_as<msg::Handoff>(bytes);
-        if (!decoded.ok()) {
-          ++s.bad_messages;
-          return to_error(decoded.status());
-        }
-        auto h = std::make_shared<msg::Handoff>(std::move(decoded.value()));
-        Engine& engine = s.core->engine();
-        Status valid = validate_request(h->request, engine.context(), engine.config().n_vocab);
-        if (!valid.ok()) return to_error(valid);
-        ++s.resumes;
-        const uint64_t id = h->request.request_id;
-        s.awaiting_kv.insert(id);
-        if (!h->blocks.empty()) {  // KV inline
-          std::vector<BlockRecord> blocks = std::move(h->blocks);
-          finish_resume(self, h, std::move(blocks));
-          return true;
-        }
-        msg::KvGet get;
-        get.keys = h->kv_keys.empty() ? s.core->resume_keys(h->request, h->generated) : h->kv_keys;
-        self->request(s.kv, kKvTimeout, kv_get_atom::value, codec::encode(get))
-            .then(
-                [=](const Bytes& reply) {
-                  auto blocks = codec::decode_as<msg::KvBlocks>(reply);
-                  if (!blocks.ok()) ++self->state.kv_errors;
-                  finish_resume(self, h,
-                                blocks.ok() ? std::move(blocks->blocks) : std::vector<BlockRecord>{});
-                },
-                [=](caf::error&) {
-                  ++self->state.kv_errors;
-                  finish_resume(self, h, {});  // recompute everything
-                });
-        return true;
+        return accept_handoff(self, bytes, nullptr);
+      },
+      [=](handoff_atom, const Bytes& bytes, kv_sender_actor source) -> caf::result<bool> {
+        return accept_handoff(self, bytes, &source);
       },
       [=](cancel_atom, uint64_t id) {
         self->state.awaiting_kv.erase(id);
@@ -391,6 +724,7 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
                             {"kv_blocks_put", s.kv_blocks_put},
                             {"kv_blocks_got", s.kv_blocks_got},
                             {"kv_blocks_moved", s.kv_blocks_put + s.kv_blocks_got}});
+        for (auto& c : s.stream_counters->snapshot()) st.counters.push_back(std::move(c));
         return codec::encode(st);
       },
   };
@@ -459,7 +793,7 @@ struct RouterState {
   std::unordered_map<uint64_t, Pending> pending;
   std::unordered_map<uint64_t, int32_t> affinity;  // first prompt block -> entry stage
   uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0;
-  uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, replacements = 0;
+  uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, direct_handoffs = 0, replacements = 0;
   uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
   static inline const char* name = "cleave.router";
 };
@@ -570,7 +904,9 @@ void place_entry(router_pointer self, uint64_t id) {
       .then([](bool) {}, [=](caf::error& err) { on_stage_error(self, id, i, err); });
 }
 
-void place_continue(router_pointer self, uint64_t id, Bytes handoff) {
+// With a source, the decoder pulls the KV from that prefill's kv_sender.
+void place_continue(router_pointer self, uint64_t id, Bytes handoff,
+                    const kv_sender_actor* source = nullptr) {
   auto& s = self->state;
   auto& p = s.pending.at(id);
   const int32_t i = pick_stage(s, false, -1);
@@ -582,8 +918,16 @@ void place_continue(router_pointer self, uint64_t id, Bytes handoff) {
   p.continuing = true;
   p.last_progress = Clock::now();
   ++s.stages[size_t(i)].in_flight;
-  self->request(s.stages[size_t(i)].handle, kStageTimeout, handoff_atom::value, std::move(handoff))
-      .then([](bool) {}, [=](caf::error& err) { on_stage_error(self, id, i, err); });
+  auto on_error = [=](caf::error& err) { on_stage_error(self, id, i, err); };
+  const stage_actor& stage = s.stages[size_t(i)].handle;
+  if (source) {
+    ++s.direct_handoffs;
+    self->request(stage, kStageTimeout, handoff_atom::value, std::move(handoff), *source)
+        .then([](bool) {}, on_error);
+  } else {
+    self->request(stage, kStageTimeout, handoff_atom::value, std::move(handoff))
+        .then([](bool) {}, on_error);
+  }
 }
 
 // The pending entry when the message comes from the stage the request is on.
@@ -626,6 +970,27 @@ void on_stage_down(router_pointer self, int32_t index) {
       place_continue(self, id, codec::encode(h));
     }
   }
+}
+
+// A prefill's hand-off: on to a decoder (which pulls the KV from source
+// when there is one).
+void on_handoff(router_pointer self, const Bytes& bytes, const kv_sender_actor* source) {
+  auto& s = self->state;
+  auto h = codec::decode_as<msg::Handoff>(bytes);
+  if (!h.ok()) {
+    ++s.bad_messages;
+    return;
+  }
+  const uint64_t id = h->request.request_id;
+  RouterState::Pending* p = from_current_stage(self, id);
+  if (!p) {
+    ++s.stray_events;
+    return;
+  }
+  ++s.handoffs;
+  leave_stage(s, *p);
+  p->stage = -1;
+  place_continue(self, id, bytes, source);
 }
 
 router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
@@ -704,23 +1069,9 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         }
         finish(self, e->request_id, *e);
       },
-      [=](handoff_atom, const Bytes& bytes) {
-        auto& s = self->state;
-        auto h = codec::decode_as<msg::Handoff>(bytes);
-        if (!h.ok()) {
-          ++s.bad_messages;
-          return;
-        }
-        const uint64_t id = h->request.request_id;
-        RouterState::Pending* p = from_current_stage(self, id);
-        if (!p) {
-          ++s.stray_events;
-          return;
-        }
-        ++s.handoffs;
-        leave_stage(s, *p);
-        p->stage = -1;
-        place_continue(self, id, bytes);
+      [=](handoff_atom, const Bytes& bytes) { on_handoff(self, bytes, nullptr); },
+      [=](handoff_atom, const Bytes& bytes, kv_sender_actor source) {
+        on_handoff(self, bytes, &source);
       },
       [=](attach_atom, const std::string& kind, stage_actor stage) -> bool {
         auto& s = self->state;
@@ -775,6 +1126,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"failures", s.failed},
                                        {"tokens", s.tokens},
                                        {"handoffs", s.handoffs},
+                                       {"direct_handoffs", s.direct_handoffs},
                                        {"replacements", s.replacements},
                                        {"stage_downs", s.stage_downs},
                                        {"timeouts", s.timeouts},
@@ -899,7 +1251,8 @@ class ActorPipeline final : public Pipeline {
     for (auto& [kind, core] : cores) {
       const bool persist = kind != "prefill";
       auto handle =
-          system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, persist);
+          system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, persist,
+                                        options_.kv_stream);
       stages_.push_back(StageHandle{kind, handle});
       self->request(router_, kClientTimeout, attach_atom::value, kind, handle)
           .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
@@ -1162,6 +1515,8 @@ void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, i
   config.add_message_type<router_actor>("cleave.router_actor");
   config.add_message_type<kv_store_actor>("cleave.kv_store_actor");
   config.add_message_type<stage_actor>("cleave.stage_actor");
+  config.add_message_type<kv_sender_actor>("cleave.kv_sender_actor");
+  config.add_message_type<kv_receiver_actor>("cleave.kv_receiver_actor");
   auto span = [](double s) {
     return caf::timespan(std::chrono::nanoseconds(int64_t(s * 1e9)));
   };
@@ -1263,22 +1618,25 @@ class HeadNode final : public Node {
     rc.request_timeout_s = options_.spec.request_timeout_s;
     router_ = system_->spawn(router_fn, rc, sinks_, kv_);
     join_ = system_->spawn(join_fn, options_.secret, router_, kv_);
-    caf::scoped_actor self{*system_};
-    Status result;
-    for (auto& [kind, core] : cores.value()) {
-      auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, kind != "prefill");
-      stages_.push_back(handle);
-      self->request(join_, kClientTimeout, attach_atom::value, options_.secret.value_or(""), me_.name,
-                    kind, handle)
-          .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
-      if (!result.ok()) return result;
-    }
     auto port = system_->middleman().publish(join_, uint16_t(me_.port), me_.host.c_str());
     if (!port)
       return Status(Code::unavailable, "cannot listen on " + me_.host + ":" +
                                            std::to_string(me_.port) + ": " +
                                            system_->render(port.error()));
     port_ = *port;
+    KvStreamOptions stream = options_.kv_stream;
+    stream.node_address = address();
+    caf::scoped_actor self{*system_};
+    Status result;
+    for (auto& [kind, core] : cores.value()) {
+      auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_,
+                                                  kind != "prefill", stream);
+      stages_.push_back(handle);
+      self->request(join_, kClientTimeout, attach_atom::value, options_.secret.value_or(""), me_.name,
+                    kind, handle)
+          .receive([](bool) {}, [&](caf::error& e) { result = from_error(e); });
+      if (!result.ok()) return result;
+    }
     return Status::Ok();
   }
 
@@ -1348,6 +1706,16 @@ class WorkerNode final : public Node {
   Status start() {
     auto cores = make_node_cores(options_, me_);
     if (!cores.ok()) return cores.status();
+    // Where decoders on other nodes connect for worker-to-worker KV streams
+    // (named in this node's hand-offs; the topology's host, 127.0.0.1 by
+    // default, port 0: any free one).
+    auto listening = system_->middleman().open(uint16_t(me_.port), me_.host.c_str());
+    if (!listening)
+      return Status(Code::unavailable, "worker " + me_.name + " cannot listen on " + me_.host + ":" +
+                                           std::to_string(me_.port) + ": " +
+                                           system_->render(listening.error()));
+    KvStreamOptions stream = options_.kv_stream;
+    stream.node_address = me_.host + ":" + std::to_string(*listening);
     // Nodes start in any order: keep trying until the deadline.
     const auto deadline =
         Clock::now() + std::chrono::milliseconds(int64_t(options_.join_timeout_s * 1e3));
@@ -1389,7 +1757,8 @@ class WorkerNode final : public Node {
       return caf::behavior{[](int32_t) {}};
     }, router_, head_lost_);
     for (auto& [kind, core] : cores.value()) {
-      auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_, kind != "prefill");
+      auto handle = system_->spawn<caf::detached>(stage_fn, core, kind, router_, kv_,
+                                                  kind != "prefill", stream);
       stages_.push_back(handle);
       self->request(join_, kJoinTimeout, attach_atom::value, secret, me_.name, kind, handle)
           .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
@@ -1438,6 +1807,8 @@ class WorkerNode final : public Node {
 
 Result<std::unique_ptr<Node>> Node::start(const NodeOptions& options) {
   if (!options.file) return Status(Code::invalid_argument, "node: no model file");
+  CLEAVE_RETURN_IF_ERROR(
+      validate_kv_stream_options(options.kv_stream.chunk_bytes, options.kv_stream.window));
   const NodeSpec* me = options.spec.find(options.name);
   if (!me) {
     std::string names;

@@ -37,6 +37,7 @@ struct NodeOptions {
   // "" then.
   std::optional<std::string> secret;
   double join_timeout_s = 30;  // worker: keep trying to reach the head this long
+  KvStreamOptions kv_stream;   // how prefill stages move KV to decoders
 };
 
 class Node {

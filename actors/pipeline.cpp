@@ -209,7 +209,7 @@ Status check_options(const PipelineOptions& o) {
   if (o.actor_threads < 0)
     return Status(Code::invalid_argument, "actor_threads must not be negative, got " +
                                               std::to_string(o.actor_threads));
-  return Status::Ok();
+  return validate_kv_stream_options(o.kv_stream.chunk_bytes, o.kv_stream.window);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/kv_stream.h"
 #include "common/status.h"
 #include "model/engine.h"
 #include "model/gguf.h"
@@ -46,6 +47,8 @@ struct PipelineOptions {
   // and the RocksDB directory of tier 2 (empty: no disk tier).
   size_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;
   std::string kv_dir;
+  // pd: how KV moves from prefill to decode actors (actors/kv_stream.h).
+  KvStreamOptions kv_stream;
   int32_t actor_threads = 0;     // CAF scheduler workers; 0: CAF's default
   // A request that makes no progress (no token, handoff or re-placement)
   // for this long fails with timed_out: the last guard against a hang.

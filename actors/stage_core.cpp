@@ -79,19 +79,20 @@ Status StageCore::submit(GenerateRequest request) {
     st = scheduler_->submit(request);
     if (st.code() != Code::busy) return st;
   }
-  backlog_.push_back(Work{std::move(request), false, {}, {}});
+  backlog_.push_back(Work{std::move(request), false, {}, {}, 0});
   return Status::Ok();
 }
 
 Status StageCore::resume(GenerateRequest request, std::vector<int32_t> generated,
-                         std::vector<BlockRecord> blocks) {
+                         std::vector<BlockRecord> blocks, int32_t first_block) {
   Status st = check_request(request);
   if (!st.ok()) return st;
   if (backlog_.empty()) {
-    st = scheduler_->resume(request, generated, blocks);
+    st = scheduler_->resume(request, generated, blocks, first_block);
     if (st.code() != Code::busy) return st;
   }
-  backlog_.push_back(Work{std::move(request), true, std::move(generated), std::move(blocks)});
+  backlog_.push_back(
+      Work{std::move(request), true, std::move(generated), std::move(blocks), first_block});
   return Status::Ok();
 }
 
@@ -103,7 +104,7 @@ void StageCore::cancel(uint64_t request_id) {
 void StageCore::drain_backlog(std::vector<SchedulerEvent>& events) {
   while (!backlog_.empty()) {
     Work& w = backlog_.front();
-    Status st = w.resume ? scheduler_->resume(w.request, w.generated, w.blocks)
+    Status st = w.resume ? scheduler_->resume(w.request, w.generated, w.blocks, w.first_block)
                          : scheduler_->submit(w.request);
     if (st.code() == Code::busy) return;
     if (!st.ok()) {

@@ -55,8 +55,9 @@ class StageCore {
   // Queues a request or a resumed one: check_request()'s and replay()'s
   // errors; a full scheduler queue is not an error (the work waits here).
   Status submit(GenerateRequest request);
+  // first_block: see Scheduler::resume (incremental KV).
   Status resume(GenerateRequest request, std::vector<int32_t> generated,
-                std::vector<BlockRecord> blocks);
+                std::vector<BlockRecord> blocks, int32_t first_block = 0);
   // Drops the request wherever it waits or runs; no event.
   void cancel(uint64_t request_id);
 
@@ -83,6 +84,7 @@ class StageCore {
     bool resume = false;
     std::vector<int32_t> generated;
     std::vector<BlockRecord> blocks;
+    int32_t first_block = 0;
   };
   StageCore() = default;
   // Feeds queued work to the scheduler until it answers busy.

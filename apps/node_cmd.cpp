@@ -24,6 +24,7 @@
 #include "actors/topology.h"
 #include "model/gguf.h"
 #include "model/tokenizer.h"
+#include "schema/codec.h"
 
 namespace cleave {
 namespace {
@@ -33,6 +34,9 @@ struct NodeArgs {
   std::vector<std::string> sets;
   int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8;
   double join_timeout_s = 30, wait_timeout_s = 60;
+  uint32_t kv_chunk_bytes = kDefaultKvChunkBytes;
+  int32_t kv_window = kDefaultKvWindow;
+  bool kv_via_store = false;
 };
 NodeArgs g_args;
 std::atomic<bool> g_stop{false};
@@ -40,6 +44,16 @@ std::atomic<bool> g_stop{false};
 void on_signal(int) { g_stop.store(true); }
 
 [[noreturn]] void fail(const Status& st) { throw std::runtime_error(st.to_string()); }
+
+// One line per actor on stderr: what moved where (the head: router and
+// store; a worker: its stages, with their KV stream counters).
+void print_stats(Node& node, const std::string& name) {
+  for (const msg::Stats& s : node.stats()) {
+    std::string line = "cleave node " + name + ": stats " + s.actor;
+    for (const auto& [k, v] : s.counters) line += " " + k + "=" + std::to_string(v);
+    std::fprintf(stderr, "%s\n", line.c_str());
+  }
+}
 
 template <class T>
 T unwrap(Result<T> r) {
@@ -190,11 +204,7 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
   if (!out) fail(Status(Code::io_error, "cannot write '" + a.out + "'"));
   std::fprintf(stderr, "cleave node head: %zu requests, %zu failed, results in %s\n", requests.size(),
                failed, a.out.c_str());
-  for (const msg::Stats& s : node.stats()) {  // one line per actor: what moved where
-    std::string line = "cleave node head: stats " + s.actor;
-    for (const auto& [k, v] : s.counters) line += " " + k + "=" + std::to_string(v);
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
+  print_stats(node, "head");
   return 0;
 }
 
@@ -231,6 +241,13 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_option("--max-seqs", g_args.max_seqs, "sequences per stage engine")->check(CLI::Range(1, 4096));
   cmd->add_option("--join-timeout", g_args.join_timeout_s, "worker: seconds to keep trying the head")
       ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_option("--kv-chunk-bytes", g_args.kv_chunk_bytes,
+                  "decode: KV bytes per chunk of the streams it pulls")
+      ->check(CLI::Range(cleave::codec::kMinKvChunkBytes, cleave::codec::kMaxKvChunkBytes));
+  cmd->add_option("--kv-window", g_args.kv_window, "decode: KV chunks in flight per stream")
+      ->check(CLI::Range(1, cleave::codec::kMaxKvWindow));
+  cmd->add_flag("--kv-via-store", g_args.kv_via_store,
+                "prefill: hand KV over through the head's store only (no direct stream)");
   cmd->add_option("--requests", g_args.requests, "head: JSONL requests to run, then exit")
       ->check(CLI::ExistingFile);
   cmd->add_option("--out", g_args.out, "head: JSONL results of --requests");
@@ -263,6 +280,9 @@ int run_node_command() {
   o.engine.max_seqs = a.max_seqs;
   o.secret = unwrap(read_cluster_secret(o.spec));
   o.join_timeout_s = a.join_timeout_s;
+  o.kv_stream.chunk_bytes = a.kv_chunk_bytes;
+  o.kv_stream.window = a.kv_window;
+  o.kv_stream.direct = !a.kv_via_store;
   if (me && me->head && !o.secret)
     std::fprintf(stderr, "cleave node %s: no cluster secret (%s): open cluster, any node may join\n",
                  a.name.c_str(),
@@ -285,7 +305,10 @@ int run_node_command() {
       return finish(std::move(node), code);
     }
     while (!g_stop) {
-      if (node->lost_head()) fail(Status(Code::unavailable, "lost the head at " + node->address()));
+      if (node->lost_head()) {
+        print_stats(*node, a.name);
+        fail(Status(Code::unavailable, "lost the head at " + node->address()));
+      }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
   } catch (const std::exception& e) {

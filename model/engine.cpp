@@ -264,6 +264,13 @@ Result<int32_t> Engine::attach_cached_prefix(int32_t seq, const int32_t* tokens,
   return usable;
 }
 
+int32_t Engine::cached_leading_blocks(const std::vector<BlockKey>& keys) const {
+  if (!index_) return 0;
+  int32_t n = 0;
+  while (size_t(n) < keys.size() && index_->contains(keys[size_t(n)])) ++n;
+  return n;
+}
+
 std::vector<BlockKey> Engine::block_keys(int32_t seq) const {
   return is_open(seq) ? keys_of(seqs_[size_t(seq)]) : std::vector<BlockKey>{};
 }
@@ -296,8 +303,8 @@ Result<std::vector<BlockRecord>> Engine::export_blocks(int32_t seq, int32_t firs
 
 Status Engine::import_blocks(int32_t seq, const int32_t* tokens, int32_t n_tokens,
                              const std::vector<BlockRecord>& records) {
-  if (!is_open(seq) || !seqs_[size_t(seq)].tokens.empty())
-    return Status(Code::invalid_argument, "engine: import_blocks needs an open, empty sequence; " +
+  if (!is_open(seq))
+    return Status(Code::invalid_argument, "engine: import_blocks needs an open sequence; " +
                                               std::to_string(seq) + " is not");
   if (n_tokens < 0 || (n_tokens > 0 && tokens == nullptr))
     return Status(Code::invalid_argument, "engine: import of " + std::to_string(n_tokens) +
@@ -313,18 +320,30 @@ Status Engine::import_blocks(int32_t seq, const int32_t* tokens, int32_t n_token
                                                 " is outside the vocabulary [0, " +
                                                 std::to_string(n_vocab) + ")");
   const int32_t bs = options_.block_size;
-  const int32_t n_blocks = (n_tokens + bs - 1) / bs;
+  // What the sequence holds already (an attached cached prefix) must be
+  // whole blocks of these tokens; the records continue after it.
+  const std::vector<int32_t>& held = seqs_[size_t(seq)].tokens;
+  const int32_t n_held = int32_t(held.size());
+  if (n_held % bs != 0 || n_held > n_tokens || !std::equal(held.begin(), held.end(), tokens))
+    return Status(Code::invalid_argument,
+                  "engine: import into sequence " + std::to_string(seq) + ", which holds " +
+                      std::to_string(n_held) + " tokens that are not whole blocks of the " +
+                      std::to_string(n_tokens) + " tokens imported");
+  const int32_t first = n_held / bs;
+  const int32_t n_blocks = (n_tokens + bs - 1) / bs - first;
   if (int32_t(records.size()) != n_blocks)
     return Status(Code::invalid_argument, "engine: import of " + std::to_string(n_tokens) +
-                                              " tokens needs " + std::to_string(n_blocks) +
+                                              " tokens after " + std::to_string(n_held) +
+                                              " held needs " + std::to_string(n_blocks) +
                                               " blocks, got " + std::to_string(records.size()));
   // The keys these tokens give: a record made for other tokens cannot attach.
   Sequence probe;
   probe.tokens.assign(tokens, tokens + n_tokens);
   probe.images = seqs_[size_t(seq)].images;
   const std::vector<BlockKey> keys = keys_of(probe);
-  for (int32_t b = 0; b < n_blocks; ++b) {
-    const BlockRecord& r = records[size_t(b)];
+  for (int32_t i = 0; i < n_blocks; ++i) {
+    const int32_t b = first + i;
+    const BlockRecord& r = records[size_t(i)];
     const std::string who = "engine: import block " + std::to_string(b) + ": ";
     Status st = verify(r, model_fp_, layout_);
     if (!st.ok()) return Status(st.code(), who + st.message());
@@ -340,11 +359,11 @@ Status Engine::import_blocks(int32_t seq, const int32_t* tokens, int32_t n_token
   }
   CLEAVE_RETURN_IF_ERROR(make_room(n_blocks));
   Sequence& s = seqs_[size_t(seq)];
-  auto grant = s.blocks->append_tokens(n_tokens);
+  auto grant = s.blocks->append_tokens(n_tokens - n_held);
   CLEAVE_CHECK(grant.ok() && !grant->no_room && !grant->copy);
-  for (int32_t b = 0; b < n_blocks; ++b)
-    backend_->upload(block_data(s.blocks->blocks()[size_t(b)]), records[size_t(b)].bytes.data(),
-                     block_bytes());
+  for (int32_t i = 0; i < n_blocks; ++i)
+    backend_->upload(block_data(s.blocks->blocks()[size_t(first + i)]),
+                     records[size_t(i)].bytes.data(), block_bytes());
   s.tokens = std::move(probe.tokens);
   publish_full_blocks(s);
   return Status::Ok();

@@ -92,6 +92,11 @@ class Engine {
   // blocks_needed counts the copy), so attaching itself takes no block.
   Result<int32_t> attach_cached_prefix(int32_t seq, const int32_t* tokens, int32_t n);
 
+  // How many leading keys of a chain (block_keys() of some tokens) name
+  // full blocks the prefix cache holds now: the blocks a sender need not
+  // send. 0 without prefix_cache.
+  int32_t cached_leading_blocks(const std::vector<BlockKey>& keys) const;
+
   // Content keys of the sequence's blocks, in order: the prefix chain key of
   // each full block, then (when the last block is partly filled) the key of
   // its tokens so far, chained the same way (a partial block's key differs
@@ -101,15 +106,16 @@ class Engine {
   // blocks [first_block, n_blocks) of the sequence, keyed as block_keys().
   // invalid_argument for a bad sequence or first_block.
   Result<std::vector<BlockRecord>> export_blocks(int32_t seq, int32_t first_block = 0) const;
-  // On an open, empty sequence: copies records[i] into the sequence's block i
-  // and makes tokens[0..n_tokens) its tokens. records must cover exactly
-  // those tokens (ceil(n_tokens / block_size) of them, all full but the
-  // last), each must pass verify() for this model and layout and carry the
-  // key block_keys() would give it for those tokens (and the images the
-  // sequence was opened with: a record made for another image does not
-  // import). corruption or
-  // invalid_argument naming the block otherwise, and the sequence stays
-  // empty; out_of_memory when the pool has no room.
+  // On an open sequence that is empty or holds whole blocks of tokens (an
+  // attached cached prefix of k blocks): copies records[i] into the
+  // sequence's block k + i and makes tokens[0..n_tokens) its tokens.
+  // records must cover exactly the tokens after the held ones (all blocks
+  // full but the last), each must pass verify() for this model and layout
+  // and carry the key block_keys() would give it for those tokens (and the
+  // images the sequence was opened with: a record made for another image
+  // does not import). corruption or invalid_argument naming the block
+  // otherwise, and the sequence stays as it was; out_of_memory when the
+  // pool has no room.
   Status import_blocks(int32_t seq, const int32_t* tokens, int32_t n_tokens,
                        const std::vector<BlockRecord>& records);
 

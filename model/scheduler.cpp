@@ -23,6 +23,8 @@ struct Scheduler::Entry {
   int32_t fed = 0;   // tokens of progress.history() the sequence holds
   bool resumed = false;
   std::vector<BlockRecord> records;  // resume(): KV to import at admission
+  int32_t records_first_block = 0;   // the block records[0] holds (the ones before: cached here)
+  int32_t imported = 0;              // tokens of fed that came from records
   bool done = false;                 // left running_ during this step
 
   int32_t remaining() const { return int32_t(progress.history().size()) - fed; }
@@ -74,7 +76,10 @@ Status Scheduler::submit(GenerateRequest request) {
 }
 
 Status Scheduler::resume(GenerateRequest request, std::vector<int32_t> generated,
-                         std::vector<BlockRecord> blocks) {
+                         std::vector<BlockRecord> blocks, int32_t first_block) {
+  if (first_block < 0)
+    return Status(Code::invalid_argument,
+                  "scheduler: resume records start at block " + std::to_string(first_block));
   CLEAVE_RETURN_IF_ERROR(check_new(request));
   const int32_t context = engine_.context(), n_vocab = engine_.config().n_vocab;
   auto entry = std::make_unique<Entry>(
@@ -83,6 +88,7 @@ Status Scheduler::resume(GenerateRequest request, std::vector<int32_t> generated
   entry->progress.take_text();  // shown by whoever produced those tokens
   entry->resumed = true;
   entry->records = std::move(blocks);
+  entry->records_first_block = first_block;
   return enqueue(std::move(entry));
 }
 
@@ -156,29 +162,48 @@ void Scheduler::handoff(Entry& e, std::vector<SchedulerEvent>& events) {
 // records that imports cleanly, else the longest cached prefix. The last
 // history token is always left to run (its logits give the next token).
 // False when the pool has no room for it now.
+//
+// Records that start after block 0 continue a prefix this engine caches (the
+// sender skipped what the receiver said it held): the cached prefix is
+// attached first and the records go after it. When the cache lost part of
+// that prefix meanwhile, the gap and everything after it is recomputed.
 bool Scheduler::attach_kv(Entry& e) {
   const std::vector<int32_t>& history = e.progress.history();
   const int32_t limit = int32_t(history.size()) - 1;
-  if (!e.records.empty()) {
-    // covered[k]: tokens the first k records hold.
-    std::vector<int32_t> covered{0};
-    for (const BlockRecord& r : e.records) {
-      const int64_t next = int64_t(covered.back()) + r.header.n_tokens;
+  const int32_t bs = engine_.kv_layout().tokens_per_block;
+  e.imported = 0;
+  int32_t held = 0;
+  size_t skip = 0;  // records the attached prefix covers already
+  if (e.records_first_block > 0) {
+    auto hit = engine_.attach_cached_prefix(e.seq, history.data(), int32_t(history.size()));
+    if (!hit.ok()) return false;
+    held = e.fed = *hit;
+    if (held % bs != 0 || held / bs < e.records_first_block) return true;  // a gap: recompute
+    skip = size_t(held / bs - e.records_first_block);
+  }
+  if (e.records.size() > skip) {
+    // covered[k]: tokens held plus those the first k records after skip hold.
+    std::vector<int32_t> covered{held};
+    for (size_t i = skip; i < e.records.size(); ++i) {
+      const int64_t next = int64_t(covered.back()) + e.records[i].header.n_tokens;
       if (next > limit) break;
       covered.push_back(int32_t(next));
     }
     // A bad record fails every longer run the same way, so this tries
     // each length at most once; only the checks run on a failed import.
     for (int32_t k = int32_t(covered.size()) - 1; k > 0; --k) {
-      const std::vector<BlockRecord> run(e.records.begin(), e.records.begin() + k);
+      const auto from = e.records.begin() + long(skip);
+      const std::vector<BlockRecord> run(from, from + k);
       Status st = engine_.import_blocks(e.seq, history.data(), covered[size_t(k)], run);
       if (st.ok()) {
         e.fed = covered[size_t(k)];
+        e.imported = e.fed - held;
         return true;
       }
       if (st.code() == Code::out_of_memory) return false;
     }
   }
+  if (e.records_first_block > 0) return true;  // the attached prefix; the rest is recomputed
   auto hit = engine_.attach_cached_prefix(e.seq, history.data(), int32_t(history.size()));
   if (!hit.ok()) return false;
   e.fed = *hit;
@@ -220,7 +245,7 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
       continue;
     }
     if (e.resumed) {
-      const int32_t imported = e.records.empty() ? 0 : e.fed;
+      const int32_t imported = e.imported;
       counters_.imported_tokens += uint64_t(imported);
       counters_.recomputed_tokens += uint64_t(e.remaining() - 1);
       counters_.prefix_hit_tokens += uint64_t(e.fed - imported);

@@ -95,9 +95,11 @@ class Scheduler {
   // tokens and logits an uninterrupted run would give. Token events go on
   // from index generated.size(); the text of `generated` is not sent again.
   // A request that can use no record falls back to the prefix cache.
-  // Errors as submit(), plus replay()'s.
+  // Incremental: with first_block k > 0, blocks hold KV from block k on and
+  // the first k blocks come from this engine's prefix cache (whatever it
+  // lost meanwhile is recomputed). Errors as submit(), plus replay()'s.
   Status resume(GenerateRequest request, std::vector<int32_t> generated,
-                std::vector<BlockRecord> blocks);
+                std::vector<BlockRecord> blocks, int32_t first_block = 0);
   // Drops a queued or running request (no event). not_found when unknown.
   Status cancel(uint64_t request_id);
 

@@ -97,6 +97,7 @@ struct Handoff {
   nKvTokens @2 :Int32;
   kvKeys @3 :List(BlockKey);
   blocks @4 :List(BlockRecord);
+  kvSource @5 :Text;  # "host:port" of the node whose kv_sender holds the KV
 }
 
 struct KvPut {
@@ -135,6 +136,38 @@ struct Stats {
   counters @1 :List(Counter);
 }
 
+# BlockRecord without its bytes (they travel in KvChunks).
+struct BlockHeader {
+  key @0 :BlockKey;
+  modelFingerprint @1 :UInt64;
+  layout @2 :KvLayout;
+  checksum @3 :UInt64;
+  nTokens @4 :UInt32;
+}
+
+# Decoder -> the prefill stage's KV sender: stream the KV of a handed-off
+# request, from block firstBlock on (the decoder holds the ones before).
+struct KvPull {
+  requestId @0 :UInt64;
+  firstBlock @1 :Int32;
+  chunkBytes @2 :UInt32;  # KV bytes per chunk
+  window @3 :Int32;       # chunks sent and not yet acknowledged, at most
+}
+
+# One piece of a KV stream, sender -> decoder in order (seq 0, 1, ...); the
+# reply acknowledges it. The stream is the blocks' bytes layer by layer
+# (layer 0 of every block, then layer 1, ...); seq 0 carries the headers.
+struct KvChunk {
+  requestId @0 :UInt64;
+  seq @1 :UInt32;
+  offset @2 :UInt64;      # of data in the stream
+  totalBytes @3 :UInt64;  # of the whole stream
+  checksum @4 :UInt64;    # XXH3-64 of data
+  data @5 :Data;
+  firstBlock @6 :Int32;
+  headers @7 :List(BlockHeader);
+}
+
 # The root of every encoded message: the union names its kind, so bytes of
 # one kind decoded as another are an error naming both.
 struct Envelope {
@@ -149,5 +182,7 @@ struct Envelope {
     kvBlocks @7 :KvBlocks;
     health @8 :Health;
     stats @9 :Stats;
+    kvPull @10 :KvPull;
+    kvChunk @11 :KvChunk;
   }
 }

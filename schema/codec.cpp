@@ -25,9 +25,10 @@ using Body = wire::Envelope::Body;
 
 constexpr const char* kKindNames[] = {"GenerateRequest", "StreamEvent", "Handoff",
                                       "KvPut",           "KvAck",       "KvGet",
-                                      "KvBlocks",        "Health",      "Stats"};
+                                      "KvBlocks",        "Health",      "Stats",
+                                      "KvPull",          "KvChunk"};
 constexpr size_t kNumKinds = sizeof(kKindNames) / sizeof(kKindNames[0]);
-static_assert(kNumKinds == size_t(Body::STATS) + 1, "a kind name per union member");
+static_assert(kNumKinds == size_t(Body::KV_CHUNK) + 1, "a kind name per union member");
 
 std::string kind_name(Body::Which which) {
   return size_t(which) < kNumKinds ? kKindNames[size_t(which)]
@@ -95,8 +96,9 @@ void put(capnp::List<wire::BlockKey>::Builder list, const std::vector<BlockKey>&
   for (size_t i = 0; i < keys.size(); ++i) put(list[unsigned(i)], keys[i]);
 }
 
-void put(wire::BlockRecord::Builder b, const BlockRecord& r) {
-  const BlockHeader& h = r.header;
+// BlockRecord and BlockHeader share these fields.
+template <class Builder>
+void put_header(Builder b, const BlockHeader& h) {
   put(b.initKey(), h.key);
   b.setModelFingerprint(h.model_fingerprint);
   auto layout = b.initLayout();
@@ -107,8 +109,23 @@ void put(wire::BlockRecord::Builder b, const BlockRecord& r) {
   layout.setHeadDim(h.layout.head_dim);
   b.setChecksum(h.checksum);
   b.setNTokens(h.n_tokens);
-  // KV bytes become a segment of their own instead of a second copy; Cap'n
-  // Proto needs the blob word-aligned and whole words long for that.
+}
+
+// KV bytes become a segment of their own instead of a second copy; Cap'n
+// Proto needs the blob word-aligned and whole words long for that.
+template <class Builder>
+void put_bytes(Builder b, const std::vector<uint8_t>& bytes) {
+  const uint8_t* data = bytes.data();
+  if (!bytes.empty() && bytes.size() % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0) {
+    auto orphanage = capnp::Orphanage::getForMessageContaining(b);
+    b.adoptData(orphanage.referenceExternalData(capnp::Data::Reader(data, bytes.size())));
+  } else {
+    b.setData(capnp::Data::Reader(data, bytes.size()));
+  }
+}
+
+void put(wire::BlockRecord::Builder b, const BlockRecord& r) {
+  put_header(b, r.header);
   const uint8_t* data = r.bytes.data();
   if (!r.bytes.empty() && r.bytes.size() % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0) {
     auto orphanage = capnp::Orphanage::getForMessageContaining(b);
@@ -116,6 +133,25 @@ void put(wire::BlockRecord::Builder b, const BlockRecord& r) {
   } else {
     b.setBytes(capnp::Data::Reader(data, r.bytes.size()));
   }
+}
+
+void put(wire::KvPull::Builder b, const msg::KvPull& m) {
+  b.setRequestId(m.request_id);
+  b.setFirstBlock(m.first_block);
+  b.setChunkBytes(m.chunk_bytes);
+  b.setWindow(m.window);
+}
+
+void put(wire::KvChunk::Builder b, const msg::KvChunk& m) {
+  b.setRequestId(m.request_id);
+  b.setSeq(m.seq);
+  b.setOffset(m.offset);
+  b.setTotalBytes(m.total_bytes);
+  b.setChecksum(m.checksum);
+  put_bytes(b, m.data);
+  b.setFirstBlock(m.first_block);
+  auto headers = b.initHeaders(unsigned(m.headers.size()));
+  for (size_t i = 0; i < m.headers.size(); ++i) put_header(headers[unsigned(i)], m.headers[i]);
 }
 
 void put(capnp::List<wire::BlockRecord>::Builder list, const std::vector<BlockRecord>& blocks) {
@@ -128,6 +164,7 @@ void put(wire::Handoff::Builder b, const msg::Handoff& h) {
   b.setNKvTokens(h.n_kv_tokens);
   put(b.initKvKeys(unsigned(h.kv_keys.size())), h.kv_keys);
   put(b.initBlocks(unsigned(h.blocks.size())), h.blocks);
+  b.setKvSource(text(h.kv_source));
 }
 
 void put(wire::KvPut::Builder b, const msg::KvPut& m) {
@@ -245,9 +282,9 @@ std::vector<BlockKey> get(capnp::List<wire::BlockKey>::Reader list) {
   return out;
 }
 
-BlockRecord get(wire::BlockRecord::Reader r) {
-  BlockRecord out;
-  BlockHeader& h = out.header;
+template <class Reader>
+BlockHeader get_header(Reader r) {
+  BlockHeader h;
   h.key = get(r.getKey());
   h.model_fingerprint = r.getModelFingerprint();
   auto layout = r.getLayout();
@@ -258,6 +295,34 @@ BlockRecord get(wire::BlockRecord::Reader r) {
   h.layout.head_dim = layout.getHeadDim();
   h.checksum = r.getChecksum();
   h.n_tokens = r.getNTokens();
+  return h;
+}
+
+void get(wire::KvPull::Reader r, msg::KvPull& m) {
+  m.request_id = r.getRequestId();
+  m.first_block = r.getFirstBlock();
+  m.chunk_bytes = r.getChunkBytes();
+  m.window = r.getWindow();
+}
+
+void get(wire::KvChunk::Reader r, msg::KvChunk& m) {
+  m.request_id = r.getRequestId();
+  m.seq = r.getSeq();
+  m.offset = r.getOffset();
+  m.total_bytes = r.getTotalBytes();
+  m.checksum = r.getChecksum();
+  auto data = r.getData();
+  if (data.size() > kMaxKvChunkBytes)
+    throw TooLong{"data: " + std::to_string(data.size()) + " bytes, limit " +
+                  std::to_string(kMaxKvChunkBytes)};
+  m.data.assign(data.begin(), data.end());
+  m.first_block = r.getFirstBlock();
+  for (auto h : bounded(r.getHeaders(), kMaxBlocks, "headers")) m.headers.push_back(get_header(h));
+}
+
+BlockRecord get(wire::BlockRecord::Reader r) {
+  BlockRecord out;
+  out.header = get_header(r);
   auto bytes = r.getBytes();
   out.bytes.assign(bytes.begin(), bytes.end());
   return out;
@@ -277,6 +342,7 @@ void get(wire::Handoff::Reader r, msg::Handoff& h) {
   h.n_kv_tokens = r.getNKvTokens();
   h.kv_keys = get(bounded(r.getKvKeys(), kMaxKeys, "kv_keys"));
   h.blocks = get(r.getBlocks());
+  h.kv_source = get(r.getKvSource());
 }
 void get(wire::KvPut::Reader r, msg::KvPut& m) { m.blocks = get(r.getBlocks()); }
 void get(wire::KvAck::Reader r, msg::KvAck& m) {
@@ -370,14 +436,19 @@ Status validate(const msg::StreamEvent& e) {
 
 // The block's byte count must equal the layout's; the product is computed
 // with overflow checks because hostile dimensions can wrap size_t to any value.
-Status validate(const BlockRecord& r, size_t index) {
-  const BlockHeader& h = r.header;
-  const std::string who = "block " + std::to_string(index) + " (" + h.key.hex() + "): ";
+Status validate(const BlockHeader& h, const std::string& who) {
   Status st = h.layout.validate();
   if (!st.ok()) return Status(st.code(), who + st.message());
   if (h.n_tokens > uint32_t(h.layout.tokens_per_block))
     return invalid(who + "n_tokens " + std::to_string(h.n_tokens) + " exceeds tokens_per_block " +
                    std::to_string(h.layout.tokens_per_block));
+  return Status::Ok();
+}
+
+Status validate(const BlockRecord& r, size_t index) {
+  const BlockHeader& h = r.header;
+  const std::string who = "block " + std::to_string(index) + " (" + h.key.hex() + "): ";
+  CLEAVE_RETURN_IF_ERROR(validate(h, who));
   size_t expected = 2 * h.layout.elem_bytes();
   for (int32_t dim : {h.layout.n_kv_heads, h.layout.tokens_per_block, h.layout.head_dim,
                       h.layout.n_layers}) {
@@ -387,6 +458,30 @@ Status validate(const BlockRecord& r, size_t index) {
   if (r.bytes.size() != expected)
     return invalid(who + std::to_string(r.bytes.size()) + " bytes, layout needs " +
                    std::to_string(expected));
+  return Status::Ok();
+}
+
+Status validate(const msg::KvPull& m) {
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("first_block", m.first_block));
+  if (m.chunk_bytes < kMinKvChunkBytes || m.chunk_bytes > kMaxKvChunkBytes)
+    return invalid("chunk_bytes = " + std::to_string(m.chunk_bytes) + " is outside [" +
+                   std::to_string(kMinKvChunkBytes) + ", " + std::to_string(kMaxKvChunkBytes) + "]");
+  if (m.window < 1 || m.window > kMaxKvWindow)
+    return invalid("window = " + std::to_string(m.window) + " is outside [1, " +
+                   std::to_string(kMaxKvWindow) + "]");
+  return Status::Ok();
+}
+
+Status validate(const msg::KvChunk& m) {
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("first_block", m.first_block));
+  uint64_t end = 0;
+  if (__builtin_add_overflow(m.offset, uint64_t(m.data.size()), &end) || end > m.total_bytes)
+    return invalid("chunk " + std::to_string(m.seq) + ": " + std::to_string(m.data.size()) +
+                   " bytes at offset " + std::to_string(m.offset) + " run past the stream's " +
+                   std::to_string(m.total_bytes));
+  for (size_t i = 0; i < m.headers.size(); ++i)
+    CLEAVE_RETURN_IF_ERROR(
+        validate(m.headers[i], "header " + std::to_string(i) + " (" + m.headers[i].key.hex() + "): "));
   return Status::Ok();
 }
 
@@ -403,6 +498,7 @@ Status validate(const msg::Handoff& h) {
   if (size_t(h.n_kv_tokens) > n_tokens)
     return invalid("n_kv_tokens " + std::to_string(h.n_kv_tokens) + " exceeds the " +
                    std::to_string(n_tokens) + " tokens of prompt and generated");
+  CLEAVE_RETURN_IF_ERROR(check_string("kv_source", h.kv_source));
   return validate(h.blocks);
 }
 
@@ -448,6 +544,8 @@ CLEAVE_MEMBER(msg::KvGet, KV_GET, KvGet)
 CLEAVE_MEMBER(msg::KvBlocks, KV_BLOCKS, KvBlocks)
 CLEAVE_MEMBER(msg::Health, HEALTH, Health)
 CLEAVE_MEMBER(msg::Stats, STATS, Stats)
+CLEAVE_MEMBER(msg::KvPull, KV_PULL, KvPull)
+CLEAVE_MEMBER(msg::KvChunk, KV_CHUNK, KvChunk)
 #undef CLEAVE_MEMBER
 
 template <class T>
@@ -533,6 +631,8 @@ CLEAVE_CODEC(msg::KvGet)
 CLEAVE_CODEC(msg::KvBlocks)
 CLEAVE_CODEC(msg::Health)
 CLEAVE_CODEC(msg::Stats)
+CLEAVE_CODEC(msg::KvPull)
+CLEAVE_CODEC(msg::KvChunk)
 #undef CLEAVE_CODEC
 
 }  // namespace cleave::codec

@@ -41,6 +41,10 @@ constexpr size_t kMaxListEntries = 4096;
 constexpr size_t kMaxTokens = size_t(1) << 24;  // a token list; logits floats
 constexpr size_t kMaxKeys = size_t(1) << 20;    // block keys in one message
 constexpr size_t kMaxBlocks = size_t(1) << 16;  // block records in one message
+// KV streams: bytes per chunk and chunks in flight a KvPull may ask for.
+constexpr uint32_t kMinKvChunkBytes = 64;
+constexpr uint32_t kMaxKvChunkBytes = uint32_t(64) << 20;
+constexpr int32_t kMaxKvWindow = 1024;
 
 // Reader limits, set explicitly per channel (Cap'n Proto's defaults are
 // 64 MiB and 64 levels).
@@ -62,6 +66,8 @@ Bytes encode(const msg::KvGet& m);
 Bytes encode(const msg::KvBlocks& m);
 Bytes encode(const msg::Health& m);
 Bytes encode(const msg::Stats& m);
+Bytes encode(const msg::KvPull& m);
+Bytes encode(const msg::KvChunk& m);
 
 // data need not be aligned (it is copied into words when it is not).
 Status decode(const char* data, size_t size, GenerateRequest& out,
@@ -81,6 +87,10 @@ Status decode(const char* data, size_t size, msg::Health& out,
               const Limits& limits = control_limits());
 Status decode(const char* data, size_t size, msg::Stats& out,
               const Limits& limits = control_limits());
+Status decode(const char* data, size_t size, msg::KvPull& out,
+              const Limits& limits = control_limits());
+Status decode(const char* data, size_t size, msg::KvChunk& out,
+              const Limits& limits = kv_limits());
 
 template <class T>
 Status decode(const Bytes& bytes, T& out) {

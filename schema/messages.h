@@ -47,6 +47,9 @@ struct Handoff {
   int32_t n_kv_tokens = 0;
   std::vector<BlockKey> kv_keys;
   std::vector<BlockRecord> blocks;
+  // "host:port" where the node of the prefill's kv_sender listens, so the
+  // decoder's node connects to it directly; empty within one process.
+  std::string kv_source;
 };
 
 // KV store traffic.
@@ -63,6 +66,27 @@ struct KvGet {  // reply: KvBlocks with the longest leading run found
 };
 struct KvBlocks {
   std::vector<BlockRecord> blocks;  // records for keys[0..blocks.size()), in order
+};
+
+// KV streaming, decoder <-> the prefill stage's KV sender (actors/kv_stream.h).
+struct KvPull {  // stream the KV of request_id from block first_block on
+  uint64_t request_id = 0;
+  int32_t first_block = 0;   // leading blocks the decoder holds already: not sent
+  uint32_t chunk_bytes = 0;  // KV bytes per chunk
+  int32_t window = 0;        // chunks sent and not yet acknowledged, at most
+};
+// One piece of a KV stream, in order; the blocks' bytes layer by layer
+// (layer 0 of every block, then layer 1, ...), so a layer is complete as
+// soon as its chunks are in. seq 0 carries the block headers.
+struct KvChunk {
+  uint64_t request_id = 0;
+  uint32_t seq = 0;
+  uint64_t offset = 0;       // of data in the stream
+  uint64_t total_bytes = 0;  // of the whole stream
+  uint64_t checksum = 0;     // XXH3-64 of data
+  std::vector<uint8_t> data;
+  int32_t first_block = 0;   // the block headers[0] describes
+  std::vector<BlockHeader> headers;
 };
 
 struct Health {

@@ -468,9 +468,12 @@ TEST_CASE("pipeline stats: per-actor counters add up") {
   CHECK(sum_counter(stats, "decode", "tokens") == tokens - 20);
   CHECK(sum_counter(stats, "", "queue_depth") == 0);
   CHECK(sum_counter(stats, "", "failures") == 0);
-  // KV moved: the prefills' blocks went into the store and came out to the decoders.
+  // KV moved: the prefills' blocks streamed to the decoders, and a copy went
+  // into the store (read by nobody here: no decoder failed).
   CHECK(sum_counter(stats, "prefill", "kv_blocks_put") > 0);
-  CHECK(sum_counter(stats, "decode", "kv_blocks_got") > 0);
+  CHECK(sum_counter(stats, "decode", "kv_blocks_received") > 0);
+  CHECK(sum_counter(stats, "decode", "kv_blocks_received") ==
+        sum_counter(stats, "prefill", "kv_blocks_sent"));
   CHECK(kv->get("kv_blocks_stored") >= sum_counter(stats, "prefill", "kv_blocks_put"));
   CHECK(kv->get("kv_blocks_served") == sum_counter(stats, "decode", "kv_blocks_got"));
   // Both prefill actors and both decoders took work (placement by load).
@@ -536,6 +539,101 @@ TEST_CASE("pipeline shutdown: destroying a busy pipeline ends every request once
       }
     MESSAGE(topology << ": shut down in " << seconds * 1000 << " ms, " << aborted << " aborted");
   }
+}
+
+TEST_CASE("pipeline kv stream: KV goes prefill to decode directly and the store gets a copy") {
+  const Model& m = model(small_dense());
+  const auto requests = mixed_requests(m, 40, 19000);
+  auto p = make_pipeline(m, base_options(Topology::pd, 2, 2));
+  check_identical(mono_reference(m, requests), run_all(*p, requests), "direct kv");
+  auto stats = p->stats();
+  const msg::Stats* router = find_stats(stats, "router");
+  REQUIRE(router);
+  CHECK(router->get("direct_handoffs") == router->get("handoffs"));
+  const uint64_t sent = sum_counter(stats, "prefill", "kv_blocks_sent");
+  CHECK(sent > 0);
+  CHECK(sum_counter(stats, "decode", "kv_blocks_received") == sent);
+  CHECK(sum_counter(stats, "decode", "kv_transfers_failed") == 0);
+  CHECK(sum_counter(stats, "prefill", "kv_transfers_aborted") == 0);
+  CHECK(sum_counter(stats, "decode", "kv_blocks_got") == 0);  // nothing read from the store
+  CHECK(sum_counter(stats, "decode", "imported_tokens") > 0);
+  CHECK(sum_counter(stats, "prefill", "kv_blocks_put") > 0);  // the copy for re-placements
+}
+
+TEST_CASE("pipeline kv stream: a second request sharing a long prefix sends fewer blocks") {
+  const Model& m = model(small_dense());
+  GenerateRequest first;
+  first.request_id = 21000;
+  first.prompt = m.tokenizer->encode(sentence(130, 4));
+  first.prompt.resize(std::min<size_t>(first.prompt.size(), 120));
+  REQUIRE(first.prompt.size() >= 100);
+  first.sampling.max_tokens = 6;
+  first.ignore_eos = true;
+  GenerateRequest second = first;
+  second.request_id = 21001;
+  second.prompt.resize(100);  // the first 6 blocks are the first request's
+  for (int32_t t : m.tokenizer->encode(sentence(5, 9))) second.prompt.push_back(t);
+  const auto ref = mono_reference(m, {first, second});
+  auto p = make_pipeline(m, base_options(Topology::pd, 1, 1));
+  auto got_first = run_all(*p, {first});
+  const auto before = p->stats();
+  auto got_second = run_all(*p, {second});
+  const auto after = p->stats();
+  check_identical({ref[0]}, got_first, "first");
+  check_identical({ref[1]}, got_second, "second");
+  auto delta = [&](const char* prefix, const char* name) {
+    return sum_counter(after, prefix, name) - sum_counter(before, prefix, name);
+  };
+  const uint64_t blocks_first = sum_counter(before, "prefill", "kv_blocks_sent");
+  const uint64_t needed = (second.prompt.size() + 15) / 16;  // KV of the prompt
+  CHECK(blocks_first == (first.prompt.size() + 15) / 16);
+  CHECK(sum_counter(before, "decode", "kv_blocks_skipped") == 0);
+  CHECK(delta("decode", "kv_blocks_skipped") == 6);
+  CHECK(delta("prefill", "kv_blocks_sent") == needed - 6);
+  CHECK(delta("decode", "kv_blocks_received") == needed - 6);
+  CHECK(delta("decode", "prefix_hit_tokens") == 96);
+  CHECK(delta("decode", "recomputed_tokens") == 0);
+}
+
+TEST_CASE("pipeline kv stream: a tiny chunk size gives many chunks and the same tokens") {
+  const Model& m = model(small_dense());
+  const auto requests = mixed_requests(m, 40, 23000);
+  PipelineOptions o = base_options(Topology::pd, 2, 2);
+  o.kv_stream.chunk_bytes = 256;  // a block of this model is 8 KiB: 32 chunks each
+  o.kv_stream.window = 3;
+  auto p = make_pipeline(m, o);
+  check_identical(mono_reference(m, requests), run_all(*p, requests), "256-byte chunks");
+  auto stats = p->stats();
+  const uint64_t transfers = sum_counter(stats, "decode", "kv_transfers_received");
+  CHECK(transfers > 0);
+  CHECK(sum_counter(stats, "decode", "kv_chunks_received") == 32 * sum_counter(stats, "decode", "kv_blocks_received"));
+  CHECK(sum_counter(stats, "decode", "kv_bytes_received") == sum_counter(stats, "prefill", "kv_bytes_sent"));
+  CHECK(sum_counter(stats, "decode", "kv_transfers_failed") == 0);
+  CHECK(sum_counter(stats, "decode", "kv_blocks_got") == 0);
+  CHECK(sum_counter(stats, "", "failures") == 0);
+  o.kv_stream.chunk_bytes = 8;
+  CHECK(Pipeline::create(m.file, m.tokenizer, o).status().code() == Code::invalid_argument);
+}
+
+TEST_CASE("pipeline kv stream: a corrupt chunk is refused and the request still gives the same tokens") {
+  const Model& m = model(small_dense());
+  const auto requests = long_requests(m, 20, 25000);
+  PipelineOptions o = base_options(Topology::pd, 1, 2);
+  o.kv_stream.chunk_bytes = 4096;
+  o.kv_stream.fault_corrupt_chunk = 1;  // every stream's second chunk arrives with a flipped bit
+  auto p = make_pipeline(m, o);
+  check_identical(mono_reference(m, requests), run_all(*p, requests), "corrupt chunks");
+  auto stats = p->stats();
+  const uint64_t failed = sum_counter(stats, "decode", "kv_transfers_failed");
+  CHECK(failed > 0);
+  CHECK(sum_counter(stats, "decode", "kv_transfers_received") == 0);
+  CHECK(sum_counter(stats, "decode", "kv_chunks_rejected") == failed);
+  CHECK(sum_counter(stats, "prefill", "kv_transfers_aborted") == failed);
+  // The decoders fell back to the store's copy (or recomputed what it lacked yet).
+  CHECK(sum_counter(stats, "decode", "kv_blocks_got") + sum_counter(stats, "decode", "recomputed_tokens") > 0);
+  const msg::Stats* router = find_stats(stats, "router");
+  REQUIRE(router);
+  CHECK(router->get("failures") == 0);
 }
 
 TEST_CASE("pipeline images: mono runs encoded images as generate() does and the actor topologies refuse them") {

@@ -397,3 +397,45 @@ TEST_CASE("engine kv: model fingerprint names the file, layout matches the paged
   REQUIRE(file.ok());
   CHECK(Engine::create(*file, o).status().code() == Code::invalid_argument);
 }
+
+TEST_CASE("engine kv: records import after an attached cached prefix and decoding continues bit-identically") {
+  auto a = make_engine(opts(1));
+  auto b = make_engine(opts(1));
+  const auto shared = tokens_of(32, 5);  // two full blocks both engines will know
+  const auto P = concat(shared, tokens_of(20, 6));
+  // b caches the shared prefix from an earlier sequence.
+  const int32_t old = open(*b);
+  step(*b, old, concat(shared, tokens_of(3, 7)));
+  b->close_sequence(old);
+  const int32_t sa = open(*a);
+  Logits la = step(*a, sa, P);
+  auto keys = a->block_keys(sa);
+  REQUIRE(keys.size() == 4);
+  CHECK(b->cached_leading_blocks(keys) == 2);
+  CHECK(a->cached_leading_blocks(keys) == 3);  // its own full blocks; never the partial one
+  auto tail = a->export_blocks(sa, 2);
+  REQUIRE(tail.ok());
+  const int32_t sb = open(*b);
+  // Records for the wrong place: before anything is attached they do not fit.
+  CHECK(b->import_blocks(sb, P.data(), int32_t(P.size()), *tail).code() == Code::invalid_argument);
+  auto hit = b->attach_cached_prefix(sb, P.data(), int32_t(P.size()));
+  REQUIRE(hit.ok());
+  REQUIRE(*hit == 32);
+  Status st = b->import_blocks(sb, P.data(), int32_t(P.size()), *tail);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  CHECK(b->sequence_tokens(sb) == P);
+  CHECK(b->block_keys(sb) == keys);
+  for (int i = 0; i < 14; ++i) {  // crosses into block 4
+    const int32_t t = argmax(la);
+    la = step(*a, sa, {t});
+    CHECK(same(step(*b, sb, {t}), la));
+  }
+  // A held prefix that is not whole blocks takes no records.
+  const int32_t sc = open(*b);
+  const auto short_prompt = head(P, 32);
+  auto partial = b->attach_cached_prefix(sc, short_prompt.data(), 32);
+  REQUIRE(partial.ok());
+  CHECK(*partial == 31);  // capped so the last prompt token still runs
+  CHECK(b->import_blocks(sc, P.data(), int32_t(P.size()), *tail).code() == Code::invalid_argument);
+  CHECK(b->sequence_length(sc) == 31);
+}

@@ -38,7 +38,7 @@ def expect(name, cond, detail=""):
 class Node:
     """A `cleave node` process; stdout lines arrive on a queue, stderr goes to a file."""
 
-    def __init__(self, name, args, env_secret=None, tag=""):
+    def __init__(self, name, args, env_secret=None, tag="", topology=TOPOLOGY):
         env = dict(os.environ)
         env.pop("CLEAVE_CLUSTER_SECRET", None)
         if env_secret is not None:
@@ -46,7 +46,7 @@ class Node:
         self.err_path = os.path.join(WORK, f"{tag}{name}.err")
         self.err_file = open(self.err_path, "w")
         self.proc = subprocess.Popen(
-            [CLEAVE, "node", "--topology", TOPOLOGY, "--name", name, "-m", MODEL, *args],
+            [CLEAVE, "node", "--topology", topology, "--name", name, "-m", MODEL, *args],
             stdout=subprocess.PIPE, stderr=self.err_file, text=True, env=env)
         procs.append(self.proc)
         self.lines = queue.Queue()
@@ -149,8 +149,64 @@ def read_results(path):
 
 
 def stats_of(head_err, actor):
-    m = re.search(r"stats " + actor + r" (.*)", head_err)
+    m = re.search(r"stats " + re.escape(actor) + r" (.*)", head_err)
     return dict(kv.split("=") for kv in m.group(1).split()) if m else {}
+
+
+def socket_inodes(pid):
+    out = set()
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
+            try:
+                link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            except OSError:
+                continue
+            if link.startswith("socket:["):
+                out.add(link[8:-1])
+    except OSError:
+        pass
+    return out
+
+
+def v4(endpoint):
+    """An IPv4-mapped IPv6 endpoint of /proc/net/tcp6 in /proc/net/tcp's form."""
+    addr, port = endpoint.split(":")
+    if len(addr) == 32 and addr.startswith("0000000000000000FFFF0000"):
+        addr = addr[24:]
+    return addr + ":" + port
+
+
+def tcp_endpoints():
+    """inode -> (local, remote) of established TCP sockets (IPv4 and IPv6)."""
+    out = {}
+    for path in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(path) as f:
+                next(f)
+                for line in f:
+                    parts = line.split()
+                    if parts[3] == "01":  # ESTABLISHED
+                        out[parts[9]] = (v4(parts[1]), v4(parts[2]))
+        except OSError:
+            pass
+    return out
+
+
+class LinkWatch:
+    """Samples whether processes a and b hold the two ends of one TCP connection."""
+
+    def __init__(self, a, b):
+        self.seen = False
+        self.stop = False
+        threading.Thread(target=self._run, args=(a, b), daemon=True).start()
+
+    def _run(self, a, b):
+        while not self.stop and not self.seen:
+            ends = tcp_endpoints()
+            ea = {ends[i] for i in socket_inodes(a.proc.pid) if i in ends}
+            eb = {ends[i] for i in socket_inodes(b.proc.pid) if i in ends}
+            self.seen = any((r, l) in eb for (l, r) in ea)
+            time.sleep(0.02)
 
 
 def one_line_error(name, args, code, *needles):
@@ -185,6 +241,7 @@ try:
     expect("head prints its port", port is not None and port > 0, head.stderr())
     p0 = worker("p0", port, tag="pd_", sets=["decoders=1"])
     d0 = worker("d0", port, tag="pd_", sets=["decoders=1"])
+    link = LinkWatch(p0, d0)
     rc = head.wait(180)
     herr = head.stderr()
     results = read_results(out)
@@ -200,15 +257,67 @@ try:
                all(s["ms"] > 0 for s in r["stages"].values()) for r in results if r.get("tokens")),
            str(results[0] if results else None))
     kv = stats_of(herr, "kv_store")
-    expect("KV blocks crossed processes (prefill node -> head store -> decode node)",
-           int(kv.get("kv_blocks_stored", 0)) > 0 and int(kv.get("kv_blocks_served", 0)) > 0, herr)
-    expect("the head logs both joins", "node p0 joined" in herr and "node d0 joined" in herr, herr)
-    expect("an open cluster says so", "open cluster" in herr, herr)
+    router = stats_of(herr, "router")
+    expect("every hand-off named the prefill's KV sender and the head's store got a copy",
+           int(router.get("direct_handoffs", -1)) == int(router.get("handoffs", 0)) == 100 and
+           int(kv.get("kv_blocks_stored", 0)) > 0, herr)
     for w in (p0, d0):
         w.wait(10)
+    ps = stats_of(p0.stderr(), "p0/prefill/0")
+    ds = stats_of(d0.stderr(), "d0/decode/0")
+    sent = int(ps.get("kv_blocks_sent", 0))
+    expect("KV went worker to worker: p0 streamed every block d0 received, the store served none",
+           sent > 0 and int(ds.get("kv_blocks_received", -1)) == sent and
+           int(ds.get("kv_transfers_received", 0)) == 100 and int(ds.get("kv_transfers_failed", 1)) == 0
+           and int(ds.get("kv_blocks_got", 1)) == 0 and int(kv.get("kv_blocks_served", 1)) == 0,
+           f"p0 {ps} d0 {ds}")
+    link.stop = True
+    expect("p0 and d0 had a TCP connection of their own (CAF automatic connections)", link.seen)
+    print(f"     p0 -> d0: {sent} blocks in {ps.get('kv_chunks_sent')} chunks, "
+          f"{int(ps.get('kv_bytes_sent', 0)) / 2**20:.1f} MiB; {ds.get('kv_blocks_skipped')} blocks skipped "
+          f"(cached on d0)")
+    expect("the head logs both joins", "node p0 joined" in herr and "node d0 joined" in herr, herr)
+    expect("an open cluster says so", "open cluster" in herr, herr)
     expect("workers exit 1 naming the lost head once the head is gone",
            p0.proc.returncode == 1 and "lost the head" in p0.stderr(), p0.stderr())
     stop_all()
+
+    # ---- (a2) the examples: P and D on 2 processes, 1 P + 2 D on 3 -------------------
+    EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+    for script, head_name, workers, decoders in (("pd_2nodes.lua", "prefill", ["decode"], ["decode"]),
+                                                 ("p1_d2.lua", "p0", ["d0", "d1"], ["d0", "d1"])):
+        topo = os.path.join(EXAMPLES, script)
+        tag = script.split(".")[0] + "_"
+        out = os.path.join(WORK, tag + "out.jsonl")
+        head = Node(head_name, ["--requests", req_path, "--out", out, "--wait-stages", str(1 + len(workers))],
+                    tag=tag, topology=topo)
+        m = head.wait_line(r"cleave node head listening on ([0-9.]+):(\d+)")
+        expect(f"{script}: head listens", m is not None, head.stderr())
+        if not m:
+            stop_all()
+            continue
+        ws = [Node(w, ["--set", f"{head_name}_port={m.group(2)}", "--join-timeout", "20"], tag=tag,
+                   topology=topo) for w in workers]
+        rc = head.wait(180)
+        herr = head.stderr()
+        results = read_results(out)
+        wrong = [r["id"] for r in results if r.get("tokens") != mono.get(r["id"]) or "error" in r]
+        expect(f"{script}: {1 + len(workers)} processes give mono's tokens for 100 requests",
+               rc == 0 and len(results) == 100 and not wrong, f"rc={rc} differ: {wrong[:10]} {herr[-2000:]}")
+        expect(f"{script}: the first token comes from {head_name}, the rest from " + " or ".join(decoders),
+               all(stage_tokens(r, head_name) == 1 and
+                   sum(stage_tokens(r, d) for d in decoders) == len(r["tokens"]) - 1
+                   for r in results if r.get("tokens")), str(results[0] if results else None))
+        for w in ws:
+            w.wait(10)
+        dstats = [stats_of(w.stderr(), f"{w_name}/decode/{i}") for w, w_name in zip(ws, workers)
+                  for i in range(1)]
+        router = stats_of(herr, "router")
+        received = sum(int(s.get("kv_blocks_received", 0)) for s in dstats)
+        expect(f"{script}: every decoder took work and got its KV streamed from {head_name}",
+               all(int(s.get("resumes", 0)) > 0 and int(s.get("kv_transfers_failed", 1)) == 0 for s in dstats)
+               and received > 0 and int(router.get("direct_handoffs", -1)) == 100, f"{dstats} {router}")
+        stop_all()
 
     # ---- (b) cluster secret ------------------------------------------------------
     head, port = start_head(["--set", "decoders=2"], secret="s3cret-A", tag="sec_")

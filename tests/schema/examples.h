@@ -132,4 +132,27 @@ inline msg::Stats stats() {
   return s;
 }
 
+inline msg::KvPull kv_pull() {
+  msg::KvPull p;
+  p.request_id = 77;
+  p.first_block = 2;
+  p.chunk_bytes = 4096;
+  p.window = 8;
+  return p;
+}
+
+inline msg::KvChunk kv_chunk() {
+  msg::KvChunk c;
+  BlockRecord b = block(7);
+  c.request_id = 77;
+  c.seq = 0;
+  c.offset = 0;
+  c.total_bytes = b.bytes.size();
+  c.data.assign(b.bytes.begin(), b.bytes.begin() + 64);
+  c.checksum = checksum_bytes(c.data.data(), c.data.size());
+  c.first_block = 2;
+  c.headers = {b.header};
+  return c;
+}
+
 }  // namespace cleave::examples

@@ -107,10 +107,12 @@ T round_trip(const T& in) {
 auto all_examples() {
   return std::make_tuple(examples::request(), examples::finished_event(), examples::handoff(),
                          examples::kv_put(), examples::kv_ack(), examples::kv_get(),
-                         examples::kv_blocks(), examples::health(), examples::stats());
+                         examples::kv_blocks(), examples::health(), examples::stats(),
+                         examples::kv_pull(), examples::kv_chunk());
 }
 const char* const kNames[] = {"GenerateRequest", "StreamEvent", "Handoff", "KvPut", "KvAck",
-                              "KvGet",           "KvBlocks",    "Health",  "Stats"};
+                              "KvGet",           "KvBlocks",    "Health",  "Stats",  "KvPull",
+                              "KvChunk"};
 
 template <class F>
 void for_each_example(F&& f) {

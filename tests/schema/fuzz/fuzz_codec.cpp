@@ -41,5 +41,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check_kind<msg::KvBlocks>(data, size, "KvBlocks");
   check_kind<msg::Health>(data, size, "Health");
   check_kind<msg::Stats>(data, size, "Stats");
+  check_kind<msg::KvPull>(data, size, "KvPull");
+  check_kind<msg::KvChunk>(data, size, "KvChunk");
   return 0;
 }

@@ -31,7 +31,8 @@ int main(int argc, char** argv) {
       {"handoff", encode(ex::handoff())},         {"kv_put", encode(ex::kv_put())},
       {"kv_ack", encode(ex::kv_ack())},           {"kv_get", encode(ex::kv_get())},
       {"kv_blocks", encode(ex::kv_blocks())},     {"health", encode(ex::health())},
-      {"stats", encode(ex::stats())},
+      {"stats", encode(ex::stats())},             {"kv_pull", encode(ex::kv_pull())},
+      {"kv_chunk", encode(ex::kv_chunk())},
   };
   for (const auto& [name, bytes] : seeds) {
     if (!write(dir + "/seed_" + name, bytes)) {

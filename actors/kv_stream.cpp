@@ -1,0 +1,219 @@
+#include "actors/kv_stream.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "schema/codec.h"
+
+namespace cleave {
+
+Status validate_kv_stream_options(uint32_t chunk_bytes, int32_t window) {
+  if (chunk_bytes < codec::kMinKvChunkBytes || chunk_bytes > codec::kMaxKvChunkBytes)
+    return Status(Code::invalid_argument,
+                  "kv chunk bytes " + std::to_string(chunk_bytes) + " is outside [" +
+                      std::to_string(codec::kMinKvChunkBytes) + ", " +
+                      std::to_string(codec::kMaxKvChunkBytes) + "]");
+  if (window < 1 || window > codec::kMaxKvWindow)
+    return Status(Code::invalid_argument, "kv window " + std::to_string(window) +
+                                              " is outside [1, " +
+                                              std::to_string(codec::kMaxKvWindow) + "]");
+  return Status::Ok();
+}
+
+namespace {
+
+// Walks the layer-major stream position `pos` over n blocks of a layout:
+// calls fn(block, byte offset in the block, length) for each contiguous
+// piece of [pos, pos + size).
+template <class Fn>
+void for_each_piece(uint64_t pos, uint64_t size, uint64_t layer_bytes, uint64_t n_blocks, Fn fn) {
+  while (size > 0) {
+    const uint64_t layer = pos / (layer_bytes * n_blocks);
+    const uint64_t in_layer = pos % (layer_bytes * n_blocks);
+    const uint64_t block = in_layer / layer_bytes, off = in_layer % layer_bytes;
+    const uint64_t len = std::min(size, layer_bytes - off);
+    fn(size_t(block), size_t(layer * layer_bytes + off), size_t(len));
+    pos += len;
+    size -= len;
+  }
+}
+
+}  // namespace
+
+KvStreamWriter::KvStreamWriter(uint64_t request_id,
+                               std::shared_ptr<const std::vector<BlockRecord>> records,
+                               int32_t first_block, uint32_t chunk_bytes)
+    : request_id_(request_id),
+      records_(std::move(records)),
+      first_block_(first_block),
+      n_blocks_(std::max<int32_t>(0, int32_t(records_->size()) - first_block)),
+      chunk_bytes_(std::max<uint32_t>(chunk_bytes, 1)) {
+  if (n_blocks_ == 0) return;
+  const KvLayout& layout = (*records_)[size_t(first_block_)].header.layout;
+  layer_bytes_ = layout.layer_bytes();
+  total_ = uint64_t(layout.block_bytes()) * uint64_t(n_blocks_);
+  n_chunks_ = uint32_t((total_ + chunk_bytes_ - 1) / chunk_bytes_);
+}
+
+msg::KvChunk KvStreamWriter::chunk(uint32_t seq) const {
+  msg::KvChunk c;
+  c.request_id = request_id_;
+  c.seq = seq;
+  c.first_block = first_block_;
+  c.total_bytes = total_;
+  c.offset = uint64_t(seq) * chunk_bytes_;
+  const uint64_t size = std::min<uint64_t>(chunk_bytes_, total_ - std::min(total_, c.offset));
+  c.data.resize(size_t(size));
+  uint8_t* out = c.data.data();
+  const BlockRecord* blocks = records_->data() + first_block_;
+  for_each_piece(c.offset, size, layer_bytes_, uint64_t(n_blocks_),
+                 [&](size_t block, size_t at, size_t len) {
+                   std::memcpy(out, blocks[block].bytes.data() + at, len);
+                   out += len;
+                 });
+  c.checksum = checksum_bytes(c.data.data(), c.data.size());
+  if (seq == 0)
+    for (int32_t b = 0; b < n_blocks_; ++b) c.headers.push_back(blocks[b].header);
+  return c;
+}
+
+KvStreamAssembler::KvStreamAssembler(uint64_t request_id, int32_t first_block,
+                                     uint64_t max_total_bytes)
+    : request_id_(request_id), first_block_(first_block), max_total_(max_total_bytes) {}
+
+Status KvStreamAssembler::add(const msg::KvChunk& c) {
+  const std::string who = "kv stream of request " + std::to_string(request_id_) + ", chunk " +
+                          std::to_string(c.seq) + ": ";
+  auto bad = [&](const std::string& why) {
+    return fail(Status(Code::invalid_argument, who + why));
+  };
+  if (!ok_) return Status(Code::aborted, who + "the stream failed before");
+  if (c.request_id != request_id_)
+    return bad("belongs to request " + std::to_string(c.request_id));
+  if (c.seq != next_seq_)
+    return bad("out of order, expected chunk " + std::to_string(next_seq_));
+  if (c.offset != received_)
+    return bad("offset " + std::to_string(c.offset) + ", expected " + std::to_string(received_));
+  if (!started_) {
+    if (c.headers.empty()) return bad("the first chunk carries no block headers");
+    if (c.first_block != first_block_)
+      return bad("starts at block " + std::to_string(c.first_block) + ", asked for block " +
+                 std::to_string(first_block_));
+    const KvLayout& layout = c.headers.front().layout;
+    for (const BlockHeader& h : c.headers)
+      if (!(h.layout == layout)) return bad("blocks of different layouts in one stream");
+    uint64_t total = 0;
+    if (__builtin_mul_overflow(uint64_t(layout.block_bytes()), uint64_t(c.headers.size()), &total) ||
+        total > max_total_)
+      return bad(std::to_string(c.headers.size()) + " blocks exceed the receiver's limit of " +
+                 std::to_string(max_total_) + " bytes");
+    if (c.total_bytes != total)
+      return bad("stream of " + std::to_string(c.total_bytes) + " bytes, the headers describe " +
+                 std::to_string(total));
+    total_ = total;
+    layer_bytes_ = layout.layer_bytes();
+    records_.resize(c.headers.size());
+    for (size_t i = 0; i < c.headers.size(); ++i) {
+      records_[i].header = c.headers[i];
+      records_[i].bytes.resize(layout.block_bytes());
+    }
+    started_ = true;
+  } else if (c.total_bytes != total_ || !c.headers.empty()) {
+    return bad("stream size or headers changed mid-stream");
+  }
+  if (c.data.empty()) return bad("no data");
+  if (c.data.size() > total_ - received_)
+    return bad(std::to_string(c.data.size()) + " bytes, only " +
+               std::to_string(total_ - received_) + " left in the stream");
+  if (checksum_bytes(c.data.data(), c.data.size()) != c.checksum)
+    return fail(Status(Code::corruption, who + "checksum mismatch"));
+  const uint8_t* in = c.data.data();
+  for_each_piece(received_, c.data.size(), layer_bytes_, records_.size(),
+                 [&](size_t block, size_t at, size_t len) {
+                   std::memcpy(records_[block].bytes.data() + at, in, len);
+                   in += len;
+                 });
+  received_ += c.data.size();
+  ++next_seq_;
+  return Status::Ok();
+}
+
+Result<std::vector<BlockRecord>> KvStreamAssembler::take() {
+  if (!complete())
+    return Status(Code::aborted, "kv stream of request " + std::to_string(request_id_) +
+                                     " is not complete (" + std::to_string(received_) + " of " +
+                                     std::to_string(total_) + " bytes)");
+  for (size_t i = 0; i < records_.size(); ++i) {
+    const BlockRecord& r = records_[i];
+    if (checksum_bytes(r.bytes.data(), r.bytes.size()) != r.header.checksum)
+      return Status(Code::corruption, "kv stream of request " + std::to_string(request_id_) +
+                                          ": block " + std::to_string(first_block_ + int32_t(i)) +
+                                          " does not match its checksum");
+  }
+  ok_ = false;  // taken
+  return std::move(records_);
+}
+
+std::vector<std::pair<std::string, uint64_t>> KvStreamCounters::snapshot() const {
+  return {{"kv_transfers_sent", transfers_sent},
+          {"kv_transfers_aborted", transfers_aborted},
+          {"kv_chunks_sent", chunks_sent},
+          {"kv_bytes_sent", bytes_sent},
+          {"kv_blocks_sent", blocks_sent},
+          {"kv_transfers_received", transfers_received},
+          {"kv_transfers_failed", transfers_failed},
+          {"kv_chunks_received", chunks_received},
+          {"kv_bytes_received", bytes_received},
+          {"kv_blocks_received", blocks_received},
+          {"kv_blocks_skipped", blocks_skipped},
+          {"kv_chunks_rejected", chunks_rejected}};
+}
+
+void KvOutbox::put(uint64_t request_id, Records records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_[request_id] = Entry{std::move(records), std::chrono::steady_clock::now()};
+}
+
+KvOutbox::Records KvOutbox::get(uint64_t request_id) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(request_id);
+  return it == map_.end() ? nullptr : it->second.records;
+}
+
+void KvOutbox::erase(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_.erase(request_id);
+}
+
+size_t KvOutbox::expire(std::chrono::steady_clock::duration ttl) {
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto limit = std::chrono::steady_clock::now() - ttl;
+  return std::erase_if(map_, [&](const auto& kv) { return kv.second.at < limit; });
+}
+
+size_t KvOutbox::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return map_.size();
+}
+
+void KvInbox::put(uint64_t request_id, Result<std::vector<BlockRecord>> records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_.insert_or_assign(request_id, std::move(records));
+}
+
+Result<std::vector<BlockRecord>> KvInbox::take(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(request_id);
+  if (it == map_.end())
+    return Status(Code::not_found, "no kv stream for request " + std::to_string(request_id));
+  Result<std::vector<BlockRecord>> out = std::move(it->second);
+  map_.erase(it);
+  return out;
+}
+
+void KvInbox::erase(uint64_t request_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_.erase(request_id);
+}
+
+}  // namespace cleave

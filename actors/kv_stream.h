@@ -1,0 +1,147 @@
+// KV streaming between a prefill stage and a decoder (no CAF): the chunk
+// protocol the kv_sender and kv_receiver actors (actors.cpp) speak, as plain
+// classes the tests and the transfer benchmark drive directly.
+//
+// A stream carries blocks [first_block, n) of one handed-off request, layer
+// by layer: layer 0 of every block, then layer 1, ... (KvLayout keeps each
+// (block, layer) part contiguous), cut into chunks of chunk_bytes. Chunk 0
+// carries the block headers. Each chunk has its XXH3-64 checksum; the
+// assembler takes chunks strictly in order, checks request, sequence number,
+// offset, sizes and checksum, and copies each one straight into the blocks
+// it belongs to, so the records are complete as soon as the last layer
+// lands. Each finished record is then verified against its own checksum
+// (the engine verifies model and layout again when it imports it).
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "schema/messages.h"
+#include "storage/block.h"
+
+namespace cleave {
+
+// Defaults of the stream options (PipelineOptions, `cleave node`).
+constexpr uint32_t kDefaultKvChunkBytes = uint32_t(1) << 20;
+constexpr int32_t kDefaultKvWindow = 8;
+
+// How prefill stages move KV to decoders (PipelineOptions, NodeOptions).
+struct KvStreamOptions {
+  bool direct = true;  // stream prefill -> decode (the store gets a copy); false: store only
+  uint32_t chunk_bytes = kDefaultKvChunkBytes;
+  int32_t window = kDefaultKvWindow;  // chunks in flight per stream before an ack
+  int32_t fault_corrupt_chunk = -1;   // tests: senders flip a bit in this chunk of each stream
+  // Set by Node: "host:port" where this node's middleman listens, named in
+  // hand-offs so decoders on other nodes connect here directly.
+  std::string node_address;
+};
+
+// invalid_argument naming the bound: chunk bytes and window within what a
+// KvPull may ask for (schema/codec.h).
+Status validate_kv_stream_options(uint32_t chunk_bytes, int32_t window);
+
+class KvStreamWriter {
+ public:
+  // Streams (*records)[first_block..]; every record has one layout (the
+  // sender's engine made them all).
+  KvStreamWriter(uint64_t request_id, std::shared_ptr<const std::vector<BlockRecord>> records,
+                 int32_t first_block, uint32_t chunk_bytes);
+
+  uint32_t n_chunks() const { return n_chunks_; }
+  uint64_t total_bytes() const { return total_; }
+  int32_t n_blocks() const { return n_blocks_; }
+  // Chunk seq (< n_chunks()), checksummed.
+  msg::KvChunk chunk(uint32_t seq) const;
+
+ private:
+  uint64_t request_id_;
+  std::shared_ptr<const std::vector<BlockRecord>> records_;
+  int32_t first_block_, n_blocks_;
+  uint32_t chunk_bytes_;
+  uint64_t total_ = 0, layer_bytes_ = 0;
+  uint32_t n_chunks_ = 0;
+};
+
+class KvStreamAssembler {
+ public:
+  // max_total_bytes bounds what chunk 0's headers may make it allocate.
+  KvStreamAssembler(uint64_t request_id, int32_t first_block, uint64_t max_total_bytes);
+
+  // The next chunk. invalid_argument for another request, a chunk out of
+  // order (sequence or offset), sizes that disagree with the headers, a
+  // mixed layout; corruption for a checksum that does not match. After an
+  // error the assembler stays failed.
+  Status add(const msg::KvChunk& chunk);
+  bool complete() const { return ok_ && started_ && received_ == total_; }
+  uint32_t chunks() const { return next_seq_; }
+  uint64_t bytes() const { return received_; }
+  // Once complete: the records, each checked against its own checksum
+  // (corruption naming the block otherwise).
+  Result<std::vector<BlockRecord>> take();
+
+ private:
+  Status fail(Status st) {
+    ok_ = false;
+    return st;
+  }
+  uint64_t request_id_;
+  int32_t first_block_;
+  uint64_t max_total_;
+  bool ok_ = true, started_ = false;
+  uint32_t next_seq_ = 0;
+  uint64_t total_ = 0, received_ = 0, layer_bytes_ = 0;
+  std::vector<BlockRecord> records_;
+};
+
+// Counters of one stage's KV streams (shared by the stage and its sender
+// or receiver actor; read into the stage's Stats).
+struct KvStreamCounters {
+  std::atomic<uint64_t> transfers_sent{0}, transfers_aborted{0}, chunks_sent{0}, bytes_sent{0},
+      blocks_sent{0};
+  std::atomic<uint64_t> transfers_received{0}, transfers_failed{0}, chunks_received{0},
+      bytes_received{0}, blocks_received{0}, blocks_skipped{0}, chunks_rejected{0};
+  std::vector<std::pair<std::string, uint64_t>> snapshot() const;
+};
+
+// A prefill stage's finished KV, kept for its decoder's pull until the
+// stream is done or the entry is older than the time to live (the KV store
+// holds a copy for re-placements).
+class KvOutbox {
+ public:
+  using Records = std::shared_ptr<const std::vector<BlockRecord>>;
+  void put(uint64_t request_id, Records records);
+  Records get(uint64_t request_id) const;  // null when absent
+  void erase(uint64_t request_id);
+  // Drops entries put longer ago than ttl; returns how many.
+  size_t expire(std::chrono::steady_clock::duration ttl);
+  size_t size() const;
+
+ private:
+  struct Entry {
+    Records records;
+    std::chrono::steady_clock::time_point at;
+  };
+  mutable std::mutex mu_;
+  std::unordered_map<uint64_t, Entry> map_;
+};
+
+// Streams a decoder's receiver finished (or failed), until its stage takes them.
+class KvInbox {
+ public:
+  void put(uint64_t request_id, Result<std::vector<BlockRecord>> records);
+  // not_found when nothing is there for the request.
+  Result<std::vector<BlockRecord>> take(uint64_t request_id);
+  void erase(uint64_t request_id);
+
+ private:
+  std::mutex mu_;
+  std::unordered_map<uint64_t, Result<std::vector<BlockRecord>>> map_;
+};
+
+}  // namespace cleave
