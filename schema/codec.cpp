@@ -309,12 +309,20 @@ PromptImage get(wire::PromptImage::Reader r) {
   return im;
 }
 
-std::vector<PromptImage> get(capnp::List<wire::PromptImage>::Reader list) {
-  bounded(list, kMaxImages, "images");
-  std::vector<PromptImage> out;
+BlockRecord get(wire::BlockRecord::Reader r);
+
+// A list of structs, each converted by its get(), at most `limit` of them.
+template <class T, class ListReader>
+std::vector<T> get_structs(ListReader list, size_t limit, const char* field) {
+  bounded(list, limit, field);
+  std::vector<T> out;
   out.reserve(list.size());
-  for (auto im : list) out.push_back(get(im));
+  for (auto item : list) out.push_back(get(item));
   return out;
+}
+
+std::vector<PromptImage> get(capnp::List<wire::PromptImage>::Reader list) {
+  return get_structs<PromptImage>(list, kMaxImages, "images");
 }
 
 GenerateRequest get(wire::GenerateRequest::Reader r) {
@@ -404,11 +412,7 @@ BlockRecord get(wire::BlockRecord::Reader r) {
 }
 
 std::vector<BlockRecord> get(capnp::List<wire::BlockRecord>::Reader list) {
-  bounded(list, kMaxBlocks, "blocks");
-  std::vector<BlockRecord> out;
-  out.reserve(list.size());
-  for (auto b : list) out.push_back(get(b));
-  return out;
+  return get_structs<BlockRecord>(list, kMaxBlocks, "blocks");
 }
 
 void get(wire::Handoff::Reader r, msg::Handoff& h) {

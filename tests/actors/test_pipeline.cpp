@@ -20,11 +20,15 @@
 #include "model/generate.h"
 #include "model/make_model.h"
 #include "schema/codec.h"
+#include "tests/actors/pipeline_util.h"
 #include "tests/same_bits.h"
 
 using namespace cleave;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
+
+using cleave::testing::same_bits;
+using namespace cleave::testing;
 
 namespace {
 
@@ -138,55 +142,11 @@ std::vector<GenerateRequest> mixed_requests(const Model& m, int n, uint64_t firs
   return out;
 }
 
-std::vector<Completion> run_all(Pipeline& p, const std::vector<GenerateRequest>& requests) {
-  auto r = p.run(requests);
-  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
-  return std::move(r.value());
-}
-
-using cleave::testing::same_bits;
-
-// Every completion equal to the reference, bit for bit.
-void check_identical(const std::vector<Completion>& ref, const std::vector<Completion>& got,
-                     const std::string& what) {
-  REQUIRE(ref.size() == got.size());
-  int mismatches = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    CAPTURE(what);
-    CAPTURE(i);
-    REQUIRE_MESSAGE(got[i].error.ok(), got[i].error.to_string());
-    const bool same = got[i].tokens == ref[i].tokens && got[i].text == ref[i].text &&
-                      got[i].finish_reason == ref[i].finish_reason &&
-                      same_bits(got[i].logits, ref[i].logits);
-    if (!same && ++mismatches <= 3) {
-      CHECK(got[i].tokens == ref[i].tokens);
-      CHECK(got[i].text == ref[i].text);
-      CHECK(got[i].finish_reason == ref[i].finish_reason);
-      CHECK(same_bits(got[i].logits, ref[i].logits));
-    }
-  }
-  CHECK_MESSAGE(mismatches == 0, what << ": " << mismatches << " requests differ");
-}
-
 std::vector<Completion> mono_reference(const Model& m, const std::vector<GenerateRequest>& rs) {
   auto mono = make_pipeline(m, base_options(Topology::mono));
   auto ref = run_all(*mono, rs);
   for (const Completion& c : ref) REQUIRE_MESSAGE(c.error.ok(), c.error.to_string());
   return ref;
-}
-
-const msg::Stats* find_stats(const std::vector<msg::Stats>& all, const std::string& actor) {
-  for (const auto& s : all)
-    if (s.actor == actor) return &s;
-  return nullptr;
-}
-
-uint64_t sum_counter(const std::vector<msg::Stats>& all, const std::string& prefix,
-                     const std::string& name) {
-  uint64_t n = 0;
-  for (const auto& s : all)
-    if (s.actor.rfind(prefix, 0) == 0) n += s.get(name);
-  return n;
 }
 
 // Collects streamed events of requests submitted one by one.

@@ -17,12 +17,13 @@
 #include "model/make_model.h"
 #include "model/multimodal.h"
 #include "schema/codec.h"
+#include "tests/actors/pipeline_util.h"
 #include "tests/same_bits.h"
 
 using namespace cleave;
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
-using cleave::testing::same_bits;
+using namespace cleave::testing;
 
 namespace {
 
@@ -133,12 +134,6 @@ std::unique_ptr<Pipeline> make_pipeline(const PipelineOptions& o) {
   return std::move(p.value());
 }
 
-std::vector<Completion> run_all(Pipeline& p, const std::vector<GenerateRequest>& rs) {
-  auto r = p.run(rs);
-  REQUIRE_MESSAGE(r.ok(), r.status().to_string());
-  return std::move(r.value());
-}
-
 // The reference: encode_images() (model/multimodal.h, no actors, no cache)
 // fills the embeddings, then the mono pipeline without an encoder runs them.
 std::vector<Completion> reference(const std::vector<GenerateRequest>& requests) {
@@ -150,36 +145,6 @@ std::vector<Completion> reference(const std::vector<GenerateRequest>& requests) 
   auto ref = run_all(*mono, encoded);
   for (const Completion& c : ref) REQUIRE_MESSAGE(c.error.ok(), c.error.to_string());
   return ref;
-}
-
-int count_mismatches(const std::vector<Completion>& ref, const std::vector<Completion>& got,
-                     const std::string& what) {
-  REQUIRE(ref.size() == got.size());
-  int mismatches = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    CAPTURE(what);
-    CAPTURE(i);
-    REQUIRE_MESSAGE(got[i].error.ok(), got[i].error.to_string());
-    const bool same = got[i].tokens == ref[i].tokens && got[i].text == ref[i].text &&
-                      got[i].finish_reason == ref[i].finish_reason &&
-                      same_bits(got[i].logits, ref[i].logits);
-    mismatches += !same;
-  }
-  return mismatches;
-}
-
-const msg::Stats* find_stats(const std::vector<msg::Stats>& all, const std::string& actor) {
-  for (const auto& s : all)
-    if (s.actor == actor) return &s;
-  return nullptr;
-}
-
-uint64_t sum_counter(const std::vector<msg::Stats>& all, const std::string& prefix,
-                     const std::string& name) {
-  uint64_t n = 0;
-  for (const auto& s : all)
-    if (s.actor.rfind(prefix, 0) == 0) n += s.get(name);
-  return n;
 }
 
 size_t count_image_requests(const std::vector<GenerateRequest>& rs) {
@@ -209,7 +174,7 @@ TEST_CASE("vision pipeline invariant: E/P/D and colocated with encoders give mon
     const auto start = Clock::now();
     auto p = make_pipeline(options(k.t, k.p, k.d, k.c, k.e));
     const auto got = run_all(*p, requests);
-    CHECK_MESSAGE(count_mismatches(ref, got, what) == 0, what);
+    check_identical(ref, got, what);
     for (size_t i = 0; i < requests.size(); ++i)  // the encoder's timing reaches the client
       if (!requests[i].images.empty()) CHECK(!got[i].encode_origin.empty());
     if (k.t != Topology::mono) {

@@ -10,12 +10,10 @@ queued fail with a clear error, none hangs.
 usage: check_epd.py CLEAVE CLIP_DUMP VOCAB WORKDIR"""
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 CLEAVE, CLIP_DUMP, VOCAB, WORK = sys.argv[1:5]
@@ -24,10 +22,10 @@ TOPOLOGY = os.path.join(ROOT, "examples", "epd_3nodes.lua")
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 import numpy as np  # noqa: E402
 from reference_clip import write_png  # noqa: E402
+from node_process import NodeProcess, stop_all  # noqa: E402
 
 os.makedirs(WORK, exist_ok=True)
 failures = []
-procs = []
 
 
 def expect(name, cond, detail=""):
@@ -36,56 +34,12 @@ def expect(name, cond, detail=""):
         failures.append(name)
 
 
-class Node:
-    """A `cleave node` process; stdout lines on a queue, stderr in a file."""
+class Node(NodeProcess):
+    """A `cleave node` process of epd_3nodes.lua with the test LM and mmproj."""
 
     def __init__(self, name, args, tag):
-        self.err_path = os.path.join(WORK, f"{tag}{name}.err")
-        self.err_file = open(self.err_path, "w")
-        self.proc = subprocess.Popen(
-            [CLEAVE, "node", "--topology", TOPOLOGY, "--name", name, "-m", LM, "--mmproj", MMPROJ,
-             "-t", "1", *args], stdout=subprocess.PIPE, stderr=self.err_file, text=True)
-        procs.append(self.proc)
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def wait_line(self, pattern, timeout=30):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                line = self.lines.get(timeout=max(0.01, deadline - time.time()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            m = re.search(pattern, line)
-            if m:
-                return m
-        return None
-
-    def wait(self, timeout):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stderr(self):
-        self.err_file.flush()
-        with open(self.err_path) as f:
-            return f.read()
-
-
-def stop_all():
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    procs.clear()
+        super().__init__([CLEAVE, "node", "--topology", TOPOLOGY, "--name", name, "-m", LM,
+                          "--mmproj", MMPROJ, "-t", "1", *args], os.path.join(WORK, f"{tag}{name}.err"))
 
 
 def read_results(path):

@@ -13,7 +13,6 @@ KV store) and prefill / decode worker nodes joined over CAF's middleman.
 usage: check_nodes.py CLEAVE VOCAB WORKDIR"""
 import json
 import os
-import queue
 import random
 import re
 import signal
@@ -22,11 +21,12 @@ import sys
 import threading
 import time
 
+from node_process import NodeProcess, procs, stop_all
+
 CLEAVE, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 TOPOLOGY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.lua")
 os.makedirs(WORK, exist_ok=True)
 failures = []
-procs = []
 
 
 def expect(name, cond, detail=""):
@@ -35,52 +35,16 @@ def expect(name, cond, detail=""):
         failures.append(name)
 
 
-class Node:
-    """A `cleave node` process; stdout lines arrive on a queue, stderr goes to a file."""
+class Node(NodeProcess):
+    """A `cleave node` process of cluster.lua (or another topology)."""
 
     def __init__(self, name, args, env_secret=None, tag="", topology=TOPOLOGY):
         env = dict(os.environ)
         env.pop("CLEAVE_CLUSTER_SECRET", None)
         if env_secret is not None:
             env["CLEAVE_CLUSTER_SECRET"] = env_secret
-        self.err_path = os.path.join(WORK, f"{tag}{name}.err")
-        self.err_file = open(self.err_path, "w")
-        self.proc = subprocess.Popen(
-            [CLEAVE, "node", "--topology", topology, "--name", name, "-m", MODEL, *args],
-            stdout=subprocess.PIPE, stderr=self.err_file, text=True, env=env)
-        procs.append(self.proc)
-        self.lines = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self):
-        for line in self.proc.stdout:
-            self.lines.put(line.rstrip("\n"))
-        self.lines.put(None)
-
-    def wait_line(self, pattern, timeout=30):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            try:
-                line = self.lines.get(timeout=max(0.01, deadline - time.time()))
-            except queue.Empty:
-                break
-            if line is None:
-                break
-            m = re.search(pattern, line)
-            if m:
-                return m
-        return None
-
-    def wait(self, timeout):
-        try:
-            return self.proc.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return None
-
-    def stderr(self):
-        self.err_file.flush()
-        with open(self.err_path) as f:
-            return f.read()
+        super().__init__([CLEAVE, "node", "--topology", topology, "--name", name, "-m", MODEL, *args],
+                         os.path.join(WORK, f"{tag}{name}.err"), env)
 
 
 def start_head(args, secret=None, tag=""):
@@ -97,14 +61,6 @@ def worker(name, port, secret=None, tag="", sets=(), extra=()):
     for s in sets:
         args += ["--set", s]
     return Node(name, args, secret, tag)
-
-
-def stop_all():
-    for p in procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    procs.clear()
 
 
 # ---- model, requests and mono's answers ---------------------------------------

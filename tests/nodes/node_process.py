@@ -1,0 +1,59 @@
+"""Processes for the multi-process tests (check_nodes.py, check_epd.py): a
+process's stdout lines arrive on a queue, its stderr goes to a file, and
+stop_all() kills every one still running."""
+import queue
+import re
+import subprocess
+import threading
+import time
+
+procs = []
+
+
+class NodeProcess:
+    def __init__(self, cmd, err_path, env=None):
+        self.err_path = err_path
+        self.err_file = open(err_path, "w")
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=self.err_file, text=True, env=env)
+        procs.append(self.proc)
+        self.lines = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self):
+        for line in self.proc.stdout:
+            self.lines.put(line.rstrip("\n"))
+        self.lines.put(None)
+
+    def wait_line(self, pattern, timeout=30):
+        """The first stdout line matching pattern (its match), or None."""
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            try:
+                line = self.lines.get(timeout=max(0.01, deadline - time.time()))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            m = re.search(pattern, line)
+            if m:
+                return m
+        return None
+
+    def wait(self, timeout):
+        try:
+            return self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stderr(self):
+        self.err_file.flush()
+        with open(self.err_path) as f:
+            return f.read()
+
+
+def stop_all():
+    for p in procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    procs.clear()
