@@ -22,16 +22,9 @@ TOPOLOGY = os.path.join(ROOT, "examples", "epd_3nodes.lua")
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 import numpy as np  # noqa: E402
 from reference_clip import write_png  # noqa: E402
-from node_process import NodeProcess, stop_all  # noqa: E402
+from node_process import NodeProcess, expect, failures, stop_all  # noqa: E402
 
 os.makedirs(WORK, exist_ok=True)
-failures = []
-
-
-def expect(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + ("" if cond else ": " + str(detail)[:2000]), flush=True)
-    if not cond:
-        failures.append(name)
 
 
 class Node(NodeProcess):

@@ -21,18 +21,11 @@ import sys
 import threading
 import time
 
-from node_process import NodeProcess, procs, stop_all
+from node_process import NodeProcess, expect, failures, procs, stop_all
 
 CLEAVE, VOCAB, WORK = sys.argv[1], sys.argv[2], sys.argv[3]
 TOPOLOGY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "cluster.lua")
 os.makedirs(WORK, exist_ok=True)
-failures = []
-
-
-def expect(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + ("" if cond else ": " + str(detail)[:2000]), flush=True)
-    if not cond:
-        failures.append(name)
 
 
 class Node(NodeProcess):

@@ -8,6 +8,14 @@ import threading
 import time
 
 procs = []
+failures = []
+
+
+def expect(name, cond, detail=""):
+    """Prints ok / FAIL for one check; failed names go to failures."""
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else ": " + str(detail)[:2000]), flush=True)
+    if not cond:
+        failures.append(name)
 
 
 class NodeProcess:
