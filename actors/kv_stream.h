@@ -16,8 +16,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -143,5 +145,25 @@ class KvInbox {
   std::mutex mu_;
   std::unordered_map<uint64_t, Result<std::vector<BlockRecord>>> map_;
 };
+
+
+// The two ends of the KV transfer benchmark (bench/actors/kv_transfer_bench.cpp):
+// the real kv_sender and kv_receiver actors over CAF's middleman, each in
+// its own actor system. serve_kv_sender publishes a kv_sender holding
+// `records` as requests 1..n_streams on host (port 0; on_port gets it) and
+// returns once every stream was pulled to its last ack (timed_out after
+// timeout_s). pull_kv_streams pulls requests 1..n_streams one after the
+// other and times each (fetch to the records in hand).
+struct KvPullTiming {
+  double seconds = 0;
+  uint64_t bytes = 0;
+  std::vector<BlockRecord> records;
+};
+Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
+                       const std::string& host, const std::function<void(uint16_t)>& on_port,
+                       double timeout_s);
+Result<std::vector<KvPullTiming>> pull_kv_streams(const std::string& host, uint16_t port,
+                                                  int32_t n_streams, uint32_t chunk_bytes,
+                                                  int32_t window);
 
 }  // namespace cleave
