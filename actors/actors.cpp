@@ -1879,9 +1879,9 @@ Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, 
   return st;
 }
 
-Result<std::vector<KvPullTiming>> pull_kv_streams(const std::string& host, uint16_t port,
-                                                  int32_t n_streams, uint32_t chunk_bytes,
-                                                  int32_t window) {
+Result<std::vector<KvPullTiming>> pull_kv_streams(
+    const std::string& host, uint16_t port, int32_t n_streams, uint32_t chunk_bytes, int32_t window,
+    const std::function<void(const std::vector<BlockRecord>&)>& sink) {
   CLEAVE_RETURN_IF_ERROR(validate_kv_stream_options(chunk_bytes, window));
   caf::actor_system_config config;
   configure_bench_end(config);
@@ -1911,11 +1911,8 @@ Result<std::vector<KvPullTiming>> pull_kv_streams(const std::string& host, uint1
     auto records = inbox->take(uint64_t(i));
     if (st.ok() && !complete) st = records.ok() ? Status(Code::aborted, "stream failed") : records.status();
     if (!st.ok()) break;
-    KvPullTiming t;
-    t.seconds = seconds;
-    t.bytes = counters->bytes_received - bytes_before;
-    t.records = std::move(records.value());
-    out.push_back(std::move(t));
+    out.push_back(KvPullTiming{seconds, counters->bytes_received - bytes_before});
+    sink(records.value());
   }
   caf::anon_send_exit(receiver, caf::exit_reason::user_shutdown);
   if (!st.ok()) return st;
