@@ -1840,21 +1840,11 @@ Result<std::unique_ptr<Node>> Node::start(const NodeOptions& options) {
 
 namespace cleave {
 
-// As a node's (configure_node): the handle types that cross, and idle
-// workers that sleep instead of polling the cores the streams need.
-void configure_bench_end(caf::actor_system_config& config) {
-  config.load<caf::io::middleman>();
-  config.add_message_type<kv_receiver_actor>("cleave.kv_receiver_actor");
-  config.add_message_type<kv_sender_actor>("cleave.kv_sender_actor");
-  config.set("work-stealing.aggressive-poll-attempts", size_t(10));
-  config.set("work-stealing.moderate-poll-attempts", size_t(0));
-}
-
 Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
                        const std::string& host, const std::function<void(uint16_t)>& on_port,
                        double timeout_s) {
   caf::actor_system_config config;
-  configure_bench_end(config);
+  configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
   caf::actor_system system{config};
   auto outbox = std::make_shared<KvOutbox>();
   for (int32_t i = 1; i <= n_streams; ++i) outbox->put(uint64_t(i), records);
@@ -1884,7 +1874,7 @@ Result<std::vector<KvPullTiming>> pull_kv_streams(
     const std::function<void(const std::vector<BlockRecord>&)>& sink) {
   CLEAVE_RETURN_IF_ERROR(validate_kv_stream_options(chunk_bytes, window));
   caf::actor_system_config config;
-  configure_bench_end(config);
+  configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
   caf::actor_system system{config};
   auto sender = system.middleman().remote_actor<kv_sender_actor>(host, port);
   if (!sender)
