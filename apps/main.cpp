@@ -12,6 +12,7 @@
 #include <sstream>
 #include <condition_variable>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -358,7 +359,12 @@ int run_generate_requests(const GenerateArgs& a) {
   check_image_usage(a, topology, has_images);
 
   size_t n_images = 0;
-  for (const GenerateRequest& r : requests) n_images += r.images.size();
+  std::set<std::pair<uint64_t, uint64_t>> distinct;
+  for (const GenerateRequest& r : requests)
+    for (const PromptImage& im : r.images) {
+      ++n_images;
+      distinct.insert({im.hash.lo, im.hash.hi});
+    }
   const auto t0 = std::chrono::steady_clock::now();
   if (clip) {
     auto backend = make_cpu_backend(threads);
@@ -405,8 +411,10 @@ int run_generate_requests(const GenerateArgs& a) {
   }
   out.flush();
   if (!out) fail(Status(Code::io_error, "cannot write the results"));
-  std::fprintf(stderr, "%s: %zu requests (%zu failed) | encode: %zu images, %.1f ms | run: %.1f ms\n",
-               topology_name(topology), requests.size(), failed, n_images, encode_s * 1e3, run_s * 1e3);
+  std::fprintf(stderr,
+               "%s: %zu requests (%zu failed) | encode: %zu images (%zu distinct), %.1f ms | run: %.1f ms\n",
+               topology_name(topology), requests.size(), failed, n_images, distinct.size(),
+               encode_s * 1e3, run_s * 1e3);
   return 0;
 }
 

@@ -103,7 +103,8 @@ class ClipModel {
   // alone or with others. invalid_argument for n < 1 or null pointers,
   // unsupported when the backend lacks matmul for the weight type,
   // out_of_memory when the batch's scratch cannot be allocated. Scratch is
-  // per call: concurrent calls with their own backends are safe.
+  // per calling thread (kept between calls, grown to the largest batch):
+  // concurrent calls from different threads with their own backends are safe.
   Status encode(Backend& backend, const float* pixels, int64_t n, float* out) const;
 
  private:
