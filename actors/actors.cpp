@@ -2191,3 +2191,78 @@ Result<std::unique_ptr<Node>> Node::start(const NodeOptions& options) {
 }
 
 }  // namespace cleave
+
+// ---- the KV transfer benchmark's two ends (actors/kv_stream.h) ----
+
+namespace cleave {
+
+Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
+                       const std::string& host, const std::function<void(uint16_t)>& on_port,
+                       double timeout_s) {
+  caf::actor_system_config config;
+  configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
+  caf::actor_system system{config};
+  auto outbox = std::make_shared<KvOutbox>();
+  for (int32_t i = 1; i <= n_streams; ++i) outbox->put(uint64_t(i), records);
+  auto counters = std::make_shared<KvStreamCounters>();
+  auto sender = system.spawn(kv_sender_fn, outbox, counters, int32_t(-1));
+  auto port = system.middleman().publish(sender, 0, host.c_str());
+  Status st;
+  if (!port) {
+    st = Status(Code::unavailable, "cannot listen on " + host + ": " + system.render(port.error()));
+  } else {
+    on_port(*port);
+    // Streams erase their outbox entry when their last chunk is acknowledged.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1e3));
+    while (outbox->size() > 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (outbox->size() > 0)
+      st = Status(Code::timed_out, std::to_string(outbox->size()) + " streams not pulled within " +
+                                       std::to_string(timeout_s) + " s");
+    system.middleman().unpublish(sender, *port);
+  }
+  caf::anon_send_exit(sender, caf::exit_reason::user_shutdown);
+  return st;
+}
+
+Result<std::vector<KvPullTiming>> pull_kv_streams(
+    const std::string& host, uint16_t port, int32_t n_streams, uint32_t chunk_bytes, int32_t window,
+    const std::function<void(const std::vector<BlockRecord>&)>& sink) {
+  CLEAVE_RETURN_IF_ERROR(validate_kv_stream_options(chunk_bytes, window));
+  caf::actor_system_config config;
+  configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
+  caf::actor_system system{config};
+  auto sender = system.middleman().remote_actor<kv_sender_actor>(host, port);
+  if (!sender)
+    return Status(Code::unavailable, "cannot reach the kv_sender at " + host + ":" +
+                                         std::to_string(port) + ": " + system.render(sender.error()));
+  auto inbox = std::make_shared<KvInbox>();
+  auto counters = std::make_shared<KvStreamCounters>();
+  auto receiver = system.spawn(kv_receiver_fn, inbox, counters);
+  std::vector<KvPullTiming> out;
+  Status st;
+  caf::scoped_actor self{system};
+  for (int32_t i = 1; i <= n_streams && st.ok(); ++i) {
+    msg::KvPull pull;
+    pull.request_id = uint64_t(i);
+    pull.chunk_bytes = chunk_bytes;
+    pull.window = window;
+    const uint64_t bytes_before = counters->bytes_received;
+    const auto t0 = Clock::now();
+    bool complete = false;
+    self->request(receiver, kKvFetchTimeout, kv_fetch_atom::value, codec::encode(pull),
+                  caf::actor_cast<caf::actor>(*sender), std::string())
+        .receive([&](bool ok) { complete = ok; }, [&](caf::error& e) { st = from_error(e); });
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    auto records = inbox->take(uint64_t(i));
+    if (st.ok() && !complete) st = records.ok() ? Status(Code::aborted, "stream failed") : records.status();
+    if (!st.ok()) break;
+    out.push_back(KvPullTiming{seconds, counters->bytes_received - bytes_before});
+    sink(records.value());
+  }
+  caf::anon_send_exit(receiver, caf::exit_reason::user_shutdown);
+  if (!st.ok()) return st;
+  return out;
+}
+
+}  // namespace cleave

@@ -1,5 +1,8 @@
 #include "actors/kv_stream.h"
 
+#include <malloc.h>
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -36,6 +39,19 @@ void for_each_piece(uint64_t pos, uint64_t size, uint64_t layer_bytes, uint64_t 
     pos += len;
     size -= len;
   }
+}
+
+// Sizes v to n bytes, asking for transparent huge pages first: fresh memory
+// costs a page fault per 4 KiB on first touch, about 20 us each on the VMs
+// measured here (0.2 GB/s, the whole budget of a stream); a huge page
+// takes one fault per 2 MiB.
+void resize_huge(std::vector<uint8_t>& v, size_t n) {
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  v.reserve(n);
+  const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
+  const uintptr_t begin = (p + kHuge - 1) & ~(kHuge - 1), end = (p + n) & ~(kHuge - 1);
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  v.resize(n);
 }
 
 }  // namespace
@@ -115,7 +131,7 @@ Status KvStreamAssembler::add(const msg::KvChunk& c) {
     records_.resize(c.headers.size());
     for (size_t i = 0; i < c.headers.size(); ++i) {
       records_[i].header = c.headers[i];
-      records_[i].bytes.resize(layout.block_bytes());
+      resize_huge(records_[i].bytes, layout.block_bytes());
     }
     started_ = true;
   } else if (c.total_bytes != total_ || !c.headers.empty()) {
@@ -214,6 +230,11 @@ Result<std::vector<BlockRecord>> KvInbox::take(uint64_t request_id) {
 void KvInbox::erase(uint64_t request_id) {
   std::lock_guard<std::mutex> lock(mu_);
   map_.erase(request_id);
+}
+
+void retain_freed_memory() {
+  (void)::mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: blocks and chunks come from the heap
+  (void)::mallopt(M_TRIM_THRESHOLD, 1 << 30);   // and stay there when freed
 }
 
 }  // namespace cleave

@@ -16,8 +16,10 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -143,5 +145,33 @@ class KvInbox {
   std::mutex mu_;
   std::unordered_map<uint64_t, Result<std::vector<BlockRecord>>> map_;
 };
+
+
+// The two ends of the KV transfer benchmark (bench/actors/kv_transfer_bench.cpp):
+// the real kv_sender and kv_receiver actors over CAF's middleman, each in
+// its own actor system. serve_kv_sender publishes a kv_sender holding
+// `records` as requests 1..n_streams on host (port 0; on_port gets it) and
+// returns once every stream was pulled to its last ack (timed_out after
+// timeout_s). pull_kv_streams pulls requests 1..n_streams one after the
+// other, times each (fetch to the records in hand) and hands the records to
+// sink (then drops them, as a decoder does after importing them).
+struct KvPullTiming {
+  double seconds = 0;
+  uint64_t bytes = 0;
+};
+Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
+                       const std::string& host, const std::function<void(uint16_t)>& on_port,
+                       double timeout_s);
+Result<std::vector<KvPullTiming>> pull_kv_streams(
+    const std::string& host, uint16_t port, int32_t n_streams, uint32_t chunk_bytes, int32_t window,
+    const std::function<void(const std::vector<BlockRecord>&)>& sink);
+
+// Keeps freed memory in the process instead of returning it to the system
+// (malloc trim and mmap thresholds raised): first touch of fresh memory
+// costs a page fault per 4 KiB, about 20 us each on the VMs measured here
+// (0.2 GB/s), so KV streams that reuse the buffers of the last ones run
+// many times faster. Process-wide; `cleave node` and the KV benchmark call
+// it at start.
+void retain_freed_memory();
 
 }  // namespace cleave

@@ -327,6 +327,7 @@ int run_node_command() {
                                             : o.spec.secret_file.c_str());
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
+  retain_freed_memory();  // KV streams reuse freed buffers (actors/kv_stream.h)
 
   auto node = unwrap(Node::start(o));
   if (node->is_head()) {

@@ -253,7 +253,8 @@ TEST_CASE("engine images: bad spans and embedding sizes are typed errors") {
   auto s = e->open_sequence({{2, 4, h}});
   REQUIRE(s.ok());
   const std::vector<int32_t> ids(10, 5);
-  std::vector<float> rows(size_t(4) * D, 0.25f), logits(2 * static_cast<size_t>(V));
+  // One float more than four rows: the too-long case stays inside the buffer.
+  std::vector<float> rows(size_t(4) * D + 1, 0.25f), logits(2 * static_cast<size_t>(V));
   for (size_t floats : {size_t(0), size_t(3) * D, size_t(4) * D + 1}) {
     Status st = e->forward({{*s, ids.data(), 10, {rows.data(), floats}}}, logits.data());
     CHECK(st.code() == Code::invalid_argument);

@@ -333,6 +333,37 @@ try:
               f"{router.get('replacements')} re-placed; head exited {t_done - t_submitted:.2f} s after submit")
     stop_all()
 
+    # ---- (c2) kill -9 of the prefill node while it streams KV to the decoder ------
+    out = os.path.join(WORK, "killp.jsonl")
+    head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "2"], tag="killp_")
+    expect("kill prefill: head listens", port is not None, head.stderr())
+    p0 = worker("p0", port, tag="killp_", sets=["decoders=1"], extra=["--kv-chunk-bytes", "4096"])
+    # Small chunks and one sequence at a time on d0: streams are in flight when p0 dies.
+    d0 = worker("d0", port, tag="killp_", sets=["decoders=1"],
+                extra=["--max-seqs", "1", "--kv-chunk-bytes", "4096", "--kv-window", "2"])
+    submitted = head.wait_line(r"submitted (\d+) requests", timeout=60)
+    # Frozen first (streams stall mid-way, shorter than the heartbeat timeout), then killed.
+    p0.proc.send_signal(signal.SIGSTOP)
+    time.sleep(0.2)
+    p0.proc.kill()
+    rc = head.wait(120)
+    herr = head.stderr()
+    results = read_results(out)
+    expect("kill prefill: every request ends (none hangs), head exits 0",
+           submitted is not None and rc == 0 and len(results) == 100, f"rc={rc} {herr[-2000:]}")
+    finished = [r for r in results if "error" not in r]
+    failed = [r for r in results if "error" in r]
+    wrong = [r["id"] for r in finished if r["tokens"] != mono.get(r["id"])]
+    expect("kill prefill: finished requests have mono's tokens", not wrong, f"differ: {wrong[:10]}")
+    unclear = [r for r in failed if not re.search(r"unavailable|timed_out|aborted", r["error"])]
+    expect("kill prefill: failed requests name a clear error", not unclear, unclear[:3])
+    d0.wait(10)
+    ds = stats_of(d0.stderr(), "d0/decode/0")
+    print(f"     {len(finished)} finished, {len(failed)} failed (no prefill left); d0: "
+          f"{ds.get('kv_transfers_received')} streams in, {ds.get('kv_transfers_failed')} cut, "
+          f"{ds.get('kv_blocks_got')} blocks from the store")
+    stop_all()
+
     # ---- (d) SIGSTOP of a decode node: heartbeats drop it, its work ends elsewhere ----
     out = os.path.join(WORK, "stop.jsonl")
     head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "3", "--set",

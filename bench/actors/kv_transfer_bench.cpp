@@ -1,0 +1,251 @@
+// KV transfer between two processes: the chunk protocol (the real kv_sender
+// and kv_receiver actors over CAF's middleman, actors/kv_stream.h) beside
+// raw TCP over loopback (plain sockets, the same bytes, the same chunk
+// size), measured in the same run, per chunk size. The bench starts itself
+// a second time (--serve) as the sending process.
+//
+//   cleave_kv_bench [--mib 64] [--reps 5] [--chunks 65536,262144,1048576,4194304]
+//                   [--window 8] [--json FILE]
+#include <CLI/CLI.hpp>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <spawn.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/kv_stream.h"
+
+extern char** environ;
+
+using namespace cleave;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+// A llama-8B-like block (32 layers, 8 KV heads of 128, 16 tokens, F32): 4 MiB.
+KvLayout bench_layout() {
+  KvLayout l;
+  l.tokens_per_block = 16;
+  l.n_layers = 32;
+  l.n_kv_heads = 8;
+  l.head_dim = 128;
+  return l;
+}
+
+// The same records in both processes (a fixed generator), sealed.
+std::shared_ptr<const std::vector<BlockRecord>> make_records(int mib) {
+  const KvLayout layout = bench_layout();
+  const int n = std::max(1, int((size_t(mib) << 20) / layout.block_bytes()));
+  auto out = std::make_shared<std::vector<BlockRecord>>(size_t(n));
+  uint64_t x = 0x9E3779B97F4A7C15ull;
+  for (int b = 0; b < n; ++b) {
+    BlockRecord& r = (*out)[size_t(b)];
+    r.header.key = BlockKey{uint64_t(b) + 1, 42};
+    r.header.model_fingerprint = 7;
+    r.header.layout = layout;
+    r.header.n_tokens = 16;
+    r.bytes.resize(layout.block_bytes());
+    for (size_t i = 0; i + 8 <= r.bytes.size(); i += 8) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      std::memcpy(r.bytes.data() + i, &x, 8);
+    }
+    seal(r);
+  }
+  return out;
+}
+
+bool send_all(int fd, const void* p, size_t n) {
+  const char* c = static_cast<const char*>(p);
+  while (n > 0) {
+    const ssize_t w = ::send(fd, c, n, MSG_NOSIGNAL);
+    if (w <= 0) return false;
+    c += w;
+    n -= size_t(w);
+  }
+  return true;
+}
+
+bool recv_all(int fd, void* p, size_t n) {
+  char* c = static_cast<char*>(p);
+  while (n > 0) {
+    const ssize_t r = ::recv(fd, c, n, 0);
+    if (r <= 0) return false;
+    c += r;
+    n -= size_t(r);
+  }
+  return true;
+}
+
+// Raw TCP server: per request (chunk bytes, 0 ends), sends every record's
+// bytes in writes of that size.
+void serve_raw(int listener, const std::vector<BlockRecord>& records) {
+  const int fd = ::accept(listener, nullptr, nullptr);
+  if (fd < 0) return;
+  uint64_t chunk = 0;
+  while (recv_all(fd, &chunk, sizeof chunk) && chunk > 0) {
+    for (const BlockRecord& r : records)
+      for (size_t at = 0; at < r.bytes.size(); at += chunk)
+        if (!send_all(fd, r.bytes.data() + at, std::min<size_t>(chunk, r.bytes.size() - at))) break;
+  }
+  ::close(fd);
+}
+
+int serve(int mib, int streams) {
+  auto records = make_records(mib);
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (listener < 0 || ::bind(listener, reinterpret_cast<sockaddr*>(&addr), len) != 0 ||
+      ::listen(listener, 1) != 0 || ::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    std::perror("raw tcp listen");
+    return 1;
+  }
+  std::thread raw([&] { serve_raw(listener, *records); });
+  Status st = serve_kv_sender(records, streams, "127.0.0.1", [&](uint16_t port) {
+    std::printf("ports %u %u\n", unsigned(port), unsigned(ntohs(addr.sin_port)));
+    std::fflush(stdout);
+  }, 300);
+  raw.join();
+  ::close(listener);
+  if (!st.ok()) {
+    std::fprintf(stderr, "serve: %s\n", st.to_string().c_str());
+    return 1;
+  }
+  return 0;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"KV transfer between two processes: chunk protocol vs raw TCP loopback"};
+  int mib = 64, reps = 5, window = kDefaultKvWindow, serve_streams = 0;
+  std::vector<uint32_t> chunks{64u << 10, 256u << 10, 1u << 20, 4u << 20};
+  std::string json_path;
+  app.add_option("--mib", mib, "KV per transfer (MiB; 4 MiB blocks)")->check(CLI::Range(4, 4096));
+  app.add_option("--reps", reps, "transfers per chunk size and path (median reported)")
+      ->check(CLI::Range(1, 100));
+  app.add_option("--chunks", chunks, "chunk sizes in bytes")->delimiter(',');
+  app.add_option("--window", window, "chunks in flight per stream")->check(CLI::Range(1, 1024));
+  app.add_option("--json", json_path, "write the figures as JSON");
+  app.add_option("--serve", serve_streams, "internal: be the sending process for N streams");
+  CLI11_PARSE(app, argc, argv);
+  retain_freed_memory();  // as `cleave node` does
+  if (serve_streams > 0) return serve(mib, serve_streams);
+
+  auto records = make_records(mib);
+  uint64_t total = 0;
+  for (const BlockRecord& r : *records) total += r.bytes.size();
+  std::printf("KV transfer: %d blocks of %zu bytes (%.1f MiB) per transfer, window %d, %d reps\n",
+              int(records->size()), bench_layout().block_bytes(), double(total) / (1 << 20),
+              window, reps);
+  std::printf("%10s %14s %14s %8s %8s\n", "chunk", "raw tcp GB/s", "kv chunks GB/s", "ratio",
+              "chunks");
+  nlohmann::json out = nlohmann::json::array();
+  for (uint32_t chunk : chunks) {
+    // The sending process.
+    int pipe_fd[2];
+    if (::pipe(pipe_fd) != 0) return 1;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, pipe_fd[1], 1);
+    posix_spawn_file_actions_addclose(&fa, pipe_fd[0]);
+    const std::string mib_s = std::to_string(mib), streams_s = std::to_string(reps);
+    char* child_argv[] = {argv[0], const_cast<char*>("--serve"), const_cast<char*>(streams_s.c_str()),
+                          const_cast<char*>("--mib"), const_cast<char*>(mib_s.c_str()), nullptr};
+    pid_t pid = 0;
+    if (posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, child_argv, environ) != 0) {
+      std::perror("posix_spawn");
+      return 1;
+    }
+    posix_spawn_file_actions_destroy(&fa);
+    ::close(pipe_fd[1]);
+    FILE* child_out = ::fdopen(pipe_fd[0], "r");
+    unsigned caf_port = 0, raw_port = 0;
+    if (std::fscanf(child_out, "ports %u %u", &caf_port, &raw_port) != 2) {
+      std::fprintf(stderr, "the sending process did not start\n");
+      return 1;
+    }
+    // Raw TCP: the same bytes in writes of the chunk size.
+    std::vector<double> raw_s;
+    {
+      const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+      sockaddr_in addr{};
+      addr.sin_family = AF_INET;
+      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+      addr.sin_port = htons(uint16_t(raw_port));
+      if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+        std::perror("raw tcp connect");
+        return 1;
+      }
+      std::vector<uint8_t> buf(total);
+      for (int r = 0; r < reps; ++r) {
+        const uint64_t c = chunk;
+        const auto t0 = Clock::now();
+        if (!send_all(fd, &c, sizeof c)) return 1;
+        for (size_t at = 0; at < total; at += chunk)
+          if (!recv_all(fd, buf.data() + at, std::min<size_t>(chunk, total - at))) return 1;
+        raw_s.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      const uint64_t end = 0;
+      send_all(fd, &end, sizeof end);
+      ::close(fd);
+    }
+    // The chunk protocol through the actors; every stream's blocks checked.
+    bool same = true;
+    auto pulls = pull_kv_streams("127.0.0.1", uint16_t(caf_port), reps, chunk, window,
+                                 [&](const std::vector<BlockRecord>& got) {
+                                   same = same && got.size() == records->size();
+                                   for (size_t b = 0; same && b < got.size(); ++b)
+                                     same = got[b].bytes == (*records)[b].bytes;
+                                 });
+    int status = 0;
+    ::waitpid(pid, &status, 0);
+    std::fclose(child_out);
+    if (!pulls.ok()) {
+      std::fprintf(stderr, "chunk %u: %s\n", chunk, pulls.status().to_string().c_str());
+      return 1;
+    }
+    std::vector<double> kv_s;
+    for (const KvPullTiming& t : *pulls) {
+      kv_s.push_back(t.seconds);
+      same = same && t.bytes == total;
+    }
+    if (!same) {
+      std::fprintf(stderr, "chunk %u: the streamed blocks differ from the sent ones\n", chunk);
+      return 1;
+    }
+    const double raw_gbs = double(total) / median(raw_s) / 1e9;
+    const double kv_gbs = double(total) / median(kv_s) / 1e9;
+    const uint64_t n_chunks = (total + chunk - 1) / chunk;
+    std::printf("%10u %14.2f %14.2f %7.0f%% %8llu\n", chunk, raw_gbs, kv_gbs, 100 * kv_gbs / raw_gbs,
+                static_cast<unsigned long long>(n_chunks));
+    out.push_back({{"chunk_bytes", chunk}, {"bytes", total}, {"window", window}, {"reps", reps},
+                   {"raw_tcp_gb_s", raw_gbs}, {"kv_stream_gb_s", kv_gbs},
+                   {"ratio", kv_gbs / raw_gbs}, {"chunks", n_chunks}});
+  }
+  if (!json_path.empty()) {
+    FILE* f = std::fopen(json_path.c_str(), "w");
+    if (!f) return 1;
+    std::fprintf(f, "%s\n", out.dump(2).c_str());
+    std::fclose(f);
+  }
+  return 0;
+}
