@@ -10,6 +10,10 @@
 //      so 32 streams can at most approach 32x until compute (FMA peak) binds.
 //   3. TTFT and TPOT percentiles for a mixed load (short and long prompts
 //      arriving together), colocated against pd.
+//   4. Encoder disaggregation: TTFT percentiles for a mixed text and image
+//      load, images encoded inline before prefill (mono) against
+//      vision_encoder actors (E/P/D = pd + encoders, and colocated +
+//      encoders), beside FMA peak (the encoder is compute-bound).
 //
 // Models are made on the spot (deterministic weights, the committed Llama-2
 // vocabulary). Prints a table, and JSON with --json.
@@ -29,6 +33,7 @@
 #include "bench/limits.h"
 #include "kernels/backend.h"
 #include "model/make_model.h"
+#include "model/multimodal.h"
 
 using namespace cleave;
 using Clock = std::chrono::steady_clock;
@@ -57,6 +62,7 @@ struct Trace {
   double wall_seconds = 0;
   int64_t tokens = 0;
   std::vector<double> ttft;  // seconds, per request
+  std::map<uint64_t, double> ttft_of;  // by request id
   std::vector<double> tpot;  // seconds between consecutive tokens, all requests
 };
 
@@ -87,6 +93,7 @@ Trace run_load(const std::shared_ptr<const GgufFile>& file,
   for (auto& [id, times] : arrivals) {
     t.tokens += int64_t(times.size());
     if (!times.empty()) t.ttft.push_back(std::chrono::duration<double>(times[0] - t0).count());
+    if (!times.empty()) t.ttft_of[id] = t.ttft.back();
     for (size_t i = 1; i < times.size(); ++i)
       t.tpot.push_back(std::chrono::duration<double>(times[i] - times[i - 1]).count());
   }
@@ -116,12 +123,14 @@ int main(int argc, char** argv) {
   std::string vocab = std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   int steps = 64;
+  int only = 0;
   bool json = false;
   app.add_option("--workdir", workdir, "where the test model is written");
   app.add_option("--vocab", vocab, "GGUF vocabulary for the test model");
   app.add_option("-t,--threads", threads, "threads per engine");
   app.add_option("--steps", steps, "decode steps per request");
   app.add_flag("--json", json, "print JSON instead of tables");
+  app.add_option("--only", only, "run only this section (1-4; 0: all)")->check(CLI::Range(0, 4));
   CLI11_PARSE(app, argc, argv);
 
   std::filesystem::create_directories(workdir);
@@ -148,6 +157,7 @@ int main(int argc, char** argv) {
   nlohmann::json out;
 
   // 1. Messaging overhead per decode step.
+  if (only == 0 || only == 1) {
   std::printf("1. decode step time (median TPOT), pd vs mono, %d steps, %d threads per engine\n",
               steps, threads);
   std::printf("%-6s %12s %12s %10s\n", "batch", "mono ms", "pd ms", "overhead");
@@ -166,6 +176,7 @@ int main(int argc, char** argv) {
     out["step_overhead"].push_back(
         {{"batch", batch}, {"mono_ms", m * 1e3}, {"pd_ms", p * 1e3}, {"overhead_pct", overhead}});
   }
+  }
 
   // 2. Continuous batching throughput, beside its roofline ceiling: one
   // stream reads every weight per token (bandwidth-bound); 32 streams share
@@ -175,6 +186,7 @@ int main(int argc, char** argv) {
   const Isa isa = detect_isa();
   const double bw = bench::read_bandwidth(512ull << 20, threads, 10);
   const double peak = isa == Isa::scalar ? 0 : bench::fma_peak_gflops(isa, threads);
+  if (only == 0 || only == 2) {
   std::printf("\n2. continuous batching, colocated actor: generated tokens/s (%d threads: "
               "read bandwidth %.1f GB/s, FP32 FMA peak %.1f GFLOP/s)\n",
               threads, bw, peak);
@@ -206,9 +218,11 @@ int main(int argc, char** argv) {
                                {"read_bandwidth_GBs", bw}, {"fma_peak_GFLOPs", peak}});
   }
   std::printf("  target >= 6x\n");
+  }
 
   // 3. Mixed load: 48 requests, 3 in 4 short prompts (24 tokens), 1 in 4
   // long (384 tokens), all arriving at once.
+  if (only == 0 || only == 3) {
   std::printf("\n3. mixed load (48 requests, 25%% long prompts), ms\n");
   std::printf("%-10s %9s %9s %9s %9s %9s\n", "topology", "TTFT p50", "TTFT p90", "TPOT p50",
               "TPOT p90", "TPOT p99");
@@ -230,6 +244,85 @@ int main(int argc, char** argv) {
         {"ttft_p50_ms", percentile(t.ttft, 50) * 1e3}, {"ttft_p90_ms", percentile(t.ttft, 90) * 1e3},
         {"tpot_p50_ms", percentile(t.tpot, 50) * 1e3}, {"tpot_p90_ms", percentile(t.tpot, 90) * 1e3},
         {"tpot_p99_ms", percentile(t.tpot, 99) * 1e3}};
+  }
+  }
+
+  // 4. Encoder disaggregation. A CLIP encoder with LLaVA-like proportions
+  // at a small scale (224 px, patch 16: 196 image tokens; width 256, 4
+  // blocks) projecting into the LM's width; 48 requests arrive at once, half
+  // with a distinct image (no cache hits) and half text only (24 tokens).
+  if (only == 0 || only == 4) {
+    ClipSpec cs;
+    cs.image_size = 224, cs.patch_size = 16, cs.dim = 256, cs.n_layers = 4, cs.n_heads = 4;
+    cs.ffn = 1024, cs.projection_dim = 288, cs.feature_layer = 4, cs.seed = 3;
+    const std::string clip_path = workdir + "/bench-clip-224.gguf";
+    if (!std::filesystem::exists(clip_path)) {
+      Status st = write_test_clip_model(cs, clip_path);
+      if (!st.ok()) die(st);
+    }
+    auto mmproj = unwrap(GgufFile::open(clip_path));
+    auto clip = unwrap(ClipModel::load(mmproj));
+    const double clip_gflop =  // per image: the matrices (attention scores are small here)
+        2.0 * (double(clip->config().n_positions) *
+                   (cs.n_layers * (4.0 * cs.dim * cs.dim + 2.0 * cs.dim * cs.ffn) +
+                    3.0 * 16 * 16 * cs.dim) +
+               double(clip->config().n_patches) * (cs.dim * 288.0 + 288.0 * 288.0)) / 1e9;
+    std::vector<GenerateRequest> load;
+    for (int i = 0; i < 48; ++i) {
+      GenerateRequest r;
+      if (i % 2 == 0) {
+        RgbImage im;
+        im.width = im.height = 224;
+        im.rgb.resize(224 * 224 * 3);
+        for (size_t k = 0; k < im.rgb.size(); ++k) im.rgb[k] = uint8_t((k * 2654435761u + i * 97) >> 7);
+        r = unwrap(build_image_prompt(*tok, "describe the picture", {im}, clip->config().n_patches));
+      } else {
+        r = uniform_requests(1, 24, 32, n_vocab, 0)[0];
+      }
+      r.request_id = 4000 + uint64_t(i);
+      r.sampling.temperature = 0;
+      r.sampling.max_tokens = 32;
+      r.ignore_eos = true;
+      r.prefill_chunk = 128;
+      load.push_back(std::move(r));
+    }
+    std::printf("\n4. encoder disaggregation: 48 requests at once, 24 with a 224 px image (196 tokens, "
+                "%.2f GFLOP to encode each), 24 text; %d threads per engine and encoder; FP32 FMA "
+                "peak %.1f GFLOP/s\n",
+                clip_gflop, threads, peak);
+    std::printf("%-26s %9s %9s %9s %9s %9s %9s %9s\n", "topology", "TTFT p50", "TTFT p90",
+                "image p50", "image p90", "text p50", "text p90", "wall ms");
+    struct Case {
+      const char* name;
+      Topology t;
+      int encoders;
+    };
+    for (Case c : {Case{"mono (encode inline)", Topology::mono, 1},
+                   Case{"E/P/D (pd + 1 encoder)", Topology::pd, 1},
+                   Case{"colocated + 1 encoder", Topology::colocated, 1}}) {
+      PipelineOptions o = base;
+      o.topology = c.t;
+      o.mmproj = mmproj;
+      o.vision_actors = c.encoders;
+      o.vision.threads = threads;
+      Trace t = run_load(file, tok, o, load);
+      std::vector<double> image_ttft, text_ttft;
+      for (const auto& r : load)
+        (r.images.empty() ? text_ttft : image_ttft).push_back(t.ttft_of.at(r.request_id));
+      std::printf("%-26s %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f %9.1f\n", c.name,
+                  percentile(t.ttft, 50) * 1e3, percentile(t.ttft, 90) * 1e3,
+                  percentile(image_ttft, 50) * 1e3, percentile(image_ttft, 90) * 1e3,
+                  percentile(text_ttft, 50) * 1e3, percentile(text_ttft, 90) * 1e3,
+                  t.wall_seconds * 1e3);
+      out["encoder_disaggregation"][c.name] = {
+          {"ttft_p50_ms", percentile(t.ttft, 50) * 1e3}, {"ttft_p90_ms", percentile(t.ttft, 90) * 1e3},
+          {"image_ttft_p50_ms", percentile(image_ttft, 50) * 1e3},
+          {"image_ttft_p90_ms", percentile(image_ttft, 90) * 1e3},
+          {"text_ttft_p50_ms", percentile(text_ttft, 50) * 1e3},
+          {"text_ttft_p90_ms", percentile(text_ttft, 90) * 1e3},
+          {"wall_ms", t.wall_seconds * 1e3}, {"fma_peak_GFLOPs", peak},
+          {"encode_gflop_per_image", clip_gflop}};
+    }
   }
   if (json) std::cout << out.dump(2) << "\n";
   return 0;
