@@ -1091,7 +1091,11 @@ void place_encode(router_pointer self, uint64_t id) {
   m.request_id = id;
   for (const PromptImage& im : p.request.images)
     if (im.embeddings.empty()) m.images.push_back(im);
-  self->request(s.encoders[size_t(best)].handle, kStageTimeout, encode_atom::value, codec::encode(m))
+  // The answer comes after the encoder's queue and its batch: bounded by
+  // the request's own timeout, not a stage's admission timeout.
+  const auto limit = std::chrono::duration_cast<caf::timespan>(
+      std::chrono::duration<double>(s.config.request_timeout_s));
+  self->request(s.encoders[size_t(best)].handle, limit, encode_atom::value, codec::encode(m))
       .then([=](const Bytes& reply) { on_embeddings(self, id, best, reply); },
             [=](caf::error& err) {
               auto& s = self->state;

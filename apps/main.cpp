@@ -151,7 +151,7 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
                  topology_name(topology), c.tokens.size(), c.ttft_seconds * 1e3,
                  c.total_seconds * 1e3, c.finish_reason.c_str());
     for (const auto& [origin, s] : stages)
-      std::fprintf(stderr, "  stage %-12s %4d tokens %9.1f ms\n", origin.c_str(), s.first,
+      std::fprintf(stderr, "  stage %-16s %4d tokens %9.1f ms\n", origin.c_str(), s.first,
                    s.second * 1e3);
   }
   return 0;
