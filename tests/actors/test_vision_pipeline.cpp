@@ -156,9 +156,9 @@ size_t count_image_requests(const std::vector<GenerateRequest>& rs) {
 }  // namespace
 
 TEST_CASE("vision pipeline invariant: E/P/D and colocated with encoders give mono's tokens and logits") {
-  const auto requests = image_requests(72, 1000);
+  const auto requests = image_requests(84, 1000);
   const size_t with_images = count_image_requests(requests);
-  REQUIRE(with_images >= 50);
+  REQUIRE(with_images >= 60);
   const auto ref = reference(requests);
 
   struct Case {
