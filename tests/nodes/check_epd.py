@@ -97,7 +97,22 @@ mono = read_results(ref_path)
 expect("one process answers every request", p.returncode == 0 and len(mono) == len(requests) and
        all("error" not in r for r in mono.values()), p.stderr)
 
+def one_line_error(name, args, *needles):
+    p = subprocess.run([CLEAVE, "node", "--topology", TOPOLOGY, "-m", LM, *args], capture_output=True,
+                       text=True, timeout=60)
+    lines = [l for l in p.stderr.splitlines() if l.strip()]
+    expect(name, p.returncode == 1 and len(lines) == 1 and all(n in p.stderr for n in needles),
+           f"rc={p.returncode} stderr={p.stderr!r}")
+
+
 try:
+    # ---- bad input: one line naming the problem ---------------------------------
+    one_line_error("an encoder node without --mmproj",
+                   ["--name", "encoder", "--set", "prefill_port=1"], "vision_encoder", "--mmproj")
+    one_line_error("image requests on a head without --mmproj",
+                   ["--name", "prefill", "--requests", req_path, "--out", req_path + ".out"],
+                   "requests.jsonl:1", "images need --mmproj")
+
     # ---- E/P/D on 3 processes gives the one-process tokens ----------------------
     out = os.path.join(WORK, "epd.jsonl")
     head, encoder, decode = cluster("epd_", req_path, out, 1)
