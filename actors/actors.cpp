@@ -42,6 +42,7 @@
 #include <unordered_set>
 
 #include "actors/actor_pipeline.h"
+#include "actors/kv_socket.h"
 #include "actors/kv_stream.h"
 #include "actors/node.h"
 #include "actors/stage_core.h"
@@ -74,6 +75,8 @@ using kv_pull_atom = caf::atom_constant<caf::atom("kv_pull")>;
 using kv_chunk_atom = caf::atom_constant<caf::atom("kv_chunk")>;
 using kv_fetch_atom = caf::atom_constant<caf::atom("kv_fetch")>;
 using encode_atom = caf::atom_constant<caf::atom("encode")>;
+using kv_socket_atom = caf::atom_constant<caf::atom("kv_socket")>;
+using kv_done_atom = caf::atom_constant<caf::atom("kv_done")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -98,15 +101,20 @@ using kv_store_actor = caf::typed_actor<caf::replies_to<kv_put_atom, Bytes>::wit
 // stage's KvInbox (true) or has failed (false, or an error: the stage reads
 // the store instead); chunk (from the sender) answers the chunk's seq: the
 // ack that lets the sender send another.
+// kv_done (from its own socket thread): the stream of that request on the
+// data socket ended (the outcome waits in the socket results).
 using kv_receiver_actor =
     caf::typed_actor<caf::replies_to<kv_fetch_atom, Bytes, caf::actor, std::string>::with<bool>,
                      caf::replies_to<kv_chunk_atom, Bytes>::with<uint32_t>,
-                     caf::reacts_to<tick_atom>>;
+                     caf::reacts_to<kv_done_atom, uint64_t>, caf::reacts_to<tick_atom>>;
 
 // A prefill stage's end: pull (KvPull, where to send) answers the number of
-// chunks and streams them to the receiver.
+// chunks and streams them to the receiver over CAF; socket (KvPull) offers
+// the stream on the sender's data socket (actors/kv_socket.h) and answers
+// its "host:port" and the stream's token ("" when there is nothing to send).
 using kv_sender_actor =
     caf::typed_actor<caf::replies_to<kv_pull_atom, Bytes, kv_receiver_actor>::with<uint32_t>,
+                     caf::replies_to<kv_socket_atom, Bytes>::with<std::string, std::string>,
                      caf::reacts_to<tick_atom>>;
 
 // submit: GenerateRequest; handoff: Handoff, with the kv_sender to pull the
@@ -245,6 +253,8 @@ struct KvSenderState {
   std::shared_ptr<KvOutbox> outbox;
   std::shared_ptr<KvStreamCounters> counters;
   int32_t corrupt_chunk = -1;
+  std::string host;  // where the data socket listens ("": no data socket)
+  std::unique_ptr<KvSocketServer> socket;  // opened at the first offer
   static inline const char* name = "cleave.kv_sender";
 };
 using kv_sender_pointer = kv_sender_actor::stateful_pointer<KvSenderState>;
@@ -287,10 +297,11 @@ void send_chunks(kv_sender_pointer self, std::shared_ptr<SendTransfer> t, uint64
 
 kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_ptr<KvOutbox> outbox,
                                             std::shared_ptr<KvStreamCounters> counters,
-                                            int32_t corrupt_chunk) {
+                                            int32_t corrupt_chunk, std::string host) {
   self->state.outbox = std::move(outbox);
   self->state.counters = std::move(counters);
   self->state.corrupt_chunk = corrupt_chunk;
+  self->state.host = std::move(host);
   self->delayed_send(caf::actor_cast<kv_sender_actor>(self), kKvOutboxSweep, tick_atom::value);
   return {
       [=](kv_pull_atom, const Bytes& bytes, kv_receiver_actor to) -> caf::result<uint32_t> {
@@ -316,6 +327,38 @@ kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_
         send_chunks(self, t, pull->request_id);
         return n;
       },
+      [=](kv_socket_atom, const Bytes& bytes) -> caf::result<std::string, std::string> {
+        auto& s = self->state;
+        auto pull = codec::decode_as<msg::KvPull>(bytes);
+        if (!pull.ok()) return to_error(pull.status());
+        if (Status v = validate_kv_stream_options(pull->chunk_bytes, pull->window); !v.ok())
+          return to_error(v);
+        const uint64_t id = pull->request_id;
+        auto records = s.outbox->get(id);
+        if (!records)
+          return to_error(Status(Code::not_found, "no KV kept for request " + std::to_string(id)));
+        if (size_t(pull->first_block) > records->size())
+          return to_error(Status(Code::invalid_argument,
+                                 "pull from block " + std::to_string(pull->first_block) + " of " +
+                                     std::to_string(records->size())));
+        if (size_t(pull->first_block) == records->size()) {
+          s.outbox->erase(id);
+          return caf::result<std::string, std::string>(std::string(), std::string());
+        }
+        if (s.host.empty())
+          return to_error(Status(Code::unsupported, "this KV sender has no data socket"));
+        if (!s.socket) {
+          auto server = KvSocketServer::listen(s.host, s.counters, s.corrupt_chunk);
+          if (!server.ok()) return to_error(server.status());
+          s.socket = std::move(server.value());
+        }
+        std::weak_ptr<KvOutbox> outbox = s.outbox;
+        const std::string token = s.socket->offer(
+            id, records, pull->first_block, pull->chunk_bytes, [outbox, id](bool complete) {
+              if (auto o = outbox.lock(); o && complete) o->erase(id);
+            });
+        return caf::result<std::string, std::string>(s.socket->address(), token);
+      },
       [=](tick_atom) {
         self->state.outbox->expire(kKvOutboxTtl);
         self->delayed_send(caf::actor_cast<kv_sender_actor>(self), kKvOutboxSweep, tick_atom::value);
@@ -329,11 +372,15 @@ struct KvReceiverState {
     caf::actor_addr sender;
     caf::typed_response_promise<bool> done;
     Clock::time_point last_progress;
+    bool on_socket = false;  // the socket's own timeouts bound it, not the tick
   };
   std::shared_ptr<KvInbox> inbox;
   std::shared_ptr<KvStreamCounters> counters;
   std::unordered_map<uint64_t, Transfer> transfers;
   std::unordered_set<std::string> connected;  // nodes this one reaches directly
+  std::shared_ptr<KvInbox> socket_results;  // outcomes of data socket streams, until kv_done
+  // Last member: destroyed first, joining the socket threads before the rest goes.
+  std::unique_ptr<KvSocketJobs> socket_jobs = std::make_unique<KvSocketJobs>();
   static inline const char* name = "cleave.kv_receiver";
 };
 using kv_receiver_pointer = kv_receiver_actor::stateful_pointer<KvReceiverState>;
@@ -369,6 +416,7 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                                                 std::shared_ptr<KvStreamCounters> counters) {
   self->state.inbox = std::move(inbox);
   self->state.counters = std::move(counters);
+  self->state.socket_results = std::make_shared<KvInbox>();
   self->set_down_handler([=](caf::down_msg& dm) {
     end_transfers_from(self, dm.source, Status(Code::unavailable, "the KV sender went down"));
   });
@@ -391,7 +439,7 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         auto done = t.done;
         s.transfers.emplace(id, std::move(t));
         self->monitor(from);
-        auto start = [=] {
+        auto start_chunks = [=] {
           self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_pull_atom::value,
                         bytes, caf::actor_cast<kv_receiver_actor>(self))
               .then(
@@ -400,6 +448,35 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                   },
                   [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
         };
+        // A sender in another process: the bytes come on its data socket,
+        // read on a thread of ours; a sender without one streams over CAF.
+        if (from.node() != self->node()) {
+          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_socket_atom::value,
+                        bytes)
+              .then(
+                  [=](const std::string& where, const std::string& token) {
+                    auto& s = self->state;
+                    auto it = s.transfers.find(id);
+                    if (it == s.transfers.end()) return;
+                    if (where.empty()) return end_transfer(self, id, std::vector<BlockRecord>{});
+                    it->second.on_socket = true;
+                    auto results = s.socket_results;
+                    auto counters = s.counters;
+                    auto me = caf::actor_cast<kv_receiver_actor>(self);
+                    const msg::KvPull p = pull.value();
+                    s.socket_jobs->run([=] {
+                      results->put(id, fetch_kv_socket(where, token, p, kKvMaxStreamBytes,
+                                                       *counters));
+                      caf::anon_send(me, kv_done_atom::value, id);
+                    });
+                  },
+                  [=](caf::error& e) {
+                    if (from_error(e).code() == Code::unsupported) return start_chunks();
+                    end_transfer(self, id, from_error(e));
+                  });
+          return done;
+        }
+        auto start = start_chunks;
         // A sender on a node this one reaches only through the head: connect
         // to it first, so the chunks go worker to worker (CAF routes by the
         // direct connection once there is one). Failing that, through the head.
@@ -448,11 +525,15 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         if (a.complete()) end_transfer(self, id, a.take());
         return chunk->seq;
       },
+      [=](kv_done_atom, uint64_t id) {
+        // A transfer ended meanwhile (its sender went down) is gone: end_transfer ignores it.
+        end_transfer(self, id, self->state.socket_results->take(id));
+      },
       [=](tick_atom) {
         const auto now = Clock::now();
         std::vector<uint64_t> stalled;
         for (auto& [id, t] : self->state.transfers)
-          if (now - t.last_progress > kKvStallTimeout) stalled.push_back(id);
+          if (!t.on_socket && now - t.last_progress > kKvStallTimeout) stalled.push_back(id);
         for (uint64_t id : stalled)
           end_transfer(self, id, Status(Code::timed_out, "the KV stream of request " +
                                                              std::to_string(id) + " stalled"));
@@ -783,8 +864,11 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
   s.stream = stream;
   if (stream.direct && s.kind == "prefill") {
     s.outbox = std::make_shared<KvOutbox>();
-    s.sender = self->spawn<caf::linked>(kv_sender_fn, s.outbox, s.stream_counters,
-                                        stream.fault_corrupt_chunk);
+    // The data socket listens on the node's host (in-process pipelines have none: CAF only).
+    const size_t colon = stream.node_address.rfind(':');
+    s.sender = self->spawn<caf::linked>(
+        kv_sender_fn, s.outbox, s.stream_counters, stream.fault_corrupt_chunk,
+        colon == std::string::npos ? std::string() : stream.node_address.substr(0, colon));
   } else if (s.kind != "prefill") {
     s.inbox = std::make_shared<KvInbox>();
     s.receiver = self->spawn<caf::linked>(kv_receiver_fn, s.inbox, s.stream_counters);
@@ -2209,7 +2293,7 @@ Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, 
   auto outbox = std::make_shared<KvOutbox>();
   for (int32_t i = 1; i <= n_streams; ++i) outbox->put(uint64_t(i), records);
   auto counters = std::make_shared<KvStreamCounters>();
-  auto sender = system.spawn(kv_sender_fn, outbox, counters, int32_t(-1));
+  auto sender = system.spawn(kv_sender_fn, outbox, counters, int32_t(-1), host);
   auto port = system.middleman().publish(sender, 0, host.c_str());
   Status st;
   if (!port) {

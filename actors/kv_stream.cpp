@@ -6,6 +6,9 @@
 #include <algorithm>
 #include <cstring>
 
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
 #include "schema/codec.h"
 
 namespace cleave {
@@ -93,17 +96,42 @@ msg::KvChunk KvStreamWriter::chunk(uint32_t seq) const {
   return c;
 }
 
+msg::KvChunk KvStreamWriter::header(uint32_t seq, std::vector<iovec>& pieces) const {
+  msg::KvChunk c;
+  c.request_id = request_id_;
+  c.seq = seq;
+  c.first_block = first_block_;
+  c.total_bytes = total_;
+  c.offset = uint64_t(seq) * chunk_bytes_;
+  const uint64_t size = std::min<uint64_t>(chunk_bytes_, total_ - std::min(total_, c.offset));
+  const BlockRecord* blocks = records_->data() + first_block_;
+  pieces.clear();
+  for_each_piece(c.offset, size, layer_bytes_, uint64_t(n_blocks_),
+                 [&](size_t block, size_t at, size_t len) {
+                   pieces.push_back(
+                       iovec{const_cast<uint8_t*>(blocks[block].bytes.data() + at), len});
+                 });
+  c.checksum = checksum_pieces(pieces);
+  if (seq == 0)
+    for (int32_t b = 0; b < n_blocks_; ++b) c.headers.push_back(blocks[b].header);
+  return c;
+}
+
 KvStreamAssembler::KvStreamAssembler(uint64_t request_id, int32_t first_block,
                                      uint64_t max_total_bytes)
     : request_id_(request_id), first_block_(first_block), max_total_(max_total_bytes) {}
 
-Status KvStreamAssembler::add(const msg::KvChunk& c) {
-  const std::string who = "kv stream of request " + std::to_string(request_id_) + ", chunk " +
-                          std::to_string(c.seq) + ": ";
+std::string KvStreamAssembler::who(uint32_t seq) const {
+  return "kv stream of request " + std::to_string(request_id_) + ", chunk " + std::to_string(seq) +
+         ": ";
+}
+
+Status KvStreamAssembler::check(const msg::KvChunk& c, uint64_t size) {
   auto bad = [&](const std::string& why) {
-    return fail(Status(Code::invalid_argument, who + why));
+    return fail(Status(Code::invalid_argument, who(c.seq) + why));
   };
-  if (!ok_) return Status(Code::aborted, who + "the stream failed before");
+  if (!ok_) return Status(Code::aborted, who(c.seq) + "the stream failed before");
+  if (pending_) return bad("the previous chunk was not finished");
   if (c.request_id != request_id_)
     return bad("belongs to request " + std::to_string(c.request_id));
   if (c.seq != next_seq_)
@@ -137,21 +165,58 @@ Status KvStreamAssembler::add(const msg::KvChunk& c) {
   } else if (c.total_bytes != total_ || !c.headers.empty()) {
     return bad("stream size or headers changed mid-stream");
   }
-  if (c.data.empty()) return bad("no data");
-  if (c.data.size() > total_ - received_)
-    return bad(std::to_string(c.data.size()) + " bytes, only " +
-               std::to_string(total_ - received_) + " left in the stream");
-  if (checksum_bytes(c.data.data(), c.data.size()) != c.checksum)
-    return fail(Status(Code::corruption, who + "checksum mismatch"));
-  const uint8_t* in = c.data.data();
-  for_each_piece(received_, c.data.size(), layer_bytes_, records_.size(),
+  if (size == 0) return bad("no data");
+  if (size > total_ - received_)
+    return bad(std::to_string(size) + " bytes, only " + std::to_string(total_ - received_) +
+               " left in the stream");
+  pieces_.clear();
+  for_each_piece(received_, size, layer_bytes_, records_.size(),
                  [&](size_t block, size_t at, size_t len) {
-                   std::memcpy(records_[block].bytes.data() + at, in, len);
-                   in += len;
+                   pieces_.push_back(iovec{records_[block].bytes.data() + at, len});
                  });
+  return Status::Ok();
+}
+
+Status KvStreamAssembler::add(const msg::KvChunk& c) {
+  CLEAVE_RETURN_IF_ERROR(check(c, c.data.size()));
+  if (checksum_bytes(c.data.data(), c.data.size()) != c.checksum)
+    return fail(Status(Code::corruption, who(c.seq) + "checksum mismatch"));
+  const uint8_t* in = c.data.data();
+  for (const iovec& p : pieces_) {
+    std::memcpy(p.iov_base, in, p.iov_len);
+    in += p.iov_len;
+  }
   received_ += c.data.size();
   ++next_seq_;
   return Status::Ok();
+}
+
+Status KvStreamAssembler::begin(const msg::KvChunk& c, uint64_t size) {
+  CLEAVE_RETURN_IF_ERROR(check(c, size));
+  pending_ = true;
+  pending_checksum_ = c.checksum;
+  pending_size_ = size;
+  return Status::Ok();
+}
+
+Status KvStreamAssembler::end() {
+  if (!pending_) return fail(Status(Code::invalid_argument, who(next_seq_) + "no chunk begun"));
+  pending_ = false;
+  if (checksum_pieces(pieces_) != pending_checksum_)
+    return fail(Status(Code::corruption, who(next_seq_) + "checksum mismatch"));
+  received_ += pending_size_;
+  ++next_seq_;
+  return Status::Ok();
+}
+
+uint64_t checksum_pieces(const std::vector<iovec>& pieces) {
+  if (pieces.size() == 1)
+    return checksum_bytes(static_cast<const uint8_t*>(pieces[0].iov_base), pieces[0].iov_len);
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  XXH3_64bits_reset(&state);
+  for (const iovec& p : pieces) XXH3_64bits_update(&state, p.iov_base, p.iov_len);
+  return XXH3_64bits_digest(&state);
 }
 
 Result<std::vector<BlockRecord>> KvStreamAssembler::take() {

@@ -23,6 +23,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include <sys/uio.h>
+
 #include "common/status.h"
 #include "schema/messages.h"
 #include "storage/block.h"
@@ -60,6 +62,10 @@ class KvStreamWriter {
   int32_t n_blocks() const { return n_blocks_; }
   // Chunk seq (< n_chunks()), checksummed.
   msg::KvChunk chunk(uint32_t seq) const;
+  // Chunk seq without its data (checksum and headers set): the places in
+  // the records its bytes come from, in order, replace `pieces` (the data
+  // socket sends them from there, no copy).
+  msg::KvChunk header(uint32_t seq, std::vector<iovec>& pieces) const;
 
  private:
   uint64_t request_id_;
@@ -80,6 +86,13 @@ class KvStreamAssembler {
   // mixed layout; corruption for a checksum that does not match. After an
   // error the assembler stays failed.
   Status add(const msg::KvChunk& chunk);
+  // add() in two halves for the data socket, which reads a chunk's bytes
+  // straight into the blocks: begin checks a chunk's fields (its data not
+  // read yet: `size` bytes; chunk.data is ignored) and gives the places its
+  // bytes go, in order; end checks the checksum of what was read there.
+  Status begin(const msg::KvChunk& chunk, uint64_t size);
+  const std::vector<iovec>& pieces() const { return pieces_; }
+  Status end();
   bool complete() const { return ok_ && started_ && received_ == total_; }
   uint32_t chunks() const { return next_seq_; }
   uint64_t bytes() const { return received_; }
@@ -92,6 +105,10 @@ class KvStreamAssembler {
     ok_ = false;
     return st;
   }
+  // Checks the chunk's fields against the stream (allocating the blocks at
+  // chunk 0) and sets pieces_ to where its `size` bytes go.
+  Status check(const msg::KvChunk& chunk, uint64_t size);
+  std::string who(uint32_t seq) const;
   uint64_t request_id_;
   int32_t first_block_;
   uint64_t max_total_;
@@ -99,7 +116,13 @@ class KvStreamAssembler {
   uint32_t next_seq_ = 0;
   uint64_t total_ = 0, received_ = 0, layer_bytes_ = 0;
   std::vector<BlockRecord> records_;
+  std::vector<iovec> pieces_;  // of the chunk between begin and end (reused)
+  uint64_t pending_checksum_ = 0, pending_size_ = 0;
+  bool pending_ = false;
 };
+
+// XXH3-64 of the pieces' bytes as one run (checksum_bytes of their concatenation).
+uint64_t checksum_pieces(const std::vector<iovec>& pieces);
 
 // Counters of one stage's KV streams (shared by the stage and its sender
 // or receiver actor; read into the stage's Stats).

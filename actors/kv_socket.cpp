@@ -1,0 +1,422 @@
+#include "actors/kv_socket.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "schema/codec.h"
+
+namespace cleave {
+
+namespace {
+
+constexpr char kMagic[4] = {'C', 'K', 'V', '1'};
+constexpr size_t kTokenChars = 32;  // 128 random bits in hex
+constexpr uint32_t kMaxMetaBytes = uint32_t(16) << 20;
+
+struct Hello {
+  char magic[4];
+  uint64_t request_id;
+  char token[kTokenChars];
+} __attribute__((packed));
+
+struct FrameHeader {
+  uint32_t meta_bytes;
+  uint32_t zero;
+  uint64_t data_bytes;
+};
+
+std::string random_token() {
+  uint8_t raw[kTokenChars / 2];
+  size_t got = 0;
+  while (got < sizeof raw) {
+    const ssize_t n = ::getrandom(raw + got, sizeof raw - got, 0);
+    if (n > 0) got += size_t(n);
+  }
+  static const char* hex = "0123456789abcdef";
+  std::string out(kTokenChars, '0');
+  for (size_t i = 0; i < sizeof raw; ++i) {
+    out[2 * i] = hex[raw[i] >> 4];
+    out[2 * i + 1] = hex[raw[i] & 15];
+  }
+  return out;
+}
+
+// Constant time in the contents (the length is public).
+bool same_token(const char* a, const std::string& b) {
+  if (b.size() != kTokenChars) return false;
+  unsigned diff = 0;
+  for (size_t i = 0; i < kTokenChars; ++i) diff |= unsigned(uint8_t(a[i]) ^ uint8_t(b[i]));
+  return diff == 0;
+}
+
+void set_timeouts(int fd, std::chrono::milliseconds t) {
+  timeval tv{};
+  tv.tv_sec = time_t(t.count() / 1000);
+  tv.tv_usec = suseconds_t((t.count() % 1000) * 1000);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  (void)::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+  const int one = 1;
+  (void)::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+}
+
+// The errno of a failed socket call as a Status.
+Status io_status(const std::string& what) {
+  if (errno == EAGAIN || errno == EWOULDBLOCK)
+    return Status(Code::timed_out, what + ": no progress within the timeout");
+  return Status(Code::unavailable, what + ": " + std::strerror(errno));
+}
+
+// Sends every byte of the iovecs (advancing them: they are consumed).
+Status send_iov(int fd, iovec* iov, size_t n, const std::string& what) {
+  while (n > 0) {
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = std::min<size_t>(n, IOV_MAX);
+    const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return io_status(what);
+    size_t left = size_t(w);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return Status::Ok();
+}
+
+// Receives exactly the iovecs' bytes (consuming them); unavailable when the
+// peer closes first.
+Status recv_iov(int fd, iovec* iov, size_t n, const std::string& what) {
+  while (n > 0) {
+    while (n > 0 && iov->iov_len == 0) ++iov, --n;
+    if (n == 0) break;
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = std::min<size_t>(n, IOV_MAX);
+    const ssize_t r = ::recvmsg(fd, &m, MSG_WAITALL);
+    if (r < 0 && errno == EINTR) continue;
+    if (r == 0) return Status(Code::unavailable, what + ": the peer closed the connection");
+    if (r < 0) return io_status(what);
+    size_t left = size_t(r);
+    while (n > 0 && left >= iov->iov_len) {
+      left -= iov->iov_len;
+      ++iov;
+      --n;
+    }
+    if (n > 0) {
+      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
+      iov->iov_len -= left;
+    }
+  }
+  return Status::Ok();
+}
+
+Status send_bytes(int fd, const void* p, size_t n, const std::string& what) {
+  iovec v{const_cast<void*>(p), n};
+  return send_iov(fd, &v, 1, what);
+}
+
+Status recv_bytes(int fd, void* p, size_t n, const std::string& what) {
+  iovec v{p, n};
+  return recv_iov(fd, &v, 1, what);
+}
+
+Result<sockaddr_in> resolve(const std::string& host, uint16_t port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  if (host.empty() || host == "localhost") {
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    return addr;
+  }
+  if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) == 1) return addr;
+  addrinfo hints{}, *res = nullptr;
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_STREAM;
+  if (::getaddrinfo(host.c_str(), nullptr, &hints, &res) != 0 || !res)
+    return Status(Code::invalid_argument, "kv data socket: cannot resolve host " + host);
+  addr.sin_addr = reinterpret_cast<sockaddr_in*>(res->ai_addr)->sin_addr;
+  ::freeaddrinfo(res);
+  return addr;
+}
+
+struct Fd {
+  int fd = -1;
+  ~Fd() {
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+}  // namespace
+
+// ---- sender ----
+
+Result<std::unique_ptr<KvSocketServer>> KvSocketServer::listen(
+    const std::string& host, std::shared_ptr<KvStreamCounters> counters, int32_t corrupt_chunk,
+    std::chrono::milliseconds io_timeout, std::chrono::milliseconds offer_ttl) {
+  auto addr = resolve(host, 0);
+  if (!addr.ok()) return addr.status();
+  std::unique_ptr<KvSocketServer> s(new KvSocketServer());
+  s->host_ = host.empty() ? "127.0.0.1" : host;
+  s->counters_ = std::move(counters);
+  s->corrupt_chunk_ = corrupt_chunk;
+  s->io_timeout_ = io_timeout;
+  s->offer_ttl_ = offer_ttl;
+  s->listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a = addr.value();
+  socklen_t len = sizeof a;
+  if (s->listener_ < 0 || ::bind(s->listener_, reinterpret_cast<sockaddr*>(&a), len) != 0 ||
+      ::listen(s->listener_, 64) != 0 ||
+      ::getsockname(s->listener_, reinterpret_cast<sockaddr*>(&a), &len) != 0)
+    return io_status("kv data socket: cannot listen on " + s->host_);
+  s->port_ = ntohs(a.sin_port);
+  s->acceptor_ = std::thread([p = s.get()] { p->accept_loop(); });
+  return s;
+}
+
+KvSocketServer::~KvSocketServer() {
+  stop_ = true;
+  if (acceptor_.joinable()) acceptor_.join();
+  if (listener_ >= 0) ::close(listener_);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Connection& c : connections_) ::shutdown(c.fd, SHUT_RDWR);
+  }
+  reap(true);
+  std::unordered_map<uint64_t, Offer> left;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    left.swap(offers_);
+  }
+  for (auto& [id, o] : left)
+    if (o.done) o.done(false);
+}
+
+std::string KvSocketServer::offer(uint64_t request_id, Records records, int32_t first_block,
+                                  uint32_t chunk_bytes, Done done) {
+  Offer o;
+  o.token = random_token();
+  o.records = std::move(records);
+  o.first_block = first_block;
+  o.chunk_bytes = chunk_bytes;
+  o.done = std::move(done);
+  o.at = std::chrono::steady_clock::now();
+  std::string token = o.token;
+  Done replaced;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = offers_.find(request_id);
+    if (it != offers_.end()) replaced = std::move(it->second.done);
+    offers_[request_id] = std::move(o);
+  }
+  if (replaced) replaced(false);
+  return token;
+}
+
+size_t KvSocketServer::offers() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return offers_.size();
+}
+
+// Joins finished connection threads (all of them when `all`).
+void KvSocketServer::reap(bool all) {
+  std::list<Connection> done;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (auto it = connections_.begin(); it != connections_.end();) {
+      auto next = std::next(it);
+      if (all || it->finished) done.splice(done.end(), connections_, it);
+      it = next;
+    }
+  }
+  for (Connection& c : done) {
+    if (c.thread.joinable()) c.thread.join();
+    ::close(c.fd);  // here, not in the thread: the destructor may still shut it down
+  }
+}
+
+void KvSocketServer::accept_loop() {
+  while (!stop_) {
+    pollfd p{listener_, POLLIN, 0};
+    const int r = ::poll(&p, 1, 100);
+    reap(false);
+    // Offers nobody claimed in time end as failed.
+    std::vector<Done> expired;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto limit = std::chrono::steady_clock::now() - offer_ttl_;
+      for (auto it = offers_.begin(); it != offers_.end();) {
+        if (it->second.at < limit) {
+          expired.push_back(std::move(it->second.done));
+          it = offers_.erase(it);
+        } else {
+          ++it;
+        }
+      }
+    }
+    for (Done& d : expired)
+      if (d) d(false);
+    if (r <= 0 || !(p.revents & POLLIN)) continue;
+    const int fd = ::accept4(listener_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) continue;
+    set_timeouts(fd, io_timeout_);
+    std::lock_guard<std::mutex> lock(mu_);
+    Connection& c = connections_.emplace_back();
+    c.fd = fd;
+    c.thread = std::thread([this, &c] {
+      serve(c.fd);
+      c.finished = true;
+    });
+  }
+}
+
+void KvSocketServer::serve(int fd) {
+  Hello hello{};
+  if (!recv_bytes(fd, &hello, sizeof hello, "kv data socket hello").ok() ||
+      std::memcmp(hello.magic, kMagic, sizeof kMagic) != 0)
+    return;
+  Offer o;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = offers_.find(hello.request_id);
+    // A wrong token is refused: the connection closes, the offer stays.
+    if (it == offers_.end() || !same_token(hello.token, it->second.token)) return;
+    o = std::move(it->second);
+    offers_.erase(it);
+  }
+  KvStreamWriter writer(hello.request_id, o.records, o.first_block, o.chunk_bytes);
+  std::vector<iovec> iov;
+  std::vector<uint8_t> corrupt;
+  bool ok = true;
+  for (uint32_t seq = 0; ok && seq < writer.n_chunks() && !stop_; ++seq) {
+    iov.assign(2, iovec{});
+    std::vector<iovec> pieces;
+    msg::KvChunk meta = writer.header(seq, pieces);
+    uint64_t data_bytes = 0;
+    for (const iovec& p : pieces) data_bytes += p.iov_len;
+    if (int64_t(seq) == corrupt_chunk_ && data_bytes > 0) {
+      corrupt = writer.chunk(seq).data;
+      corrupt[0] ^= 1;
+      pieces.assign(1, iovec{corrupt.data(), corrupt.size()});
+    }
+    const codec::Bytes encoded = codec::encode(meta);
+    FrameHeader fh{uint32_t(encoded.size()), 0, data_bytes};
+    iov[0] = iovec{&fh, sizeof fh};
+    iov[1] = iovec{const_cast<char*>(encoded.data()), encoded.size()};
+    iov.insert(iov.end(), pieces.begin(), pieces.end());
+    ok = send_iov(fd, iov.data(), iov.size(), "kv data socket").ok();
+    if (ok) {
+      ++counters_->chunks_sent;
+      counters_->bytes_sent += data_bytes;
+    }
+  }
+  char ack = 0;
+  ok = ok && !stop_ && recv_bytes(fd, &ack, 1, "kv data socket ack").ok() && ack == 'K';
+  if (ok) {
+    ++counters_->transfers_sent;
+    counters_->blocks_sent += uint64_t(writer.n_blocks());
+  } else {
+    ++counters_->transfers_aborted;
+  }
+  if (o.done) o.done(ok);
+}
+
+// ---- receiver ----
+
+Result<std::vector<BlockRecord>> fetch_kv_socket(const std::string& address,
+                                                 const std::string& token,
+                                                 const msg::KvPull& pull, uint64_t max_total_bytes,
+                                                 KvStreamCounters& counters,
+                                                 std::chrono::milliseconds io_timeout) {
+  const std::string what = "kv data socket " + address + " (request " +
+                           std::to_string(pull.request_id) + ")";
+  const size_t colon = address.rfind(':');
+  if (colon == std::string::npos || token.size() != kTokenChars)
+    return Status(Code::invalid_argument, what + ": bad address or token");
+  const int port = std::atoi(address.c_str() + colon + 1);
+  if (port <= 0 || port > 65535) return Status(Code::invalid_argument, what + ": bad port");
+  auto addr = resolve(address.substr(0, colon), uint16_t(port));
+  if (!addr.ok()) return addr.status();
+  Fd sock{::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)};
+  if (sock.fd < 0) return io_status(what);
+  set_timeouts(sock.fd, io_timeout);
+  sockaddr_in a = addr.value();
+  if (::connect(sock.fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0)
+    return io_status(what + ": connect");
+  Hello hello{};
+  std::memcpy(hello.magic, kMagic, sizeof kMagic);
+  hello.request_id = pull.request_id;
+  std::memcpy(hello.token, token.data(), kTokenChars);
+  CLEAVE_RETURN_IF_ERROR(send_bytes(sock.fd, &hello, sizeof hello, what));
+  KvStreamAssembler assembler(pull.request_id, pull.first_block, max_total_bytes);
+  codec::Bytes meta_bytes;
+  auto rejected = [&](Status st) {
+    ++counters.chunks_rejected;
+    return st;
+  };
+  while (!assembler.complete()) {
+    FrameHeader fh{};
+    CLEAVE_RETURN_IF_ERROR(recv_bytes(sock.fd, &fh, sizeof fh, what));
+    if (fh.meta_bytes == 0 || fh.meta_bytes > kMaxMetaBytes || fh.zero != 0 ||
+        fh.data_bytes > codec::kMaxKvChunkBytes)
+      return rejected(Status(Code::invalid_argument, what + ": malformed chunk frame"));
+    meta_bytes.resize(fh.meta_bytes);
+    CLEAVE_RETURN_IF_ERROR(recv_bytes(sock.fd, meta_bytes.data(), meta_bytes.size(), what));
+    auto meta = codec::decode_as<msg::KvChunk>(meta_bytes);
+    if (!meta.ok()) return rejected(meta.status());
+    Status st = assembler.begin(meta.value(), fh.data_bytes);
+    if (!st.ok()) return rejected(st);
+    std::vector<iovec> into = assembler.pieces();  // recv_iov consumes its iovecs
+    CLEAVE_RETURN_IF_ERROR(recv_iov(sock.fd, into.data(), into.size(), what));
+    st = assembler.end();
+    if (!st.ok()) return rejected(st);
+    ++counters.chunks_received;
+    counters.bytes_received += fh.data_bytes;
+  }
+  auto records = assembler.take();
+  if (!records.ok()) return records.status();
+  const char ack = 'K';
+  CLEAVE_RETURN_IF_ERROR(send_bytes(sock.fd, &ack, 1, what));
+  return records;
+}
+
+// ---- jobs ----
+
+KvSocketJobs::~KvSocketJobs() {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Job& j : jobs_)
+    if (j.thread.joinable()) j.thread.join();
+}
+
+void KvSocketJobs::run(std::function<void()> job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = jobs_.begin(); it != jobs_.end();) {
+    if (it->finished) {
+      it->thread.join();
+      it = jobs_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  Job& j = jobs_.emplace_back();
+  j.thread = std::thread([&j, job = std::move(job)] {
+    job();
+    j.finished = true;
+  });
+}
+
+}  // namespace cleave
