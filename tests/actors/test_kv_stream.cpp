@@ -8,37 +8,13 @@
 
 #include "actors/kv_stream.h"
 #include "schema/codec.h"
+#include "tests/actors/kv_records.h"
 
 using namespace cleave;
+using cleave::test::make_records;
+using cleave::test::small_layout;
 
 namespace {
-
-KvLayout small_layout() {
-  KvLayout l;
-  l.tokens_per_block = 4;
-  l.n_layers = 3;
-  l.n_kv_heads = 2;
-  l.head_dim = 8;
-  return l;
-}
-
-// n sealed records with distinct bytes (block b, byte i: a pattern of both).
-std::shared_ptr<const std::vector<BlockRecord>> make_records(int n) {
-  auto out = std::make_shared<std::vector<BlockRecord>>();
-  const KvLayout layout = small_layout();
-  for (int b = 0; b < n; ++b) {
-    BlockRecord r;
-    r.header.key = BlockKey{uint64_t(b) + 1, 77};
-    r.header.model_fingerprint = 1234;
-    r.header.layout = layout;
-    r.header.n_tokens = b + 1 == n ? 3 : 4;
-    r.bytes.resize(layout.block_bytes());
-    for (size_t i = 0; i < r.bytes.size(); ++i) r.bytes[i] = uint8_t((i * 31 + size_t(b) * 7) ^ (i >> 8));
-    seal(r);
-    out->push_back(std::move(r));
-  }
-  return out;
-}
 
 // Every chunk of a writer, through the codec, into an assembler.
 Result<std::vector<BlockRecord>> stream(const KvStreamWriter& w, uint64_t id, int32_t first) {
