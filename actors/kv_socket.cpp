@@ -12,6 +12,9 @@
 #include <cerrno>
 #include <cstring>
 
+#define XXH_STATIC_LINKING_ONLY
+#include <xxhash.h>
+
 #include "schema/codec.h"
 
 namespace cleave {
@@ -76,12 +79,12 @@ Status io_status(const std::string& what) {
 }
 
 // Sends every byte of the iovecs (advancing them: they are consumed).
-Status send_iov(int fd, iovec* iov, size_t n, const std::string& what) {
+Status send_iov(int fd, iovec* iov, size_t n, const std::string& what, int flags = 0) {
   while (n > 0) {
     msghdr m{};
     m.msg_iov = iov;
     m.msg_iovlen = std::min<size_t>(n, IOV_MAX);
-    const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL);
+    const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL | flags);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return io_status(what);
     size_t left = size_t(w);
@@ -125,9 +128,9 @@ Status recv_iov(int fd, iovec* iov, size_t n, const std::string& what) {
   return Status::Ok();
 }
 
-Status send_bytes(int fd, const void* p, size_t n, const std::string& what) {
+Status send_bytes(int fd, const void* p, size_t n, const std::string& what, int flags = 0) {
   iovec v{const_cast<void*>(p), n};
-  return send_iov(fd, &v, 1, what);
+  return send_iov(fd, &v, 1, what, flags);
 }
 
 Status recv_bytes(int fd, void* p, size_t n, const std::string& what) {
@@ -299,26 +302,36 @@ void KvSocketServer::serve(int fd) {
     offers_.erase(it);
   }
   KvStreamWriter writer(hello.request_id, o.records, o.first_block, o.chunk_bytes);
-  std::vector<iovec> iov;
-  std::vector<uint8_t> corrupt;
   bool ok = true;
+  // Each piece's checksum is taken right after it is sent, while it is in
+  // cache; the chunk's checksum follows its data.
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
+  std::vector<iovec> pieces;
   for (uint32_t seq = 0; ok && seq < writer.n_chunks() && !stop_; ++seq) {
-    iov.assign(2, iovec{});
-    std::vector<iovec> pieces;
     msg::KvChunk meta = writer.header(seq, pieces);
     uint64_t data_bytes = 0;
     for (const iovec& p : pieces) data_bytes += p.iov_len;
-    if (int64_t(seq) == corrupt_chunk_ && data_bytes > 0) {
-      corrupt = writer.chunk(seq).data;
-      corrupt[0] ^= 1;
-      pieces.assign(1, iovec{corrupt.data(), corrupt.size()});
-    }
     const codec::Bytes encoded = codec::encode(meta);
     FrameHeader fh{uint32_t(encoded.size()), 0, data_bytes};
-    iov[0] = iovec{&fh, sizeof fh};
-    iov[1] = iovec{const_cast<char*>(encoded.data()), encoded.size()};
-    iov.insert(iov.end(), pieces.begin(), pieces.end());
-    ok = send_iov(fd, iov.data(), iov.size(), "kv data socket").ok();
+    iovec head[2] = {{&fh, sizeof fh}, {const_cast<char*>(encoded.data()), encoded.size()}};
+    ok = send_iov(fd, head, 2, "kv data socket", MSG_MORE).ok();
+    uint64_t checksum = 0;
+    if (int64_t(seq) == corrupt_chunk_ && data_bytes > 0) {
+      msg::KvChunk c = writer.chunk(seq);  // its checksum is of the good bytes
+      c.data[0] ^= 1;
+      ok = ok && send_bytes(fd, c.data.data(), c.data.size(), "kv data socket", MSG_MORE).ok();
+      checksum = c.checksum;
+    } else {
+      XXH3_64bits_reset(&state);
+      for (size_t i = 0; ok && i < pieces.size(); ++i) {
+        iovec p = pieces[i];  // send_iov consumes its copy
+        ok = send_iov(fd, &p, 1, "kv data socket", MSG_MORE).ok();
+        XXH3_64bits_update(&state, pieces[i].iov_base, pieces[i].iov_len);
+      }
+      checksum = XXH3_64bits_digest(&state);
+    }
+    ok = ok && send_bytes(fd, &checksum, sizeof checksum, "kv data socket").ok();
     if (ok) {
       ++counters_->chunks_sent;
       counters_->bytes_sent += data_bytes;
@@ -364,6 +377,8 @@ Result<std::vector<BlockRecord>> fetch_kv_socket(const std::string& address,
   CLEAVE_RETURN_IF_ERROR(send_bytes(sock.fd, &hello, sizeof hello, what));
   KvStreamAssembler assembler(pull.request_id, pull.first_block, max_total_bytes);
   codec::Bytes meta_bytes;
+  XXH3_state_t state;
+  XXH3_INITSTATE(&state);
   auto rejected = [&](Status st) {
     ++counters.chunks_rejected;
     return st;
@@ -380,9 +395,16 @@ Result<std::vector<BlockRecord>> fetch_kv_socket(const std::string& address,
     if (!meta.ok()) return rejected(meta.status());
     Status st = assembler.begin(meta.value(), fh.data_bytes);
     if (!st.ok()) return rejected(st);
-    std::vector<iovec> into = assembler.pieces();  // recv_iov consumes its iovecs
-    CLEAVE_RETURN_IF_ERROR(recv_iov(sock.fd, into.data(), into.size(), what));
-    st = assembler.end();
+    // Each piece's checksum right after it lands, while it is in cache.
+    XXH3_64bits_reset(&state);
+    for (const iovec& piece : assembler.pieces()) {
+      iovec into = piece;  // recv_iov consumes its copy
+      CLEAVE_RETURN_IF_ERROR(recv_iov(sock.fd, &into, 1, what));
+      XXH3_64bits_update(&state, piece.iov_base, piece.iov_len);
+    }
+    uint64_t sent_checksum = 0;
+    CLEAVE_RETURN_IF_ERROR(recv_bytes(sock.fd, &sent_checksum, sizeof sent_checksum, what));
+    st = assembler.end(sent_checksum, XXH3_64bits_digest(&state));
     if (!st.ok()) return rejected(st);
     ++counters.chunks_received;
     counters.bytes_received += fh.data_bytes;

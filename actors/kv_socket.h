@@ -13,8 +13,11 @@
 // the whole stream with one byte. Every read and write has a timeout.
 //
 // Wire: hello "CKV1", u64 request id, 32 hex characters of token; per chunk
-// u32 meta bytes, u32 0, u64 data bytes, the codec's KvChunk without data,
-// the data; the ack 'K'. Native (little-endian) byte order.
+// u32 meta bytes, u32 0, u64 data bytes, the codec's KvChunk without data
+// and checksum, the data, its XXH3-64 (u64); the ack 'K'. Native
+// (little-endian) byte order. Checksums are taken piece by piece as the
+// bytes are sent and read (while they are in cache), not in a pass of
+// their own.
 #pragma once
 
 #include <atomic>

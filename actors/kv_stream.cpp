@@ -6,9 +6,6 @@
 #include <algorithm>
 #include <cstring>
 
-#define XXH_STATIC_LINKING_ONLY
-#include <xxhash.h>
-
 #include "schema/codec.h"
 
 namespace cleave {
@@ -111,7 +108,6 @@ msg::KvChunk KvStreamWriter::header(uint32_t seq, std::vector<iovec>& pieces) co
                    pieces.push_back(
                        iovec{const_cast<uint8_t*>(blocks[block].bytes.data() + at), len});
                  });
-  c.checksum = checksum_pieces(pieces);
   if (seq == 0)
     for (int32_t b = 0; b < n_blocks_; ++b) c.headers.push_back(blocks[b].header);
   return c;
@@ -194,29 +190,18 @@ Status KvStreamAssembler::add(const msg::KvChunk& c) {
 Status KvStreamAssembler::begin(const msg::KvChunk& c, uint64_t size) {
   CLEAVE_RETURN_IF_ERROR(check(c, size));
   pending_ = true;
-  pending_checksum_ = c.checksum;
   pending_size_ = size;
   return Status::Ok();
 }
 
-Status KvStreamAssembler::end() {
+Status KvStreamAssembler::end(uint64_t sent_checksum, uint64_t read_checksum) {
   if (!pending_) return fail(Status(Code::invalid_argument, who(next_seq_) + "no chunk begun"));
   pending_ = false;
-  if (checksum_pieces(pieces_) != pending_checksum_)
+  if (sent_checksum != read_checksum)
     return fail(Status(Code::corruption, who(next_seq_) + "checksum mismatch"));
   received_ += pending_size_;
   ++next_seq_;
   return Status::Ok();
-}
-
-uint64_t checksum_pieces(const std::vector<iovec>& pieces) {
-  if (pieces.size() == 1)
-    return checksum_bytes(static_cast<const uint8_t*>(pieces[0].iov_base), pieces[0].iov_len);
-  XXH3_state_t state;
-  XXH3_INITSTATE(&state);
-  XXH3_64bits_reset(&state);
-  for (const iovec& p : pieces) XXH3_64bits_update(&state, p.iov_base, p.iov_len);
-  return XXH3_64bits_digest(&state);
 }
 
 Result<std::vector<BlockRecord>> KvStreamAssembler::take() {

@@ -62,9 +62,10 @@ class KvStreamWriter {
   int32_t n_blocks() const { return n_blocks_; }
   // Chunk seq (< n_chunks()), checksummed.
   msg::KvChunk chunk(uint32_t seq) const;
-  // Chunk seq without its data (checksum and headers set): the places in
+  // Chunk seq without its data and checksum (headers set): the places in
   // the records its bytes come from, in order, replace `pieces` (the data
-  // socket sends them from there, no copy).
+  // socket sends them from there, no copy, and the checksum after them,
+  // computed as it sends).
   msg::KvChunk header(uint32_t seq, std::vector<iovec>& pieces) const;
 
  private:
@@ -88,11 +89,12 @@ class KvStreamAssembler {
   Status add(const msg::KvChunk& chunk);
   // add() in two halves for the data socket, which reads a chunk's bytes
   // straight into the blocks: begin checks a chunk's fields (its data not
-  // read yet: `size` bytes; chunk.data is ignored) and gives the places its
-  // bytes go, in order; end checks the checksum of what was read there.
+  // read yet: `size` bytes; chunk.data and checksum are ignored) and gives
+  // the places its bytes go, in order; end takes the sender's checksum and
+  // the one the caller computed over what it read there.
   Status begin(const msg::KvChunk& chunk, uint64_t size);
   const std::vector<iovec>& pieces() const { return pieces_; }
-  Status end();
+  Status end(uint64_t sent_checksum, uint64_t read_checksum);
   bool complete() const { return ok_ && started_ && received_ == total_; }
   uint32_t chunks() const { return next_seq_; }
   uint64_t bytes() const { return received_; }
@@ -117,12 +119,9 @@ class KvStreamAssembler {
   uint64_t total_ = 0, received_ = 0, layer_bytes_ = 0;
   std::vector<BlockRecord> records_;
   std::vector<iovec> pieces_;  // of the chunk between begin and end (reused)
-  uint64_t pending_checksum_ = 0, pending_size_ = 0;
+  uint64_t pending_size_ = 0;
   bool pending_ = false;
 };
-
-// XXH3-64 of the pieces' bytes as one run (checksum_bytes of their concatenation).
-uint64_t checksum_pieces(const std::vector<iovec>& pieces);
 
 // Counters of one stage's KV streams (shared by the stage and its sender
 // or receiver actor; read into the stage's Stats).
