@@ -2347,6 +2347,7 @@ Result<std::vector<KvPullTiming>> pull_kv_streams(
     if (!st.ok()) break;
     out.push_back(KvPullTiming{seconds, counters->bytes_received - bytes_before});
     sink(records.value());
+    block_buffer_pool().release(records.value());  // as a decoder's scheduler does
   }
   caf::anon_send_exit(receiver, caf::exit_reason::user_shutdown);
   if (!st.ok()) return st;

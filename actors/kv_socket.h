@@ -10,14 +10,17 @@
 // token (compared in constant time; a wrong one is refused, the connection
 // closed), then reads the layer-major chunks (KvStreamWriter's, each with its
 // XXH3-64 checksum) straight into the destination blocks and acknowledges
-// the whole stream with one byte. Every read and write has a timeout.
+// the whole stream with one byte. The receiver keeps the connection for its
+// next stream from that node (a fresh TCP connection starts with a small
+// window); the sender closes it after an idle timeout or any failure. Every
+// read and write has a timeout.
 //
 // Wire: hello "CKV1", u64 request id, 32 hex characters of token; per chunk
 // u32 meta bytes, u32 0, u64 data bytes, the codec's KvChunk without data
-// and checksum, the data, its XXH3-64 (u64); the ack 'K'. Native
-// (little-endian) byte order. Checksums are taken piece by piece as the
-// bytes are sent and read (while they are in cache), not in a pass of
-// their own.
+// and checksum, the data, its XXH3-64 (u64); the ack 'K'; then the next
+// hello, or the end of the connection. Native (little-endian) byte order.
+// One sendmsg per chunk, one read for its data and checksum; each side
+// takes the chunk's checksum while the chunk is in cache.
 #pragma once
 
 #include <atomic>
@@ -47,7 +50,8 @@ class KvSocketServer {
   static Result<std::unique_ptr<KvSocketServer>> listen(
       const std::string& host, std::shared_ptr<KvStreamCounters> counters,
       int32_t corrupt_chunk = -1, std::chrono::milliseconds io_timeout = std::chrono::seconds(5),
-      std::chrono::milliseconds offer_ttl = std::chrono::seconds(30));
+      std::chrono::milliseconds offer_ttl = std::chrono::seconds(30),
+      std::chrono::milliseconds idle_timeout = std::chrono::seconds(30));
   ~KvSocketServer();  // closes the socket and every connection, joins the threads
 
   std::string address() const { return host_ + ":" + std::to_string(port_); }
@@ -58,6 +62,8 @@ class KvSocketServer {
   std::string offer(uint64_t request_id, Records records, int32_t first_block,
                     uint32_t chunk_bytes, Done done);
   size_t offers() const;
+  // Connections accepted so far (a receiver keeps one for its next streams).
+  uint64_t accepted() const { return accepted_; }
 
  private:
   struct Offer {
@@ -76,6 +82,7 @@ class KvSocketServer {
   KvSocketServer() = default;
   void accept_loop();
   void serve(int fd);
+  bool serve_stream(int fd);  // false: the connection ends
   void reap(bool all);
 
   std::string host_;
@@ -83,7 +90,8 @@ class KvSocketServer {
   int listener_ = -1;
   std::shared_ptr<KvStreamCounters> counters_;
   int32_t corrupt_chunk_ = -1;
-  std::chrono::milliseconds io_timeout_{5000}, offer_ttl_{30000};
+  std::chrono::milliseconds io_timeout_{5000}, offer_ttl_{30000}, idle_timeout_{30000};
+  std::atomic<uint64_t> accepted_{0};
   std::atomic<bool> stop_{false};
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Offer> offers_;
@@ -101,6 +109,13 @@ Result<std::vector<BlockRecord>> fetch_kv_socket(
     const std::string& address, const std::string& token, const msg::KvPull& pull,
     uint64_t max_total_bytes, KvStreamCounters& counters,
     std::chrono::milliseconds io_timeout = std::chrono::seconds(5));
+
+// The options of a KV data connection (both ends; the benchmark's raw TCP
+// too): no Nagle delay, and a loss-based congestion control without pacing,
+// cubic or else reno, in place of a system default such as BBR: BBR's
+// pacing held a fresh connection's bulk stream to about half its rate on
+// loopback here (docs/PERFORMANCE.md). Returns the one in use.
+std::string configure_kv_data_socket(int fd);
 
 // Runs blocking jobs (a receiver's socket reads) on threads of their own,
 // off CAF's scheduler; joins them when destroyed (every job is bounded by

@@ -1,7 +1,6 @@
 #include "actors/kv_stream.h"
 
 #include <malloc.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <cstring>
@@ -39,19 +38,6 @@ void for_each_piece(uint64_t pos, uint64_t size, uint64_t layer_bytes, uint64_t 
     pos += len;
     size -= len;
   }
-}
-
-// Sizes v to n bytes, asking for transparent huge pages first: fresh memory
-// costs a page fault per 4 KiB on first touch, about 20 us each on the VMs
-// measured here (0.2 GB/s, the whole budget of a stream); a huge page
-// takes one fault per 2 MiB.
-void resize_huge(std::vector<uint8_t>& v, size_t n) {
-  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
-  v.reserve(n);
-  const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
-  const uintptr_t begin = (p + kHuge - 1) & ~(kHuge - 1), end = (p + n) & ~(kHuge - 1);
-  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
-  v.resize(n);
 }
 
 }  // namespace
@@ -114,8 +100,13 @@ msg::KvChunk KvStreamWriter::header(uint32_t seq, std::vector<iovec>& pieces) co
 }
 
 KvStreamAssembler::KvStreamAssembler(uint64_t request_id, int32_t first_block,
-                                     uint64_t max_total_bytes)
-    : request_id_(request_id), first_block_(first_block), max_total_(max_total_bytes) {}
+                                     uint64_t max_total_bytes, BlockBufferPool* pool)
+    : request_id_(request_id),
+      first_block_(first_block),
+      max_total_(max_total_bytes),
+      pool_(pool ? pool : &block_buffer_pool()) {}
+
+KvStreamAssembler::~KvStreamAssembler() { pool_->release(records_); }
 
 std::string KvStreamAssembler::who(uint32_t seq) const {
   return "kv stream of request " + std::to_string(request_id_) + ", chunk " + std::to_string(seq) +
@@ -153,9 +144,10 @@ Status KvStreamAssembler::check(const msg::KvChunk& c, uint64_t size) {
     total_ = total;
     layer_bytes_ = layout.layer_bytes();
     records_.resize(c.headers.size());
+    block_sums_.resize(c.headers.size());
     for (size_t i = 0; i < c.headers.size(); ++i) {
       records_[i].header = c.headers[i];
-      resize_huge(records_[i].bytes, layout.block_bytes());
+      records_[i].bytes = pool_->acquire(layout.block_bytes());
     }
     started_ = true;
   } else if (c.total_bytes != total_ || !c.headers.empty()) {
@@ -166,11 +158,20 @@ Status KvStreamAssembler::check(const msg::KvChunk& c, uint64_t size) {
     return bad(std::to_string(size) + " bytes, only " + std::to_string(total_ - received_) +
                " left in the stream");
   pieces_.clear();
+  piece_blocks_.clear();
   for_each_piece(received_, size, layer_bytes_, records_.size(),
                  [&](size_t block, size_t at, size_t len) {
                    pieces_.push_back(iovec{records_[block].bytes.data() + at, len});
+                   piece_blocks_.push_back(block);
                  });
   return Status::Ok();
+}
+
+// A block's bytes arrive in order (layer 0's part, then layer 1's, ...), so
+// its checksum can follow them piece by piece while they are in cache.
+void KvStreamAssembler::hash_pieces() {
+  for (size_t i = 0; i < pieces_.size(); ++i)
+    block_sums_[piece_blocks_[i]].update(pieces_[i].iov_base, pieces_[i].iov_len);
 }
 
 Status KvStreamAssembler::add(const msg::KvChunk& c) {
@@ -182,6 +183,7 @@ Status KvStreamAssembler::add(const msg::KvChunk& c) {
     std::memcpy(p.iov_base, in, p.iov_len);
     in += p.iov_len;
   }
+  hash_pieces();
   received_ += c.data.size();
   ++next_seq_;
   return Status::Ok();
@@ -199,6 +201,7 @@ Status KvStreamAssembler::end(uint64_t sent_checksum, uint64_t read_checksum) {
   pending_ = false;
   if (sent_checksum != read_checksum)
     return fail(Status(Code::corruption, who(next_seq_) + "checksum mismatch"));
+  hash_pieces();
   received_ += pending_size_;
   ++next_seq_;
   return Status::Ok();
@@ -210,14 +213,15 @@ Result<std::vector<BlockRecord>> KvStreamAssembler::take() {
                                      " is not complete (" + std::to_string(received_) + " of " +
                                      std::to_string(total_) + " bytes)");
   for (size_t i = 0; i < records_.size(); ++i) {
-    const BlockRecord& r = records_[i];
-    if (checksum_bytes(r.bytes.data(), r.bytes.size()) != r.header.checksum)
+    if (block_sums_[i].digest() != records_[i].header.checksum)
       return Status(Code::corruption, "kv stream of request " + std::to_string(request_id_) +
                                           ": block " + std::to_string(first_block_ + int32_t(i)) +
                                           " does not match its checksum");
   }
   ok_ = false;  // taken
-  return std::move(records_);
+  std::vector<BlockRecord> out = std::move(records_);
+  records_.clear();
+  return out;
 }
 
 std::vector<std::pair<std::string, uint64_t>> KvStreamCounters::snapshot() const {

@@ -80,7 +80,13 @@ class KvStreamWriter {
 class KvStreamAssembler {
  public:
   // max_total_bytes bounds what chunk 0's headers may make it allocate.
-  KvStreamAssembler(uint64_t request_id, int32_t first_block, uint64_t max_total_bytes);
+  // Blocks come from pool (block_buffer_pool() when null) and go back to
+  // it when the stream is not taken.
+  KvStreamAssembler(uint64_t request_id, int32_t first_block, uint64_t max_total_bytes,
+                    BlockBufferPool* pool = nullptr);
+  ~KvStreamAssembler();
+  KvStreamAssembler(const KvStreamAssembler&) = delete;
+  KvStreamAssembler& operator=(const KvStreamAssembler&) = delete;
 
   // The next chunk. invalid_argument for another request, a chunk out of
   // order (sequence or offset), sizes that disagree with the headers, a
@@ -99,7 +105,8 @@ class KvStreamAssembler {
   uint32_t chunks() const { return next_seq_; }
   uint64_t bytes() const { return received_; }
   // Once complete: the records, each checked against its own checksum
-  // (corruption naming the block otherwise).
+  // (corruption naming the block otherwise; each block's checksum is taken
+  // chunk by chunk as its bytes land, not in a pass of its own).
   Result<std::vector<BlockRecord>> take();
 
  private:
@@ -117,8 +124,13 @@ class KvStreamAssembler {
   bool ok_ = true, started_ = false;
   uint32_t next_seq_ = 0;
   uint64_t total_ = 0, received_ = 0, layer_bytes_ = 0;
+  // Takes the chunk's pieces into their blocks' checksums.
+  void hash_pieces();
+  BlockBufferPool* pool_;
   std::vector<BlockRecord> records_;
+  std::vector<ChecksumStream> block_sums_;  // per record, over the bytes landed so far
   std::vector<iovec> pieces_;  // of the chunk between begin and end (reused)
+  std::vector<size_t> piece_blocks_;  // the record each piece belongs to
   uint64_t pending_size_ = 0;
   bool pending_ = false;
 };
@@ -176,7 +188,8 @@ class KvInbox {
 // returns once every stream was pulled to its last ack (timed_out after
 // timeout_s). pull_kv_streams pulls requests 1..n_streams one after the
 // other, times each (fetch to the records in hand) and hands the records to
-// sink (then drops them, as a decoder does after importing them).
+// sink (then gives their buffers back to block_buffer_pool(), as a
+// decoder's scheduler does after importing them).
 struct KvPullTiming {
   double seconds = 0;
   uint64_t bytes = 0;

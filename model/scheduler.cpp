@@ -250,7 +250,7 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
       counters_.recomputed_tokens += uint64_t(e.remaining() - 1);
       counters_.prefix_hit_tokens += uint64_t(e.fed - imported);
       e.resumed = false;
-      e.records.clear();
+      block_buffer_pool().release(e.records);  // imported: the buffers serve later streams
     } else {
       counters_.prefix_hit_tokens += uint64_t(e.fed);
     }

@@ -1,8 +1,13 @@
 #include "storage/block.h"
 
+#include <sys/mman.h>
 #include <xxhash.h>
 
 #include <cstdio>
+#include <new>
+#include <utility>
+
+#include "storage/checksum_simd.h"
 
 namespace cleave {
 
@@ -33,15 +38,97 @@ std::string BlockKey::hex() const {
   return buf;
 }
 
-namespace detail {
-uint64_t xxh3_64_avx2(const void* data, size_t n);  // checksum_avx2.cpp
+namespace {
+// libxxhash's own build (SSE2 in Debian's), for CPUs without AVX2.
+void* lib_state_new() { return XXH3_createState(); }
+void lib_state_free(void* s) { XXH3_freeState(static_cast<XXH3_state_t*>(s)); }
+void lib_reset(void* s) { XXH3_64bits_reset(static_cast<XXH3_state_t*>(s)); }
+void lib_update(void* s, const void* data, size_t n) {
+  XXH3_64bits_update(static_cast<XXH3_state_t*>(s), data, n);
+}
+uint64_t lib_digest(const void* s) { return XXH3_64bits_digest(static_cast<const XXH3_state_t*>(s)); }
+const detail::Xxh3Impl xxh3_lib = {XXH3_64bits, lib_state_new, lib_state_free,
+                                   lib_reset,   lib_update,    lib_digest};
+
+// XXH3-64 is one function whatever the vector width: the AVX2 build is
+// only faster (tests compare it with libxxhash bit for bit).
+const detail::Xxh3Impl& xxh3() {
+  static const detail::Xxh3Impl& impl =
+      __builtin_cpu_supports("avx2") ? detail::xxh3_avx2 : xxh3_lib;
+  return impl;
+}
+}  // namespace
+
+uint64_t checksum_bytes(const uint8_t* data, size_t n) { return xxh3().oneshot(data, n); }
+
+ChecksumStream::ChecksumStream() : impl_(&xxh3()), state_(impl_->state_new()) {
+  if (!state_) throw std::bad_alloc();
+  reset();
 }
 
-// XXH3-64 is one function whatever the vector width: the AVX2 build is only
-// faster (tests compare it with libxxhash bit for bit).
-uint64_t checksum_bytes(const uint8_t* data, size_t n) {
-  static const bool avx2 = __builtin_cpu_supports("avx2");
-  return avx2 ? detail::xxh3_64_avx2(data, n) : XXH3_64bits(data, n);
+ChecksumStream::~ChecksumStream() {
+  if (state_) impl_->state_free(state_);
+}
+
+ChecksumStream::ChecksumStream(ChecksumStream&& other) noexcept
+    : impl_(other.impl_), state_(std::exchange(other.state_, nullptr)) {}
+
+ChecksumStream& ChecksumStream::operator=(ChecksumStream&& other) noexcept {
+  std::swap(impl_, other.impl_);
+  std::swap(state_, other.state_);
+  return *this;
+}
+
+void ChecksumStream::reset() { impl_->reset(state_); }
+void ChecksumStream::update(const void* data, size_t n) { impl_->update(state_, data, n); }
+uint64_t ChecksumStream::digest() const { return impl_->digest(state_); }
+
+std::vector<uint8_t> BlockBufferPool::acquire(size_t n) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(n);
+    if (it != free_.end() && !it->second.empty()) {
+      std::vector<uint8_t> v = std::move(it->second.back());
+      it->second.pop_back();
+      kept_ -= n;
+      ++reused_;
+      return v;
+    }
+  }
+  std::vector<uint8_t> v;
+  v.reserve(n);
+  constexpr uintptr_t kHuge = uintptr_t(2) << 20;
+  const uintptr_t p = reinterpret_cast<uintptr_t>(v.data());
+  const uintptr_t begin = (p + kHuge - 1) & ~(kHuge - 1), end = (p + n) & ~(kHuge - 1);
+  if (end > begin) (void)::madvise(reinterpret_cast<void*>(begin), end - begin, MADV_HUGEPAGE);
+  v.resize(n);
+  return v;
+}
+
+void BlockBufferPool::release(std::vector<BlockRecord>& records) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (BlockRecord& r : records) {
+    const size_t n = r.bytes.size();
+    if (n == 0 || kept_ + n > max_bytes_) continue;  // freed with the records
+    kept_ += n;
+    free_[n].push_back(std::move(r.bytes));
+  }
+  records.clear();
+}
+
+uint64_t BlockBufferPool::kept_bytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return kept_;
+}
+
+uint64_t BlockBufferPool::reused() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return reused_;
+}
+
+BlockBufferPool& block_buffer_pool() {
+  static BlockBufferPool pool(uint64_t(256) << 20);
+  return pool;
 }
 
 void seal(BlockRecord& record) {

@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "actors/kv_socket.h"
 #include "actors/kv_stream.h"
 
 extern char** environ;
@@ -92,6 +93,7 @@ bool recv_all(int fd, void* p, size_t n) {
 void serve_raw(int listener, const std::vector<BlockRecord>& records) {
   const int fd = ::accept(listener, nullptr, nullptr);
   if (fd < 0) return;
+  (void)configure_kv_data_socket(fd);  // the data socket's options: a like-for-like limit
   uint64_t chunk = 0;
   while (recv_all(fd, &chunk, sizeof chunk) && chunk > 0) {
     for (const BlockRecord& r : records)
@@ -159,6 +161,7 @@ int main(int argc, char** argv) {
   std::printf("%10s %14s %14s %8s %8s\n", "chunk", "raw tcp GB/s", "kv chunks GB/s", "ratio",
               "chunks");
   nlohmann::json out = nlohmann::json::array();
+  std::string congestion;  // of the raw TCP and KV data sockets alike
   for (uint32_t chunk : chunks) {
     // The sending process.
     int pipe_fd[2];
@@ -195,6 +198,7 @@ int main(int argc, char** argv) {
         std::perror("raw tcp connect");
         return 1;
       }
+      congestion = configure_kv_data_socket(fd);
       std::vector<uint8_t> buf(total);
       for (int r = 0; r < reps; ++r) {
         const uint64_t c = chunk;
@@ -239,8 +243,10 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(n_chunks));
     out.push_back({{"chunk_bytes", chunk}, {"bytes", total}, {"window", window}, {"reps", reps},
                    {"raw_tcp_gb_s", raw_gbs}, {"kv_stream_gb_s", kv_gbs},
-                   {"ratio", kv_gbs / raw_gbs}, {"chunks", n_chunks}});
+                   {"ratio", kv_gbs / raw_gbs}, {"chunks", n_chunks},
+                   {"tcp_congestion", congestion}});
   }
+  std::printf("TCP congestion control of both paths: %s\n", congestion.c_str());
   if (!json_path.empty()) {
     FILE* f = std::fopen(json_path.c_str(), "w");
     if (!f) return 1;

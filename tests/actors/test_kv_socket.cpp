@@ -128,6 +128,30 @@ TEST_CASE("kv socket: a wrong token is refused and the right one still works") {
             .code() == Code::unavailable);
 }
 
+TEST_CASE("kv socket: streams share one kept connection; one closed while idle is replaced") {
+  auto records = make_records(3);
+  auto server = KvSocketServer::listen("127.0.0.1", std::make_shared<KvStreamCounters>(), -1,
+                                       std::chrono::seconds(5), std::chrono::seconds(30),
+                                       /*idle_timeout=*/std::chrono::milliseconds(200));
+  REQUIRE(server.ok());
+  auto stream = [&](uint64_t id) {
+    const std::string token = (*server)->offer(id, records, 0, 1000, nullptr);
+    KvStreamCounters c;
+    auto got = fetch_kv_socket((*server)->address(), token, pull_of(id, 0, 1000), 1 << 30, c);
+    REQUIRE_MESSAGE(got.ok(), got.status().to_string());
+    REQUIRE(got->size() == 3);
+    for (size_t b = 0; b < 3; ++b) CHECK((*got)[b].bytes == (*records)[b].bytes);
+  };
+  for (uint64_t id = 1; id <= 4; ++id) stream(id);
+  CHECK((*server)->accepted() == 1);
+  // The sender closes the kept connection after 200 ms without a hello; the
+  // next stream notices and connects again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  stream(5);
+  stream(6);
+  CHECK((*server)->accepted() == 2);
+}
+
 TEST_CASE("kv socket: a corrupt chunk gives a corruption error") {
   auto records = make_records(3);
   auto sent = std::make_shared<KvStreamCounters>();

@@ -54,6 +54,61 @@ TEST_CASE("kv stream: blocks come back bit for bit for every chunk size") {
   }
 }
 
+TEST_CASE("kv stream: reused buffers (never zero-filled) still give the sent blocks") {
+  BlockBufferPool pool(uint64_t(1) << 30);
+  const size_t block_bytes = small_layout().block_bytes();
+  auto first = make_records(4);
+  // Other bytes, same layout: a reused buffer still holds the first stream's.
+  auto second = std::make_shared<std::vector<BlockRecord>>(*make_records(4));
+  for (BlockRecord& r : *second) {
+    for (size_t i = 0; i < r.bytes.size(); i += 3) r.bytes[i] ^= 0x5a;
+    seal(r);
+  }
+  auto run = [&](std::shared_ptr<const std::vector<BlockRecord>> records, uint32_t chunk) {
+    KvStreamWriter w(7, records, 0, chunk);
+    KvStreamAssembler a(7, 0, uint64_t(1) << 30, &pool);
+    for (uint32_t i = 0; i < w.n_chunks(); ++i) REQUIRE(a.add(w.chunk(i)).ok());
+    auto got = a.take();
+    REQUIRE_MESSAGE(got.ok(), got.status().to_string());
+    REQUIRE(got->size() == records->size());
+    for (size_t b = 0; b < got->size(); ++b) CHECK((*got)[b].bytes == (*records)[b].bytes);
+    return std::move(got.value());
+  };
+  auto got = run(first, 100);
+  CHECK(pool.reused() == 0);
+  pool.release(got);
+  CHECK(got.empty());
+  CHECK(pool.kept_bytes() == 4 * block_bytes);
+  auto again = run(second, 100);
+  CHECK(pool.reused() == 4);
+  CHECK(pool.kept_bytes() == 0);
+  pool.release(again);
+  // A stream that fails (or is never taken) gives its buffers back.
+  {
+    KvStreamWriter w(8, first, 0, 256);
+    KvStreamAssembler a(8, 0, uint64_t(1) << 30, &pool);
+    REQUIRE(a.add(w.chunk(0)).ok());
+    CHECK(pool.kept_bytes() == 0);  // all four taken by the stream
+  }
+  CHECK(pool.kept_bytes() == 4 * block_bytes);
+}
+
+TEST_CASE("kv stream: the buffer pool keeps no more than its bound, by size") {
+  const size_t block_bytes = small_layout().block_bytes();
+  BlockBufferPool pool(3 * block_bytes);
+  auto records = std::vector<BlockRecord>(*make_records(5));
+  pool.release(records);
+  CHECK(records.empty());
+  CHECK(pool.kept_bytes() == 3 * block_bytes);  // two freed
+  std::vector<uint8_t> other = pool.acquire(block_bytes + 1);  // no kept buffer of that size
+  CHECK(other.size() == block_bytes + 1);
+  CHECK(pool.reused() == 0);
+  std::vector<uint8_t> kept = pool.acquire(block_bytes);
+  CHECK(kept.size() == block_bytes);
+  CHECK(pool.reused() == 1);
+  CHECK(pool.kept_bytes() == 2 * block_bytes);
+}
+
 TEST_CASE("kv stream: chunks run layer by layer over all blocks") {
   auto records = make_records(3);
   const KvLayout layout = small_layout();

@@ -1,11 +1,13 @@
 #include <doctest/doctest.h>
 #include <xxhash.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <thread>
 #include <vector>
 
+#include "storage/checksum_simd.h"
 #include "storage/lru_policy.h"
 #include "storage/memory_tier.h"
 
@@ -115,11 +117,39 @@ TEST_CASE("checksum: the dispatched XXH3-64 equals libxxhash's for every length 
   std::vector<size_t> lengths;
   for (size_t n = 0; n <= 1100; ++n) lengths.push_back(n);  // every XXH3 size class edge
   for (size_t n : {4095, 4096, 4097, 16384, 32768, 65536, 70000}) lengths.push_back(n);
+  // The AVX2 build where the CPU has it, and the dispatched one.
+  std::vector<const detail::Xxh3Impl*> builds;
+  if (__builtin_cpu_supports("avx2")) builds.push_back(&detail::xxh3_avx2);
   for (size_t off : {0, 1, 7, 63})
     for (size_t n : lengths) {
       const uint8_t* p = buf.data() + off;
-      REQUIRE(checksum_bytes(p, n) == XXH3_64bits(p, n));
+      const uint64_t want = XXH3_64bits(p, n);
+      REQUIRE(checksum_bytes(p, n) == want);
+      for (const detail::Xxh3Impl* b : builds) REQUIRE(b->oneshot(p, n) == want);
     }
+}
+
+TEST_CASE("checksum: a stream over pieces equals libxxhash's XXH3-64 of the whole") {
+  std::vector<uint8_t> buf(300000);
+  uint64_t x = 2463534242ull;
+  for (auto& b : buf) {
+    x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+    b = uint8_t(x);
+  }
+  ChecksumStream stream;
+  // Piece sizes across XXH3's internal buffer (256 B) and stripe edges.
+  for (size_t piece : {1, 63, 64, 255, 256, 257, 1024, 4097, 131072, 300000}) {
+    for (size_t total : {0, 1, 240, 241, 1000, 65536, 300000}) {
+      stream.reset();
+      for (size_t at = 0; at < total; at += piece)
+        stream.update(buf.data() + at, std::min(piece, total - at));
+      REQUIRE(stream.digest() == XXH3_64bits(buf.data(), total));
+    }
+  }
+  ChecksumStream moved = std::move(stream);  // the state moves with it
+  moved.reset();
+  moved.update(buf.data(), 5);
+  CHECK(moved.digest() == XXH3_64bits(buf.data(), 5));
 }
 
 TEST_CASE("memory tier: erased slabs are reused, bounded by capacity") {
