@@ -337,15 +337,12 @@ bool KvSocketServer::serve_stream(int fd) {
   for (uint32_t seq = 0; ok && seq < writer.n_chunks() && !stop_; ++seq) {
     msg::KvChunk meta = writer.header(seq, pieces);
     uint64_t data_bytes = 0;
-    sum.reset();
-    for (const iovec& p : pieces) {
-      data_bytes += p.iov_len;
-      sum.update(p.iov_base, p.iov_len);
-    }
-    uint64_t checksum = sum.digest();
+    for (const iovec& p : pieces) data_bytes += p.iov_len;
     msg::KvChunk corrupt;
+    uint64_t checksum = 0;
     if (int64_t(seq) == corrupt_chunk_ && data_bytes > 0) {
       corrupt = writer.chunk(seq);  // its checksum is of the good bytes
+      checksum = corrupt.checksum;
       corrupt.data[0] ^= 1;
       pieces.assign(1, iovec{corrupt.data.data(), corrupt.data.size()});
     }
@@ -355,8 +352,14 @@ bool KvSocketServer::serve_stream(int fd) {
     iov.push_back({&fh, sizeof fh});
     iov.push_back({const_cast<char*>(encoded.data()), encoded.size()});
     iov.insert(iov.end(), pieces.begin(), pieces.end());
-    iov.push_back({&checksum, sizeof checksum});
-    ok = send_iov(fd, iov.data(), iov.size(), "kv data socket").ok();
+    ok = send_iov(fd, iov.data(), iov.size(), "kv data socket", MSG_MORE).ok();
+    if (corrupt.data.empty()) {
+      sum.reset();
+      for (const iovec& p : pieces) sum.update(p.iov_base, p.iov_len);
+      checksum = sum.digest();
+    }
+    iovec tail{&checksum, sizeof checksum};
+    ok = ok && send_iov(fd, &tail, 1, "kv data socket").ok();
     if (ok) {
       ++counters_->chunks_sent;
       counters_->bytes_sent += data_bytes;
@@ -435,7 +438,6 @@ Result<std::vector<BlockRecord>> fetch_on(int fd, const std::string& what,
   CLEAVE_RETURN_IF_ERROR(send_bytes(fd, &hello, sizeof hello, what));
   KvStreamAssembler assembler(pull.request_id, pull.first_block, max_total_bytes);
   codec::Bytes meta_bytes;
-  ChecksumStream sum;
   std::vector<iovec> iov;
   auto rejected = [&](Status st) {
     ++counters.chunks_rejected;
@@ -454,15 +456,13 @@ Result<std::vector<BlockRecord>> fetch_on(int fd, const std::string& what,
     if (!meta.ok()) return rejected(meta.status());
     Status st = assembler.begin(meta.value(), fh.data_bytes);
     if (!st.ok()) return rejected(st);
-    // The chunk's bytes and its checksum in one read, then its checksum
-    // (the chunk is in cache).
+    // The chunk's bytes and its checksum in one read; the assembler checks
+    // them while the chunk is in cache.
     uint64_t sent_checksum = 0;
     iov.assign(assembler.pieces().begin(), assembler.pieces().end());
     iov.push_back({&sent_checksum, sizeof sent_checksum});
     CLEAVE_RETURN_IF_ERROR(recv_iov(fd, iov.data(), iov.size(), what));
-    sum.reset();
-    for (const iovec& piece : assembler.pieces()) sum.update(piece.iov_base, piece.iov_len);
-    st = assembler.end(sent_checksum, sum.digest());
+    st = assembler.end(sent_checksum);
     if (!st.ok()) return rejected(st);
     ++counters.chunks_received;
     counters.bytes_received += fh.data_bytes;
@@ -525,26 +525,36 @@ Result<std::vector<BlockRecord>> fetch_kv_socket(const std::string& address,
 // ---- jobs ----
 
 KvSocketJobs::~KvSocketJobs() {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Job& j : jobs_)
-    if (j.thread.joinable()) j.thread.join();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (std::thread& t : threads_) t.join();
 }
 
 void KvSocketJobs::run(std::function<void()> job) {
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto it = jobs_.begin(); it != jobs_.end();) {
-    if (it->finished) {
-      it->thread.join();
-      it = jobs_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-  Job& j = jobs_.emplace_back();
-  j.thread = std::thread([&j, job = std::move(job)] {
+  queue_.push_back(std::move(job));
+  if (idle_ >= queue_.size())
+    cv_.notify_one();
+  else
+    threads_.emplace_back([this] { work(); });
+}
+
+void KvSocketJobs::work() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    ++idle_;
+    cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+    --idle_;
+    if (queue_.empty()) return;  // stopping, nothing left
+    std::function<void()> job = std::move(queue_.front());
+    queue_.pop_front();
+    lock.unlock();
     job();
-    j.finished = true;
-  });
+    lock.lock();
+  }
 }
 
 }  // namespace cleave

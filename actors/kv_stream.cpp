@@ -169,21 +169,31 @@ Status KvStreamAssembler::check(const msg::KvChunk& c, uint64_t size) {
 
 // A block's bytes arrive in order (layer 0's part, then layer 1's, ...), so
 // its checksum can follow them piece by piece while they are in cache.
-void KvStreamAssembler::hash_pieces() {
-  for (size_t i = 0; i < pieces_.size(); ++i)
-    block_sums_[piece_blocks_[i]].update(pieces_[i].iov_base, pieces_[i].iov_len);
+uint64_t KvStreamAssembler::hash_pieces() {
+  constexpr size_t kStretch = size_t(16) << 10;  // fits L1 beside the hash states
+  chunk_sum_.reset();
+  for (size_t i = 0; i < pieces_.size(); ++i) {
+    const uint8_t* p = static_cast<const uint8_t*>(pieces_[i].iov_base);
+    ChecksumStream& block_sum = block_sums_[piece_blocks_[i]];
+    for (size_t at = 0; at < pieces_[i].iov_len; at += kStretch) {
+      const size_t n = std::min(kStretch, pieces_[i].iov_len - at);
+      chunk_sum_.update(p + at, n);
+      block_sum.update(p + at, n);
+    }
+  }
+  return chunk_sum_.digest();
 }
 
 Status KvStreamAssembler::add(const msg::KvChunk& c) {
   CLEAVE_RETURN_IF_ERROR(check(c, c.data.size()));
-  if (checksum_bytes(c.data.data(), c.data.size()) != c.checksum)
-    return fail(Status(Code::corruption, who(c.seq) + "checksum mismatch"));
   const uint8_t* in = c.data.data();
   for (const iovec& p : pieces_) {
     std::memcpy(p.iov_base, in, p.iov_len);
     in += p.iov_len;
   }
-  hash_pieces();
+  // A mismatch fails the stream, so the blocks' checksums may take the bad bytes.
+  if (hash_pieces() != c.checksum)
+    return fail(Status(Code::corruption, who(c.seq) + "checksum mismatch"));
   received_ += c.data.size();
   ++next_seq_;
   return Status::Ok();
@@ -196,12 +206,11 @@ Status KvStreamAssembler::begin(const msg::KvChunk& c, uint64_t size) {
   return Status::Ok();
 }
 
-Status KvStreamAssembler::end(uint64_t sent_checksum, uint64_t read_checksum) {
+Status KvStreamAssembler::end(uint64_t sent_checksum) {
   if (!pending_) return fail(Status(Code::invalid_argument, who(next_seq_) + "no chunk begun"));
   pending_ = false;
-  if (sent_checksum != read_checksum)
+  if (hash_pieces() != sent_checksum)
     return fail(Status(Code::corruption, who(next_seq_) + "checksum mismatch"));
-  hash_pieces();
   received_ += pending_size_;
   ++next_seq_;
   return Status::Ok();

@@ -96,11 +96,11 @@ class KvStreamAssembler {
   // add() in two halves for the data socket, which reads a chunk's bytes
   // straight into the blocks: begin checks a chunk's fields (its data not
   // read yet: `size` bytes; chunk.data and checksum are ignored) and gives
-  // the places its bytes go, in order; end takes the sender's checksum and
-  // the one the caller computed over what it read there.
+  // the places its bytes go, in order; once the caller has read them there,
+  // end checks them against the sender's checksum.
   Status begin(const msg::KvChunk& chunk, uint64_t size);
   const std::vector<iovec>& pieces() const { return pieces_; }
-  Status end(uint64_t sent_checksum, uint64_t read_checksum);
+  Status end(uint64_t sent_checksum);
   bool complete() const { return ok_ && started_ && received_ == total_; }
   uint32_t chunks() const { return next_seq_; }
   uint64_t bytes() const { return received_; }
@@ -124,11 +124,13 @@ class KvStreamAssembler {
   bool ok_ = true, started_ = false;
   uint32_t next_seq_ = 0;
   uint64_t total_ = 0, received_ = 0, layer_bytes_ = 0;
-  // Takes the chunk's pieces into their blocks' checksums.
-  void hash_pieces();
+  // The checksum of the chunk's pieces, taken in one pass with their
+  // blocks' checksums (each stretch is read twice while it is in L1).
+  uint64_t hash_pieces();
   BlockBufferPool* pool_;
   std::vector<BlockRecord> records_;
   std::vector<ChecksumStream> block_sums_;  // per record, over the bytes landed so far
+  ChecksumStream chunk_sum_;
   std::vector<iovec> pieces_;  // of the chunk between begin and end (reused)
   std::vector<size_t> piece_blocks_;  // the record each piece belongs to
   uint64_t pending_size_ = 0;
