@@ -329,9 +329,9 @@ bool KvSocketServer::serve_stream(int fd) {
   }
   KvStreamWriter writer(hello.request_id, o.records, o.first_block, o.chunk_bytes);
   bool ok = true;
-  // One sendmsg per chunk: frame header, meta, the pieces from the blocks,
-  // and the checksum, taken just before (the chunk is then in cache for the
-  // kernel's copy).
+  // Per chunk one sendmsg of frame header, meta and the pieces from the
+  // blocks, then the checksum, taken while the kernel's copy left the chunk
+  // in cache.
   ChecksumStream sum;
   std::vector<iovec> pieces, iov;
   for (uint32_t seq = 0; ok && seq < writer.n_chunks() && !stop_; ++seq) {
