@@ -91,6 +91,20 @@ Status io_status(const std::string& what) {
   return Status(Code::unavailable, what + ": " + std::strerror(errno));
 }
 
+// Drops the first `bytes` bytes from the n iovecs at iov (a partial
+// sendmsg or recvmsg): whole ones are skipped, a split one shortened.
+void consume(iovec*& iov, size_t& n, size_t bytes) {
+  while (n > 0 && bytes >= iov->iov_len) {
+    bytes -= iov->iov_len;
+    ++iov;
+    --n;
+  }
+  if (n > 0) {
+    iov->iov_base = static_cast<char*>(iov->iov_base) + bytes;
+    iov->iov_len -= bytes;
+  }
+}
+
 // Sends every byte of the iovecs (advancing them: they are consumed).
 Status send_iov(int fd, iovec* iov, size_t n, const std::string& what, int flags = 0) {
   while (n > 0) {
@@ -100,16 +114,7 @@ Status send_iov(int fd, iovec* iov, size_t n, const std::string& what, int flags
     const ssize_t w = ::sendmsg(fd, &m, MSG_NOSIGNAL | flags);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) return io_status(what);
-    size_t left = size_t(w);
-    while (n > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --n;
-    }
-    if (n > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    consume(iov, n, size_t(w));
   }
   return Status::Ok();
 }
@@ -127,16 +132,7 @@ Status recv_iov(int fd, iovec* iov, size_t n, const std::string& what) {
     if (r < 0 && errno == EINTR) continue;
     if (r == 0) return Status(Code::unavailable, what + ": the peer closed the connection");
     if (r < 0) return io_status(what);
-    size_t left = size_t(r);
-    while (n > 0 && left >= iov->iov_len) {
-      left -= iov->iov_len;
-      ++iov;
-      --n;
-    }
-    if (n > 0) {
-      iov->iov_base = static_cast<char*>(iov->iov_base) + left;
-      iov->iov_len -= left;
-    }
+    consume(iov, n, size_t(r));
   }
   return Status::Ok();
 }

@@ -58,24 +58,16 @@ KvStreamWriter::KvStreamWriter(uint64_t request_id,
 }
 
 msg::KvChunk KvStreamWriter::chunk(uint32_t seq) const {
-  msg::KvChunk c;
-  c.request_id = request_id_;
-  c.seq = seq;
-  c.first_block = first_block_;
-  c.total_bytes = total_;
-  c.offset = uint64_t(seq) * chunk_bytes_;
-  const uint64_t size = std::min<uint64_t>(chunk_bytes_, total_ - std::min(total_, c.offset));
-  c.data.resize(size_t(size));
-  uint8_t* out = c.data.data();
-  const BlockRecord* blocks = records_->data() + first_block_;
-  for_each_piece(c.offset, size, layer_bytes_, uint64_t(n_blocks_),
-                 [&](size_t block, size_t at, size_t len) {
-                   std::memcpy(out, blocks[block].bytes.data() + at, len);
-                   out += len;
-                 });
+  std::vector<iovec> pieces;
+  msg::KvChunk c = header(seq, pieces);
+  size_t size = 0;
+  for (const iovec& p : pieces) size += p.iov_len;
+  c.data.reserve(size);
+  for (const iovec& p : pieces) {
+    const uint8_t* from = static_cast<const uint8_t*>(p.iov_base);
+    c.data.insert(c.data.end(), from, from + p.iov_len);
+  }
   c.checksum = checksum_bytes(c.data.data(), c.data.size());
-  if (seq == 0)
-    for (int32_t b = 0; b < n_blocks_; ++b) c.headers.push_back(blocks[b].header);
   return c;
 }
 
