@@ -151,26 +151,32 @@ void put_header(Builder b, const BlockHeader& h) {
 
 // KV bytes become a segment of their own instead of a second copy; Cap'n
 // Proto needs the blob word-aligned and whole words long for that.
+bool by_reference(const std::vector<uint8_t>& bytes) {
+  return !bytes.empty() && bytes.size() % 8 == 0 &&
+         reinterpret_cast<uintptr_t>(bytes.data()) % 8 == 0;
+}
+
+// KvChunk.data and BlockRecord.bytes.
 template <class Builder>
 void put_bytes(Builder b, const std::vector<uint8_t>& bytes) {
-  const uint8_t* data = bytes.data();
-  if (!bytes.empty() && bytes.size() % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0) {
-    auto orphanage = capnp::Orphanage::getForMessageContaining(b);
-    b.adoptData(orphanage.referenceExternalData(capnp::Data::Reader(data, bytes.size())));
+  const capnp::Data::Reader data(bytes.data(), bytes.size());
+  constexpr bool chunk = requires { b.setData(data); };  // else a BlockRecord
+  if (by_reference(bytes)) {
+    auto blob = capnp::Orphanage::getForMessageContaining(b).referenceExternalData(data);
+    if constexpr (chunk)
+      b.adoptData(kj::mv(blob));
+    else
+      b.adoptBytes(kj::mv(blob));
+  } else if constexpr (chunk) {
+    b.setData(data);
   } else {
-    b.setData(capnp::Data::Reader(data, bytes.size()));
+    b.setBytes(data);
   }
 }
 
 void put(wire::BlockRecord::Builder b, const BlockRecord& r) {
   put_header(b, r.header);
-  const uint8_t* data = r.bytes.data();
-  if (!r.bytes.empty() && r.bytes.size() % 8 == 0 && reinterpret_cast<uintptr_t>(data) % 8 == 0) {
-    auto orphanage = capnp::Orphanage::getForMessageContaining(b);
-    b.adoptBytes(orphanage.referenceExternalData(capnp::Data::Reader(data, r.bytes.size())));
-  } else {
-    b.setBytes(capnp::Data::Reader(data, r.bytes.size()));
-  }
+  put_bytes(b, r.bytes);
 }
 
 void put(wire::KvPull::Builder b, const msg::KvPull& m) {
@@ -240,6 +246,114 @@ void put(wire::Stats::Builder b, const msg::Stats& m) {
   }
 }
 
+// ---- what reading an encoding back costs -------------------------------
+//
+// The traversal words a reader is charged for decoding encode(m): Cap'n Proto
+// charges every struct, list and blob it reaches, the landing pad of every
+// far pointer and, twice, the root pointer. This mirrors put() above, and
+// encode() builds one segment of exactly the size counted (blobs by
+// reference apart), so no other far pointers arise and the count is exact
+// (tested). decode() refuses a value whose encoding would need more than
+// the limit it was read under, so whatever decodes re-encodes to bytes that
+// decode again: the input can be far smaller than its encoding. A list of
+// structs may hold elements of zero words (Cap'n Proto charges one word
+// each, where the encoder writes a BlockKey as two) or narrower than the
+// schema's, and an absent struct or text reads as a default that the
+// encoder writes out.
+
+// read: charged words; by_reference: of those, the words of blobs that stay
+// outside the message's segment.
+struct Words {
+  uint64_t read = 0;
+  uint64_t by_reference = 0;
+};
+Words operator+(Words a, Words b) { return {a.read + b.read, a.by_reference + b.by_reference}; }
+Words operator+(Words a, uint64_t b) { return {a.read + b, a.by_reference}; }
+Words operator+(uint64_t a, Words b) { return {a + b.read, b.by_reference}; }
+
+constexpr uint64_t kRootWords = 2;        // the root pointer, checked twice
+constexpr uint64_t kDoubleFarWords = 2;  // landing pad of a blob by reference
+
+template <class W>
+constexpr uint64_t struct_words() {
+  return uint64_t(W::_capnpPrivate::dataWordSize) + uint64_t(W::_capnpPrivate::pointerCount);
+}
+constexpr uint64_t blob_words(uint64_t bytes) { return (bytes + 7) / 8; }
+uint64_t text_words(const std::string& s) { return blob_words(uint64_t(s.size()) + 1); }  // + NUL
+template <class T>
+uint64_t scalar_list_words(const std::vector<T>& v) {
+  return blob_words(uint64_t(v.size()) * sizeof(T));
+}
+Words bytes_words(const std::vector<uint8_t>& bytes) {  // as put_bytes() writes them
+  const uint64_t w = blob_words(bytes.size());
+  if (by_reference(bytes)) return Words{w + kDoubleFarWords, w};
+  return Words{w, 0};
+}
+
+// content(x): the words of what x's struct points to (its own data and
+// pointer sections are counted by whoever holds the pointer or the list).
+uint64_t content(const Status& s) { return text_words(s.message()); }
+uint64_t content(const SamplingParams& p) {
+  uint64_t w = p.stop.size();  // List(Text): one pointer each
+  for (const std::string& s : p.stop) w += text_words(s);
+  return w;
+}
+uint64_t content(const PromptImage& im) {
+  return struct_words<wire::ImageHash>() + blob_words(im.image.rgb.size()) +
+         blob_words(uint64_t(im.embeddings.size()) * sizeof(float));
+}
+uint64_t content(const BlockKey&) { return 0; }
+uint64_t content(const BlockHeader&) {
+  return struct_words<wire::BlockKey>() + struct_words<wire::KvLayout>();
+}
+Words content(const BlockRecord& r) { return content(r.header) + bytes_words(r.bytes); }
+uint64_t content(const std::pair<std::string, uint64_t>& counter) {
+  return text_words(counter.first);
+}
+
+// A list of structs: its tag word, the elements, then what they point to.
+template <class W, class T>
+Words struct_list_words(const std::vector<T>& items) {
+  Words w{1 + uint64_t(items.size()) * struct_words<W>(), 0};
+  for (const T& x : items) w = w + content(x);
+  return w;
+}
+
+Words content(const GenerateRequest& r) {
+  return scalar_list_words(r.prompt) + struct_words<wire::SamplingParams>() + content(r.sampling) +
+         struct_list_words<wire::PromptImage>(r.images);
+}
+Words content(const msg::EncodeRequest& m) {
+  return struct_list_words<wire::PromptImage>(m.images);
+}
+Words content(const msg::ImageEmbeddings& m) {
+  return struct_list_words<wire::PromptImage>(m.images) + text_words(m.origin);
+}
+uint64_t content(const msg::StreamEvent& e) {
+  return text_words(e.text) + text_words(e.finish_reason) + scalar_list_words(e.logits) +
+         struct_words<wire::Status>() + content(e.error) + text_words(e.origin) +
+         text_words(e.encode_origin);
+}
+uint64_t content(const msg::KvPull&) { return 0; }
+Words content(const msg::KvChunk& m) {
+  return bytes_words(m.data) + struct_list_words<wire::BlockHeader>(m.headers);
+}
+Words content(const msg::Handoff& h) {
+  return struct_words<wire::GenerateRequest>() + content(h.request) +
+         scalar_list_words(h.generated) + struct_list_words<wire::BlockKey>(h.kv_keys) +
+         struct_list_words<wire::BlockRecord>(h.blocks) + text_words(h.kv_source);
+}
+Words content(const msg::KvPut& m) { return struct_list_words<wire::BlockRecord>(m.blocks); }
+Words content(const msg::KvBlocks& m) { return struct_list_words<wire::BlockRecord>(m.blocks); }
+uint64_t content(const msg::KvAck& m) {
+  return struct_words<wire::Status>() + content(m.first_error);
+}
+Words content(const msg::KvGet& m) { return struct_list_words<wire::BlockKey>(m.keys); }
+uint64_t content(const msg::Health& m) { return text_words(m.actor); }
+Words content(const msg::Stats& m) {
+  return text_words(m.actor) + struct_list_words<wire::Counter>(m.counters);
+}
+
 // ---- wire -> plain (may throw kj::Exception; validation comes after) ----
 
 // A list longer than its bound: thrown from the converters (they run inside
@@ -289,7 +403,8 @@ PromptImage get(wire::PromptImage::Reader r) {
   PromptImage im;
   im.position = r.getPosition();
   im.n_tokens = r.getNTokens();
-  im.hash = ImageHash{r.getHash().getLo(), r.getHash().getHi()};
+  auto hash = r.getHash();  // once: every read of a pointer is charged again
+  im.hash = ImageHash{hash.getLo(), hash.getHi()};
   im.image.width = r.getWidth();
   im.image.height = r.getHeight();
   auto pixels = r.getPixels();
@@ -672,6 +787,7 @@ struct Member;
     static constexpr Body::Which which = Body::WHICH;                         \
     static auto init(Body::Builder b) { return b.init##Name(); }              \
     static auto read(Body::Reader b) { return b.get##Name(); }                \
+    using Wire = wire::Name;                                                  \
   };
 CLEAVE_MEMBER(GenerateRequest, GENERATE_REQUEST, GenerateRequest)
 CLEAVE_MEMBER(msg::StreamEvent, STREAM_EVENT, StreamEvent)
@@ -688,9 +804,22 @@ CLEAVE_MEMBER(msg::EncodeRequest, ENCODE_REQUEST, EncodeRequest)
 CLEAVE_MEMBER(msg::ImageEmbeddings, IMAGE_EMBEDDINGS, ImageEmbeddings)
 #undef CLEAVE_MEMBER
 
+// Reading encode(m) back: the root pointer, the envelope, the member and
+// what it points to.
+template <class T>
+Words envelope_words(const T& m) {
+  using Wire = typename Member<T>::Wire;
+  return Words{kRootWords + struct_words<wire::Envelope>() + struct_words<Wire>(), 0} + content(m);
+}
+
 template <class T>
 Bytes encode_message(const T& m) {
-  capnp::MallocMessageBuilder builder;
+  // One segment that holds everything but the blobs by reference: the root
+  // pointer, the objects and the blobs' landing pads. Larger messages than
+  // one segment can hold decode under no limit of ours anyway.
+  const Words read = envelope_words(m);
+  const uint64_t segment = 1 + read.read - kRootWords - read.by_reference;
+  capnp::MallocMessageBuilder builder(unsigned(std::min<uint64_t>(segment, uint64_t(1) << 28)));
   auto envelope = builder.initRoot<wire::Envelope>();
   envelope.setVersion(kSchemaVersion);
   put(Member<T>::init(envelope.getBody()), m);
@@ -746,6 +875,15 @@ Status decode_message(const char* data, size_t size, T& out, const Limits& limit
   } catch (const std::exception& e) {  // std::bad_alloc from a hostile list size
     return corrupt(e.what());
   }
+  // Whatever decodes must re-encode to bytes that decode under the same
+  // limits (a relay forwards what it read): the input may be far smaller
+  // than its encoding (see words() above).
+  const uint64_t needed = envelope_words(value).read;
+  if (needed > limits.traversal_words)
+    return corrupt("re-encoded it needs " + std::to_string(needed) +
+                   " words, over the reader's traversal limit of " +
+                   std::to_string(limits.traversal_words) +
+                   " (lists or structs smaller on the wire than in the schema)");
   Status st = validate(value);
   if (!st.ok()) return Status(st.code(), "decoding " + expected + ": " + st.message());
   out = std::move(value);
@@ -760,6 +898,7 @@ Limits image_limits() { return Limits{(uint64_t(512) << 20) / sizeof(capnp::word
 
 #define CLEAVE_CODEC(Type)                                                         \
   Bytes encode(const Type& m) { return encode_message(m); }                        \
+  uint64_t traversal_words(const Type& m) { return envelope_words(m).read; }       \
   Status decode(const char* data, size_t size, Type& out, const Limits& limits) { \
     return decode_message(data, size, out, limits);                                \
   }

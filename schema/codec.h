@@ -82,6 +82,26 @@ Bytes encode(const msg::KvChunk& m);
 Bytes encode(const msg::EncodeRequest& m);
 Bytes encode(const msg::ImageEmbeddings& m);
 
+// The traversal words a reader needs to decode encode(m): a Limits whose
+// traversal_words is at least this reads it back. decode() refuses
+// (corruption) a value whose encoding needs more than the limits it was read
+// under, even when the input itself fit them (lists of structs narrower on
+// the wire than in the schema, absent structs): so whatever decodes
+// re-encodes to bytes that decode again under the same limits.
+uint64_t traversal_words(const GenerateRequest& m);
+uint64_t traversal_words(const msg::StreamEvent& m);
+uint64_t traversal_words(const msg::Handoff& m);
+uint64_t traversal_words(const msg::KvPut& m);
+uint64_t traversal_words(const msg::KvAck& m);
+uint64_t traversal_words(const msg::KvGet& m);
+uint64_t traversal_words(const msg::KvBlocks& m);
+uint64_t traversal_words(const msg::Health& m);
+uint64_t traversal_words(const msg::Stats& m);
+uint64_t traversal_words(const msg::KvPull& m);
+uint64_t traversal_words(const msg::KvChunk& m);
+uint64_t traversal_words(const msg::EncodeRequest& m);
+uint64_t traversal_words(const msg::ImageEmbeddings& m);
+
 // data need not be aligned (it is copied into words when it is not).
 Status decode(const char* data, size_t size, GenerateRequest& out,
               const Limits& limits = image_limits());
