@@ -1,0 +1,146 @@
+// Writes the seed corpus of a fuzz target into DIR (scripts/fuzz.sh runs it
+// at build time): small valid inputs made by the code itself, so they follow
+// the formats as the writers write them.
+//   fuzz_seeds gguf DIR    GGUF files: every metadata type, tensors of every
+//                          element type, an alignment key, a vocab-only file
+//   fuzz_seeds image DIR   PNG (RGB, RGBA, grey, grey + alpha) and JPEG
+//                          (colour and grey, two qualities) from stb_image_write
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "model/gguf.h"
+
+#define STB_IMAGE_WRITE_IMPLEMENTATION
+#define STB_IMAGE_WRITE_STATIC
+#define STBI_WRITE_NO_STDIO
+#include <stb/stb_image_write.h>
+
+namespace {
+
+using namespace cleave;
+
+bool write_file(const std::string& path, const std::vector<uint8_t>& bytes) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return false;
+  const bool ok = std::fwrite(bytes.data(), 1, bytes.size(), f) == bytes.size();
+  return std::fclose(f) == 0 && ok;
+}
+
+std::vector<uint8_t> pattern(size_t n, uint32_t salt) {
+  std::vector<uint8_t> b(n);
+  for (size_t i = 0; i < n; ++i) b[i] = uint8_t(i * 37 + salt * 11 + 3);
+  return b;
+}
+
+GgufValue scalar(GgufType t, uint64_t u, int64_t i, double f) {
+  GgufValue v;
+  v.type = t;
+  v.u = u;
+  v.i = i;
+  v.f = f;
+  return v;
+}
+
+int write_gguf(const std::string& dir) {
+  std::vector<std::pair<std::string, GgufWriter>> files;
+
+  GgufWriter all;  // every value type, and a tensor of each element type
+  all.set_string("general.architecture", "llama");
+  all.set_u32("general.alignment", 64);
+  all.set("t.u8", scalar(GgufType::UINT8, 200, 0, 0));
+  all.set("t.i8", scalar(GgufType::INT8, 0, -100, 0));
+  all.set("t.u16", scalar(GgufType::UINT16, 60000, 0, 0));
+  all.set("t.i16", scalar(GgufType::INT16, 0, -30000, 0));
+  all.set_i32("t.i32", -7);
+  all.set("t.u64", scalar(GgufType::UINT64, uint64_t(1) << 40, 0, 0));
+  all.set("t.i64", scalar(GgufType::INT64, 0, -(int64_t(1) << 40), 0));
+  all.set_f32("t.f32", 0.5f);
+  all.set("t.f64", scalar(GgufType::FLOAT64, 0, 0, -2.25));
+  all.set_bool("t.bool", true);
+  all.set_string_array("t.strings", {"a", "", "bc"});
+  all.set_f32_array("t.floats", {1.0f, -0.0f, 3.5f});
+  all.set_i32_array("t.ints", {1, -2, 3});
+  GgufValue u8s;
+  u8s.type = GgufType::ARRAY;
+  u8s.array_type = GgufType::UINT8;
+  u8s.arr_u = {1, 2, 255};
+  all.set("t.u8s", u8s);
+  all.add_tensor("f32", DType::F32, {3, 2}, pattern(3 * 2 * 4, 1));
+  all.add_tensor("f16", DType::F16, {4}, pattern(4 * 2, 2));
+  all.add_tensor("bf16", DType::BF16, {2, 2, 2}, pattern(8 * 2, 3));
+  all.add_tensor("q8_0", DType::Q8_0, {32, 2}, pattern(2 * 34, 4));
+  files.emplace_back("seed_all_types.gguf", std::move(all));
+
+  GgufWriter vocab;  // tokenizer metadata and no tensors, as vocab files are
+  vocab.set_string("general.architecture", "llama");
+  vocab.set_string("tokenizer.ggml.model", "llama");
+  vocab.set_string_array("tokenizer.ggml.tokens", {"<unk>", "<s>", "</s>", "\xe2\x96\x81" "a", "b"});
+  vocab.set_f32_array("tokenizer.ggml.scores", {0, 0, 0, -1, -2});
+  vocab.set_i32_array("tokenizer.ggml.token_type", {2, 3, 3, 1, 1});
+  vocab.set_u32("tokenizer.ggml.bos_token_id", 1);
+  files.emplace_back("seed_vocab.gguf", std::move(vocab));
+
+  GgufWriter model;  // a tiny llama-shaped header
+  model.set_string("general.architecture", "llama");
+  model.set_u32("llama.embedding_length", 8);
+  model.set_u32("llama.block_count", 1);
+  model.set_u32("llama.attention.head_count", 2);
+  model.set_f32("llama.attention.layer_norm_rms_epsilon", 1e-5f);
+  model.add_tensor("token_embd.weight", DType::F32, {8, 4}, pattern(8 * 4 * 4, 5));
+  model.add_tensor("blk.0.attn_q.weight", DType::F16, {8, 8}, pattern(8 * 8 * 2, 6));
+  files.emplace_back("seed_model.gguf", std::move(model));
+
+  files.emplace_back("seed_empty.gguf", GgufWriter());
+
+  for (auto& [name, w] : files) {
+    Status st = w.write(dir + "/" + name);
+    if (!st.ok()) {
+      std::fprintf(stderr, "%s: %s\n", name.c_str(), st.to_string().c_str());
+      return 1;
+    }
+  }
+  std::printf("%zu gguf seeds in %s\n", files.size(), dir.c_str());
+  return 0;
+}
+
+void append(void* ctx, void* data, int size) {
+  auto* out = static_cast<std::vector<uint8_t>*>(ctx);
+  out->insert(out->end(), static_cast<uint8_t*>(data), static_cast<uint8_t*>(data) + size);
+}
+
+int write_images(const std::string& dir) {
+  struct Seed {
+    const char* name;
+    bool png;
+    int w, h, comp, quality;
+  };
+  const Seed seeds[] = {
+      {"seed_rgb.png", true, 3, 2, 3, 0},      {"seed_rgba.png", true, 5, 3, 4, 0},
+      {"seed_grey.png", true, 4, 4, 1, 0},     {"seed_grey_alpha.png", true, 2, 3, 2, 0},
+      {"seed_q90.jpg", false, 8, 8, 3, 90},    {"seed_q30.jpg", false, 17, 9, 3, 30},
+      {"seed_grey.jpg", false, 16, 16, 1, 75},
+  };
+  for (const Seed& s : seeds) {
+    const std::vector<uint8_t> px = pattern(size_t(s.w) * size_t(s.h) * size_t(s.comp), uint32_t(s.w));
+    std::vector<uint8_t> out;
+    const int ok = s.png ? stbi_write_png_to_func(append, &out, s.w, s.h, s.comp, px.data(), s.w * s.comp)
+                         : stbi_write_jpg_to_func(append, &out, s.w, s.h, s.comp, px.data(), s.quality);
+    if (!ok || !write_file(dir + "/" + s.name, out)) {
+      std::fprintf(stderr, "cannot write %s/%s\n", dir.c_str(), s.name);
+      return 1;
+    }
+  }
+  std::printf("%zu image seeds in %s\n", sizeof(seeds) / sizeof(seeds[0]), dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc == 3 && std::strcmp(argv[1], "gguf") == 0) return write_gguf(argv[2]);
+  if (argc == 3 && std::strcmp(argv[1], "image") == 0) return write_images(argv[2]);
+  std::fprintf(stderr, "usage: %s gguf|image DIR\n", argv[0]);
+  return 2;
+}
