@@ -356,7 +356,8 @@ void read_actors(lua_State* L, int t, const char* what, RawNode* r) {
     const char* kind = lua_tostring(L, -2);
     int k = kind_index(kind);
     if (k < 0) {
-      const std::string kinds = actor_kind_list();
+      // Static: a local std::string would leak when raise() longjmps past it.
+      static const std::string kinds = actor_kind_list();
       for (const char* planned : kPlannedActorKinds)
         if (std::strcmp(kind, planned) == 0)
           raise(L, "%s: actor kind '%s' is not implemented yet (implemented: %s)", what, kind,
@@ -505,7 +506,8 @@ bool known_policy(const char* p) {
 
 void read_router(lua_State* L, int t, const char* what, RawRouter* r) {
   static constexpr const char* kRouterFields[] = {"policy", "prefill_weight", "decode_weight"};
-  const std::string policies = placement_policy_list();
+  // Static: a local std::string would leak when raise() longjmps past it.
+  static const std::string policies = placement_policy_list();
   int type = raw_field(L, t, "router");
   if (type == LUA_TNIL) {
     lua_pop(L, 1);
