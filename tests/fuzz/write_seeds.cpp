@@ -5,6 +5,8 @@
 //                          element type, an alignment key, a vocab-only file
 //   fuzz_seeds image DIR   PNG (RGB, RGBA, grey, grey + alpha) and JPEG
 //                          (colour and grey, two qualities) from stb_image_write
+//   fuzz_seeds request DIR JSONL request lines using every field, and a file
+//                          of several
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -136,11 +138,39 @@ int write_images(const std::string& dir) {
   return 0;
 }
 
+int write_requests(const std::string& dir) {
+  const std::pair<const char*, const char*> seeds[] = {
+      {"seed_ids.jsonl", R"({"id": 1, "prompt_ids": [1, 450, 4996, 17354], "max_tokens": 8})"},
+      {"seed_text.jsonl", R"({"id": 2, "prompt": "The quick brown fox", "add_bos": false})"},
+      {"seed_sampling.jsonl",
+       R"({"id": 3, "prompt": "Once upon a time", "max_tokens": 32, "temperature": 0.7, )"
+       R"("top_k": 20, "top_p": 0.9, "min_p": 0.1, "repeat_penalty": 1.1, "repeat_last_n": 32, )"
+       R"("seed": 42, "stop": ["\n", "."], "ignore_eos": true, "prefill_chunk": 64})"},
+      {"seed_images.jsonl",
+       R"({"id": 4, "prompt": "What is in <image> and in <image>?", "images": ["a.png", "bb.jpg"]})"},
+      {"seed_image_first.jsonl", R"({"id": 5, "prompt": "Describe it.", "images": ["shape.png"]})"},
+      {"seed_unicode.jsonl", R"({"id": 6, "prompt": "caf\u00e9 \ud83d\ude00 na\u00efve", "stop": "END"})"},
+      {"seed_file.jsonl",
+       "{\"id\": 7, \"prompt_ids\": [2, 3]}\n\n{\"id\": 8, \"prompt\": \"hi\", \"max_tokens\": 0}\n"
+       "{\"id\": 7, \"prompt_ids\": []}\n"},
+  };
+  for (const auto& [name, line] : seeds) {
+    const std::vector<uint8_t> bytes(line, line + std::strlen(line));
+    if (!write_file(dir + "/" + name, bytes)) {
+      std::fprintf(stderr, "cannot write %s/%s\n", dir.c_str(), name);
+      return 1;
+    }
+  }
+  std::printf("%zu request seeds in %s\n", sizeof(seeds) / sizeof(seeds[0]), dir.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "gguf") == 0) return write_gguf(argv[2]);
   if (argc == 3 && std::strcmp(argv[1], "image") == 0) return write_images(argv[2]);
-  std::fprintf(stderr, "usage: %s gguf|image DIR\n", argv[0]);
+  if (argc == 3 && std::strcmp(argv[1], "request") == 0) return write_requests(argv[2]);
+  std::fprintf(stderr, "usage: %s gguf|image|request DIR\n", argv[0]);
   return 2;
 }
