@@ -10,6 +10,7 @@
 
 #include "fuzz_check.h"
 #include "model/image.h"
+#include "tests/png_util.h"
 
 namespace {
 
@@ -19,18 +20,9 @@ using fuzz::fail;
 // Small limits keep each run fast; they are checked before stb_image runs.
 constexpr ImageLimits kLimits{size_t(1) << 20, 256, 256};
 
-uint32_t be32(const uint8_t* p) {
-  return uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3];
-}
-
-uint32_t crc32(const uint8_t* p, size_t n) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) {
-    c ^= p[i];
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-  }
-  return c ^ 0xFFFFFFFFu;
-}
+using testing::be32;
+using testing::png_crc32;
+using testing::put_be32;
 
 // Rewrites the CRC of every whole chunk; false when there is nothing to fix.
 bool fix_png_crcs(std::vector<uint8_t>& png) {
@@ -40,10 +32,10 @@ bool fix_png_crcs(std::vector<uint8_t>& png) {
   for (size_t pos = 8; png.size() - pos >= 12;) {
     const uint32_t len = be32(&png[pos]);
     if (len > png.size() - pos - 12) break;
-    const uint32_t crc = crc32(&png[pos + 4], size_t(len) + 4);
+    const uint32_t crc = png_crc32(&png[pos + 4], size_t(len) + 4);
     uint8_t* at = &png[pos + 8 + len];
     if (be32(at) != crc) {
-      for (int i = 0; i < 4; ++i) at[i] = uint8_t(crc >> (24 - 8 * i));
+      put_be32(at, crc);
       changed = true;
     }
     pos += size_t(len) + 12;

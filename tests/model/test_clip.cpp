@@ -14,6 +14,7 @@
 #include "model/gguf.h"
 #include "model/image.h"
 #include "model/make_model.h"
+#include "tests/png_util.h"
 #include "tests/same_bits.h"
 
 // The test side's own encoder for PNG/JPEG bytes.
@@ -132,21 +133,8 @@ std::vector<uint8_t> encode_jpeg(const RgbImage& img, int quality) {
   return out;
 }
 
-uint32_t crc32(const uint8_t* p, size_t n) {
-  uint32_t c = 0xFFFFFFFFu;
-  for (size_t i = 0; i < n; ++i) {
-    c ^= p[i];
-    for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-  }
-  return c ^ 0xFFFFFFFFu;
-}
-
-void put_be32(uint8_t* p, uint32_t v) {
-  p[0] = uint8_t(v >> 24);
-  p[1] = uint8_t(v >> 16);
-  p[2] = uint8_t(v >> 8);
-  p[3] = uint8_t(v);
-}
+using cleave::testing::png_crc32;
+using cleave::testing::put_be32;
 
 // Sets the IHDR width and height of a PNG and fixes the chunk's CRC, so only
 // the header's values are wrong.
@@ -155,7 +143,7 @@ void set_png_dims(std::vector<uint8_t>& png, uint32_t w, uint32_t h) {
   REQUIRE(std::memcmp(&png[12], "IHDR", 4) == 0);
   put_be32(&png[16], w);
   put_be32(&png[20], h);
-  put_be32(&png[29], crc32(&png[12], 17));
+  put_be32(&png[29], png_crc32(&png[12], 17));
 }
 
 std::vector<float> preprocess(const ClipModel& m, const RgbImage& img) {
