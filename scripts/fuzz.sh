@@ -80,7 +80,7 @@ run() {
   local artifacts=$build/artifacts/$t
   mkdir -p "$artifacts"
   # shellcheck disable=SC2086
-  if ! $no_aslr "$build/${BIN[$t]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
+  if ! $fixed "$build/${BIN[$t]}" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1 \
        -artifact_prefix="$artifacts/" ${OPTS[$t]} "$@" >"$log" 2>&1; then
     tail -40 "$log"
     echo "fuzz_$t: FAILED after $(stat_of number_of_executed_units "$log") execs; input in" \
@@ -97,8 +97,7 @@ ci() {
   mapfile -t dirs < <(inputs "$t")
   n_in=$(find "${dirs[@]}" -type f | wc -l)
   [[ -d $root/tests/fuzz/regressions/$t ]] && n_reg=$(find "$root/tests/fuzz/regressions/$t" -type f | wc -l)
-  # Same seed, same run count, and no address-space randomisation (the
-  # comparison operands libFuzzer learns from include addresses), no reload.
+  # Same seed, same run count, the same process image ($fixed), no reload.
   run "$t" "$log" -seed=1 -runs="${RUNS[$t]}" -reload=0 "$out" "${dirs[@]}" || return 1
   # "#60000 DONE cov: 2246 ft: 3801 corp: 203/77Kb ...": coverage at the end.
   local cov ft
@@ -119,9 +118,14 @@ random_run() {
     "inputs, peak $(stat_of peak_rss_mb "$log") MB"
 }
 
-no_aslr=""
-if [[ ${1:-} == ci ]] && setarch "$(uname -m)" -R true 2>/dev/null; then
-  no_aslr="setarch $(uname -m) -R"
+# ci runs: the same process image every time. libFuzzer learns the operands
+# of comparisons, addresses among them, so the addresses must not move: no
+# address-space randomisation, and a fixed environment (its size shifts the
+# stack).
+fixed=""
+if [[ ${1:-} == ci ]]; then
+  fixed="env -i PATH=/usr/bin:/bin"
+  setarch "$(uname -m)" -R true 2>/dev/null && fixed+=" setarch $(uname -m) -R"
 fi
 
 known() { [[ -n ${BIN[$1]:-} ]] || { echo "fuzz.sh: unknown target '$1' (${targets[*]})" >&2; exit 2; }; }
