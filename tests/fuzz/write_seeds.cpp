@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "tests/gguf_util.h"
 
 #define STB_IMAGE_WRITE_IMPLEMENTATION
 #define STB_IMAGE_WRITE_STATIC
@@ -36,14 +37,7 @@ std::vector<uint8_t> pattern(size_t n, uint32_t salt) {
   return b;
 }
 
-GgufValue scalar(GgufType t, uint64_t u, int64_t i, double f) {
-  GgufValue v;
-  v.type = t;
-  v.u = u;
-  v.i = i;
-  v.f = f;
-  return v;
-}
+using cleave::testing::gguf_scalar;
 
 int write_gguf(const std::string& dir) {
   std::vector<std::pair<std::string, GgufWriter>> files;
@@ -51,15 +45,15 @@ int write_gguf(const std::string& dir) {
   GgufWriter all;  // every value type, and a tensor of each element type
   all.set_string("general.architecture", "llama");
   all.set_u32("general.alignment", 64);
-  all.set("t.u8", scalar(GgufType::UINT8, 200, 0, 0));
-  all.set("t.i8", scalar(GgufType::INT8, 0, -100, 0));
-  all.set("t.u16", scalar(GgufType::UINT16, 60000, 0, 0));
-  all.set("t.i16", scalar(GgufType::INT16, 0, -30000, 0));
+  all.set("t.u8", gguf_scalar(GgufType::UINT8, 200));
+  all.set("t.i8", gguf_scalar(GgufType::INT8, 0, -100));
+  all.set("t.u16", gguf_scalar(GgufType::UINT16, 60000));
+  all.set("t.i16", gguf_scalar(GgufType::INT16, 0, -30000));
   all.set_i32("t.i32", -7);
-  all.set("t.u64", scalar(GgufType::UINT64, uint64_t(1) << 40, 0, 0));
-  all.set("t.i64", scalar(GgufType::INT64, 0, -(int64_t(1) << 40), 0));
+  all.set("t.u64", gguf_scalar(GgufType::UINT64, uint64_t(1) << 40));
+  all.set("t.i64", gguf_scalar(GgufType::INT64, 0, -(int64_t(1) << 40)));
   all.set_f32("t.f32", 0.5f);
-  all.set("t.f64", scalar(GgufType::FLOAT64, 0, 0, -2.25));
+  all.set("t.f64", gguf_scalar(GgufType::FLOAT64, 0, 0, -2.25));
   all.set_bool("t.bool", true);
   all.set_string_array("t.strings", {"a", "", "bc"});
   all.set_f32_array("t.floats", {1.0f, -0.0f, 3.5f});

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "model/gguf.h"
+#include "tests/gguf_util.h"
 
 using namespace cleave;
 
@@ -97,14 +98,7 @@ void expect_corrupt(const std::vector<uint8_t>& img, const std::string& needle) 
   CHECK(st.message().find(needle) != std::string::npos);
 }
 
-GgufValue scalar(GgufType t, uint64_t u, int64_t i = 0, double f = 0) {
-  GgufValue v;
-  v.type = t;
-  v.u = u;
-  v.i = i;
-  v.f = f;
-  return v;
-}
+using cleave::testing::gguf_scalar;
 
 std::vector<uint8_t> bytes_of(size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
@@ -115,10 +109,10 @@ std::vector<uint8_t> bytes_of(size_t n, uint8_t seed) {
 // A writer with every value type and four tensors of different types.
 GgufWriter full_writer() {
   GgufWriter w;
-  w.set("u8", scalar(GgufType::UINT8, 200));
-  w.set("i8", scalar(GgufType::INT8, 0, -100));
-  w.set("u16", scalar(GgufType::UINT16, 60000));
-  w.set("i16", scalar(GgufType::INT16, 0, -30000));
+  w.set("u8", gguf_scalar(GgufType::UINT8, 200));
+  w.set("i8", gguf_scalar(GgufType::INT8, 0, -100));
+  w.set("u16", gguf_scalar(GgufType::UINT16, 60000));
+  w.set("i16", gguf_scalar(GgufType::INT16, 0, -30000));
   w.set_u32("u32", 4000000000u);
   w.set_i32("i32", -2000000000);
   w.set_f32("f32", 1.5f);
@@ -126,9 +120,9 @@ GgufWriter full_writer() {
   w.set_bool("bool_f", false);
   w.set_string("str", "hello \xe2\x9c\x93");
   w.set_string("empty_str", "");
-  w.set("u64", scalar(GgufType::UINT64, 0xFFFFFFFFFFFFFFF0ull));
-  w.set("i64", scalar(GgufType::INT64, 0, INT64_MIN + 5));
-  w.set("f64", scalar(GgufType::FLOAT64, 0, 0, 3.141592653589793));
+  w.set("u64", gguf_scalar(GgufType::UINT64, 0xFFFFFFFFFFFFFFF0ull));
+  w.set("i64", gguf_scalar(GgufType::INT64, 0, INT64_MIN + 5));
+  w.set("f64", gguf_scalar(GgufType::FLOAT64, 0, 0, 3.141592653589793));
   w.set_string_array("arr_str", {"a", "", "ccc"});
   w.set_f32_array("arr_f32", {0.5f, -2.25f});
   w.set_i32_array("arr_i32", {1, -2, 3});
