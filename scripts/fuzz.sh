@@ -118,14 +118,18 @@ random_run() {
     "inputs, peak $(stat_of peak_rss_mb "$log") MB"
 }
 
-# ci runs: the same process image every time. libFuzzer learns the operands
-# of comparisons, addresses among them, so the addresses must not move: no
-# address-space randomisation, and a fixed environment (its size shifts the
-# stack).
+# ci runs: the same process every time. libFuzzer learns the operands of
+# comparisons, addresses and descriptor numbers among them, so neither may
+# move: no address-space randomisation, a fixed environment (its size shifts
+# the stack) and no inherited descriptors (ctest leaves its log open, which
+# shifts every fd a target opens). 255 is the one bash reads this script on.
 fixed=""
 if [[ ${1:-} == ci ]]; then
   fixed="env -i PATH=/usr/bin:/bin"
   setarch "$(uname -m)" -R true 2>/dev/null && fixed+=" setarch $(uname -m) -R"
+  for fd in $(ls /proc/$$/fd); do
+    [[ $fd -gt 2 && $fd -ne 255 ]] && eval "exec $fd>&-" 2>/dev/null || true
+  done
 fi
 
 known() { [[ -n ${BIN[$1]:-} ]] || { echo "fuzz.sh: unknown target '$1' (${targets[*]})" >&2; exit 2; }; }

@@ -4,9 +4,6 @@
 // read or refuse (invalid_argument) and whose every tensor lies inside the
 // file (its bytes are read: ASan sees every one of them for the in-memory
 // copy).
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <cstring>
 #include <string>
 
@@ -64,12 +61,6 @@ void touch(const GgufFile& f) {
   (void)sink;
 }
 
-int memfd() {
-  static const int fd = memfd_create("fuzz_gguf", MFD_CLOEXEC);
-  if (fd < 0) fail("memfd_create failed");
-  return fd;
-}
-
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -82,9 +73,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     touch(**parsed);
   }
 
-  const int fd = memfd();
-  if (ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != ssize_t(size)) fail("memfd write");
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
+  const std::string path = fuzz::as_file(data, size);
   auto opened = GgufFile::open(path);
   if (opened.ok() != parsed.ok() ||
       (!opened.ok() && opened.status().code() != parsed.status().code()))

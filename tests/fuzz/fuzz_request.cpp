@@ -5,9 +5,6 @@
 // the wire codec carries: it encodes, decodes and re-encodes to the same
 // bytes. The same bytes as a file go through read_request_file (one request
 // per line, duplicate ids refused).
-#include <sys/mman.h>
-#include <unistd.h>
-
 #include <memory>
 #include <string>
 #include <string_view>
@@ -105,10 +102,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   parse(text, gpt2, "parse_request_line (gpt-2)");
   parse(text, ids_only, "parse_request_line (no tokenizer)");
 
-  static const int fd = memfd_create("fuzz_request", MFD_CLOEXEC);
-  if (fd < 0 || ftruncate(fd, 0) != 0 || pwrite(fd, data, size, 0) != ssize_t(size)) fail("memfd");
-  const std::string path = "/proc/self/fd/" + std::to_string(fd);
-  auto file = read_request_file(path, llama);
+  auto file = read_request_file(fuzz::as_file(data, size), llama);
   if (file.ok()) {
     for (const GenerateRequest& r : *file) check_request(r, "read_request_file");
   } else {
