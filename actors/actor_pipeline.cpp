@@ -56,16 +56,7 @@ class ActorPipeline final : public Pipeline, private PipelineTestHooks {
     return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
 
-  std::vector<msg::Stats> stats() override {
-    std::vector<msg::Stats> out;
-    {
-      caf::scoped_actor self{*system_};
-      collect_stats(self, router_, out);
-      collect_stats(self, kv_, out);
-    }
-    actors_->collect_stats(out);
-    return out;
-  }
+  std::vector<msg::Stats> stats() override { return collect_all_stats(*system_, router_, kv_, *actors_); }
 
   int32_t alive(const std::string& kind) override {
     for (const msg::Stats& s : stats())

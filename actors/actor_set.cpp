@@ -166,6 +166,18 @@ Status submit_to_router(caf::actor_system& system, const router_actor& router, E
   return st;
 }
 
+std::vector<msg::Stats> collect_all_stats(caf::actor_system& system, const router_actor& router,
+                                          const kv_store_actor& kv, ActorSet& actors) {
+  std::vector<msg::Stats> out;
+  {
+    caf::scoped_actor self{system};
+    collect_stats(self, router, out);
+    collect_stats(self, kv, out);
+  }
+  actors.collect_stats(out);
+  return out;
+}
+
 void shutdown_router(caf::actor_system& system, const router_actor& router) {
   caf::scoped_actor self{system};
   self->request(router, kClientTimeout, shutdown_atom::value).receive([](bool) {}, [](caf::error&) {});

@@ -84,6 +84,10 @@ void collect_stats(caf::scoped_actor& self, const Handle& handle, std::vector<ms
   collect_stats(self, caf::actor_cast<caf::actor>(handle), out);
 }
 
+// The router's, the store's, then every actor of the set.
+std::vector<msg::Stats> collect_all_stats(caf::actor_system& system, const router_actor& router,
+                                          const kv_store_actor& kv, ActorSet& actors);
+
 // Asks the router to end every admitted request (aborted) before the
 // actors go.
 void shutdown_router(caf::actor_system& system, const router_actor& router);

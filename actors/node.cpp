@@ -181,9 +181,6 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
   for (const ActorGroupSpec& g : node.actors) {
     const auto kind = parse_actor_kind(g.kind);
     if (!kind) return Status(Code::invalid_argument, "node '" + node.name + "': unknown actor kind '" + g.kind + "'");
-    if (*kind == ActorKind::kv_store && !node.head)
-      log_line("cleave node " + node.name +
-               ": kv_store on a worker is not implemented yet; the head's store serves the cluster");
     if (*kind == ActorKind::vision_encoder && !o.mmproj)
       return Status(Code::invalid_argument, "node '" + node.name + "' hosts vision_encoder actors (line " +
                                                 std::to_string(g.line) + "): give it --mmproj");
@@ -307,13 +304,8 @@ class HeadNode final : public Node {
     return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
 
-  std::vector<msg::Stats> stats() override {
-    std::vector<msg::Stats> out;
-    caf::scoped_actor self{*system_};
-    collect_stats(self, router_, out);
-    collect_stats(self, kv_, out);
-    return out;
-  }
+  // The router's and the store's, then the head's own stages and encoders.
+  std::vector<msg::Stats> stats() override { return collect_all_stats(*system_, router_, kv_, *actors_); }
 
  private:
   NodeOptions options_;

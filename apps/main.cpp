@@ -77,7 +77,19 @@ struct GenerateArgs {
   SamplingParams sampling;
   bool json = false, ignore_eos = false, no_bos = false;
   std::string request_flags_given;  // flags that set one request's fields, as given
+  bool prefill_actors_given = false, decode_actors_given = false, vision_actors_given = false;
 };
+
+// Flags that only a topology reads are refused elsewhere, naming them.
+void check_topology_flags(const GenerateArgs& a, Topology topology) {
+  if ((a.prefill_actors_given || a.decode_actors_given) && topology != Topology::pd)
+    throw CLI::ValidationError(a.prefill_actors_given ? "--prefill-actors" : "--decode-actors",
+                               "needs --topology pd");
+  if (a.vision_actors_given && topology == Topology::mono)
+    throw CLI::ValidationError("--vision-actors", "needs --topology colocated or pd (mono encodes inline)");
+  if (a.vision_actors_given && a.mmproj.empty())
+    throw CLI::ValidationError("--vision-actors", "needs --mmproj");
+}
 
 // The same request through an actor topology: text streams as token events
 // arrive; per-stage timings go to stderr (or into --json).
@@ -163,6 +175,7 @@ int run_generate(const GenerateArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty())
     throw CLI::ValidationError("generate", "give exactly one of -p/--prompt and --prompt-ids");
   const Topology topology = unwrap(parse_topology(a.topology));
+  check_topology_flags(a, topology);
   check_image_usage(a, !a.images.empty());
   if (!a.images.empty() && a.prompt.empty())
     throw CLI::ValidationError("--image", "images need -p/--prompt (the text around them)");
@@ -270,6 +283,7 @@ int run_generate_requests(const GenerateArgs& a) {
                                              "--requests each line sets its own (\"max_tokens\", "
                                              "\"temperature\", ...)");
   const Topology topology = unwrap(parse_topology(a.topology));
+  check_topology_flags(a, topology);
   auto file = unwrap(GgufFile::open(a.model));
   const int32_t threads =
       a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
@@ -533,6 +547,9 @@ int main(int argc, char** argv) {
                            "--ignore-eos", "--no-bos"})
     if (gen->get_option(flag)->count() > 0)
       g.request_flags_given += (g.request_flags_given.empty() ? "" : ", ") + std::string(flag);
+  g.prefill_actors_given = gen->get_option("--prefill-actors")->count() > 0;
+  g.decode_actors_given = gen->get_option("--decode-actors")->count() > 0;
+  g.vision_actors_given = gen->get_option("--vision-actors")->count() > 0;
   try {
     if (*gen) return run_generate(g);
     if (*ins) return run_inspect(inspect_path);

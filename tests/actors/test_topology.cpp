@@ -267,6 +267,8 @@ TEST_CASE("zero or negative counts and capacities are refused") {
                "at most one kv_store per node (got 2)");
   expect_error(kHead + "node { name = 'kv', actors = { decode = 1 }, kv = { tier0 = MiB } }", 2,
                "kv{} is set but the node has no kv_store actor");
+  expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1, decode = 1 } }", 2,
+               "node 'kv' is not the head: a kv_store on a worker is not implemented yet");
 }
 
 TEST_CASE("bad values and wrong types name the field") {

@@ -271,6 +271,12 @@ with open(bad_topo, "w") as f:
             "cluster { router = { policy = 'round_robin', decode_weight = 2 } }\n")
 expect_error("topology: weights only for kv_aware", ["topology", "check", bad_topo], 1, "bad_topo.lua:2:",
              "decode_weight applies to policy kv_aware only")
+expect_error("--prefill-actors without pd", ["generate", "-m", model, "-p", "x", "--prefill-actors", "2"], 2,
+             "--prefill-actors", "needs --topology pd")
+expect_error("--decode-actors with colocated", ["generate", "-m", model, "-p", "x", "--topology", "colocated",
+                                                "--decode-actors", "2"], 2, "--decode-actors", "needs --topology pd")
+expect_error("--vision-actors without --mmproj", ["generate", "-m", model, "-p", "x", "--topology", "pd",
+                                                  "--vision-actors", "2"], 2, "--vision-actors", "needs --mmproj")
 one_req = os.path.join(WORK, "one.jsonl")
 with open(one_req, "w") as f:
     f.write(json.dumps({"id": 1, "prompt_ids": [1, 2, 3], "max_tokens": 2}) + "\n")
