@@ -1,5 +1,5 @@
-// The colocated and pd topologies (actors/actors.cpp, the one CAF
-// translation unit besides nothing else); pipeline.cpp dispatches here.
+// The colocated and pd topologies in one process (actors/actor_pipeline.cpp);
+// pipeline.cpp dispatches here.
 #pragma once
 
 #include <memory>

@@ -45,7 +45,7 @@ struct NodeOptions {
   KvStreamOptions kv_stream;   // how prefill stages move KV to decoders
 };
 
-class Node {
+class Node : public Frontend {
  public:
   // Head: publishes and returns once listening. Worker: returns once joined
   // and every stage is attached. Errors: invalid_argument (unknown node, a
@@ -59,7 +59,7 @@ class Node {
   // on another thread. Known problem: after a peer's connection broke, it
   // now and then waits forever for a detached actor (about 1 exit in 15
   // here); `cleave node` bounds that with an exit deadline.
-  virtual ~Node() = default;
+  ~Node() override = default;
 
   virtual bool is_head() const = 0;
   // Head: the bound "HOST:PORT"; worker: the head's "HOST:PORT".
@@ -70,9 +70,9 @@ class Node {
   // Worker: the head went away (its router is down). Head: always false.
   virtual bool lost_head() const = 0;
   // Head only (unsupported on a worker): as Pipeline::submit.
-  virtual Status submit(GenerateRequest request, EventCallback on_event) = 0;
+  Status submit(GenerateRequest request, EventCallback on_event) override = 0;
   // Head: the router's and kv_store's counters; worker: its stages'.
-  virtual std::vector<msg::Stats> stats() = 0;
+  std::vector<msg::Stats> stats() override = 0;
 };
 
 // The secret the spec names: secret_file's contents (trailing newlines

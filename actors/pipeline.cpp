@@ -102,12 +102,6 @@ class MonoPipeline final : public Pipeline {
     return {s};
   }
   int32_t alive(const std::string& kind) override { return kind == "mono" ? 1 : 0; }
-  Status kill_decode_actor(int32_t index) override {
-    return Status(Code::not_found, "mono has no decode actor " + std::to_string(index));
-  }
-  Status send_raw_for_test(const std::string&, int32_t, const std::vector<char>&) override {
-    return Status(Code::unsupported, "mono has no actors");
-  }
   const PipelineOptions& options() const override { return options_; }
 
  private:
@@ -234,6 +228,7 @@ Status check_options(const PipelineOptions& o) {
     return Status(Code::invalid_argument, "request_timeout_s must be positive");
   if (o.mmproj && o.topology != Topology::mono && (o.vision_actors < 1 || o.vision_actors > 64))
     return bad("vision_actors", o.vision_actors);
+  if (auto policy = make_placement_policy(o.placement); !policy.ok()) return policy.status();
   if (o.actor_threads < 0)
     return Status(Code::invalid_argument, "actor_threads must not be negative, got " +
                                               std::to_string(o.actor_threads));
@@ -276,67 +271,7 @@ Result<std::vector<std::shared_ptr<VisionEncoder>>> make_vision_encoders(const P
 }
 
 Result<std::vector<Completion>> Pipeline::run(std::vector<GenerateRequest> requests) {
-  using Clock = std::chrono::steady_clock;
-  struct Shared {
-    std::mutex mu;
-    std::condition_variable cv;
-    size_t done = 0;
-  };
-  auto shared = std::make_shared<Shared>();
-  std::vector<Completion> out(requests.size());
-  for (size_t i = 0; i < requests.size(); ++i) {
-    const auto start = Clock::now();
-    auto on_event = [shared, &out, i, start](const msg::StreamEvent& e) {
-      Completion& c = out[i];
-      const double t = std::chrono::duration<double>(Clock::now() - start).count();
-      switch (e.kind) {
-        case msg::StreamEvent::Kind::token:
-          if (c.tokens.empty()) c.ttft_seconds = t;
-          if (!e.encode_origin.empty()) {
-            c.encode_origin = e.encode_origin;
-            c.encode_seconds = e.encode_seconds;
-          }
-          c.tokens.push_back(e.token);
-          c.text += e.text;
-          return;
-        case msg::StreamEvent::Kind::finished:
-          c.text += e.text;
-          c.finish_reason = e.finish_reason;
-          c.logits = e.logits;
-          break;
-        case msg::StreamEvent::Kind::failed:
-          c.error = e.error.ok() ? Status(Code::aborted, "failed without a reason") : e.error;
-          break;
-      }
-      c.total_seconds = t;
-      std::lock_guard<std::mutex> lock(shared->mu);
-      ++shared->done;
-      shared->cv.notify_all();
-    };
-    for (;;) {
-      size_t done_before;
-      {
-        std::lock_guard<std::mutex> lock(shared->mu);
-        done_before = shared->done;
-      }
-      Status st = submit(requests[i], on_event);
-      if (st.code() == Code::busy) {  // wait for one to finish, then retry
-        std::unique_lock<std::mutex> lock(shared->mu);
-        shared->cv.wait_for(lock, std::chrono::milliseconds(50),
-                            [&] { return shared->done != done_before; });
-        continue;
-      }
-      if (!st.ok()) {
-        out[i].error = st;
-        std::lock_guard<std::mutex> lock(shared->mu);
-        ++shared->done;
-      }
-      break;
-    }
-  }
-  std::unique_lock<std::mutex> lock(shared->mu);
-  shared->cv.wait(lock, [&] { return shared->done == requests.size(); });
-  return out;
+  return run_to_completion(*this, requests);
 }
 
 }  // namespace cleave

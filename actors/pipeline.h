@@ -25,6 +25,8 @@
 #include <vector>
 
 #include "actors/kv_stream.h"
+#include "actors/placement.h"
+#include "frontend/frontend.h"
 #include "common/status.h"
 #include "model/engine.h"
 #include "model/gguf.h"
@@ -56,6 +58,9 @@ struct PipelineOptions {
   EngineOptions engine;          // per engine (each actor owns one)
   SchedulerOptions scheduler;    // per scheduler (prefill_only is set for pd prefill)
   int32_t max_pending = 1024;    // requests admitted and not finished; beyond: busy
+  // Where the router places new requests and hand-offs (actors/placement.h);
+  // colocated and pd.
+  PlacementConfig placement;
   // KV store tiers: tier 0 and tier 1 capacities in bytes (0: 64 MiB each),
   // and the RocksDB directory of tier 2 (empty: no disk tier).
   size_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;
@@ -68,60 +73,36 @@ struct PipelineOptions {
   double request_timeout_s = 300;
 };
 
-// Receives a request's events in order (token..., then finished or failed),
-// on an actor thread; must not block.
-using EventCallback = std::function<void(const msg::StreamEvent&)>;
+class PipelineTestHooks;  // actors/pipeline_testing.h: fault injection, tests only
 
-// What run() collects for one request.
-struct Completion {
-  std::vector<int32_t> tokens;
-  std::string text;
-  std::string finish_reason;
-  std::vector<float> logits;  // final logits row when keep_logits
-  Status error;               // not ok when the request failed
-  double ttft_seconds = 0;    // submit -> first token
-  double total_seconds = 0;   // submit -> finished
-  std::string encode_origin;  // the vision encoder that ran (and its step time)
-  double encode_seconds = 0;
-};
-
-class Pipeline {
+class Pipeline : public Frontend {
  public:
   // tokenizer may be null. invalid_argument for bad counts or options.
   static Result<std::unique_ptr<Pipeline>> create(std::shared_ptr<const GgufFile> file,
                                                   std::shared_ptr<const Tokenizer> tokenizer,
                                                   const PipelineOptions& options);
-  virtual ~Pipeline() = default;
+  ~Pipeline() override = default;
 
   // Admits a request: busy when max_pending requests are in flight (the
   // callback is not called then), validate_request()'s errors for a bad one,
   // unavailable when no actor of a needed kind is alive. Otherwise every
   // admitted request gets exactly one finished or failed event, never none.
-  virtual Status submit(GenerateRequest request, EventCallback on_event) = 0;
-  // Submits all and waits for every one to finish or fail.
+  Status submit(GenerateRequest request, EventCallback on_event) override = 0;
+  // Submits all and waits for every one to finish or fail
+  // (run_to_completion, frontend/frontend.h).
   Result<std::vector<Completion>> run(std::vector<GenerateRequest> requests);
 
   // Each actor's counters (requests, tokens, queue depth, KV blocks moved,
   // failures, ...), gathered through the stats message.
-  virtual std::vector<msg::Stats> stats() = 0;
+  std::vector<msg::Stats> stats() override = 0;
   // Live actors of a kind ("prefill", "decode", "colocated", "kv_store",
   // "vision_encoder").
   virtual int32_t alive(const std::string& kind) = 0;
-  // Fault injection for tests: kills decode actor `index` (0-based) as if it
-  // crashed (exit_reason::kill). not_found when there is no such live actor.
-  // In colocated, the colocated actors are the decoders.
-  virtual Status kill_decode_actor(int32_t index) = 0;
-  // Likewise for vision_encoder actor `index`.
-  virtual Status kill_vision_actor(int32_t index) {
-    return Status(Code::not_found, "no vision_encoder actor " + std::to_string(index));
-  }
-  // Fault injection for tests: sends `bytes` as the main message of actor
-  // `index` of `kind` (stage and router: a request; kv_store: a KvPut) and
-  // returns its answer as a Status (a typed error for bytes that do not
-  // decode; vision_encoder: an EncodeRequest). unsupported for mono.
-  virtual Status send_raw_for_test(const std::string& kind, int32_t index,
-                                   const std::vector<char>& bytes) = 0;
   virtual const PipelineOptions& options() const = 0;
+
+ private:
+  friend PipelineTestHooks* test_hooks(Pipeline& pipeline);
+  virtual PipelineTestHooks* hooks() { return nullptr; }  // mono: none
 };
 
 }  // namespace cleave

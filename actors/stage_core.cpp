@@ -16,6 +16,7 @@ msg::StreamEvent to_stream_event(const SchedulerEvent& e, const std::string& ori
       m.index = e.index;
       m.token = e.token;
       m.text = e.text;
+      m.logits_hash = e.logits_hash;
       break;
     case SchedulerEvent::Kind::finished:
       m.kind = msg::StreamEvent::Kind::finished;

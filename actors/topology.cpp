@@ -9,6 +9,8 @@
 // data first and touch the C++ spec last, after their final Lua call.
 #include "actors/topology.h"
 
+#include "actors/actor_kind.h"
+
 #include <lua.hpp>
 
 #include <algorithm>
@@ -24,8 +26,8 @@
 namespace cleave {
 
 bool is_actor_kind(std::string_view kind) {
-  for (const char* k : kActorKinds)
-    if (kind == k) return true;
+  for (const ActorKindInfo& k : kActorKindTable)
+    if (kind == k.name) return true;
   return false;
 }
 
@@ -60,12 +62,8 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-constexpr int kNumKinds = int(kActorKinds.size());
-constexpr int kKvStore = 3;
-static_assert(std::string_view(kActorKinds[kKvStore]) == "kv_store");
-constexpr const char* kKindList =
-    "prefill, decode, colocated, kv_store, vision_encoder, attention, expert, stage";
-constexpr const char* kPolicyList = "least_loaded_prefix, least_loaded, round_robin";
+constexpr int kNumKinds = int(kActorKindTable.size());
+constexpr int kKvStore = int(ActorKind::kv_store);
 
 constexpr const char* kNodeFields[] = {"name",  "host", "port",   "threads",
                                        "device", "head", "actors", "kv"};
@@ -196,9 +194,14 @@ int index_of(const char* word, const char* const (&names)[N]) {
 }
 
 int kind_index(const char* kind) {
-  for (int i = 0; i < kNumKinds; ++i)
-    if (std::strcmp(kind, kActorKinds[i]) == 0) return i;
-  return -1;
+  const auto k = parse_actor_kind(kind);
+  return k ? int(*k) : -1;
+}
+
+std::vector<const char*> kind_names() {
+  std::vector<const char*> out;
+  for (const ActorKindInfo& k : kActorKindTable) out.push_back(k.name);
+  return out;
 }
 
 template <class Names>
@@ -353,10 +356,15 @@ void read_actors(lua_State* L, int t, const char* what, RawNode* r) {
     const char* kind = lua_tostring(L, -2);
     int k = kind_index(kind);
     if (k < 0) {
-      if (const char* near = nearest(kind, kActorKinds))
+      const std::string kinds = actor_kind_list();
+      for (const char* planned : kPlannedActorKinds)
+        if (std::strcmp(kind, planned) == 0)
+          raise(L, "%s: actor kind '%s' is not implemented yet (implemented: %s)", what, kind,
+                kinds.c_str());
+      if (const char* near = nearest(kind, kind_names()))
         raise(L, "%s: unknown actor kind '%s' (did you mean '%s'? expected one of %s)", what, kind,
-              near, kKindList);
-      raise(L, "%s: unknown actor kind '%s' (expected one of %s)", what, kind, kKindList);
+              near, kinds.c_str());
+      raise(L, "%s: unknown actor kind '%s' (expected one of %s)", what, kind, kinds.c_str());
     }
     if (lua_type(L, -1) != LUA_TNUMBER)
       raise(L, "%s: actor count for '%s' must be an integer, got %s", what, kind,
@@ -473,12 +481,67 @@ int lua_node(lua_State* L) {
   n.device.assign(r.device, r.device_len);
   n.head = r.head;
   for (int k = 0; k < kNumKinds; ++k)
-    if (r.counts[k] > 0) n.actors.push_back({kActorKinds[k], int32_t(r.counts[k]), r.line});
+    if (r.counts[k] > 0) n.actors.push_back({kActorKindTable[size_t(k)].name, int32_t(r.counts[k]), r.line});
   n.kv_tier0_bytes = uint64_t(r.tier0);
   n.kv_tier1_bytes = uint64_t(r.tier1);
   n.kv_dir.assign(r.kv_dir, r.kv_dir_len);
   n.line = r.line;
   return 0;
+}
+
+// router = "round_robin", or router = { policy = "kv_aware", prefill_weight =
+// 2, decode_weight = 1 } (weights: kv_aware only).
+struct RawRouter {
+  const char* policy = nullptr;
+  size_t policy_len = 0;
+  double prefill_weight = 1.0, decode_weight = 1.0;
+};
+
+bool known_policy(const char* p) {
+  for (const char* name : kPlacementPolicies)
+    if (std::strcmp(p, name) == 0) return true;
+  return false;
+}
+
+void read_router(lua_State* L, int t, const char* what, RawRouter* r) {
+  static constexpr const char* kRouterFields[] = {"policy", "prefill_weight", "decode_weight"};
+  const std::string policies = placement_policy_list();
+  int type = raw_field(L, t, "router");
+  if (type == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (type == LUA_TSTRING) {
+    lua_pop(L, 1);
+    r->policy = opt_string(L, t, "router", what, &r->policy_len);
+  } else if (type == LUA_TTABLE) {
+    const int rt = lua_gettop(L);
+    const char* rwhat = "cluster{}.router";
+    check_plain_table(L, rt, rwhat);
+    check_fields(L, rt, rwhat, kRouterFields, "policy, prefill_weight, decode_weight");
+    r->policy = opt_string(L, rt, "policy", rwhat, &r->policy_len);
+    if (r->policy == nullptr)
+      raise(L, "%s: needs policy = \"NAME\" (one of %s)", rwhat, policies.c_str());
+    for (auto [key, out] : {std::pair<const char*, double*>{"prefill_weight", &r->prefill_weight},
+                            std::pair<const char*, double*>{"decode_weight", &r->decode_weight}}) {
+      int ft = raw_field(L, rt, key);
+      if (ft != LUA_TNIL) {
+        if (ft != LUA_TNUMBER) raise(L, "%s: %s must be a number, got %s", rwhat, key, lua_typename(L, ft));
+        const double v = double(lua_tonumber(L, -1));
+        if (!std::isfinite(v) || v < 0 || v > 1e6)
+          raise(L, "%s: %s must be a number from 0 to 1e6, got %f", rwhat, key, lua_tonumber(L, -1));
+        if (std::strcmp(r->policy, "kv_aware") != 0)
+          raise(L, "%s: %s applies to policy kv_aware only, not '%s'", rwhat, key, r->policy);
+        *out = v;
+      }
+      lua_pop(L, 1);
+    }
+  } else {
+    raise(L, "%s: field 'router' must be a policy name or a table { policy = ... }, got %s", what,
+          lua_typename(L, type));
+  }
+  if (!known_policy(r->policy))
+    raise(L, "%s: unknown router policy '%s' (expected one of %s)", what, r->policy, policies.c_str());
 }
 
 // cluster { router = "least_loaded_prefix", max_pending = 1024, ... }
@@ -493,13 +556,9 @@ int lua_cluster(lua_State* L) {
   check_plain_table(L, 1, what);
   check_fields(L, 1, what, kClusterFields, kClusterFieldList);
 
-  size_t router_len = 0, env_len = 0, file_len = 0;
-  const char* router = opt_string(L, 1, "router", what, &router_len);
-  if (router != nullptr &&
-      std::find_if(kRouterPolicies.begin(), kRouterPolicies.end(),
-                   [&](const char* p) { return std::strcmp(p, router) == 0; }) ==
-          kRouterPolicies.end())
-    raise(L, "%s: unknown router policy '%s' (expected one of %s)", what, router, kPolicyList);
+  size_t env_len = 0, file_len = 0;
+  RawRouter router;
+  read_router(L, 1, what, &router);
   lua_Integer max_pending = sb->spec->max_pending;
   if (opt_integer(L, 1, "max_pending", what, &max_pending) &&
       (max_pending < 1 || max_pending > (1 << 24)))
@@ -524,7 +583,9 @@ int lua_cluster(lua_State* L) {
 
   // No Lua call below.
   ClusterSpec& c = *sb->spec;
-  if (router != nullptr) c.router_policy.assign(router, router_len);
+  if (router.policy != nullptr) c.placement.policy.assign(router.policy, router.policy_len);
+  c.placement.prefill_weight = router.prefill_weight;
+  c.placement.decode_weight = router.decode_weight;
   c.max_pending = int32_t(max_pending);
   c.request_timeout_s = request_timeout;
   c.heartbeat_interval_s = heartbeat;
@@ -801,6 +862,11 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
   if (head == nullptr)
     return at(c.nodes.front().line,
               "no head node: mark exactly one node head = true (it hosts the router)");
+  for (const NodeSpec& n : c.nodes)
+    if (!n.head && n.count("kv_store") > 0)
+      return at(n.line, "node '" + n.name + "' is not the head: a kv_store on a worker is not "
+                        "implemented yet (the head's store serves the cluster; give kv_store and kv{} "
+                        "to the head)");
 
   auto first_with = [&](const char* kind) -> const NodeSpec* {
     for (const NodeSpec& n : c.nodes)
@@ -809,7 +875,7 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
   };
   const int32_t prefill = c.count("prefill"), decode = c.count("decode");
   const int32_t colocated = c.count("colocated");
-  if (prefill + decode + colocated + c.count("attention") + c.count("stage") == 0)
+  if (prefill + decode + colocated == 0)
     return at(head->line,
               "no actor serves requests: add prefill and decode, or colocated, to some node");
   if (decode > 0 && prefill + colocated == 0)
@@ -819,6 +885,14 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
     return at(first_with("prefill")->line,
               "prefill actors but no decode or colocated actor in the cluster (P/D needs both)");
   return Status::Ok();
+}
+
+std::string router_text(const PlacementConfig& p) {
+  if (p.policy != "kv_aware") return p.policy;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "kv_aware (prefill_weight %g, decode_weight %g)", p.prefill_weight,
+                p.decode_weight);
+  return buf;
 }
 
 std::string address_of(const NodeSpec& n) {
@@ -836,7 +910,8 @@ std::string actors_of(const NodeSpec& n) {
 std::string totals_of(const ClusterSpec& c, int32_t* total) {
   std::string s;
   *total = 0;
-  for (const char* kind : kActorKinds) {
+  for (const ActorKindInfo& k : kActorKindTable) {
+    const char* kind = k.name;
     int32_t n = c.count(kind);
     *total += n;
     if (n > 0) s += (s.empty() ? "" : ", ") + std::string(kind) + " " + std::to_string(n);
@@ -902,7 +977,7 @@ std::string topology_summary(const ClusterSpec& c) {
   if (!kinds.empty()) s += " (" + kinds + ")";
   for (const NodeSpec& n : c.nodes)
     if (n.head) s += ", head '" + n.name + "' at " + address_of(n);
-  return s + ", router " + c.router_policy;
+  return s + ", router " + router_text(c.placement);
 }
 
 std::string placement_table(const ClusterSpec& c) {
@@ -922,7 +997,7 @@ std::string placement_table(const ClusterSpec& c) {
   for (const auto& row : rows)
     for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
 
-  std::string out = "cluster: router " + c.router_policy + ", max_pending " +
+  std::string out = "cluster: router " + router_text(c.placement) + ", max_pending " +
                     std::to_string(c.max_pending) + ", request timeout " +
                     format_seconds(c.request_timeout_s) + ", heartbeat " +
                     format_seconds(c.heartbeat_interval_s) + ", connection timeout " +

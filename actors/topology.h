@@ -15,16 +15,14 @@
 #include <string_view>
 #include <vector>
 
+#include "actors/placement.h"
 #include "common/status.h"
 
 namespace cleave {
 
-// The kinds of actor a node can host. attention, expert and stage arrive with
-// later issues; the loader accepts them already.
-inline constexpr std::array<const char*, 8> kActorKinds = {
-    "prefill", "decode", "colocated", "kv_store", "vision_encoder", "attention", "expert", "stage"};
-inline constexpr std::array<const char*, 3> kRouterPolicies = {"least_loaded_prefix", "least_loaded",
-                                                               "round_robin"};
+// The actor kinds a script may name are actors/actor_kind.h's table;
+// kinds that later work implements (attention, expert, stage) are refused,
+// naming the implemented ones.
 bool is_actor_kind(std::string_view kind);
 
 struct ActorGroupSpec {
@@ -40,7 +38,7 @@ struct NodeSpec {
   int32_t threads = 0;          // 0: default
   std::string device = "cpu";   // "cpu" or "cuda:N"
   bool head = false;            // hosts the router; exactly one node is the head
-  std::vector<ActorGroupSpec> actors;  // in kActorKinds order, one group per kind
+  std::vector<ActorGroupSpec> actors;  // in kActorKindTable order, one group per kind
   uint64_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;  // per kv_store; 0 = default
   std::string kv_dir;           // RocksDB dir of that node's kv_store ("" = none)
   int32_t line = 0;             // script line that declared it (for errors)
@@ -50,7 +48,9 @@ struct NodeSpec {
 
 struct ClusterSpec {
   std::vector<NodeSpec> nodes;  // in declaration order
-  std::string router_policy = "least_loaded_prefix";
+  // router = "NAME" or router = { policy = "kv_aware", prefill_weight = W,
+  // decode_weight = W } (actors/placement.h).
+  PlacementConfig placement;
   int32_t max_pending = 1024;
   double request_timeout_s = 300;
   double heartbeat_interval_s = 0.1, connection_timeout_s = 0.5;  // middleman supervision

@@ -18,6 +18,7 @@
 
 #include "actors/pipeline.h"
 #include "actors/topology.h"
+#include "frontend/request_codec.h"
 #include "model/engine.h"
 #include "model/generate.h"
 #include "model/gguf.h"
@@ -75,7 +76,20 @@ struct GenerateArgs {
   int32_t prefill_actors = 1, decode_actors = 1, vision_actors = 1;
   SamplingParams sampling;
   bool json = false, ignore_eos = false, no_bos = false;
+  std::string request_flags_given;  // flags that set one request's fields, as given
+  bool prefill_actors_given = false, decode_actors_given = false, vision_actors_given = false;
 };
+
+// Flags that only a topology reads are refused elsewhere, naming them.
+void check_topology_flags(const GenerateArgs& a, Topology topology) {
+  if ((a.prefill_actors_given || a.decode_actors_given) && topology != Topology::pd)
+    throw CLI::ValidationError(a.prefill_actors_given ? "--prefill-actors" : "--decode-actors",
+                               "needs --topology pd");
+  if (a.vision_actors_given && topology == Topology::mono)
+    throw CLI::ValidationError("--vision-actors", "needs --topology colocated or pd (mono encodes inline)");
+  if (a.vision_actors_given && a.mmproj.empty())
+    throw CLI::ValidationError("--vision-actors", "needs --mmproj");
+}
 
 // The same request through an actor topology: text streams as token events
 // arrive; per-stage timings go to stderr (or into --json).
@@ -99,41 +113,22 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
   }
   std::mutex mu;
   std::condition_variable cv;
-  bool done = false;
   Completion c;
-  std::map<std::string, std::pair<int, double>> stages;  // origin -> (events, seconds)
   const auto t0 = std::chrono::steady_clock::now();
   Status st = pipeline->submit(req, [&](const msg::StreamEvent& e) {
     std::lock_guard<std::mutex> lock(mu);
-    if (!e.origin.empty()) {
-      auto& s = stages[e.origin];
-      s.first += e.kind == msg::StreamEvent::Kind::token;
-      s.second += e.stage_seconds;
-    }
-    if (!e.encode_origin.empty()) stages[e.encode_origin].second += e.encode_seconds;
-    if (e.kind == msg::StreamEvent::Kind::token) {
-      if (c.tokens.empty())
-        c.ttft_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      c.tokens.push_back(e.token);
-    }
-    c.text += e.text;
+    const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (!a.json && !e.text.empty()) {
       std::fwrite(e.text.data(), 1, e.text.size(), stdout);
       std::fflush(stdout);
     }
-    if (e.kind == msg::StreamEvent::Kind::finished) c.finish_reason = e.finish_reason;
-    if (e.kind == msg::StreamEvent::Kind::failed) c.error = e.error;
-    if (e.kind != msg::StreamEvent::Kind::token) {
-      done = true;
-      cv.notify_all();
-    }
+    if (fold_event(c, e, t)) cv.notify_all();
   });
   if (!st.ok()) fail(st);
   {
     std::unique_lock<std::mutex> lock(mu);
-    cv.wait(lock, [&] { return done; });
+    cv.wait(lock, [&] { return c.done; });
   }
-  c.total_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   if (!c.error.ok()) fail(c.error);
   if (a.json) {
     nlohmann::json j;
@@ -143,16 +138,16 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
     j["finish_reason"] = c.finish_reason;
     j["topology"] = topology_name(topology);
     j["timings"] = {{"ttft_seconds", c.ttft_seconds}, {"total_seconds", c.total_seconds}};
-    for (const auto& [origin, s] : stages)
-      j["stages"][origin] = {{"tokens", s.first}, {"seconds", s.second}};
+    for (const auto& [origin, s] : c.stages)
+      j["stages"][origin] = {{"tokens", s.tokens}, {"seconds", s.seconds}};
     std::cout << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
   } else {
     std::fprintf(stderr, "\n\n%s: %zu tokens | TTFT %.1f ms | total %.1f ms | %s\n",
                  topology_name(topology), c.tokens.size(), c.ttft_seconds * 1e3,
                  c.total_seconds * 1e3, c.finish_reason.c_str());
-    for (const auto& [origin, s] : stages)
-      std::fprintf(stderr, "  stage %-16s %4d tokens %9.1f ms\n", origin.c_str(), s.first,
-                   s.second * 1e3);
+    for (const auto& [origin, s] : c.stages)
+      std::fprintf(stderr, "  stage %-16s %4d tokens %9.1f ms\n", origin.c_str(), s.tokens,
+                   s.seconds * 1e3);
   }
   return 0;
 }
@@ -180,6 +175,7 @@ int run_generate(const GenerateArgs& a) {
   if (a.prompt.empty() == a.prompt_ids.empty())
     throw CLI::ValidationError("generate", "give exactly one of -p/--prompt and --prompt-ids");
   const Topology topology = unwrap(parse_topology(a.topology));
+  check_topology_flags(a, topology);
   check_image_usage(a, !a.images.empty());
   if (!a.images.empty() && a.prompt.empty())
     throw CLI::ValidationError("--image", "images need -p/--prompt (the text around them)");
@@ -274,70 +270,20 @@ int run_generate(const GenerateArgs& a) {
 }
 
 // ---- generate --requests -----------------------------------------------
-// One request per line (apps/node_cmd.cpp's fields, plus text and images):
-// {"id": N, "prompt": "text" | "prompt_ids": [...], "images": ["a.png", ...],
-//  "max_tokens": N, "temperature": T, "seed": S, "top_k": K, "top_p": P,
-//  "min_p": M, "ignore_eos": B, "prefill_chunk": C}; id and one prompt kind
-// are required. Sampling defaults come from the command line. Images are
-// decoded, then encoded all together (batches of 16 across requests), then
-// every request runs through one pipeline at once.
-std::vector<GenerateRequest> read_generate_requests(const GenerateArgs& a, const Tokenizer* tok,
-                                                    const ClipModel* clip) {
-  std::ifstream f(a.requests);
-  if (!f) fail(Status(Code::io_error, "cannot read requests file '" + a.requests + "'"));
-  std::vector<GenerateRequest> out;
-  std::string line;
-  for (int line_no = 1; std::getline(f, line); ++line_no) {
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = a.requests + ":" + std::to_string(line_no) + ": ";
-    GenerateRequest r;
-    try {
-      const nlohmann::json j = nlohmann::json::parse(line);
-      if (!j.is_object() || !j.contains("id") || j.contains("prompt") == j.contains("prompt_ids"))
-        fail(Status(Code::invalid_argument, where + "a request needs \"id\" and one of \"prompt\" "
-                                                    "and \"prompt_ids\""));
-      std::vector<RgbImage> images;
-      for (const std::string& path : j.value("images", std::vector<std::string>{})) {
-        if (!clip) throw CLI::ValidationError("--requests", where + "images need --mmproj");
-        images.push_back(load_image(path));
-      }
-      if (j.contains("prompt_ids")) {
-        if (!images.empty()) fail(Status(Code::invalid_argument, where + "images need \"prompt\" text"));
-        r.prompt = j.at("prompt_ids").get<std::vector<int32_t>>();
-      } else {
-        if (!tok) fail(Status(Code::invalid_argument, where + "the model has no tokenizer for \"prompt\""));
-        const std::string text = j.at("prompt").get<std::string>();
-        if (images.empty()) r.prompt = tok->encode(text, !a.no_bos);
-        else r = unwrap(build_image_prompt(*tok, text, std::move(images), clip->config().n_patches, !a.no_bos));
-      }
-      r.request_id = j.at("id").get<uint64_t>();
-      r.sampling = a.sampling;
-      r.sampling.max_tokens = j.value("max_tokens", a.n_predict);
-      r.sampling.temperature = j.value("temperature", a.sampling.temperature);
-      r.sampling.seed = j.value("seed", a.sampling.seed);
-      r.sampling.top_k = j.value("top_k", a.sampling.top_k);
-      r.sampling.top_p = j.value("top_p", a.sampling.top_p);
-      r.sampling.min_p = j.value("min_p", a.sampling.min_p);
-      r.ignore_eos = j.value("ignore_eos", a.ignore_eos);
-      r.prefill_chunk = j.value("prefill_chunk", a.ubatch);
-    } catch (const nlohmann::json::exception& e) {
-      fail(Status(Code::invalid_argument, where + e.what()));
-    }
-    for (const GenerateRequest& earlier : out)
-      if (earlier.request_id == r.request_id)
-        fail(Status(Code::invalid_argument,
-                    where + "request id " + std::to_string(r.request_id) + " appears twice"));
-    out.push_back(std::move(r));
-  }
-  if (out.empty()) fail(Status(Code::invalid_argument, "no requests in '" + a.requests + "'"));
-  return out;
-}
-
+// The JSONL format of frontend/request_codec.h (the same as `cleave node
+// --requests`): each line names its own sampling; the request flags of a
+// single run (-n, --temp, ...) are refused with --requests. Images are
+// decoded, then encoded by the pipeline; every request runs at once.
 int run_generate_requests(const GenerateArgs& a) {
   if (!a.prompt.empty() || !a.prompt_ids.empty() || !a.images.empty() || !a.logits_path.empty())
     throw CLI::ValidationError("--requests", "takes the prompts from the file: no -p, --prompt-ids, "
                                              "--image or --logits");
+  if (!a.request_flags_given.empty())
+    throw CLI::ValidationError("--requests", a.request_flags_given + " sets a field of one request; with "
+                                             "--requests each line sets its own (\"max_tokens\", "
+                                             "\"temperature\", ...)");
   const Topology topology = unwrap(parse_topology(a.topology));
+  check_topology_flags(a, topology);
   auto file = unwrap(GgufFile::open(a.model));
   const int32_t threads =
       a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
@@ -348,7 +294,10 @@ int run_generate_requests(const GenerateArgs& a) {
     auto lm = unwrap(LlamaModel::load(file));
     clip = load_mmproj(a.mmproj, lm->config().dim);
   }
-  std::vector<GenerateRequest> requests = read_generate_requests(a, tok.get(), clip.get());
+  RequestContext rc;
+  rc.tokenizer = tok.get();
+  rc.image_tokens = clip ? clip->config().n_patches : 0;
+  std::vector<GenerateRequest> requests = unwrap(read_request_file(a.requests, rc));
   const bool has_images = std::any_of(requests.begin(), requests.end(),
                                       [](const GenerateRequest& r) { return !r.images.empty(); });
   check_image_usage(a, has_images);
@@ -392,24 +341,10 @@ int run_generate_requests(const GenerateArgs& a) {
   std::set<std::pair<std::string, double>> encoder_steps;
   for (size_t i = 0; i < requests.size(); ++i) {
     const Completion& c = done[i];
-    nlohmann::json j;
-    j["id"] = requests[i].request_id;
-    j["tokens"] = c.tokens;
-    j["text"] = c.text;
-    j["ttft_ms"] = c.ttft_seconds * 1e3;
-    j["total_ms"] = c.total_seconds * 1e3;
-    if (!c.encode_origin.empty()) {
-      j["encoder"] = c.encode_origin;
-      j["encode_ms"] = c.encode_seconds * 1e3;
-      if (encoder_steps.insert({c.encode_origin, c.encode_seconds}).second) encode_s += c.encode_seconds;
-    }
-    if (c.error.ok()) {
-      j["finish_reason"] = c.finish_reason;
-    } else {
-      j["error"] = c.error.to_string();
-      ++failed;
-    }
-    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+    if (!c.encode_origin.empty() && encoder_steps.insert({c.encode_origin, c.encode_seconds}).second)
+      encode_s += c.encode_seconds;
+    failed += !c.error.ok();
+    out << result_line(requests[i].request_id, c) << "\n";
   }
   out.flush();
   if (!out) fail(Status(Code::io_error, "cannot write the results"));
@@ -607,6 +542,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cleave: usage error: %s (see --help)\n", e.what());
     return 2;
   }
+  for (const char* flag : {"--n-predict", "--temp", "--seed", "--top-k", "--top-p", "--min-p",
+                           "--repeat-penalty", "--repeat-last-n", "--stop", "--ubatch-size",
+                           "--ignore-eos", "--no-bos"})
+    if (gen->get_option(flag)->count() > 0)
+      g.request_flags_given += (g.request_flags_given.empty() ? "" : ", ") + std::string(flag);
+  g.prefill_actors_given = gen->get_option("--prefill-actors")->count() > 0;
+  g.decode_actors_given = gen->get_option("--decode-actors")->count() > 0;
+  g.vision_actors_given = gen->get_option("--vision-actors")->count() > 0;
   try {
     if (*gen) return run_generate(g);
     if (*ins) return run_inspect(inspect_path);

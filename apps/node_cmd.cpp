@@ -22,6 +22,7 @@
 
 #include "actors/node.h"
 #include "actors/topology.h"
+#include "frontend/request_codec.h"
 #include "model/clip.h"
 #include "model/gguf.h"
 #include "model/multimodal.h"
@@ -74,78 +75,9 @@ std::map<std::string, std::string> parse_sets(const std::vector<std::string>& se
   return out;
 }
 
-// One request per line: {"id": N, "prompt_ids": [...], "max_tokens": N,
-// "temperature": T, "seed": S, "top_k": K, "top_p": P, "min_p": M,
-// "ignore_eos": B, "prefill_chunk": C}; id and prompt_ids are required,
-// or instead of prompt_ids "prompt" (text, with BOS; needs the model's
-// tokenizer) and "images" (files; `<image>` in the text places them, else
-// they go first; needs --mmproj, whose n_patches = image_tokens).
-std::vector<GenerateRequest> read_requests(const std::string& path, const Tokenizer* tokenizer,
-                                           int32_t image_tokens) {
-  std::ifstream f(path);
-  if (!f) fail(Status(Code::io_error, "cannot read requests file '" + path + "'"));
-  std::vector<GenerateRequest> out;
-  std::string line;
-  int line_no = 0;
-  while (std::getline(f, line)) {
-    ++line_no;
-    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    const std::string where = path + ":" + std::to_string(line_no) + ": ";
-    try {
-      nlohmann::json j = nlohmann::json::parse(line);
-      if (!j.is_object() || !j.contains("id") || j.contains("prompt_ids") == j.contains("prompt"))
-        fail(Status(Code::invalid_argument,
-                    where + "a request needs \"id\" and one of \"prompt_ids\" and \"prompt\""));
-      GenerateRequest r;
-      const auto image_files = j.value("images", std::vector<std::string>{});
-      if (!image_files.empty() && image_tokens < 1)
-        fail(Status(Code::invalid_argument, where + "images need --mmproj"));
-      if (j.contains("prompt")) {
-        if (!tokenizer) fail(Status(Code::invalid_argument, where + "the model has no tokenizer for \"prompt\""));
-        std::vector<RgbImage> images;
-        for (const std::string& file : image_files) {
-          auto im = read_image_file(file);
-          if (!im.ok()) fail(Status(im.status().code(), where + im.status().message()));
-          images.push_back(std::move(im.value()));
-        }
-        const std::string text = j.at("prompt").get<std::string>();
-        if (images.empty()) r.prompt = tokenizer->encode(text);
-        else r = unwrap(build_image_prompt(*tokenizer, text, std::move(images), image_tokens));
-      } else {
-        if (!image_files.empty()) fail(Status(Code::invalid_argument, where + "images need \"prompt\" text"));
-        r.prompt = j.at("prompt_ids").get<std::vector<int32_t>>();
-      }
-      r.request_id = j.at("id").get<uint64_t>();
-      r.sampling.max_tokens = j.value("max_tokens", 16);
-      r.sampling.temperature = j.value("temperature", 0.0f);
-      r.sampling.seed = j.value("seed", uint64_t(0));
-      r.sampling.top_k = j.value("top_k", r.sampling.top_k);
-      r.sampling.top_p = j.value("top_p", r.sampling.top_p);
-      r.sampling.min_p = j.value("min_p", r.sampling.min_p);
-      r.ignore_eos = j.value("ignore_eos", false);
-      r.prefill_chunk = j.value("prefill_chunk", 512);
-      for (const GenerateRequest& earlier : out)
-        if (earlier.request_id == r.request_id)
-          fail(Status(Code::invalid_argument, where + "request id " + std::to_string(r.request_id) +
-                                                  " appears twice"));
-      out.push_back(std::move(r));
-    } catch (const nlohmann::json::exception& e) {
-      fail(Status(Code::invalid_argument, where + e.what()));
-    }
-  }
-  if (out.empty()) fail(Status(Code::invalid_argument, "no requests in '" + path + "'"));
-  return out;
-}
-
-struct Outcome {
-  std::vector<int32_t> tokens;
-  std::string text, finish_reason;
-  Status error;
-  bool done = false;
-  double ttft_s = 0, total_s = 0;
-  std::map<std::string, std::pair<int32_t, double>> stages;  // origin -> (tokens, step seconds)
-};
-
+// Runs every request (the JSONL format of frontend/request_codec.h) once
+// N stages are attached, and writes one result line per request, in input
+// order.
 int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateRequest>& requests) {
   const auto deadline =
       std::chrono::steady_clock::now() + std::chrono::milliseconds(int64_t(a.wait_timeout_s * 1e3));
@@ -158,74 +90,16 @@ int run_requests(Node& node, const NodeArgs& a, const std::vector<GenerateReques
                                        std::to_string(a.wait_timeout_s) + " s"));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  std::mutex mu;
-  std::condition_variable cv;
-  std::map<uint64_t, Outcome> outcomes;
-  size_t remaining = requests.size();
-  for (const GenerateRequest& r : requests) outcomes.emplace(r.request_id, Outcome{});
-  const auto t0 = std::chrono::steady_clock::now();
-  auto since_t0 = [&] {
-    return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  };
-  for (const GenerateRequest& r : requests) {
-    const uint64_t id = r.request_id;
-    Status st = node.submit(r, [&, id](const msg::StreamEvent& e) {
-      std::lock_guard<std::mutex> lock(mu);
-      Outcome& o = outcomes[id];
-      if (!e.origin.empty()) {
-        auto& stage = o.stages[e.origin];
-        stage.first += e.kind == msg::StreamEvent::Kind::token;
-        stage.second += e.stage_seconds;
-      }
-      if (!e.encode_origin.empty()) o.stages[e.encode_origin].second += e.encode_seconds;
-      o.text += e.text;
-      if (e.kind == msg::StreamEvent::Kind::token) {
-        if (o.tokens.empty()) o.ttft_s = since_t0();
-        o.tokens.push_back(e.token);
-        return;
-      }
-      o.total_s = since_t0();
-      if (e.kind == msg::StreamEvent::Kind::finished) o.finish_reason = e.finish_reason;
-      else o.error = e.error;
-      o.done = true;
-      --remaining;
-      cv.notify_all();
-    });
-    if (!st.ok()) {
-      std::lock_guard<std::mutex> lock(mu);
-      outcomes[id].error = st;
-      outcomes[id].done = true;
-      --remaining;
-    }
-  }
-  std::printf("cleave node head: submitted %zu requests\n", requests.size());
-  std::fflush(stdout);
-  {
-    std::unique_lock<std::mutex> lock(mu);
-    while (remaining > 0 && !g_stop) cv.wait_for(lock, std::chrono::milliseconds(100));
-    if (remaining > 0) fail(Status(Code::aborted, "stopped by a signal with " +
-                                                      std::to_string(remaining) + " requests running"));
-  }
+  const std::vector<Completion> done = unwrap(run_to_completion(node, requests, &g_stop, [&] {
+    std::printf("cleave node head: submitted %zu requests\n", requests.size());
+    std::fflush(stdout);
+  }));
   std::ofstream out(a.out);
   if (!out) fail(Status(Code::io_error, "cannot write '" + a.out + "'"));
   size_t failed = 0;
-  for (const GenerateRequest& r : requests) {
-    const Outcome& o = outcomes.at(r.request_id);
-    nlohmann::json j;
-    j["id"] = r.request_id;
-    j["tokens"] = o.tokens;
-    j["text"] = o.text;
-    j["ttft_ms"] = o.ttft_s * 1e3;
-    j["total_ms"] = o.total_s * 1e3;
-    for (const auto& [origin, st] : o.stages)  // which actor on which node, and its step time
-      j["stages"][origin] = {{"tokens", st.first}, {"ms", st.second * 1e3}};
-    if (o.error.ok()) {
-      j["finish_reason"] = o.finish_reason;
-    } else {
-      j["error"] = o.error.to_string();
-      ++failed;
-    }
-    out << j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  for (size_t i = 0; i < requests.size(); ++i) {
+    failed += !done[i].error.ok();
+    out << result_line(requests[i].request_id, done[i]) << "\n";
   }
   out.close();
   if (!out) fail(Status(Code::io_error, "cannot write '" + a.out + "'"));
@@ -311,7 +185,12 @@ int run_node_command() {
   }
   // A bad requests file fails before the node starts listening.
   std::vector<GenerateRequest> requests;
-  if (!a.requests.empty()) requests = read_requests(a.requests, o.tokenizer.get(), image_tokens);
+  if (!a.requests.empty()) {
+    RequestContext rc;
+    rc.tokenizer = o.tokenizer.get();
+    rc.image_tokens = image_tokens;
+    requests = unwrap(read_request_file(a.requests, rc));
+  }
   o.engine.threads = a.threads;
   o.engine.context = a.ctx;
   o.engine.max_seqs = a.max_seqs;

@@ -356,7 +356,9 @@ Status Scheduler::step(std::vector<SchedulerEvent>& events) {
     SchedulerEvent ev;
     ev.kind = SchedulerEvent::Kind::token;
     ev.request_id = e.progress.id();
-    ev.token = e.progress.step(logits_.data() + i * size_t(n_vocab));
+    const float* row = logits_.data() + i * size_t(n_vocab);
+    ev.logits_hash = checksum_bytes(reinterpret_cast<const uint8_t*>(row), size_t(n_vocab) * sizeof(float));
+    ev.token = e.progress.step(row);
     ev.index = e.progress.n_generated() - 1;
     ev.text = e.progress.take_text();
     events.push_back(std::move(ev));

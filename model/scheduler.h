@@ -44,6 +44,7 @@ struct SchedulerEvent {
   int32_t token = -1;
   int32_t index = 0;
   std::string text;
+  uint64_t logits_hash = 0;  // token: XXH3-64 of the logits row it was sampled from
   // finished: "length", "stop" or "context"; the final logits row when the
   // request asked for keep_logits; text holds any text not sent yet (in
   // practice empty: the last token event carries the flushed tail).

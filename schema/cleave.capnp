@@ -102,6 +102,7 @@ struct StreamEvent {
   stageSeconds @9 :Float64;
   encodeOrigin @10 :Text;     # the vision encoder of the request's images (first token)
   encodeSeconds @11 :Float64;
+  logitsHash @12 :UInt64;     # token: XXH3-64 of the logits row it was sampled from
 }
 
 # storage/block.h

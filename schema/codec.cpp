@@ -123,6 +123,7 @@ void put(wire::StreamEvent::Builder b, const msg::StreamEvent& e) {
   b.setStageSeconds(e.stage_seconds);
   b.setEncodeOrigin(text(e.encode_origin));
   b.setEncodeSeconds(e.encode_seconds);
+  b.setLogitsHash(e.logits_hash);
 }
 
 void put(wire::BlockKey::Builder b, const BlockKey& k) {
@@ -353,6 +354,7 @@ msg::StreamEvent get(wire::StreamEvent::Reader r) {
   e.stage_seconds = r.getStageSeconds();
   e.encode_origin = get(r.getEncodeOrigin());
   e.encode_seconds = r.getEncodeSeconds();
+  e.logits_hash = r.getLogitsHash();
   return e;
 }
 

@@ -39,6 +39,9 @@ struct StreamEvent {
   // time: set by the router on the first token event when one ran.
   std::string encode_origin;
   double encode_seconds = 0;
+  // token: XXH3-64 of the logits row the token was sampled from, so runs
+  // can be compared for logits as well as tokens (0 when not computed).
+  uint64_t logits_hash = 0;
 };
 
 // Prefill -> (router) -> decode: continue a request whose first tokens were

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "actors/pipeline.h"
+#include "actors/pipeline_testing.h"
 #include "tests/same_bits.h"
 
 namespace cleave::testing {
@@ -18,7 +19,20 @@ inline std::vector<Completion> run_all(Pipeline& p, const std::vector<GenerateRe
   return std::move(r.value());
 }
 
-// Every completion equal to the reference, bit for bit.
+// The actor topologies' fault-injection seam (actors/pipeline_testing.h).
+inline PipelineTestHooks& hooks(Pipeline& p) {
+  PipelineTestHooks* h = test_hooks(p);
+  REQUIRE_MESSAGE(h != nullptr, "this topology has no actors to inject faults into");
+  return *h;
+}
+
+// Kills decoder `index`: a decode actor in pd, a colocated one otherwise.
+inline Status kill_decoder(Pipeline& p, int32_t index) {
+  return hooks(p).kill_actor(p.options().topology == Topology::pd ? "decode" : "colocated", index);
+}
+
+// Every completion equal to the reference, bit for bit (tokens, text, the
+// hash of every step's logits, the final logits row).
 inline void check_identical(const std::vector<Completion>& ref, const std::vector<Completion>& got,
                             const std::string& what) {
   REQUIRE(ref.size() == got.size());
@@ -28,10 +42,12 @@ inline void check_identical(const std::vector<Completion>& ref, const std::vecto
     CAPTURE(i);
     REQUIRE_MESSAGE(got[i].error.ok(), got[i].error.to_string());
     const bool same = got[i].tokens == ref[i].tokens && got[i].text == ref[i].text &&
+                      got[i].logits_hashes == ref[i].logits_hashes &&
                       got[i].finish_reason == ref[i].finish_reason &&
                       same_bits(got[i].logits, ref[i].logits);
     if (!same && ++mismatches <= 3) {
       CHECK(got[i].tokens == ref[i].tokens);
+      CHECK(got[i].logits_hashes == ref[i].logits_hashes);
       CHECK(got[i].text == ref[i].text);
       CHECK(got[i].finish_reason == ref[i].finish_reason);
       CHECK(same_bits(got[i].logits, ref[i].logits));

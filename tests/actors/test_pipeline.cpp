@@ -162,18 +162,9 @@ struct Collector {
     return [this, id](const msg::StreamEvent& e) {
       std::lock_guard<std::mutex> lock(mu);
       Completion& c = partial[id];
-      if (e.kind == msg::StreamEvent::Kind::token) {
-        c.tokens.push_back(e.token);
-        c.text += e.text;
+      if (!fold_event(c, e, 0)) {
         ++tokens;
       } else {
-        if (e.kind == msg::StreamEvent::Kind::finished) {
-          c.text += e.text;
-          c.finish_reason = e.finish_reason;
-          c.logits = e.logits;
-        } else {
-          c.error = e.error;
-        }
         CHECK_MESSAGE(done.count(id) == 0, "second final event for request " << id);
         done[id] = c;
         done_at[id] = Clock::now();
@@ -294,8 +285,8 @@ TEST_CASE("pipeline failure: a decode actor killed mid-generation, its sequences
     Collector col;
     for (const auto& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
     REQUIRE(col.wait_tokens(requests.size() * 4, std::chrono::seconds(60)));
-    REQUIRE(p->kill_decode_actor(0).ok());
-    CHECK(p->kill_decode_actor(0).code() == Code::not_found);
+    REQUIRE(kill_decoder(*p, 0).ok());
+    CHECK(kill_decoder(*p, 0).code() == Code::not_found);
     REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(120)));
     std::vector<Completion> got;
     {
@@ -327,8 +318,8 @@ TEST_CASE("pipeline failure: with no decode actor left every request fails unava
   Collector col;
   for (const auto& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
   REQUIRE(col.wait_tokens(requests.size() * 2, std::chrono::seconds(60)));
-  REQUIRE(p->kill_decode_actor(0).ok());
-  REQUIRE(p->kill_decode_actor(1).ok());
+  REQUIRE(kill_decoder(*p, 0).ok());
+  REQUIRE(kill_decoder(*p, 1).ok());
   const auto killed = Clock::now();
   // New requests right after: refused, or admitted and failed, as unavailable.
   auto late = long_requests(m, 5, 9500);
@@ -458,7 +449,7 @@ TEST_CASE("pipeline: a corrupt Cap'n Proto message gets a typed error and the ac
   for (const char* kind : {"prefill", "decode", "router", "kv_store"}) {
     for (const codec::Bytes* bytes : {&truncated, &garbage, &wrong_kind}) {
       CAPTURE(kind);
-      Status st = p->send_raw_for_test(kind, 0, *bytes);
+      Status st = hooks(*p).send_raw(kind, 0, *bytes);
       CHECK_FALSE(st.ok());
       CHECK_MESSAGE((st.code() == Code::corruption || st.code() == Code::invalid_argument),
                     st.to_string());
@@ -686,4 +677,111 @@ TEST_CASE("stage core: resume keys of an image request are the keys its engine g
   const auto text_keys = resume_kv_keys(r.prompt, generated, e.model_fingerprint(), e.kv_layout());
   CHECK_FALSE(text_keys[0] == keys[0]);
   CHECK(text_keys[2] != keys[2]);
+}
+
+namespace {
+
+// The stage that produced a request's tokens ("colocated/1").
+std::string stage_of(const Completion& c) {
+  std::string out;
+  for (const auto& [origin, t] : c.stages)
+    if (t.tokens > 0) out = origin;
+  return out;
+}
+
+GenerateRequest greedy(std::vector<int32_t> prompt, uint64_t id, int32_t max_tokens) {
+  GenerateRequest r;
+  r.prompt = std::move(prompt);
+  r.request_id = id;
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  return r;
+}
+
+// R0 (long) runs on one stage while R1 (a 128-token shared prefix) is
+// placed; then, with both done and every stage idle, R2 shares R1's prefix.
+// Returns the stages of R0, R1 and R2 and the prefix tokens R2's stage
+// reused.
+struct PrefixRun {
+  std::string r0, r1, r2;
+  uint64_t prefix_hit_tokens = 0;
+};
+PrefixRun run_shared_prefix(const Model& m, const PlacementConfig& placement) {
+  PipelineOptions o = base_options(Topology::colocated, 0, 0, 2);
+  o.placement = placement;
+  auto p = make_pipeline(m, o);
+  std::vector<int32_t> prefix = {1};
+  for (int i = 1; i < 128; ++i) prefix.push_back(100 + (i * 37) % 3000);
+  auto with = [&](std::vector<int32_t> tail) {
+    std::vector<int32_t> v = prefix;
+    v.insert(v.end(), tail.begin(), tail.end());
+    return v;
+  };
+  Collector col;
+  REQUIRE(p->submit(greedy({1, 5000, 5001, 5002}, 1, 120), col.callback(1)).ok());
+  REQUIRE(col.wait_tokens(1, std::chrono::seconds(60)));  // R0 is on its stage
+  auto r1 = run_all(*p, {greedy(with({7, 8, 9}), 2, 2)});
+  REQUIRE(col.wait_done(1, std::chrono::seconds(120)));
+  const auto before = p->stats();
+  auto r2 = run_all(*p, {greedy(with({40, 41, 42, 43}), 3, 2)});
+  PrefixRun out;
+  {
+    std::lock_guard<std::mutex> lock(col.mu);
+    out.r0 = stage_of(col.done.at(1));
+  }
+  out.r1 = stage_of(r1.at(0));
+  out.r2 = stage_of(r2.at(0));
+  const auto after = p->stats();
+  out.prefix_hit_tokens =
+      sum_counter(after, out.r2, "prefix_hit_tokens") - sum_counter(before, out.r2, "prefix_hit_tokens");
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("router policies with real actors: round robin alternates, least loaded fills the first") {
+  const Model& m = model(small_dense());
+  for (const char* name : {"round_robin", "least_loaded"}) {
+    CAPTURE(name);
+    PipelineOptions o = base_options(Topology::pd, 2, 2);
+    o.placement.policy = name;
+    auto p = make_pipeline(m, o);
+    std::vector<std::string> prefill, decode;
+    for (uint64_t id = 1; id <= 6; ++id) {  // one at a time: every stage idle at each placement
+      auto c = run_all(*p, {greedy({1, int32_t(300 + id), 301, 302}, id, 3)}).at(0);
+      REQUIRE(c.error.ok());
+      for (const auto& [origin, t] : c.stages) {
+        if (origin.rfind("prefill/", 0) == 0) prefill.push_back(origin);
+        if (origin.rfind("decode/", 0) == 0) decode.push_back(origin);
+      }
+    }
+    const std::vector<std::string> alternating = {"/0", "/1", "/0", "/1", "/0", "/1"};
+    REQUIRE(prefill.size() == 6);
+    REQUIRE(decode.size() == 6);
+    for (size_t i = 0; i < 6; ++i) {
+      const std::string want = std::string(name) == "round_robin" ? alternating[i] : "/0";
+      CHECK(prefill[i] == "prefill" + want);
+      CHECK(decode[i] == "decode" + want);
+    }
+  }
+}
+
+TEST_CASE("router policies with real actors: kv_aware sends a repeated long prefix to the stage that holds it") {
+  const Model& m = model(small_dense());
+  PlacementConfig kv;
+  kv.policy = "kv_aware";
+  const PrefixRun k = run_shared_prefix(m, kv);
+  CHECK(k.r0 == "colocated/0");
+  CHECK(k.r1 == "colocated/1");  // stage 0 was busy with R0
+  CHECK(k.r2 == k.r1);           // both idle now: the stage holding the prefix
+  CHECK(k.prefix_hit_tokens >= 112);  // 7 of the 8 prefix blocks at least were reused
+  PlacementConfig ll;
+  ll.policy = "least_loaded";
+  const PrefixRun l = run_shared_prefix(m, ll);
+  CHECK(l.r1 == "colocated/1");
+  CHECK(l.r2 == "colocated/0");  // blind to the prefix: the idle lowest stage
+  CHECK(l.prefix_hit_tokens == 0);
+  MESSAGE("kv_aware reused " << k.prefix_hit_tokens << " prefix tokens on " << k.r2
+                             << "; least_loaded " << l.prefix_hit_tokens << " on " << l.r2);
 }

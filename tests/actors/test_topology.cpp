@@ -10,6 +10,7 @@
 #include <fstream>
 #include <unistd.h>
 
+#include "actors/actor_kind.h"
 #include "actors/topology.h"
 
 using namespace cleave;
@@ -62,7 +63,7 @@ node { name = "d-1", host = "10.0.0.2", port = param("d_port", 0), threads = 8,
        device = "cuda:1", actors = { decode = 3 } }
 )";
   ClusterSpec c = load_ok(script, {{"head_port", "7100"}, {"d_port", "7101"}});
-  CHECK(c.router_policy == "round_robin");
+  CHECK(c.placement.policy == "round_robin");
   CHECK(c.max_pending == 512);
   CHECK(c.request_timeout_s == 30);
   CHECK(c.heartbeat_interval_s == 0.05);
@@ -79,7 +80,7 @@ node { name = "d-1", host = "10.0.0.2", port = param("d_port", 0), threads = 8,
   CHECK(h.device == "cpu");
   CHECK(h.line == 3);
   REQUIRE(h.actors.size() == 2);
-  CHECK(h.actors[0].kind == "prefill");  // kActorKinds order, not the table's
+  CHECK(h.actors[0].kind == "prefill");  // kActorKindTable order, not the script's
   CHECK(h.actors[0].count == 1);
   CHECK(h.actors[1].kind == "kv_store");
   CHECK(h.actors[1].line == 3);
@@ -104,13 +105,13 @@ node { name = "d-1", host = "10.0.0.2", port = param("d_port", 0), threads = 8,
   CHECK(c.find("d1") == nullptr);
   CHECK(c.count("decode") == 3);
   CHECK(c.count("prefill") == 1);
-  CHECK(c.count("expert") == 0);
+  CHECK(c.count("vision_encoder") == 0);
 }
 
 TEST_CASE("fields left out take their defaults") {
   ClusterSpec c = load_ok("node { name = 'solo', head = true, actors = { colocated = 1 } }");
   ClusterSpec defaults;
-  CHECK(c.router_policy == defaults.router_policy);
+  CHECK(c.placement.policy == defaults.placement.policy);
   CHECK(c.max_pending == defaults.max_pending);
   CHECK(c.request_timeout_s == defaults.request_timeout_s);
   CHECK(c.heartbeat_interval_s == defaults.heartbeat_interval_s);
@@ -146,23 +147,67 @@ for i = 0, 3 do decoder(i, i % 2 + 1) end
   CHECK(c.count("prefill") == 2);
 }
 
-TEST_CASE("experts placed round-robin over nodes by a loop") {
-  const std::string script = R"(local hosts = { "e0", "e1", "e2" }
-local experts = {}
+TEST_CASE("decoders placed round-robin over nodes by a loop") {
+  const std::string script = R"(local hosts = { "d0", "d1", "d2" }
+local decoders = {}
 for e = 0, 7 do
   local h = hosts[e % #hosts + 1]
-  experts[h] = (experts[h] or 0) + 1
+  decoders[h] = (decoders[h] or 0) + 1
 end
-node { name = "head", head = true, actors = { attention = 1 } }
-for _, h in ipairs(hosts) do node { name = h, actors = { expert = experts[h] } } end
+node { name = "head", head = true, actors = { prefill = 1 } }
+for _, h in ipairs(hosts) do node { name = h, actors = { decode = decoders[h] } } end
 )";
   ClusterSpec c = load_ok(script);
   REQUIRE(c.nodes.size() == 4);
-  CHECK(c.nodes[1].count("expert") == 3);
-  CHECK(c.nodes[2].count("expert") == 3);
-  CHECK(c.nodes[3].count("expert") == 2);
-  CHECK(c.count("expert") == 8);
-  CHECK(c.count("attention") == 1);
+  CHECK(c.nodes[1].count("decode") == 3);
+  CHECK(c.nodes[2].count("decode") == 3);
+  CHECK(c.nodes[3].count("decode") == 2);
+  CHECK(c.count("decode") == 8);
+  CHECK(c.count("prefill") == 1);
+}
+
+TEST_CASE("kinds not implemented yet are refused with the implemented ones") {
+  for (const char* kind : kPlannedActorKinds) {
+    CAPTURE(kind);
+    const std::string script = std::string("node { name = \"head\", head = true, actors = { colocated = 1, ") +
+                               kind + " = 1 } }\n";
+    auto r = load_topology_string(script, "t.lua");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == Code::invalid_argument);
+    const std::string m = r.status().message();
+    CHECK_MESSAGE(m.find(std::string("actor kind '") + kind + "' is not implemented yet") != std::string::npos, m);
+    CHECK_MESSAGE(m.find(actor_kind_list()) != std::string::npos, m);
+    CHECK_MESSAGE(m.find("t.lua:1:") != std::string::npos, m);
+  }
+}
+
+TEST_CASE("router: a policy name or a table with kv_aware weights") {
+  const std::string head = "node { name = \"head\", head = true, actors = { colocated = 2 } }\n";
+  for (const char* name : kPlacementPolicies) {
+    auto c = load_ok(head + "cluster { router = \"" + name + "\" }\n");
+    CHECK(c.placement.policy == name);
+  }
+  auto kv = load_ok(head + "cluster { router = { policy = \"kv_aware\", prefill_weight = 4, decode_weight = 0.5 } }\n");
+  CHECK(kv.placement.policy == "kv_aware");
+  CHECK(kv.placement.prefill_weight == 4.0);
+  CHECK(kv.placement.decode_weight == 0.5);
+  CHECK(topology_summary(kv).find("kv_aware (prefill_weight 4, decode_weight 0.5)") != std::string::npos);
+  struct Bad {
+    const char* cluster;
+    const char* message;
+  };
+  for (const Bad& b : {Bad{"router = \"fastest\"", "unknown router policy 'fastest'"},
+                       Bad{"router = { policy = \"round_robin\", prefill_weight = 2 }",
+                           "prefill_weight applies to policy kv_aware only"},
+                       Bad{"router = { policy = \"kv_aware\", decode_weight = -1 }", "decode_weight must be"},
+                       Bad{"router = { prefill_weight = 1 }", "needs policy"},
+                       Bad{"router = { policy = \"kv_aware\", speed = 1 }", "speed"},
+                       Bad{"router = 3", "field 'router' must be"}}) {
+    CAPTURE(b.cluster);
+    auto r = load_topology_string(head + "cluster { " + b.cluster + " }\n", "r.lua");
+    REQUIRE_FALSE(r.ok());
+    CHECK_MESSAGE(r.status().message().find(b.message) != std::string::npos, r.status().message());
+  }
 }
 
 TEST_CASE("param converts --set values to the type of its default") {
@@ -221,6 +266,8 @@ TEST_CASE("zero or negative counts and capacities are refused") {
                "at most one kv_store per node (got 2)");
   expect_error(kHead + "node { name = 'kv', actors = { decode = 1 }, kv = { tier0 = MiB } }", 2,
                "kv{} is set but the node has no kv_store actor");
+  expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1, decode = 1 } }", 2,
+               "node 'kv' is not the head: a kv_store on a worker is not implemented yet");
 }
 
 TEST_CASE("bad values and wrong types name the field") {

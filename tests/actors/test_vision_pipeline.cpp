@@ -211,19 +211,11 @@ TEST_CASE("vision pipeline failure: a killed encoder's requests finish on anothe
     REQUIRE(p->submit(r, [&d, id](const msg::StreamEvent& e) {
                 std::lock_guard<std::mutex> lock(d.mu);
                 Completion& c = d.partial[id];
-                if (e.kind == msg::StreamEvent::Kind::token) {
-                  c.tokens.push_back(e.token);
-                  c.text += e.text;
-                  return;
-                }
-                c.text += e.text;
-                c.finish_reason = e.finish_reason;
-                c.logits = e.logits;
-                c.error = e.kind == msg::StreamEvent::Kind::failed ? e.error : Status::Ok();
+                if (!fold_event(c, e, 0)) return;
                 d.done[id] = c;
                 d.cv.notify_all();
               }).ok());
-    if (r.request_id == 3005) REQUIRE(p->kill_vision_actor(0).ok());  // with work queued behind it
+    if (r.request_id == 3005) REQUIRE(hooks(*p).kill_actor("vision_encoder", 0).ok());  // with work queued behind it
   }
   {
     std::unique_lock<std::mutex> lock(d.mu);
@@ -251,10 +243,10 @@ TEST_CASE("vision pipeline failure: a killed encoder's requests finish on anothe
   CHECK(failed == 0);  // one encoder is left for them
   MESSAGE("killed encoder: " << router->get("encode_replacements") << " requests re-placed, "
                              << identical << " identical, " << failed << " failed");
-  CHECK(p->kill_vision_actor(0).code() == Code::not_found);
+  CHECK(hooks(*p).kill_actor("vision_encoder", 0).code() == Code::not_found);
 
   // No encoder left: image requests are refused at once, text still runs.
-  REQUIRE(p->kill_vision_actor(1).ok());
+  REQUIRE(hooks(*p).kill_actor("vision_encoder", 1).ok());
   for (int tries = 0; p->alive("vision_encoder") > 0 && tries < 200; ++tries)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   auto more = image_requests(8, 4000);
@@ -293,12 +285,12 @@ TEST_CASE("vision pipeline: bad image input gets typed errors and fails only its
   CHECK_FALSE(called);
 
   // Corrupt and foreign bytes sent straight to an encoder.
-  CHECK(p->send_raw_for_test("vision_encoder", 0, {'x', 'y', 'z', 0, 0, 0, 0, 0}).code() ==
+  CHECK(hooks(*p).send_raw("vision_encoder", 0, {'x', 'y', 'z', 0, 0, 0, 0, 0}).code() ==
         Code::corruption);
   msg::KvGet other;
-  CHECK(p->send_raw_for_test("vision_encoder", 0, codec::encode(other)).code() ==
+  CHECK(hooks(*p).send_raw("vision_encoder", 0, codec::encode(other)).code() ==
         Code::invalid_argument);
-  CHECK(p->send_raw_for_test("vision_encoder", 3, codec::encode(other)).code() == Code::not_found);
+  CHECK(hooks(*p).send_raw("vision_encoder", 3, codec::encode(other)).code() == Code::not_found);
   const auto stats = p->stats();
   CHECK(find_stats(stats, "vision_encoder/0")->get("bad_messages") == 2);
 

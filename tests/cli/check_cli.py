@@ -167,12 +167,12 @@ if CLIP_DUMP:
     reqs = os.path.join(WORK, "requests.jsonl")
     with open(reqs, "w") as f:
         f.write(json.dumps({"id": 7, "prompt": "Hello", "images": [png], "max_tokens": 5,
-                            "ignore_eos": True}) + "\n")
+                            "ignore_eos": True, "temperature": 0}) + "\n")
         f.write(json.dumps({"id": 8, "prompt_ids": [1, 15043, 3186], "max_tokens": 5,
-                            "ignore_eos": True}) + "\n")
+                            "ignore_eos": True, "temperature": 0}) + "\n")
     res = os.path.join(WORK, "results.jsonl")
     rc, out, err = run("generate", "-m", model, "--mmproj", mmproj, "--requests", reqs, "--out", res,
-                       "--temp", "0", "-t", "1")
+                       "-t", "1")
     got = {}
     if rc == 0:
         with open(res) as f:
@@ -191,7 +191,7 @@ if CLIP_DUMP:
                j4.get("generated_ids") == j.get("generated_ids") and
                any("vision_encoder" in k for k in j4.get("stages", {})), out4 + err4)
     rc5, out5, err5 = run("generate", "-m", model, "--mmproj", mmproj, "--requests", reqs, "--out", res,
-                          "--temp", "0", "-t", "1", "--topology", "pd")
+                          "-t", "1", "--topology", "pd")
     got5 = {}
     if rc5 == 0:
         with open(res) as f:
@@ -249,6 +249,65 @@ expect_error("topology: --set without =", ["topology", "check", bad_topo, "--set
 expect_error("topology: --set value of the wrong type",
              ["topology", "check", os.path.join(examples, "one_process.lua"), "--set", "head_port=x"],
              1, "one_process.lua:", "--set head_port=x is not a number")
+
+# Every setting has effect or is refused: kinds not implemented yet, a
+# device the node cannot run on, request flags that --requests would ignore,
+# JSONL fields nobody reads.
+for kind in ("attention", "expert", "stage"):
+    with open(bad_topo, "w") as f:
+        f.write("node { name = 'h', head = true, actors = { colocated = 1, %s = 2 } }\n" % kind)
+    expect_error("topology: " + kind + " is refused", ["topology", "check", bad_topo], 1, "bad_topo.lua:1:",
+                 "actor kind '%s' is not implemented yet" % kind,
+                 "prefill, decode, colocated, kv_store, vision_encoder")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, device = 'cuda:3', actors = { colocated = 1 } }\n")
+rc, out, err = run("node", "--topology", bad_topo, "--name", "h", "-m", model)
+last = (err.strip().splitlines() or [""])[-1]
+expect("node: device cuda:3 is refused at start, naming it",
+       rc == 1 and last.startswith("cleave: error: ") and "node 'h': device cuda:3: " in last and
+       "listening" not in out, f"rc={rc} {out} {err}")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1 } }\n"
+            "cluster { router = { policy = 'round_robin', decode_weight = 2 } }\n")
+expect_error("topology: weights only for kv_aware", ["topology", "check", bad_topo], 1, "bad_topo.lua:2:",
+             "decode_weight applies to policy kv_aware only")
+expect_error("--prefill-actors without pd", ["generate", "-m", model, "-p", "x", "--prefill-actors", "2"], 2,
+             "--prefill-actors", "needs --topology pd")
+expect_error("--decode-actors with colocated", ["generate", "-m", model, "-p", "x", "--topology", "colocated",
+                                                "--decode-actors", "2"], 2, "--decode-actors", "needs --topology pd")
+expect_error("--vision-actors without --mmproj", ["generate", "-m", model, "-p", "x", "--topology", "pd",
+                                                  "--vision-actors", "2"], 2, "--vision-actors", "needs --mmproj")
+one_req = os.path.join(WORK, "one.jsonl")
+with open(one_req, "w") as f:
+    f.write(json.dumps({"id": 1, "prompt_ids": [1, 2, 3], "max_tokens": 2}) + "\n")
+for flag in (["--temp", "0"], ["-n", "4"], ["--seed", "3"], ["--ignore-eos"], ["--ubatch-size", "8"]):
+    expect_error("--requests refuses " + flag[0], ["generate", "-m", model, "--requests", one_req, *flag], 2,
+                 flag[0], "each line sets its own")
+with open(one_req, "w") as f:
+    f.write(json.dumps({"id": 1, "prompt_ids": [1, 2, 3], "max_token": 2}) + "\n")
+expect_error("--requests: an unknown field is refused", ["generate", "-m", model, "--requests", one_req], 1,
+             "one.jsonl:1:", "unknown field \"max_token\"")
+# One file, the same defaults: generate --requests and a node head give the
+# same tokens and logits hashes for lines that set nothing but id, prompt
+# and max_tokens.
+with open(one_req, "w") as f:
+    for i in range(4):
+        f.write(json.dumps({"id": 10 + i, "prompt_ids": [1, 400 + i, 500, 600], "max_tokens": 6}) + "\n")
+gen_out, node_out = os.path.join(WORK, "gen_out.jsonl"), os.path.join(WORK, "node_out.jsonl")
+rc_g, _, err_g = run("generate", "-m", model, "--requests", one_req, "--out", gen_out, "-t", "1")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1 } }\n")
+rc_n, _, err_n = run("node", "--topology", bad_topo, "--name", "h", "-m", model, "--requests", one_req,
+                     "--out", node_out)
+def results(path):
+    if not os.path.exists(path):
+        return {}
+    with open(path) as f:
+        return {r["id"]: (r["tokens"], r["logits_hash"]) for r in map(json.loads, f)}
+g_res, n_res = results(gen_out), results(node_out)
+expect("generate --requests and node --requests read one file alike",
+       rc_g == 0 and rc_n == 0 and len(g_res) == 4 and g_res == n_res and
+       all(len(t) == 6 and len(h) == 6 for t, h in g_res.values()), err_g + err_n + str(g_res) + str(n_res))
 
 print(f"cli: {len(failures)} failed")
 sys.exit(1 if failures else 0)

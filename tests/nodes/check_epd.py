@@ -153,7 +153,7 @@ try:
                    ["--name", "encoder", "--set", "prefill_port=1"], "vision_encoder", "--mmproj")
     one_line_error("image requests on a head without --mmproj",
                    ["--name", "prefill", "--requests", req_path, "--out", req_path + ".out"],
-                   "requests.jsonl:1", "images need --mmproj")
+                   "requests.jsonl:1", "\"images\" need a vision encoder (--mmproj)")
 
     # ---- E/P/D on 3 processes gives the one-process tokens ----------------------
     out = os.path.join(WORK, "epd.jsonl")

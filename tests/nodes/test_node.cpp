@@ -24,7 +24,7 @@ cluster { secret_env = "CLEAVE_TEST_NODE_SECRET" }
 node { name = "head", head = true, port = param("head_port", 0), actors = { kv_store = 1 } }
 node { name = "p0", threads = 1, actors = { prefill = 1 } }
 node { name = "d0", threads = 1, actors = { decode = 1 } }
-node { name = "x0", actors = { expert = 2 } }
+node { name = "g0", device = "cuda:0", actors = { decode = 1 } }
 )";
 
 ClusterSpec spec_with_head_port(int port) {
@@ -100,7 +100,7 @@ TEST_CASE("read_cluster_secret: the file wins over the environment and bad files
   fs::remove_all(dir);
 }
 
-TEST_CASE("Node::start: unknown node and worker without the head port and unknown kinds are typed errors") {
+TEST_CASE("Node::start: unknown node, worker without the head port and a device it cannot run on are typed errors") {
   auto unknown = Node::start(options_for("nope", 0, std::nullopt));
   CHECK(unknown.status().code() == Code::invalid_argument);
   CHECK(unknown.status().message().find("'nope'") != std::string::npos);
@@ -110,9 +110,14 @@ TEST_CASE("Node::start: unknown node and worker without the head port and unknow
   CHECK(no_port.status().code() == Code::invalid_argument);
   CHECK(no_port.status().message().find("port 0") != std::string::npos);
 
-  auto expert = Node::start(options_for("x0", 1, std::nullopt));
-  CHECK(expert.status().code() == Code::unsupported);
-  CHECK(expert.status().message().find("expert") != std::string::npos);
+  // device = "cuda:0": refused at start, before the node joins, naming the
+  // device (no GPU or no CUDA backend here: unavailable; on a GPU machine
+  // the engine cannot run there yet: unsupported). Never ignored.
+  auto gpu = Node::start(options_for("g0", 1, std::nullopt));
+  REQUIRE_FALSE(gpu.ok());
+  CHECK((gpu.status().code() == Code::unavailable || gpu.status().code() == Code::unsupported));
+  CHECK_MESSAGE(gpu.status().message().find("node 'g0': device cuda:0: ") == 0, gpu.status().message());
+  CHECK(gpu.status().message().find("127.0.0.1:1") == std::string::npos);  // it never dialled the head
 
   NodeOptions no_model = options_for("head", 0, std::nullopt);
   no_model.file = nullptr;

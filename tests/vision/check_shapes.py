@@ -66,7 +66,8 @@ def main():
         for prompt, answer in tasks:
             rid = len(requests)
             # Answers are at most 16 words; EOS ends them.
-            requests.append({"id": rid, "prompt": prompt, "images": [png], "max_tokens": 24})
+            requests.append({"id": rid, "prompt": prompt, "images": [png], "max_tokens": 24,
+                             "temperature": 0})
             expected.append((i, prompt, answer))
     req_path = os.path.join(a.workdir, "requests.jsonl")
     out_path = os.path.join(a.workdir, "results.jsonl")
@@ -75,7 +76,7 @@ def main():
             f.write(json.dumps(r) + "\n")
 
     cmd = [a.cleave, "generate", "-m", a.lm, "--mmproj", a.mmproj, "--requests", req_path,
-           "--out", out_path, "--temp", "0"]
+           "--out", out_path]
     if a.threads:
         cmd += ["-t", str(a.threads)]
     if a.topology != "mono":

@@ -1,0 +1,59 @@
+// The kinds of actor a node can host: one enum, one name table. Adding a
+// kind: its own actor file, one row here, one registration in
+// actors/actor_set.cpp (docs/ARCHITECTURE.md, "Adding an actor kind").
+// No CAF here: the topology loader and the CLI use it too.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+namespace cleave {
+
+enum class ActorKind : uint8_t { prefill, decode, colocated, kv_store, vision_encoder };
+
+struct ActorKindInfo {
+  ActorKind kind;
+  const char* name;
+  bool stage;       // owns an engine and serves requests (a StageCore)
+  bool entry;       // takes new requests from the router
+  bool continues;   // takes hand-offs (requests whose first tokens ran elsewhere)
+};
+
+inline constexpr std::array<ActorKindInfo, 5> kActorKindTable = {{
+    {ActorKind::prefill, "prefill", true, true, false},
+    {ActorKind::decode, "decode", true, false, true},
+    {ActorKind::colocated, "colocated", true, true, true},
+    {ActorKind::kv_store, "kv_store", false, false, false},
+    {ActorKind::vision_encoder, "vision_encoder", false, false, false},
+}};
+
+// Kinds the design names that later work implements: refused by the
+// topology loader with the list of the implemented ones.
+inline constexpr std::array<const char*, 3> kPlannedActorKinds = {"attention", "expert", "stage"};
+
+inline const ActorKindInfo& actor_kind_info(ActorKind k) { return kActorKindTable[size_t(k)]; }
+inline const char* actor_kind_name(ActorKind k) { return actor_kind_info(k).name; }
+
+inline std::optional<ActorKind> parse_actor_kind(std::string_view name) {
+  for (const ActorKindInfo& i : kActorKindTable)
+    if (name == i.name) return i.kind;
+  return std::nullopt;
+}
+
+// "prefill, decode, colocated, kv_store, vision_encoder"
+inline std::string actor_kind_list() {
+  std::string s;
+  for (const ActorKindInfo& i : kActorKindTable) s += (s.empty() ? "" : ", ") + std::string(i.name);
+  return s;
+}
+
+static_assert([] {
+  for (size_t i = 0; i < kActorKindTable.size(); ++i)
+    if (size_t(kActorKindTable[i].kind) != i) return false;
+  return true;
+}(), "kActorKindTable rows are in enum order");
+
+}  // namespace cleave

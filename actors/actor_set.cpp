@@ -1,0 +1,186 @@
+#include "actors/actor_set.h"
+
+#include "schema/codec.h"
+
+namespace cleave::actors {
+
+// ---- Status <-> caf::error ----
+
+const caf::atom_value kCleaveCategory = caf::atom("cleave");
+
+caf::error to_error(const Status& st) {
+  return caf::error(static_cast<uint8_t>(st.code()), kCleaveCategory, caf::make_message(st.message()));
+}
+
+Status from_error(const caf::error& e) {
+  if (!e) return Status::Ok();
+  if (e.category() == kCleaveCategory) {
+    std::string what;
+    if (e.context().match_elements<std::string>()) what = e.context().get_as<std::string>(0);
+    return Status(static_cast<Code>(e.code()), what);
+  }
+  if (e.category() == caf::atom("system")) {
+    auto sec = static_cast<caf::sec>(e.code());
+    if (sec == caf::sec::request_timeout) return Status(Code::timed_out, "actor request timed out");
+    return Status(Code::unavailable, "actor system: " + caf::to_string(sec));
+  }
+  return Status(Code::unavailable, "actor error " + std::to_string(e.code()) + " in category " +
+                                       caf::to_string(e.category()));
+}
+
+bool is_receiver_down(const caf::error& e) {
+  return e.category() == caf::atom("system") &&
+         static_cast<caf::sec>(e.code()) == caf::sec::request_receiver_down;
+}
+
+Bytes encode_stats(std::string actor, std::vector<std::pair<std::string, uint64_t>> counters) {
+  msg::Stats s;
+  s.actor = std::move(actor);
+  s.counters = std::move(counters);
+  return codec::encode(s);
+}
+
+void configure_workers(caf::actor_system_config& config, int32_t threads) {
+  if (threads > 0) config.set("scheduler.max-threads", size_t(threads));
+  // Idle CAF workers poll (by default 100 busy polls, then 500 polls 50 us
+  // apart) before they sleep on a condition variable that a new job wakes
+  // at once. On a machine whose cores run the engines' threads, that
+  // polling steals the cores every parallel step waits on; poll briefly
+  // and sleep instead (no added latency: enqueue wakes the sleeper).
+  config.set("work-stealing.aggressive-poll-attempts", size_t(10));
+  config.set("work-stealing.moderate-poll-attempts", size_t(0));
+}
+
+// ---- the wiring path ----
+
+Attach attach_to_router(caf::actor_system& system, const router_actor& router) {
+  auto call = [&system, router](auto&& kind, auto&& handle) {
+    caf::scoped_actor self{system};
+    Status st;
+    self->request(router, kClientTimeout, attach_atom::value, kind, handle)
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    return st;
+  };
+  Attach a;
+  a.stage = [call](const std::string& kind, const stage_actor& h) { return call(kind, h); };
+  a.encoder = [call](const vision_encoder_actor& h) { return call(std::string("vision_encoder"), h); };
+  return a;
+}
+
+Status ActorSet::spawn(HostedActors hosted, const std::string& name_prefix, const router_actor& router,
+                       const kv_store_actor& kv, const KvStreamOptions& stream, const Attach& attach) {
+  for (auto& [kind, core] : hosted.stages) {
+    auto handle = spawn_stage(system_, std::move(core), kind, router, kv, stream);
+    stages_.push_back(Stage{kind, handle});
+    Status st = attach.stage(actor_kind_name(kind), handle);
+    if (!st.ok())
+      return Status(st.code(), std::string("attaching ") + actor_kind_name(kind) + ": " + st.message());
+  }
+  for (size_t i = 0; i < hosted.encoders.size(); ++i) {
+    auto handle = spawn_vision_encoder(system_, std::move(hosted.encoders[i]),
+                                       name_prefix + "vision_encoder/" + std::to_string(i));
+    encoders_.push_back(Encoder{handle});
+    Status st = attach.encoder(handle);
+    if (!st.ok()) return Status(st.code(), "attaching vision_encoder: " + st.message());
+  }
+  return Status::Ok();
+}
+
+void collect_stats(caf::scoped_actor& self, const caf::actor& handle, std::vector<msg::Stats>& out) {
+  self->request(handle, kClientTimeout, stats_atom::value)
+      .receive(
+          [&](const Bytes& b) {
+            auto s = codec::decode_as<msg::Stats>(b);
+            if (s.ok()) out.push_back(std::move(s.value()));
+          },
+          [](caf::error&) {});
+}
+
+void ActorSet::collect_stats(std::vector<msg::Stats>& out) {
+  caf::scoped_actor self{system_};
+  for (auto& s : stages_) actors::collect_stats(self, s.handle, out);
+  for (auto& e : encoders_) actors::collect_stats(self, e.handle, out);
+}
+
+Status ActorSet::kill(const std::string& kind, int32_t index) {
+  auto down = [](auto& entry) {
+    if (entry.killed) return false;
+    entry.killed = true;
+    caf::anon_send_exit(entry.handle, caf::exit_reason::kill);
+    return true;
+  };
+  if (kind == "vision_encoder") {
+    if (index >= 0 && index < int32_t(encoders_.size()) && down(encoders_[size_t(index)]))
+      return Status::Ok();
+  } else {
+    int32_t n = 0;
+    for (auto& s : stages_)
+      if (actor_kind_name(s.kind) == kind && n++ == index && down(s)) return Status::Ok();
+  }
+  return Status(Code::not_found, "no live " + kind + " actor " + std::to_string(index));
+}
+
+Status ActorSet::send_raw(const std::string& kind, int32_t index, const Bytes& bytes) {
+  caf::scoped_actor self{system_};
+  Status st;
+  auto on_error = [&](caf::error& e) { st = from_error(e); };
+  if (kind == "vision_encoder") {
+    if (index < 0 || index >= int32_t(encoders_.size()))
+      return Status(Code::not_found, "no vision_encoder actor " + std::to_string(index));
+    self->request(encoders_[size_t(index)].handle, kClientTimeout, encode_atom::value, bytes)
+        .receive([](const Bytes&) {}, on_error);
+    return st;
+  }
+  int32_t n = 0;
+  for (auto& s : stages_) {
+    if (actor_kind_name(s.kind) != kind || n++ != index) continue;
+    self->request(s.handle, kClientTimeout, submit_atom::value, bytes).receive([](bool) {}, on_error);
+    return st;
+  }
+  return Status(Code::not_found, "no " + kind + " actor " + std::to_string(index));
+}
+
+void ActorSet::stop() {
+  if (stages_.empty() && encoders_.empty() && services_.empty()) return;
+  {
+    caf::scoped_actor self{system_};
+    for (auto& s : stages_) self->send_exit(s.handle, caf::exit_reason::user_shutdown);
+    for (auto& e : encoders_) self->send_exit(e.handle, caf::exit_reason::user_shutdown);
+    for (auto& a : services_) self->send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  stages_.clear();
+  encoders_.clear();
+  services_.clear();
+}
+
+Status submit_to_router(caf::actor_system& system, const router_actor& router, EventSinks& sinks,
+                        GenerateRequest request, EventCallback on_event) {
+  const uint64_t id = request.request_id;
+  if (!sinks.add(id, std::move(on_event)))
+    return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
+  Status st;
+  caf::scoped_actor self{system};
+  self->request(router, kClientTimeout, submit_atom::value, codec::encode(request))
+      .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+  if (!st.ok()) sinks.remove(id);
+  return st;
+}
+
+std::vector<msg::Stats> collect_all_stats(caf::actor_system& system, const router_actor& router,
+                                          const kv_store_actor& kv, ActorSet& actors) {
+  std::vector<msg::Stats> out;
+  {
+    caf::scoped_actor self{system};
+    collect_stats(self, router, out);
+    collect_stats(self, kv, out);
+  }
+  actors.collect_stats(out);
+  return out;
+}
+
+void shutdown_router(caf::actor_system& system, const router_actor& router) {
+  caf::scoped_actor self{system};
+  self->request(router, kClientTimeout, shutdown_atom::value).receive([](bool) {}, [](caf::error&) {});
+}
+
+}  // namespace cleave::actors

@@ -1,0 +1,95 @@
+// Private to actors/*.cpp (CAF): the one wiring path. An ActorSet spawns a
+// process's stage and vision_encoder actors, attaches each to the router
+// (directly in one process, through the head's join actor on a node),
+// collects their counters, kills them for tests, and tears everything
+// down in one order: stages and encoders, then the services (router,
+// store, join, watchers). The in-process Pipeline, the head and every
+// worker use it.
+//
+// Adding an actor kind (docs/ARCHITECTURE.md): its own file with its
+// spawn function (actor_types.h), a row in actor_kind.h, and its
+// registration in ActorSet::spawn_group.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "actors/actor_types.h"
+#include "actors/event_sinks.h"
+#include "actors/hosted.h"
+
+namespace cleave::actors {
+
+// How a spawned actor joins the router: (kind name, handle) -> the answer.
+struct Attach {
+  std::function<Status(const std::string&, const stage_actor&)> stage;
+  std::function<Status(const vision_encoder_actor&)> encoder;
+};
+Attach attach_to_router(caf::actor_system& system, const router_actor& router);
+
+class ActorSet {
+ public:
+  explicit ActorSet(caf::actor_system& system) : system_(system) {}
+  ActorSet(const ActorSet&) = delete;
+  ActorSet& operator=(const ActorSet&) = delete;
+  ~ActorSet() { stop(); }
+
+  // Spawns what `hosted` holds (stages talk to router and kv) and attaches
+  // each; the first failed attach is returned.
+  Status spawn(HostedActors hosted, const std::string& name_prefix, const router_actor& router,
+               const kv_store_actor& kv, const KvStreamOptions& stream, const Attach& attach);
+  // Actors that go after the stages (router, store, join, watcher).
+  void add_service(caf::actor service) { services_.push_back(std::move(service)); }
+
+  // Every live actor's counters (stages, then encoders).
+  void collect_stats(std::vector<msg::Stats>& out);
+  int32_t size() const { return int32_t(stages_.size() + encoders_.size()); }
+
+  // Tests: exit_reason::kill for actor `index` of `kind`.
+  Status kill(const std::string& kind, int32_t index);
+  // Tests: bytes as the main message of actor `index` of `kind`.
+  Status send_raw(const std::string& kind, int32_t index, const Bytes& bytes);
+
+  // user_shutdown to every actor, stages and encoders first, then the
+  // services; drops every handle (a detached actor's thread ends only when
+  // its last handle is gone). Idempotent.
+  void stop();
+
+ private:
+  struct Stage {
+    ActorKind kind;
+    stage_actor handle;
+    bool killed = false;
+  };
+  struct Encoder {
+    vision_encoder_actor handle;
+    bool killed = false;
+  };
+  caf::actor_system& system_;
+  std::vector<Stage> stages_;
+  std::vector<Encoder> encoders_;
+  std::vector<caf::actor> services_;
+};
+
+// Registers the callback, then hands the request to the router (admission:
+// busy, unavailable or a typed error comes back, and the callback goes).
+Status submit_to_router(caf::actor_system& system, const router_actor& router, EventSinks& sinks,
+                        GenerateRequest request, EventCallback on_event);
+
+// Appends an actor's counters; a dead actor has none.
+void collect_stats(caf::scoped_actor& self, const caf::actor& handle, std::vector<msg::Stats>& out);
+template <class Handle>
+void collect_stats(caf::scoped_actor& self, const Handle& handle, std::vector<msg::Stats>& out) {
+  collect_stats(self, caf::actor_cast<caf::actor>(handle), out);
+}
+
+// The router's, the store's, then every actor of the set.
+std::vector<msg::Stats> collect_all_stats(caf::actor_system& system, const router_actor& router,
+                                          const kv_store_actor& kv, ActorSet& actors);
+
+// Asks the router to end every admitted request (aborted) before the
+// actors go.
+void shutdown_router(caf::actor_system& system, const router_actor& router);
+
+}  // namespace cleave::actors

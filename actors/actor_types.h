@@ -1,0 +1,200 @@
+// Private to actors/*.cpp (it includes CAF): the typed-actor interfaces,
+// atoms, timeouts and Status <-> caf::error conversion every actor file
+// shares, and the spawn functions of each actor kind (one file each).
+// Public headers never include this one.
+//
+// Messages are (atom, Cap'n Proto bytes) (schema/codec.h). Behaviours
+// unpack the bytes, call the plain class their state owns (StageCore,
+// TieredStore, VisionEncoder, PlacementPolicy), and turn Status into
+// caf::error (category "cleave", the Code as error code, the message as
+// context) or into stream events.
+//
+//   client --submit--> router --submit/handoff--> stage (prefill | decode | colocated)
+//   a request whose images lack embeddings goes first: router --encode-->
+//   vision_encoder, whose reply (the embeddings) the router puts into the
+//   request before it goes on to a stage
+//   stage --event--> router (token / finished / failed) --> client callback
+//   prefill --handoff (+ its kv_sender)--> router --handoff--> decode, and
+//   prefill --kv_put--> kv_store at the same time (the copy for re-placement)
+//   decode --kv_fetch--> its kv_receiver --kv_pull--> the prefill's kv_sender
+//   kv_sender --kv_chunk (acked, a bounded window in flight)--> kv_receiver
+//   decode resumes from the streamed blocks (or, when the stream fails, from
+//   --kv_get--> kv_store); --kv_put--> newly filled blocks
+#pragma once
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/actor_kind.h"
+#include "actors/kv_stream.h"
+#include "actors/placement.h"
+#include "common/status.h"
+#include "frontend/frontend.h"
+
+namespace cleave {
+
+class StageCore;
+class TieredStore;
+class VisionEncoder;
+class EventSinks;
+struct ClusterSpec;
+
+namespace actors {
+
+using Bytes = std::vector<char>;
+using Clock = std::chrono::steady_clock;
+
+using submit_atom = caf::atom_constant<caf::atom("submit")>;
+using handoff_atom = caf::atom_constant<caf::atom("handoff")>;
+using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using stats_atom = caf::atom_constant<caf::atom("stats")>;
+using event_atom = caf::atom_constant<caf::atom("event")>;
+using kv_put_atom = caf::atom_constant<caf::atom("kv_put")>;
+using kv_get_atom = caf::atom_constant<caf::atom("kv_get")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using attach_atom = caf::atom_constant<caf::atom("attach")>;
+using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+using kv_pull_atom = caf::atom_constant<caf::atom("kv_pull")>;
+using kv_chunk_atom = caf::atom_constant<caf::atom("kv_chunk")>;
+using kv_fetch_atom = caf::atom_constant<caf::atom("kv_fetch")>;
+using encode_atom = caf::atom_constant<caf::atom("encode")>;
+using kv_socket_atom = caf::atom_constant<caf::atom("kv_socket")>;
+using kv_done_atom = caf::atom_constant<caf::atom("kv_done")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+
+// Timeouts of every request between actors: nothing waits forever.
+constexpr auto kKvTimeout = std::chrono::seconds(10);
+constexpr auto kStageTimeout = std::chrono::seconds(30);
+constexpr auto kClientTimeout = std::chrono::seconds(10);
+constexpr auto kJoinTimeout = std::chrono::seconds(10);
+constexpr auto kTickInterval = std::chrono::milliseconds(200);
+// KV streams: a stream that makes no progress this long fails (the decoder
+// then reads the store); a whole fetch is bounded too; a prefill keeps a
+// finished request's KV for its decoder's pull this long.
+constexpr auto kKvStallTimeout = std::chrono::seconds(5);
+constexpr auto kKvFetchTimeout = std::chrono::seconds(30);
+constexpr auto kKvOutboxTtl = std::chrono::seconds(30);
+constexpr auto kKvOutboxSweep = std::chrono::seconds(1);
+constexpr uint64_t kKvMaxStreamBytes = uint64_t(1) << 30;
+
+using kv_store_actor = caf::typed_actor<caf::replies_to<kv_put_atom, Bytes>::with<Bytes>,
+                                        caf::replies_to<kv_get_atom, Bytes>::with<Bytes>,
+                                        caf::replies_to<stats_atom>::with<Bytes>>;
+
+// A decode stage's end of KV streams. fetch (from its stage: a KvPull, the
+// prefill's kv_sender and the "host:port" its node listens on) answers once
+// the stream is complete and in the stage's KvInbox (true) or has failed
+// (false, or an error: the stage reads the store instead); chunk (from the
+// sender) answers the chunk's seq: the ack that lets the sender send
+// another. kv_done (from its own socket thread): the stream of that request
+// on the data socket ended (the outcome waits in the socket results).
+using kv_receiver_actor =
+    caf::typed_actor<caf::replies_to<kv_fetch_atom, Bytes, caf::actor, std::string>::with<bool>,
+                     caf::replies_to<kv_chunk_atom, Bytes>::with<uint32_t>,
+                     caf::reacts_to<kv_done_atom, uint64_t>, caf::reacts_to<tick_atom>>;
+
+// A prefill stage's end: pull (KvPull, where to send) answers the number of
+// chunks and streams them to the receiver over CAF; socket (KvPull) offers
+// the stream on the sender's data socket (actors/kv_socket.h) and answers
+// its "host:port" and the stream's token ("" when there is nothing to send).
+using kv_sender_actor =
+    caf::typed_actor<caf::replies_to<kv_pull_atom, Bytes, kv_receiver_actor>::with<uint32_t>,
+                     caf::replies_to<kv_socket_atom, Bytes>::with<std::string, std::string>,
+                     caf::reacts_to<tick_atom>>;
+
+// submit: GenerateRequest; handoff: Handoff, with the kv_sender to pull the
+// KV from or without (then from the store) (the answer is admission only;
+// the outcome arrives as events).
+using stage_actor = caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
+                                     caf::replies_to<handoff_atom, Bytes>::with<bool>,
+                                     caf::replies_to<handoff_atom, Bytes, kv_sender_actor>::with<bool>,
+                                     caf::reacts_to<cancel_atom, uint64_t>,
+                                     caf::reacts_to<step_atom>,
+                                     caf::replies_to<stats_atom>::with<Bytes>>;
+
+// encode: EncodeRequest -> ImageEmbeddings (or a typed error for that
+// request alone); requests that arrive between two steps are batched.
+using vision_encoder_actor = caf::typed_actor<caf::replies_to<encode_atom, Bytes>::with<Bytes>,
+                                              caf::reacts_to<step_atom>,
+                                              caf::replies_to<stats_atom>::with<Bytes>>;
+
+// submit: GenerateRequest from the client (admission); event: StreamEvent
+// and handoff: Handoff from stages; attach: a stage and its kind, or a
+// vision encoder.
+using router_actor =
+    caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
+                     caf::reacts_to<event_atom, Bytes>, caf::reacts_to<handoff_atom, Bytes>,
+                     caf::reacts_to<handoff_atom, Bytes, kv_sender_actor>,
+                     caf::replies_to<attach_atom, std::string, stage_actor>::with<bool>,
+                     caf::replies_to<attach_atom, std::string, vision_encoder_actor>::with<bool>,
+                     caf::reacts_to<tick_atom>, caf::replies_to<shutdown_atom>::with<bool>,
+                     caf::replies_to<stats_atom>::with<Bytes>>;
+
+// What a head publishes (node.cpp). join: (secret, node name) -> the router
+// and kv_store handles, or an error naming why the node is refused. attach:
+// (secret, node name, kind, actor) -> the router's answer.
+using join_actor = caf::typed_actor<
+    caf::replies_to<join_atom, std::string, std::string>::with<router_actor, kv_store_actor>,
+    caf::replies_to<attach_atom, std::string, std::string, std::string, stage_actor>::with<bool>,
+    caf::replies_to<attach_atom, std::string, std::string, std::string,
+                    vision_encoder_actor>::with<bool>>;
+
+// ---- Status <-> caf::error (actor_set.cpp) ----
+caf::error to_error(const Status& st);
+Status from_error(const caf::error& e);
+// A request that went to an actor that is gone: its down message re-places it.
+bool is_receiver_down(const caf::error& e);
+Bytes encode_stats(std::string actor, std::vector<std::pair<std::string, uint64_t>> counters);
+
+// ---- actor systems (actor_set.cpp) ----
+// Scheduler workers (0: CAF's default) that poll briefly, then sleep: the
+// default polling steals the cores the engines' parallel steps wait on.
+void configure_workers(caf::actor_system_config& config, int32_t threads);
+// A node's: configure_workers, the middleman, heartbeats from the spec and
+// the handle types that cross the wire, the same on every node.
+void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, int32_t threads);
+
+// ---- one spawn function per kind, each in its own file ----
+
+// kv_store_actor.cpp: a TieredStore behind KvPut -> KvAck, KvGet -> KvBlocks.
+kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredStore> store);
+
+// kv_stream_actors.cpp: the two ends of KV streams, linked to their stage.
+// host: where the sender's data socket listens ("": CAF chunks only).
+kv_sender_actor spawn_kv_sender_linked(caf::local_actor* stage, std::shared_ptr<KvOutbox> outbox,
+                                       std::shared_ptr<KvStreamCounters> counters,
+                                       int32_t corrupt_chunk, std::string host);
+kv_receiver_actor spawn_kv_receiver_linked(caf::local_actor* stage, std::shared_ptr<KvInbox> inbox,
+                                           std::shared_ptr<KvStreamCounters> counters);
+
+// vision_encoder_actor.cpp; origin names it in events ("NODE/vision_encoder/0").
+vision_encoder_actor spawn_vision_encoder(caf::actor_system& system,
+                                          std::shared_ptr<VisionEncoder> encoder, std::string origin);
+
+// stage_actor.cpp: prefill, decode or colocated over a StageCore (detached:
+// Engine::forward blocks). Prefill stages stream KV through a kv_sender,
+// the others receive through a kv_receiver; persist: send newly filled full
+// blocks to the store.
+stage_actor spawn_stage(caf::actor_system& system, std::shared_ptr<StageCore> core, ActorKind kind,
+                        router_actor router, kv_store_actor kv, KvStreamOptions stream);
+
+// router_actor.cpp.
+struct RouterConfig {
+  bool disaggregated = false;  // pd: entry = prefill, continue = decode
+  int32_t max_pending = 1024;
+  int32_t block_size = 16;
+  double request_timeout_s = 300;
+  PlacementConfig placement;   // checked by make_placement_policy before spawning
+};
+router_actor spawn_router(caf::actor_system& system, RouterConfig config,
+                          std::shared_ptr<EventSinks> sinks, kv_store_actor kv);
+
+}  // namespace actors
+}  // namespace cleave

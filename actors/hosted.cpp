@@ -1,0 +1,74 @@
+#include "actors/hosted.h"
+
+#include "model/llama.h"
+#include "storage/memory_tier.h"
+#ifdef CLEAVE_HAVE_ROCKSDB
+#include "storage/rocksdb_tier.h"
+#endif
+
+namespace cleave {
+
+Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
+  HostedActors out;
+  for (const auto& [kind, count] : spec.groups) {
+    const std::string base = spec.name_prefix + actor_kind_name(kind) + "/";
+    if (kind == ActorKind::kv_store) continue;
+    if (kind == ActorKind::vision_encoder) {
+      if (!spec.mmproj)
+        return Status(Code::invalid_argument, "vision_encoder actors need a vision encoder file (--mmproj)");
+      auto lm = LlamaModel::load(spec.file);
+      if (!lm.ok()) return lm.status();
+      VisionEncoderOptions vo = spec.vision;
+      vo.n_embd = (*lm)->config().dim;
+      for (int32_t i = 0; i < count; ++i) {
+        auto e = VisionEncoder::create(spec.mmproj, vo);
+        if (!e.ok()) return e.status();
+        out.encoders.push_back(std::move(e.value()));
+      }
+      continue;
+    }
+    CLEAVE_CHECK(actor_kind_info(kind).stage);
+    SchedulerOptions so = spec.scheduler;
+    so.prefill_only = kind == ActorKind::prefill;
+    for (int32_t i = 0; i < count; ++i) {
+      auto core = StageCore::create(spec.file, spec.tokenizer, spec.engine, so, base + std::to_string(i));
+      if (!core.ok()) return core.status();
+      out.stages.emplace_back(kind, std::shared_ptr<StageCore>(std::move(core.value())));
+    }
+  }
+  return out;
+}
+
+Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t tier1_bytes,
+                                                   const std::string& dir, uint64_t fp,
+                                                   const KvLayout& layout) {
+  constexpr size_t kDefaultTierBytes = size_t(64) << 20;
+  std::vector<std::unique_ptr<Tier>> tiers;
+  auto t0 = MemoryTier::create(MemoryKind::host_arena, tier0_bytes ? tier0_bytes : kDefaultTierBytes,
+                               fp, layout);
+  if (!t0.ok()) return t0.status();
+  tiers.push_back(std::move(t0.value()));
+  auto t1 = MemoryTier::create(MemoryKind::pinned_host, tier1_bytes ? tier1_bytes : kDefaultTierBytes,
+                               fp, layout);
+  if (!t1.ok()) return t1.status();
+  tiers.push_back(std::move(t1.value()));
+  if (!dir.empty()) {
+#ifdef CLEAVE_HAVE_ROCKSDB
+    RocksDbTierOptions ro;
+    ro.capacity_bytes = size_t(16) << 30;
+    ro.model_fingerprint = fp;
+    ro.layout = layout;
+    auto t2 = RocksDbTier::open(dir, ro);
+    if (!t2.ok()) return t2.status();
+    tiers.push_back(std::move(t2.value()));
+#else
+    return Status(Code::unsupported,
+                  "kv_dir '" + dir + "': this build has no RocksDB tier (CLEAVE_STORAGE=OFF)");
+#endif
+  }
+  auto store = TieredStore::create(std::move(tiers), fp, layout);
+  if (!store.ok()) return store.status();
+  return std::shared_ptr<TieredStore>(std::move(store.value()));
+}
+
+}  // namespace cleave

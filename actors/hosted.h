@@ -1,0 +1,51 @@
+// What one process hosts, built before any actor so that engine, encoder
+// and store errors come back first (no CAF). The in-process Pipeline and
+// every node build their actors' plain objects here.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "actors/actor_kind.h"
+#include "actors/stage_core.h"
+#include "common/status.h"
+#include "model/engine.h"
+#include "model/gguf.h"
+#include "model/scheduler.h"
+#include "model/tokenizer.h"
+#include "model/vision_encoder.h"
+#include "storage/tiered_store.h"
+
+namespace cleave {
+
+struct HostedSpec {
+  std::vector<std::pair<ActorKind, int32_t>> groups;  // kinds and counts, in order
+  std::string name_prefix;  // "" in process, "NODE/" on a node: names "NODE/decode/0"
+  std::shared_ptr<const GgufFile> file;
+  std::shared_ptr<const Tokenizer> tokenizer;  // may be null
+  EngineOptions engine;
+  SchedulerOptions scheduler;  // prefill_only is set for prefill stages
+  std::shared_ptr<const GgufFile> mmproj;  // needed when a group is vision_encoder
+  VisionEncoderOptions vision;             // n_embd is set from the model
+};
+
+struct HostedActors {
+  std::vector<std::pair<ActorKind, std::shared_ptr<StageCore>>> stages;
+  std::vector<std::shared_ptr<VisionEncoder>> encoders;
+};
+
+// Stage cores and vision encoders for every group (kv_store groups are
+// skipped: the store is made by make_kv_store). invalid_argument for a
+// vision_encoder group without an mmproj.
+Result<HostedActors> make_hosted_actors(const HostedSpec& spec);
+
+// The kv_store's tiers: host memory (tier 0) and pinned host (tier 1), of
+// the given bytes each (0: 64 MiB), and RocksDB in `dir` (empty: none).
+Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t tier1_bytes,
+                                                   const std::string& dir, uint64_t model_fingerprint,
+                                                   const KvLayout& layout);
+
+}  // namespace cleave

@@ -1,0 +1,406 @@
+// The two ends of KV streams (the protocol is actors/kv_stream.h): a
+// kv_sender linked to each prefill stage and a kv_receiver linked to each
+// decode (and colocated) stage, so a stream flows while the stage's engine
+// computes; and the transfer benchmark's two ends (serve_kv_sender,
+// pull_kv_streams), each with an actor system of its own.
+#include "actors/actor_types.h"
+
+#include <caf/io/all.hpp>
+
+#include <set>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "actors/kv_socket.h"
+#include "actors/topology.h"
+#include "schema/codec.h"
+
+namespace cleave::actors {
+namespace {
+
+struct KvSenderState {
+  std::shared_ptr<KvOutbox> outbox;
+  std::shared_ptr<KvStreamCounters> counters;
+  int32_t corrupt_chunk = -1;
+  std::string host;  // where the data socket listens ("": no data socket)
+  std::unique_ptr<KvSocketServer> socket;  // opened at the first offer
+  static inline const char* name = "cleave.kv_sender";
+};
+using kv_sender_pointer = kv_sender_actor::stateful_pointer<KvSenderState>;
+
+struct SendTransfer {
+  SendTransfer(KvStreamWriter w, kv_receiver_actor r, int32_t win)
+      : writer(std::move(w)), to(std::move(r)), window(uint32_t(win)) {}
+  KvStreamWriter writer;
+  kv_receiver_actor to;
+  uint32_t window, next = 0, acked = 0;
+  bool failed = false;
+};
+
+// Sends chunks while fewer than `window` wait for their ack; each ack sends
+// the next, so a slow receiver holds the sender to `window` chunks in flight.
+void send_chunks(kv_sender_pointer self, std::shared_ptr<SendTransfer> t, uint64_t id) {
+  auto& s = self->state;
+  while (!t->failed && t->next < t->writer.n_chunks() && t->next - t->acked < t->window) {
+    msg::KvChunk c = t->writer.chunk(t->next++);
+    if (int64_t(c.seq) == s.corrupt_chunk && !c.data.empty()) c.data[0] ^= 1;
+    ++s.counters->chunks_sent;
+    s.counters->bytes_sent += c.data.size();
+    self->request(t->to, kKvTimeout, kv_chunk_atom::value, codec::encode(c))
+        .then(
+            [=](uint32_t) {
+              auto& s = self->state;
+              if (t->failed) return;
+              if (++t->acked < t->writer.n_chunks()) return send_chunks(self, t, id);
+              ++s.counters->transfers_sent;
+              s.counters->blocks_sent += uint64_t(t->writer.n_blocks());
+              s.outbox->erase(id);
+            },
+            [=](caf::error&) {
+              if (t->failed) return;
+              t->failed = true;  // the receiver refused a chunk or went away
+              ++self->state.counters->transfers_aborted;
+            });
+  }
+}
+
+kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_ptr<KvOutbox> outbox,
+                                            std::shared_ptr<KvStreamCounters> counters,
+                                            int32_t corrupt_chunk, std::string host) {
+  self->state.outbox = std::move(outbox);
+  self->state.counters = std::move(counters);
+  self->state.corrupt_chunk = corrupt_chunk;
+  self->state.host = std::move(host);
+  self->delayed_send(caf::actor_cast<kv_sender_actor>(self), kKvOutboxSweep, tick_atom::value);
+  return {
+      [=](kv_pull_atom, const Bytes& bytes, kv_receiver_actor to) -> caf::result<uint32_t> {
+        auto& s = self->state;
+        auto pull = codec::decode_as<msg::KvPull>(bytes);
+        if (!pull.ok()) return to_error(pull.status());
+        auto records = s.outbox->get(pull->request_id);
+        if (!records)
+          return to_error(Status(Code::not_found, "no KV kept for request " +
+                                                      std::to_string(pull->request_id)));
+        if (size_t(pull->first_block) > records->size())
+          return to_error(Status(Code::invalid_argument,
+                                 "pull from block " + std::to_string(pull->first_block) + " of " +
+                                     std::to_string(records->size())));
+        auto t = std::make_shared<SendTransfer>(
+            KvStreamWriter(pull->request_id, records, pull->first_block, pull->chunk_bytes),
+            std::move(to), pull->window);
+        const uint32_t n = t->writer.n_chunks();
+        if (n == 0) {
+          s.outbox->erase(pull->request_id);
+          return n;
+        }
+        send_chunks(self, t, pull->request_id);
+        return n;
+      },
+      [=](kv_socket_atom, const Bytes& bytes) -> caf::result<std::string, std::string> {
+        auto& s = self->state;
+        auto pull = codec::decode_as<msg::KvPull>(bytes);
+        if (!pull.ok()) return to_error(pull.status());
+        if (Status v = validate_kv_stream_options(pull->chunk_bytes, pull->window); !v.ok())
+          return to_error(v);
+        const uint64_t id = pull->request_id;
+        auto records = s.outbox->get(id);
+        if (!records)
+          return to_error(Status(Code::not_found, "no KV kept for request " + std::to_string(id)));
+        if (size_t(pull->first_block) > records->size())
+          return to_error(Status(Code::invalid_argument,
+                                 "pull from block " + std::to_string(pull->first_block) + " of " +
+                                     std::to_string(records->size())));
+        if (size_t(pull->first_block) == records->size()) {
+          s.outbox->erase(id);
+          return caf::result<std::string, std::string>(std::string(), std::string());
+        }
+        if (s.host.empty())
+          return to_error(Status(Code::unsupported, "this KV sender has no data socket"));
+        if (!s.socket) {
+          auto server = KvSocketServer::listen(s.host, s.counters, s.corrupt_chunk);
+          if (!server.ok()) return to_error(server.status());
+          s.socket = std::move(server.value());
+        }
+        std::weak_ptr<KvOutbox> outbox = s.outbox;
+        const std::string token = s.socket->offer(
+            id, records, pull->first_block, pull->chunk_bytes, [outbox, id](bool complete) {
+              if (auto o = outbox.lock(); o && complete) o->erase(id);
+            });
+        return caf::result<std::string, std::string>(s.socket->address(), token);
+      },
+      [=](tick_atom) {
+        self->state.outbox->expire(kKvOutboxTtl);
+        self->delayed_send(caf::actor_cast<kv_sender_actor>(self), kKvOutboxSweep, tick_atom::value);
+      },
+  };
+}
+
+struct KvReceiverState {
+  struct Transfer {
+    std::unique_ptr<KvStreamAssembler> assembler;
+    caf::actor_addr sender;
+    caf::typed_response_promise<bool> done;
+    Clock::time_point last_progress;
+    bool on_socket = false;  // the socket's own timeouts bound it, not the tick
+  };
+  std::shared_ptr<KvInbox> inbox;
+  std::shared_ptr<KvStreamCounters> counters;
+  std::unordered_map<uint64_t, Transfer> transfers;
+  std::unordered_set<std::string> connected;  // nodes this one reaches directly
+  std::shared_ptr<KvInbox> socket_results;  // outcomes of data socket streams, until kv_done
+  // Last member: destroyed first, joining the socket threads before the rest goes.
+  std::unique_ptr<KvSocketJobs> socket_jobs = std::make_unique<KvSocketJobs>();
+  static inline const char* name = "cleave.kv_receiver";
+};
+using kv_receiver_pointer = kv_receiver_actor::stateful_pointer<KvReceiverState>;
+
+// Hands the outcome to the stage (inbox + the fetch's answer).
+void end_transfer(kv_receiver_pointer self, uint64_t id, Result<std::vector<BlockRecord>> result) {
+  auto& s = self->state;
+  auto it = s.transfers.find(id);
+  if (it == s.transfers.end()) return;
+  const bool ok = result.ok();
+  if (ok) {
+    ++s.counters->transfers_received;
+    s.counters->blocks_received += result->size();
+  } else {
+    ++s.counters->transfers_failed;
+  }
+  auto done = it->second.done;
+  s.transfers.erase(it);
+  s.inbox->put(id, std::move(result));
+  done.deliver(ok);
+}
+
+// Ends every stream from one sender (it went down, or sent garbage).
+void end_transfers_from(kv_receiver_pointer self, const caf::actor_addr& sender, const Status& why) {
+  std::vector<uint64_t> cut;
+  for (auto& [id, t] : self->state.transfers)
+    if (t.sender == sender) cut.push_back(id);
+  for (uint64_t id : cut) end_transfer(self, id, why);
+}
+
+kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
+                                                std::shared_ptr<KvInbox> inbox,
+                                                std::shared_ptr<KvStreamCounters> counters) {
+  self->state.inbox = std::move(inbox);
+  self->state.counters = std::move(counters);
+  self->state.socket_results = std::make_shared<KvInbox>();
+  self->set_down_handler([=](caf::down_msg& dm) {
+    end_transfers_from(self, dm.source, Status(Code::unavailable, "the KV sender went down"));
+  });
+  self->delayed_send(caf::actor_cast<kv_receiver_actor>(self), kTickInterval, tick_atom::value);
+  return {
+      [=](kv_fetch_atom, const Bytes& bytes, caf::actor from,
+          const std::string& address) -> caf::result<bool> {
+        auto& s = self->state;
+        auto pull = codec::decode_as<msg::KvPull>(bytes);
+        if (!pull.ok()) return to_error(pull.status());
+        const uint64_t id = pull->request_id;
+        if (s.transfers.count(id))
+          return to_error(Status(Code::invalid_argument,
+                                 "a KV stream for request " + std::to_string(id) + " is running"));
+        KvReceiverState::Transfer t;
+        t.assembler = std::make_unique<KvStreamAssembler>(id, pull->first_block, kKvMaxStreamBytes);
+        t.sender = from.address();
+        t.done = self->make_response_promise<bool>();
+        t.last_progress = Clock::now();
+        auto done = t.done;
+        s.transfers.emplace(id, std::move(t));
+        self->monitor(from);
+        auto start_chunks = [=] {
+          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_pull_atom::value,
+                        bytes, caf::actor_cast<kv_receiver_actor>(self))
+              .then(
+                  [=](uint32_t n_chunks) {
+                    if (n_chunks == 0) end_transfer(self, id, std::vector<BlockRecord>{});
+                  },
+                  [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
+        };
+        // A sender in another process: the bytes come on its data socket,
+        // read on a thread of ours; a sender without one streams over CAF.
+        if (from.node() != self->node()) {
+          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_socket_atom::value,
+                        bytes)
+              .then(
+                  [=](const std::string& where, const std::string& token) {
+                    auto& s = self->state;
+                    auto it = s.transfers.find(id);
+                    if (it == s.transfers.end()) return;
+                    if (where.empty()) return end_transfer(self, id, std::vector<BlockRecord>{});
+                    it->second.on_socket = true;
+                    auto results = s.socket_results;
+                    auto counters = s.counters;
+                    auto me = caf::actor_cast<kv_receiver_actor>(self);
+                    const msg::KvPull p = pull.value();
+                    s.socket_jobs->run([=] {
+                      results->put(id, fetch_kv_socket(where, token, p, kKvMaxStreamBytes,
+                                                       *counters));
+                      caf::anon_send(me, kv_done_atom::value, id);
+                    });
+                  },
+                  [=](caf::error& e) {
+                    if (from_error(e).code() == Code::unsupported) return start_chunks();
+                    end_transfer(self, id, from_error(e));
+                  });
+          return done;
+        }
+        auto start = start_chunks;
+        // A sender on a node this one reaches only through the head: connect
+        // to it first, so the chunks go worker to worker (CAF routes by the
+        // direct connection once there is one). Failing that, through the head.
+        const size_t colon = address.rfind(':');
+        if (from.node() == self->node() || s.connected.count(address) || colon == std::string::npos) {
+          start();
+        } else {
+          const int port = std::atoi(address.c_str() + colon + 1);
+          self->request(self->system().middleman().actor_handle(), kKvTimeout,
+                        caf::connect_atom::value, address.substr(0, colon), uint16_t(port))
+              .then(
+                  [=](const caf::node_id&, const caf::strong_actor_ptr&,
+                      const std::set<std::string>&) {
+                    self->state.connected.insert(address);
+                    start();
+                  },
+                  [=](caf::error&) { start(); });
+        }
+        return done;
+      },
+      [=](kv_chunk_atom, const Bytes& bytes) -> caf::result<uint32_t> {
+        auto& s = self->state;
+        auto chunk = codec::decode_as<msg::KvChunk>(bytes);
+        if (!chunk.ok()) {
+          // Unreadable: end whatever this sender streams to us.
+          ++s.counters->chunks_rejected;
+          end_transfers_from(self, caf::actor_cast<caf::actor_addr>(self->current_sender()),
+                             chunk.status());
+          return to_error(chunk.status());
+        }
+        const uint64_t id = chunk->request_id;
+        auto it = s.transfers.find(id);
+        if (it == s.transfers.end())
+          return to_error(Status(Code::not_found, "no KV stream expected for request " +
+                                                      std::to_string(id)));
+        KvStreamAssembler& a = *it->second.assembler;
+        Status st = a.add(chunk.value());
+        if (!st.ok()) {
+          ++s.counters->chunks_rejected;
+          end_transfer(self, id, st);
+          return to_error(st);
+        }
+        ++s.counters->chunks_received;
+        s.counters->bytes_received += chunk->data.size();
+        it->second.last_progress = Clock::now();
+        if (a.complete()) end_transfer(self, id, a.take());
+        return chunk->seq;
+      },
+      [=](kv_done_atom, uint64_t id) {
+        // A transfer ended meanwhile (its sender went down) is gone: end_transfer ignores it.
+        end_transfer(self, id, self->state.socket_results->take(id));
+      },
+      [=](tick_atom) {
+        const auto now = Clock::now();
+        std::vector<uint64_t> stalled;
+        for (auto& [id, t] : self->state.transfers)
+          if (!t.on_socket && now - t.last_progress > kKvStallTimeout) stalled.push_back(id);
+        for (uint64_t id : stalled)
+          end_transfer(self, id, Status(Code::timed_out, "the KV stream of request " +
+                                                             std::to_string(id) + " stalled"));
+        self->delayed_send(caf::actor_cast<kv_receiver_actor>(self), kTickInterval,
+                           tick_atom::value);
+      },
+  };
+}
+
+}  // namespace
+
+kv_sender_actor spawn_kv_sender_linked(caf::local_actor* stage, std::shared_ptr<KvOutbox> outbox,
+                                       std::shared_ptr<KvStreamCounters> counters,
+                                       int32_t corrupt_chunk, std::string host) {
+  return stage->spawn<caf::linked>(kv_sender_fn, std::move(outbox), std::move(counters), corrupt_chunk,
+                                   std::move(host));
+}
+
+kv_receiver_actor spawn_kv_receiver_linked(caf::local_actor* stage, std::shared_ptr<KvInbox> inbox,
+                                           std::shared_ptr<KvStreamCounters> counters) {
+  return stage->spawn<caf::linked>(kv_receiver_fn, std::move(inbox), std::move(counters));
+}
+
+}  // namespace cleave::actors
+
+namespace cleave {
+
+using namespace actors;
+
+Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
+                       const std::string& host, const std::function<void(uint16_t)>& on_port,
+                       double timeout_s) {
+  caf::actor_system_config config;
+  configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
+  caf::actor_system system{config};
+  auto outbox = std::make_shared<KvOutbox>();
+  for (int32_t i = 1; i <= n_streams; ++i) outbox->put(uint64_t(i), records);
+  auto counters = std::make_shared<KvStreamCounters>();
+  auto sender = system.spawn(kv_sender_fn, outbox, counters, int32_t(-1), host);
+  auto port = system.middleman().publish(sender, 0, host.c_str());
+  Status st;
+  if (!port) {
+    st = Status(Code::unavailable, "cannot listen on " + host + ": " + system.render(port.error()));
+  } else {
+    on_port(*port);
+    // Streams erase their outbox entry when their last chunk is acknowledged.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1e3));
+    while (outbox->size() > 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    if (outbox->size() > 0)
+      st = Status(Code::timed_out, std::to_string(outbox->size()) + " streams not pulled within " +
+                                       std::to_string(timeout_s) + " s");
+    system.middleman().unpublish(sender, *port);
+  }
+  caf::anon_send_exit(sender, caf::exit_reason::user_shutdown);
+  return st;
+}
+
+Result<std::vector<KvPullTiming>> pull_kv_streams(
+    const std::string& host, uint16_t port, int32_t n_streams, uint32_t chunk_bytes, int32_t window,
+    const std::function<void(const std::vector<BlockRecord>&)>& sink) {
+  CLEAVE_RETURN_IF_ERROR(validate_kv_stream_options(chunk_bytes, window));
+  caf::actor_system_config config;
+  configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
+  caf::actor_system system{config};
+  auto sender = system.middleman().remote_actor<kv_sender_actor>(host, port);
+  if (!sender)
+    return Status(Code::unavailable, "cannot reach the kv_sender at " + host + ":" +
+                                         std::to_string(port) + ": " + system.render(sender.error()));
+  auto inbox = std::make_shared<KvInbox>();
+  auto counters = std::make_shared<KvStreamCounters>();
+  auto receiver = system.spawn(kv_receiver_fn, inbox, counters);
+  std::vector<KvPullTiming> out;
+  Status st;
+  caf::scoped_actor self{system};
+  for (int32_t i = 1; i <= n_streams && st.ok(); ++i) {
+    msg::KvPull pull;
+    pull.request_id = uint64_t(i);
+    pull.chunk_bytes = chunk_bytes;
+    pull.window = window;
+    const uint64_t bytes_before = counters->bytes_received;
+    const auto t0 = Clock::now();
+    bool complete = false;
+    self->request(receiver, kKvFetchTimeout, kv_fetch_atom::value, codec::encode(pull),
+                  caf::actor_cast<caf::actor>(*sender), std::string())
+        .receive([&](bool ok) { complete = ok; }, [&](caf::error& e) { st = from_error(e); });
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    auto records = inbox->take(uint64_t(i));
+    if (st.ok() && !complete) st = records.ok() ? Status(Code::aborted, "stream failed") : records.status();
+    if (!st.ok()) break;
+    out.push_back(KvPullTiming{seconds, counters->bytes_received - bytes_before});
+    sink(records.value());
+    block_buffer_pool().release(records.value());  // as a decoder's scheduler does
+  }
+  caf::anon_send_exit(receiver, caf::exit_reason::user_shutdown);
+  if (!st.ok()) return st;
+  return out;
+}
+
+}  // namespace cleave

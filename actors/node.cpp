@@ -1,0 +1,465 @@
+// Nodes (actors/node.h): the same actors spread over processes. The head
+// publishes a join actor through CAF's middleman; workers join it with the
+// cluster secret and attach their stages and encoders to the head's router.
+// Both build their actors with make_hosted_actors and wire them with an
+// ActorSet, as the in-process Pipeline does.
+#include "actors/node.h"
+
+#include <caf/io/all.hpp>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iterator>
+#include <thread>
+
+#include "actors/actor_set.h"
+#include "kernels/backend.h"
+
+namespace cleave {
+
+bool secrets_equal(std::string_view a, std::string_view b) {
+  // Every byte of the longer string is looked at, whatever differs first.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= static_cast<unsigned char>(x ^ y);
+  }
+  return diff == 0;
+}
+
+Result<std::optional<std::string>> read_cluster_secret(const ClusterSpec& spec) {
+  if (!spec.secret_file.empty()) {
+    std::ifstream f(spec.secret_file, std::ios::binary);
+    if (!f) return Status(Code::io_error, "cannot read the cluster secret file '" + spec.secret_file + "'");
+    std::string secret((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+    while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+    if (secret.empty())
+      return Status(Code::invalid_argument, "the cluster secret file '" + spec.secret_file + "' is empty");
+    return std::optional<std::string>(std::move(secret));
+  }
+  const char* env = spec.secret_env.empty() ? nullptr : std::getenv(spec.secret_env.c_str());
+  if (!env || !*env) return std::optional<std::string>();
+  return std::optional<std::string>(std::string(env));
+}
+
+namespace {
+
+using namespace actors;
+
+void log_line(const std::string& line) {
+  std::fprintf(stderr, "%s\n", line.c_str());
+  std::fflush(stderr);
+}
+
+double epoch_seconds() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// A name from the wire, safe to print.
+std::string printable(const std::string& s) {
+  std::string out;
+  for (char c : s.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return out;
+}
+
+std::string seconds_text(double s) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g s", s);
+  return buf;
+}
+struct JoinState {
+  std::optional<std::string> secret;
+  router_actor router;
+  kv_store_actor kv;
+  struct Watched {
+    caf::actor_addr addr;
+    std::string node, kind;
+  };
+  std::vector<Watched> watched;
+  static inline const char* name = "cleave.join";
+};
+using join_pointer = join_actor::stateful_pointer<JoinState>;
+
+join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> secret,
+                                  router_actor router, kv_store_actor kv) {
+  self->state.secret = std::move(secret);
+  self->state.router = router;
+  self->state.kv = kv;
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& w = self->state.watched;
+    for (auto it = w.begin(); it != w.end(); ++it) {
+      if (it->addr != dm.source) continue;
+      char when[32];
+      std::snprintf(when, sizeof when, "%.3f", epoch_seconds());
+      log_line("cleave node head: node " + it->node + " lost its " + it->kind + " stage (" +
+               caf::to_string(dm.reason) + ") at " + when);
+      w.erase(it);
+      return;
+    }
+  });
+  auto admitted = [=](const std::string& secret) {
+    return !self->state.secret || secrets_equal(*self->state.secret, secret);
+  };
+  // A stage or a vision encoder of a node: watched here (to log which node
+  // lost it) and handed to the router, which monitors it.
+  auto attach = [=](const std::string& secret, const std::string& node, const std::string& kind,
+                    const auto& actor, bool kind_ok) -> caf::result<bool> {
+    if (!admitted(secret)) {
+      log_line("refused node " + printable(node) + ": wrong cluster secret");
+      return to_error(Status(Code::unavailable, "wrong cluster secret"));
+    }
+    if (!kind_ok)
+      return to_error(Status(Code::invalid_argument, "cannot attach a '" + printable(kind) +
+                                                         "' actor as this kind of actor"));
+    self->monitor(actor);
+    self->state.watched.push_back({actor.address(), printable(node), kind});
+    auto rp = self->make_response_promise<bool>();
+    self->request(self->state.router, kClientTimeout, attach_atom::value, kind, actor)
+        .then([=](bool ok) mutable { rp.deliver(ok); },
+              [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+    return rp;
+  };
+  return {
+      [=](join_atom, const std::string& secret,
+          const std::string& node) -> caf::result<router_actor, kv_store_actor> {
+        if (!admitted(secret)) {
+          log_line("refused node " + printable(node) + ": wrong cluster secret");
+          return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        }
+        log_line("cleave node head: node " + printable(node) + " joined");
+        return {self->state.router, self->state.kv};
+      },
+      [=](attach_atom, const std::string& secret, const std::string& node, const std::string& kind,
+          stage_actor stage) -> caf::result<bool> {
+        const auto k = parse_actor_kind(kind);
+        return attach(secret, node, kind, stage, k && actor_kind_info(*k).stage);
+      },
+      [=](attach_atom, const std::string& secret, const std::string& node, const std::string& kind,
+          vision_encoder_actor encoder) -> caf::result<bool> {
+        return attach(secret, node, kind, encoder, kind == "vision_encoder");
+      },
+  };
+}
+
+// Middleman, heartbeats and the handle types that cross the wire: the same
+// Middleman, heartbeats and the handle types that cross the wire: the same
+// on every node.
+void configure_node_impl(caf::actor_system_config& config, const ClusterSpec& spec, int32_t threads) {
+  config.load<caf::io::middleman>();
+  config.add_message_type<router_actor>("cleave.router_actor");
+  config.add_message_type<kv_store_actor>("cleave.kv_store_actor");
+  config.add_message_type<stage_actor>("cleave.stage_actor");
+  config.add_message_type<kv_sender_actor>("cleave.kv_sender_actor");
+  config.add_message_type<kv_receiver_actor>("cleave.kv_receiver_actor");
+  config.add_message_type<vision_encoder_actor>("cleave.vision_encoder_actor");
+  auto span = [](double s) { return caf::timespan(std::chrono::nanoseconds(int64_t(s * 1e9))); };
+  config.set("middleman.heartbeat-interval", span(spec.heartbeat_interval_s));
+  config.set("middleman.connection-timeout", span(spec.connection_timeout_s));
+  configure_workers(config, threads);
+}
+
+// A node's device: "cpu", or "cuda:N" refused at start with the reason (the
+// build has no CUDA backend, the device is not there, or the engine cannot
+// run on it yet), never ignored.
+Status check_device(const NodeSpec& node) {
+  if (node.device == "cpu") return Status::Ok();
+  const int index = std::atoi(node.device.c_str() + 5);  // the loader checked "cuda:N"
+  auto backend = make_cuda_backend(index);
+  const std::string what = "node '" + node.name + "': device " + node.device + ": ";
+  if (!backend.ok()) return Status(Code::unavailable, what + backend.status().message());
+  return Status(Code::unsupported, what + "the device is there, but the engine's forward pass runs on "
+                                          "the CPU backend only so far; use device = \"cpu\"");
+}
+
+// The node's stages and encoders, built before any actor.
+Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node) {
+  HostedSpec hs;
+  for (const ActorGroupSpec& g : node.actors) {
+    const auto kind = parse_actor_kind(g.kind);
+    if (!kind) return Status(Code::invalid_argument, "node '" + node.name + "': unknown actor kind '" + g.kind + "'");
+    if (*kind == ActorKind::vision_encoder && !o.mmproj)
+      return Status(Code::invalid_argument, "node '" + node.name + "' hosts vision_encoder actors (line " +
+                                                std::to_string(g.line) + "): give it --mmproj");
+    hs.groups.push_back({*kind, g.count});
+  }
+  hs.name_prefix = node.name + "/";
+  hs.file = o.file;
+  hs.tokenizer = o.tokenizer;
+  hs.engine = o.engine;
+  if (node.threads > 0) hs.engine.threads = node.threads;
+  hs.scheduler = o.scheduler;
+  hs.mmproj = o.mmproj;
+  hs.vision = o.vision;
+  if (node.threads > 0) hs.vision.threads = node.threads;
+  return make_hosted_actors(hs);
+}
+
+// Attaches through the head's join actor, with the secret.
+Attach attach_through(caf::actor_system& system, const join_actor& join, const std::string& secret,
+                      const std::string& node) {
+  auto call = [&system, join, secret, node](const std::string& kind, auto&& handle) {
+    caf::scoped_actor self{system};
+    Status st;
+    self->request(join, kJoinTimeout, attach_atom::value, secret, node, kind, handle)
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok()) return Status(st.code(), "the head: " + st.message());
+    return st;
+  };
+  Attach a;
+  a.stage = [call](const std::string& kind, const stage_actor& h) { return call(kind, h); };
+  a.encoder = [call](const vision_encoder_actor& h) { return call("vision_encoder", h); };
+  return a;
+}
+
+class HeadNode final : public Node {
+ public:
+  explicit HeadNode(const NodeOptions& o, const NodeSpec& me) : options_(o), me_(me) {
+    configure_node(config_, o.spec, 0);
+    system_ = std::make_unique<caf::actor_system>(config_);
+    sinks_ = std::make_shared<EventSinks>();
+    actors_ = std::make_unique<ActorSet>(*system_);
+  }
+
+  ~HeadNode() override {
+    shutdown_router(*system_, router_);
+    if (port_ > 0) system_->middleman().unpublish(join_, port_);
+    actors_.reset();
+    join_ = join_actor{};
+    router_ = router_actor{};
+    kv_ = kv_store_actor{};
+    system_.reset();
+  }
+
+  Status start() {
+    CLEAVE_RETURN_IF_ERROR(check_device(me_));
+    auto hosted = make_node_actors(options_, me_);
+    if (!hosted.ok()) return hosted.status();
+    // The store's fingerprint and layout, and request validation, come from
+    // an engine: a local stage's, or one made for that when there is none.
+    std::unique_ptr<Engine> probe;
+    Engine* engine = nullptr;
+    if (!hosted->stages.empty()) {
+      engine = &hosted->stages.front().second->engine();
+    } else {
+      EngineOptions eo = options_.engine;
+      eo.max_seqs = 1;
+      auto e = Engine::create(options_.file, eo);
+      if (!e.ok()) return e.status();
+      probe = std::move(e.value());
+      engine = probe.get();
+    }
+    context_ = engine->context();
+    n_vocab_ = engine->config().n_vocab;
+    n_embd_ = engine->config().dim;
+    auto store = make_kv_store(size_t(me_.kv_tier0_bytes), size_t(me_.kv_tier1_bytes), me_.kv_dir,
+                               engine->model_fingerprint(), engine->kv_layout());
+    if (!store.ok()) return store.status();
+    probe.reset();
+
+    kv_ = spawn_kv_store(*system_, std::move(store.value()));
+    RouterConfig rc;
+    rc.disaggregated = options_.spec.count("prefill") > 0;
+    rc.max_pending = options_.spec.max_pending;
+    rc.block_size = options_.engine.block_size;
+    rc.request_timeout_s = options_.spec.request_timeout_s;
+    rc.placement = options_.spec.placement;
+    router_ = spawn_router(*system_, rc, sinks_, kv_);
+    join_ = system_->spawn(join_fn, options_.secret, router_, kv_);
+    // Stopped after the stages: join, router, store.
+    actors_->add_service(caf::actor_cast<caf::actor>(join_));
+    actors_->add_service(caf::actor_cast<caf::actor>(router_));
+    actors_->add_service(caf::actor_cast<caf::actor>(kv_));
+    auto port = system_->middleman().publish(join_, uint16_t(me_.port), me_.host.c_str());
+    if (!port)
+      return Status(Code::unavailable, "cannot listen on " + me_.host + ":" + std::to_string(me_.port) +
+                                           ": " + system_->render(port.error()));
+    port_ = *port;
+    KvStreamOptions stream = options_.kv_stream;
+    stream.node_address = address();
+    // The head's own actors attach through the join actor too, so it logs
+    // which node lost what.
+    return actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
+                          attach_through(*system_, join_, options_.secret.value_or(""), me_.name));
+  }
+
+  bool is_head() const override { return true; }
+  std::string address() const override { return me_.host + ":" + std::to_string(port_); }
+  bool lost_head() const override { return false; }
+
+  int32_t stages() override {
+    for (const msg::Stats& s : stats())
+      if (s.actor == "router")
+        return int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated") +
+                       s.get("alive_vision_encoder"));
+    return 0;
+  }
+
+  Status submit(GenerateRequest request, EventCallback on_event) override {
+    Status st = validate_request(request, context_, n_vocab_, n_embd_);
+    if (!st.ok()) return st;
+    return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
+  }
+
+  // The router's and the store's, then the head's own stages and encoders.
+  std::vector<msg::Stats> stats() override { return collect_all_stats(*system_, router_, kv_, *actors_); }
+
+ private:
+  NodeOptions options_;
+  NodeSpec me_;
+  caf::actor_system_config config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::shared_ptr<EventSinks> sinks_;
+  kv_store_actor kv_;
+  router_actor router_;
+  join_actor join_;
+  std::unique_ptr<ActorSet> actors_;
+  uint16_t port_ = 0;
+  int32_t context_ = 0, n_vocab_ = 0, n_embd_ = 0;
+};
+
+class WorkerNode final : public Node {
+ public:
+  WorkerNode(const NodeOptions& o, const NodeSpec& me, const NodeSpec& head)
+      : options_(o), me_(me), head_(head) {
+    configure_node(config_, o.spec, 0);
+    system_ = std::make_unique<caf::actor_system>(config_);
+    head_lost_ = std::make_shared<std::atomic<bool>>(false);
+    actors_ = std::make_unique<ActorSet>(*system_);
+  }
+
+  ~WorkerNode() override {
+    actors_.reset();
+    join_ = join_actor{};
+    router_ = router_actor{};
+    kv_ = kv_store_actor{};
+    system_.reset();
+  }
+
+  Status start() {
+    CLEAVE_RETURN_IF_ERROR(check_device(me_));
+    auto hosted = make_node_actors(options_, me_);
+    if (!hosted.ok()) return hosted.status();
+    // Where decoders on other nodes connect for worker-to-worker KV streams
+    // (named in this node's hand-offs; the topology's host, 127.0.0.1 by
+    // default, port 0: any free one).
+    auto listening = system_->middleman().open(uint16_t(me_.port), me_.host.c_str());
+    if (!listening)
+      return Status(Code::unavailable, "worker " + me_.name + " cannot listen on " + me_.host + ":" +
+                                           std::to_string(me_.port) + ": " +
+                                           system_->render(listening.error()));
+    KvStreamOptions stream = options_.kv_stream;
+    stream.node_address = me_.host + ":" + std::to_string(*listening);
+    // Nodes start in any order: keep trying until the deadline.
+    const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(options_.join_timeout_s * 1e3));
+    caf::error last;
+    for (;;) {
+      auto j = system_->middleman().remote_actor<join_actor>(head_.host, uint16_t(head_.port));
+      if (j) {
+        join_ = *j;
+        break;
+      }
+      last = j.error();
+      if (Clock::now() >= deadline)
+        return Status(Code::unavailable, "cannot reach the head '" + head_.name + "' at " + address() +
+                                             " within " + seconds_text(options_.join_timeout_s) + ": " +
+                                             system_->render(last));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const std::string secret = options_.secret.value_or("");
+    Status st;
+    {
+      caf::scoped_actor self{*system_};
+      self->request(join_, kJoinTimeout, join_atom::value, secret, me_.name)
+          .receive(
+              [&](router_actor& r, kv_store_actor& k) {
+                router_ = std::move(r);
+                kv_ = std::move(k);
+              },
+              [&](caf::error& e) { st = from_error(e); });
+    }
+    if (!st.ok())
+      return Status(st.code(), "the head at " + address() + " refused node " + me_.name + ": " + st.message());
+    // Arguments go through spawn, not captures: CAF 0.17 dereferences a null
+    // shared_ptr<tuple<>> for a function actor spawned without any (UBSan).
+    auto watcher = system_->spawn(
+        [](caf::event_based_actor* w, router_actor router, std::shared_ptr<std::atomic<bool>> lost) {
+          w->monitor(router);
+          w->set_down_handler([=](caf::down_msg&) {
+            lost->store(true);
+            w->quit();
+          });
+          return caf::behavior{[](int32_t) {}};
+        },
+        router_, head_lost_);
+    actors_->add_service(watcher);
+    return actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
+                          attach_through(*system_, join_, secret, me_.name));
+  }
+
+  bool is_head() const override { return false; }
+  std::string address() const override { return head_.host + ":" + std::to_string(head_.port); }
+  bool lost_head() const override { return head_lost_->load(); }
+  int32_t stages() override { return actors_->size(); }
+
+  Status submit(GenerateRequest, EventCallback) override {
+    return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);
+  }
+
+  std::vector<msg::Stats> stats() override {
+    std::vector<msg::Stats> out;
+    actors_->collect_stats(out);
+    return out;
+  }
+
+ private:
+  NodeOptions options_;
+  NodeSpec me_, head_;
+  caf::actor_system_config config_;
+  std::unique_ptr<caf::actor_system> system_;
+  std::shared_ptr<std::atomic<bool>> head_lost_;
+  join_actor join_;
+  router_actor router_;
+  kv_store_actor kv_;
+  std::unique_ptr<ActorSet> actors_;
+};
+
+}  // namespace
+
+namespace actors {
+void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, int32_t threads) {
+  configure_node_impl(config, spec, threads);
+}
+}  // namespace actors
+
+Result<std::unique_ptr<Node>> Node::start(const NodeOptions& options) {
+  if (!options.file) return Status(Code::invalid_argument, "node: no model file");
+  CLEAVE_RETURN_IF_ERROR(validate_kv_stream_options(options.kv_stream.chunk_bytes, options.kv_stream.window));
+  const NodeSpec* me = options.spec.find(options.name);
+  if (!me) {
+    std::string names;
+    for (const NodeSpec& n : options.spec.nodes) names += (names.empty() ? "" : ", ") + n.name;
+    return Status(Code::invalid_argument, "no node '" + options.name + "' in the topology (nodes: " + names + ")");
+  }
+  if (auto policy = make_placement_policy(options.spec.placement); !policy.ok()) return policy.status();
+  if (me->head) {
+    auto node = std::make_unique<HeadNode>(options, *me);
+    Status st = node->start();
+    if (!st.ok()) return st;
+    return std::unique_ptr<Node>(std::move(node));
+  }
+  const NodeSpec& head = options.spec.head();
+  if (head.port <= 0 || head.port > 65535)
+    return Status(Code::invalid_argument,
+                  "the head '" + head.name + "' has port " + std::to_string(head.port) +
+                      " in the topology: a worker needs its real port (e.g. --set " + head.name + "_port=N)");
+  auto node = std::make_unique<WorkerNode>(options, *me, head);
+  Status st = node->start();
+  if (!st.ok()) return st;
+  return std::unique_ptr<Node>(std::move(node));
+}
+
+}  // namespace cleave

@@ -1,0 +1,549 @@
+// The router: admission (max_pending -> busy), placement through a
+// PlacementPolicy (actors/placement.h; the script's `router` field) for
+// new requests and for hand-offs, a vision encoder first for requests
+// whose images lack embeddings (least loaded), supervision of every stage
+// and encoder (a dead one's requests are re-placed: a Handoff with the
+// tokens so far, KV restored from the store), and a no-progress watchdog.
+#include "actors/actor_types.h"
+
+#include <algorithm>
+#include <unordered_map>
+
+#include "actors/event_sinks.h"
+#include "schema/codec.h"
+
+namespace cleave::actors {
+namespace {
+
+struct RouterState {
+  struct Stage {
+    stage_actor handle;
+    caf::actor_addr addr;
+    ActorKind kind = ActorKind::colocated;
+    bool entry = false, cont = false;  // takes new requests / handoffs
+    bool alive = true;
+    int32_t in_flight = 0;
+    int64_t load_blocks = 0;  // PlacementRequest::load_blocks of those in flight
+  };
+  struct Encoder {
+    vision_encoder_actor handle;
+    caf::actor_addr addr;
+    bool alive = true;
+    int32_t in_flight = 0;
+  };
+  struct Pending {
+    GenerateRequest request;  // kept to re-place it
+    std::vector<int32_t> generated;
+    int32_t stage = -1;
+    int64_t load_blocks = 0;  // what it adds to its stage's load
+    int32_t encoder = -1;     // the vision encoder it waits for
+    bool continuing = false;  // handed off (or re-placed with tokens)
+    Clock::time_point last_progress;
+    std::string encode_origin;  // reported with the first token
+    double encode_seconds = 0;
+  };
+  RouterConfig config;
+  std::shared_ptr<EventSinks> sinks;
+  kv_store_actor kv;
+  bool kv_alive = true;
+  bool closed = false;
+  std::vector<Stage> stages;
+  std::vector<Encoder> encoders;
+  std::unordered_map<uint64_t, Pending> pending;
+  // One policy for new requests (prefill / colocated), one for hand-offs
+  // (decode / colocated): each learns from its own placements.
+  std::unique_ptr<PlacementPolicy> entry_policy, continue_policy;
+  uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0;
+  uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, direct_handoffs = 0, replacements = 0;
+  uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
+  uint64_t encodes = 0, encoder_downs = 0, encode_replacements = 0;
+  static inline const char* name = "cleave.router";
+};
+using router_pointer = router_actor::stateful_pointer<RouterState>;
+
+bool any_alive(const RouterState& s, bool entry) {
+  for (const auto& st : s.stages)
+    if (st.alive && (entry ? st.entry : st.cont)) return true;
+  return false;
+}
+
+// The live stages of the role, as the policy sees them.
+std::vector<Candidate> candidates(const RouterState& s, bool entry) {
+  std::vector<Candidate> out;
+  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
+    const auto& st = s.stages[size_t(i)];
+    if (st.alive && (entry ? st.entry : st.cont)) out.push_back({i, st.in_flight, st.load_blocks});
+  }
+  return out;
+}
+
+// Places the pending request on a live stage of the role; -1 when none.
+int32_t place_on_stage(RouterState& s, RouterState::Pending& p, bool entry) {
+  PlacementPolicy& policy = entry ? *s.entry_policy : *s.continue_policy;
+  PlacementRequest r = placement_request(p.request, s.config.block_size);
+  const int32_t i = policy.pick(r, candidates(s, entry));
+  if (i < 0) return i;
+  policy.placed(r, i);
+  p.stage = i;
+  p.load_blocks = r.load_blocks;
+  ++s.stages[size_t(i)].in_flight;
+  s.stages[size_t(i)].load_blocks += r.load_blocks;
+  return i;
+}
+
+void leave_stage(RouterState& s, RouterState::Pending& p) {
+  if (p.stage < 0) return;
+  auto& st = s.stages[size_t(p.stage)];
+  if (st.in_flight > 0) --st.in_flight;
+  st.load_blocks = std::max<int64_t>(0, st.load_blocks - p.load_blocks);
+  p.load_blocks = 0;
+}
+
+void leave_encoder(RouterState& s, RouterState::Pending& p) {
+  if (p.encoder >= 0 && s.encoders[size_t(p.encoder)].in_flight > 0)
+    --s.encoders[size_t(p.encoder)].in_flight;
+  p.encoder = -1;
+}
+
+bool needs_encoding(const GenerateRequest& r) {
+  for (const PromptImage& im : r.images)
+    if (im.embeddings.empty()) return true;
+  return false;
+}
+
+bool any_encoder_alive(const RouterState& s) {
+  for (const auto& e : s.encoders)
+    if (e.alive) return true;
+  return false;
+}
+
+void finish(router_pointer self, uint64_t id, const msg::StreamEvent& e) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end()) return;
+  leave_stage(s, it->second);
+  leave_encoder(s, it->second);
+  s.pending.erase(it);
+  if (e.kind == msg::StreamEvent::Kind::finished) ++s.finished;
+  else ++s.failed;
+  s.sinks->emit(e);
+}
+
+// Fails a pending request and tells its stage to drop it.
+void fail(router_pointer self, uint64_t id, Status why) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end()) return;
+  const int32_t stage = it->second.stage;
+  if (stage >= 0 && s.stages[size_t(stage)].alive)
+    self->send(s.stages[size_t(stage)].handle, cancel_atom::value, id);
+  msg::StreamEvent e;
+  e.kind = msg::StreamEvent::Kind::failed;
+  e.request_id = id;
+  e.error = std::move(why);
+  e.origin = "router";
+  finish(self, id, e);
+}
+
+// The answer of a stage to submit / handoff: a typed error fails the
+// request; a stage that went down is handled by the down handler.
+void on_stage_error(router_pointer self, uint64_t id, int32_t stage, const caf::error& err) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end() || it->second.stage != stage) return;
+  if (!s.stages[size_t(stage)].alive) return;
+  if (is_receiver_down(err)) return;  // the down message re-places it
+  fail(self, id, from_error(err));
+}
+
+void place_entry(router_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto& p = s.pending.at(id);
+  const int32_t i = place_on_stage(s, p, true);
+  if (i < 0) {
+    ++s.rejected_unavailable;
+    return fail(self, id, Status(Code::unavailable, "no live prefill or colocated actor"));
+  }
+  p.continuing = false;
+  self->request(s.stages[size_t(i)].handle, kStageTimeout, submit_atom::value,
+                codec::encode(p.request))
+      .then([](bool) {}, [=](caf::error& err) { on_stage_error(self, id, i, err); });
+}
+
+// With a source, the decoder pulls the KV from that prefill's kv_sender.
+void place_continue(router_pointer self, uint64_t id, Bytes handoff,
+                    const kv_sender_actor* source = nullptr) {
+  auto& s = self->state;
+  auto& p = s.pending.at(id);
+  const int32_t i = place_on_stage(s, p, false);
+  if (i < 0) {
+    ++s.rejected_unavailable;
+    return fail(self, id, Status(Code::unavailable, "no live decode actor"));
+  }
+  p.continuing = true;
+  p.last_progress = Clock::now();
+  auto on_error = [=](caf::error& err) { on_stage_error(self, id, i, err); };
+  const stage_actor& stage = s.stages[size_t(i)].handle;
+  if (source) {
+    ++s.direct_handoffs;
+    self->request(stage, kStageTimeout, handoff_atom::value, std::move(handoff), *source)
+        .then([](bool) {}, on_error);
+  } else {
+    self->request(stage, kStageTimeout, handoff_atom::value, std::move(handoff))
+        .then([](bool) {}, on_error);
+  }
+}
+
+void on_embeddings(router_pointer self, uint64_t id, int32_t encoder, const Bytes& reply);
+
+// The request's images that lack embeddings go to the least loaded live
+// encoder; its reply puts them into the request, which then goes on to a
+// stage (place_entry).
+void place_encode(router_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto& p = s.pending.at(id);
+  int32_t best = -1;
+  for (int32_t i = 0; i < int32_t(s.encoders.size()); ++i) {
+    const auto& e = s.encoders[size_t(i)];
+    if (e.alive && (best < 0 || e.in_flight < s.encoders[size_t(best)].in_flight)) best = i;
+  }
+  if (best < 0) {
+    ++s.rejected_unavailable;
+    return fail(self, id, Status(Code::unavailable, "no live vision_encoder actor"));
+  }
+  p.encoder = best;
+  p.last_progress = Clock::now();
+  ++s.encoders[size_t(best)].in_flight;
+  ++s.encodes;
+  msg::EncodeRequest m;
+  m.request_id = id;
+  for (const PromptImage& im : p.request.images)
+    if (im.embeddings.empty()) m.images.push_back(im);
+  // The answer comes after the encoder's queue and its batch: bounded by
+  // the request's own timeout, not a stage's admission timeout.
+  const auto limit = std::chrono::duration_cast<caf::timespan>(
+      std::chrono::duration<double>(s.config.request_timeout_s));
+  self->request(s.encoders[size_t(best)].handle, limit, encode_atom::value, codec::encode(m))
+      .then([=](const Bytes& reply) { on_embeddings(self, id, best, reply); },
+            [=](caf::error& err) {
+              auto& s = self->state;
+              auto it = s.pending.find(id);
+              if (it == s.pending.end() || it->second.encoder != best) return;
+              if (!s.encoders[size_t(best)].alive) return;
+              if (is_receiver_down(err)) return;  // the down message re-places it
+              fail(self, id, from_error(err));
+            });
+}
+
+void on_embeddings(router_pointer self, uint64_t id, int32_t encoder, const Bytes& reply) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end() || it->second.encoder != encoder) {
+    ++s.stray_events;  // failed or re-placed meanwhile
+    return;
+  }
+  auto& p = it->second;
+  leave_encoder(s, p);
+  auto m = codec::decode_as<msg::ImageEmbeddings>(reply);
+  if (!m.ok()) {
+    ++s.bad_messages;
+    return fail(self, id, m.status());
+  }
+  size_t k = 0;
+  for (const PromptImage& im : p.request.images) {
+    if (!im.embeddings.empty()) continue;
+    if (k >= m->images.size() || !(m->images[k].hash == im.hash) ||
+        m->images[k].n_tokens != im.n_tokens)
+      break;
+    ++k;
+  }
+  if (k != m->images.size() || m->request_id != id)
+    return fail(self, id, Status(Code::corruption, "the vision encoder's answer for request " +
+                                                       std::to_string(id) +
+                                                       " does not match its images"));
+  k = 0;
+  for (PromptImage& im : p.request.images) {
+    if (!im.embeddings.empty()) continue;
+    im.embeddings = std::move(m->images[k++].embeddings);
+    im.image.rgb = {};  // encoded: the pixels are not needed any more
+  }
+  p.encode_origin = m->origin;
+  p.encode_seconds = m->seconds;
+  p.last_progress = Clock::now();
+  place_entry(self, id);
+}
+
+void on_encoder_down(router_pointer self, int32_t index) {
+  auto& s = self->state;
+  s.encoders[size_t(index)].alive = false;
+  s.encoders[size_t(index)].in_flight = 0;
+  ++s.encoder_downs;
+  std::vector<uint64_t> affected;
+  for (auto& [id, p] : s.pending)
+    if (p.encoder == index) affected.push_back(id);
+  std::sort(affected.begin(), affected.end());
+  for (uint64_t id : affected) {
+    s.pending.at(id).encoder = -1;
+    ++s.encode_replacements;
+    place_encode(self, id);  // on another encoder, or unavailable
+  }
+}
+
+// The pending entry when the message comes from the stage the request is on.
+RouterState::Pending* from_current_stage(router_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto it = s.pending.find(id);
+  if (it == s.pending.end() || it->second.stage < 0) return nullptr;
+  auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
+  if (sender != s.stages[size_t(it->second.stage)].addr) return nullptr;
+  return &it->second;
+}
+
+void on_stage_down(router_pointer self, int32_t index) {
+  auto& s = self->state;
+  auto& dead = s.stages[size_t(index)];
+  dead.alive = false;
+  dead.in_flight = 0;
+  dead.load_blocks = 0;
+  s.entry_policy->forget(index);
+  s.continue_policy->forget(index);
+  ++s.stage_downs;
+  std::vector<uint64_t> affected;
+  for (auto& [id, p] : s.pending)
+    if (p.stage == index) affected.push_back(id);
+  std::sort(affected.begin(), affected.end());
+  // pd with no decoder left: nothing admitted can finish; fail it all now.
+  if (dead.cont && !any_alive(s, false)) {
+    std::vector<uint64_t> all;
+    for (auto& [id, p] : s.pending) all.push_back(id);
+    for (uint64_t id : all) fail(self, id, Status(Code::unavailable, "no live decode actor"));
+    return;
+  }
+  for (uint64_t id : affected) {
+    auto& p = s.pending.at(id);
+    p.stage = -1;
+    ++s.replacements;
+    if (!p.continuing && p.generated.empty()) {
+      place_entry(self, id);
+    } else {
+      msg::Handoff h;
+      h.request = p.request;
+      h.generated = p.generated;
+      place_continue(self, id, codec::encode(h));
+    }
+  }
+}
+
+// A prefill's hand-off: on to a decoder (which pulls the KV from source
+// when there is one).
+void on_handoff(router_pointer self, const Bytes& bytes, const kv_sender_actor* source) {
+  auto& s = self->state;
+  auto h = codec::decode_as<msg::Handoff>(bytes);
+  if (!h.ok()) {
+    ++s.bad_messages;
+    return;
+  }
+  const uint64_t id = h->request.request_id;
+  RouterState::Pending* p = from_current_stage(self, id);
+  if (!p) {
+    ++s.stray_events;
+    return;
+  }
+  ++s.handoffs;
+  leave_stage(s, *p);
+  p->stage = -1;
+  place_continue(self, id, bytes, source);
+}
+
+router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
+                                      std::shared_ptr<EventSinks> sinks, kv_store_actor kv) {
+  auto& s = self->state;
+  s.config = config;
+  auto entry = make_placement_policy(config.placement);
+  auto cont = make_placement_policy(config.placement);
+  CLEAVE_CHECK(entry.ok() && cont.ok());  // spawn_router's callers check the config
+  s.entry_policy = std::move(entry.value());
+  s.continue_policy = std::move(cont.value());
+  s.sinks = std::move(sinks);
+  s.kv = kv;
+  self->monitor(kv);
+  self->set_down_handler([=](caf::down_msg& dm) {
+    auto& s = self->state;
+    if (dm.source == s.kv.address()) {
+      s.kv_alive = false;
+      return;
+    }
+    for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
+      if (s.stages[size_t(i)].alive && s.stages[size_t(i)].addr == dm.source)
+        return on_stage_down(self, i);
+    for (int32_t i = 0; i < int32_t(s.encoders.size()); ++i)
+      if (s.encoders[size_t(i)].alive && s.encoders[size_t(i)].addr == dm.source)
+        return on_encoder_down(self, i);
+  });
+  self->send(caf::actor_cast<router_actor>(self), tick_atom::value);
+  return {
+      [=](submit_atom, const Bytes& bytes) -> caf::result<bool> {
+        auto& s = self->state;
+        ++s.requests;
+        auto request = codec::decode_as<GenerateRequest>(bytes);
+        if (!request.ok()) {
+          ++s.bad_messages;
+          return to_error(request.status());
+        }
+        const uint64_t id = request->request_id;
+        if (s.closed) return to_error(Status(Code::unavailable, "pipeline is shutting down"));
+        if (int32_t(s.pending.size()) >= s.config.max_pending) {
+          ++s.rejected_busy;
+          return to_error(Status(Code::busy, "max_pending (" + std::to_string(s.config.max_pending) +
+                                                 ") requests in flight"));
+        }
+        if (s.pending.count(id))
+          return to_error(Status(Code::invalid_argument,
+                                 "request id " + std::to_string(id) + " is already in flight"));
+        if (!any_alive(s, true) || !any_alive(s, false)) {
+          ++s.rejected_unavailable;
+          return to_error(Status(Code::unavailable, s.config.disaggregated && any_alive(s, true)
+                                                        ? "no live decode actor"
+                                                        : "no live stage actor"));
+        }
+        const bool encode = needs_encoding(*request);
+        if (encode && !any_encoder_alive(s)) {
+          ++s.rejected_unavailable;
+          return to_error(Status(Code::unavailable, "request " + std::to_string(id) +
+                                                        " has images to encode and there is no "
+                                                        "live vision_encoder actor"));
+        }
+        RouterState::Pending p;
+        p.request = std::move(request.value());
+        p.last_progress = Clock::now();
+        s.pending.emplace(id, std::move(p));
+        ++s.admitted;
+        if (encode) place_encode(self, id);
+        else place_entry(self, id);
+        return true;
+      },
+      [=](event_atom, const Bytes& bytes) {
+        auto& s = self->state;
+        auto e = codec::decode_as<msg::StreamEvent>(bytes);
+        if (!e.ok()) {
+          ++s.bad_messages;
+          return;
+        }
+        RouterState::Pending* p = from_current_stage(self, e->request_id);
+        if (!p) {
+          ++s.stray_events;
+          return;
+        }
+        p->last_progress = Clock::now();
+        if (e->kind == msg::StreamEvent::Kind::token) {
+          if (e->index != int32_t(p->generated.size())) {  // a replayed token
+            ++s.stray_events;
+            return;
+          }
+          p->generated.push_back(e->token);
+          ++s.tokens;
+          if (e->index == 0 && !p->encode_origin.empty()) {
+            e->encode_origin = p->encode_origin;
+            e->encode_seconds = p->encode_seconds;
+          }
+          s.sinks->emit(*e);
+          return;
+        }
+        finish(self, e->request_id, *e);
+      },
+      [=](handoff_atom, const Bytes& bytes) { on_handoff(self, bytes, nullptr); },
+      [=](handoff_atom, const Bytes& bytes, kv_sender_actor source) {
+        on_handoff(self, bytes, &source);
+      },
+      [=](attach_atom, const std::string& kind, stage_actor stage) -> caf::result<bool> {
+        auto& s = self->state;
+        const auto k = parse_actor_kind(kind);
+        if (!k || !actor_kind_info(*k).stage)
+          return to_error(Status(Code::invalid_argument, "cannot attach a '" + kind.substr(0, 64) +
+                                                             "' actor as a stage"));
+        RouterState::Stage st;
+        st.addr = stage.address();
+        st.handle = stage;
+        st.kind = *k;
+        st.entry = actor_kind_info(*k).entry;
+        st.cont = actor_kind_info(*k).continues;
+        self->monitor(stage);
+        s.stages.push_back(std::move(st));
+        return true;
+      },
+      [=](attach_atom, const std::string&, vision_encoder_actor encoder) -> bool {
+        RouterState::Encoder e;
+        e.addr = encoder.address();
+        e.handle = encoder;
+        self->monitor(encoder);
+        self->state.encoders.push_back(std::move(e));
+        return true;
+      },
+      [=](tick_atom) {
+        auto& s = self->state;
+        const auto now = Clock::now();
+        const auto limit = std::chrono::duration<double>(s.config.request_timeout_s);
+        std::vector<uint64_t> stuck;
+        for (auto& [id, p] : s.pending)
+          if (now - p.last_progress > limit) stuck.push_back(id);
+        for (uint64_t id : stuck) {
+          ++s.timeouts;
+          fail(self, id, Status(Code::timed_out, "request " + std::to_string(id) +
+                                                     " made no progress for " +
+                                                     std::to_string(s.config.request_timeout_s) + " s"));
+        }
+        self->delayed_send(caf::actor_cast<router_actor>(self), kTickInterval, tick_atom::value);
+      },
+      [=](shutdown_atom) -> bool {
+        auto& s = self->state;
+        s.closed = true;
+        std::vector<uint64_t> all;
+        for (auto& [id, p] : s.pending) all.push_back(id);
+        for (uint64_t id : all) fail(self, id, Status(Code::aborted, "pipeline shut down"));
+        return true;
+      },
+      [=](stats_atom) -> Bytes {
+        auto& s = self->state;
+        uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0, alive_encoders = 0;
+        for (const auto& e : s.encoders) alive_encoders += e.alive;
+        for (const auto& st : s.stages) {
+          if (!st.alive) continue;
+          if (st.kind == ActorKind::prefill) ++alive_prefill;
+          if (st.kind == ActorKind::decode) ++alive_decode;
+          if (st.kind == ActorKind::colocated) ++alive_colocated;
+        }
+        return encode_stats("router", {{"requests", s.requests},
+                                       {"admitted", s.admitted},
+                                       {"rejected_busy", s.rejected_busy},
+                                       {"rejected_unavailable", s.rejected_unavailable},
+                                       {"queue_depth", s.pending.size()},
+                                       {"finished", s.finished},
+                                       {"failures", s.failed},
+                                       {"tokens", s.tokens},
+                                       {"handoffs", s.handoffs},
+                                       {"direct_handoffs", s.direct_handoffs},
+                                       {"replacements", s.replacements},
+                                       {"stage_downs", s.stage_downs},
+                                       {"timeouts", s.timeouts},
+                                       {"stray_events", s.stray_events},
+                                       {"bad_messages", s.bad_messages},
+                                       {"alive_prefill", alive_prefill},
+                                       {"alive_decode", alive_decode},
+                                       {"alive_colocated", alive_colocated},
+                                       {"alive_vision_encoder", alive_encoders},
+                                       {"encodes", s.encodes},
+                                       {"encoder_downs", s.encoder_downs},
+                                       {"encode_replacements", s.encode_replacements},
+                                       {"alive_kv_store", s.kv_alive ? 1u : 0u}});
+      },
+  };
+}
+
+}  // namespace
+
+router_actor spawn_router(caf::actor_system& system, RouterConfig config,
+                          std::shared_ptr<EventSinks> sinks, kv_store_actor kv) {
+  return system.spawn(router_fn, std::move(config), std::move(sinks), std::move(kv));
+}
+
+}  // namespace cleave::actors
