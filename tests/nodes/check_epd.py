@@ -1,15 +1,16 @@
 #!/usr/bin/env python3
 """E/P/D across processes (examples/epd_3nodes.lua): an encoder node
 (vision_encoder actor), the head (router, prefill, KV store) and a decode
-node, real processes on loopback with ports 0. Image and text requests give
-the one-process run's tokens (`cleave generate --requests`, mono); each image
-request's embeddings came from the encoder node (its stages name it) as
+node, real processes on loopback with ports 0. Image and text requests, half
+greedy and half sampled (fixed seeds), give the one-process run's tokens and
+logits (`cleave generate --requests`, mono; each token's `logits_hash`); each
+image request's embeddings came from the encoder node (its stages name it) as
 Cap'n Proto messages; kill -9 of the encoder node while it holds requests
 (the router's encode_replacements > 0): those fail unavailable naming the
-encoder, the rest keep the one-process tokens, none hangs; kill -9 of one of
-two encoder nodes (tests/nodes/epd_cluster.lua) while it holds requests:
-they are re-placed on the other and every request has the one-process
-tokens.
+encoder, the rest keep the one-process tokens and logits, none hangs; kill -9
+of one of two encoder nodes (tests/nodes/epd_cluster.lua) while it holds
+requests: they are re-placed on the other and every request has the
+one-process tokens and logits.
 
 usage: check_epd.py CLEAVE CLIP_DUMP VOCAB WORKDIR"""
 import json
@@ -136,8 +137,17 @@ ref_path = os.path.join(WORK, "mono.jsonl")
 p = subprocess.run([CLEAVE, "generate", "-m", LM, "--mmproj", MMPROJ, "--requests", req_path, "--out",
                     ref_path, "-t", "1"], capture_output=True, text=True, timeout=300)
 mono = read_results(ref_path)
-expect("one process answers every request", p.returncode == 0 and len(mono) == len(requests) and
-       all("error" not in r for r in mono.values()), p.stderr)
+expect("one process answers every request, with a logits hash per token",
+       p.returncode == 0 and len(mono) == len(requests) and
+       all("error" not in r and len(r["logits_hash"]) == len(r["tokens"]) > 0 for r in mono.values()),
+       p.stderr)
+
+def same_as_mono(r):
+    """Finished, with the one-process tokens and logits hash for every token."""
+    m = mono.get(r.get("id"), {})
+    return ("error" not in r and r.get("tokens") == m.get("tokens") and
+            r.get("logits_hash") == m.get("logits_hash"))
+
 
 def one_line_error(name, args, *needles):
     p = subprocess.run([CLEAVE, "node", "--topology", TOPOLOGY, "-m", LM, *args], capture_output=True,
@@ -163,8 +173,8 @@ try:
     results = read_results(out)
     expect("E/P/D head runs every request and exits 0", rc == 0 and len(results) == len(requests),
            f"rc={rc} results={len(results)} {herr}")
-    wrong = [i for i, r in results.items() if "error" in r or r.get("tokens") != mono.get(i, {}).get("tokens")]
-    expect(f"E/P/D over 3 processes gives the one-process tokens for {len(requests)} requests",
+    wrong = [i for i, r in results.items() if not same_as_mono(r)]
+    expect(f"E/P/D over 3 processes gives the one-process tokens and logits for {len(requests)} requests",
            not wrong and len(results) == len(requests), f"differ: {wrong[:10]}")
     with_images = [r for r in requests if "images" in r]
     expect("each image request was encoded on the encoder node, prefilled on the head, decoded on "
@@ -201,10 +211,9 @@ try:
            rc == 0 and len(results) == len(requests), f"rc={rc} {herr[-2000:]}")
     expect("work was in flight at the encoder when it died: the router re-placed what it held",
            router.get("encoder_downs") == 1 and router.get("encode_replacements", 0) > 0, router)
-    same = sum(1 for r in requests if "error" not in results.get(r["id"], {"error": 1}) and
-               results[r["id"]]["tokens"] == mono[r["id"]]["tokens"])
+    same = sum(1 for r in requests if same_as_mono(results.get(r["id"], {"error": 1})))
     failed = [results[r["id"]]["error"] for r in requests if "error" in results.get(r["id"], {})]
-    expect("every request has the one-process tokens or fails unavailable naming the encoder; "
+    expect("every request has the one-process tokens and logits or fails unavailable naming the encoder; "
            "each re-placed one failed (no encoder left)",
            same + len(failed) == len(requests) and len(failed) >= router.get("encode_replacements", 0) and
            all("unavailable" in e and "vision_encoder" in e for e in failed), failed[:3])
@@ -231,8 +240,9 @@ try:
     expect("kill one of two encoders: e0 held requests when it died and the router re-placed them",
            router.get("encoder_downs") == 1 and moved > 0 and
            router.get("encodes") == len(with_images) + moved, router)
-    wrong = [i for i, r in results.items() if "error" in r or r.get("tokens") != mono.get(i, {}).get("tokens")]
-    expect("kill one of two encoders: every request finishes with the one-process tokens (e1 lives)",
+    wrong = [i for i, r in results.items() if not same_as_mono(r)]
+    expect("kill one of two encoders: every request finishes with the one-process tokens and logits "
+           "(e1 lives)",
            not wrong and len(results) == len(requests),
            f"differ or failed: {[(i, results[i].get('error')) for i in wrong[:5]]}")
     def encoded_on(node):

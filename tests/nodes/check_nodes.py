@@ -1,19 +1,23 @@
 #!/usr/bin/env python3
 """`cleave node` with real processes on loopback (ports 0): the head (router +
 KV store) and prefill / decode worker nodes joined over CAF's middleman.
+Every comparison with mono (`cleave generate --requests`, one process) is of
+tokens and of the hash of each token's logits row (`logits_hash`), over 100
+requests, half greedy and half sampled (temperature 0.9, fixed seeds).
 
-  pd across 3 processes gives mono's tokens for 100 requests;
+  pd across 3 processes gives mono's tokens and logits for 100 requests;
   a worker with the wrong (or no) cluster secret is refused and the head logs it;
   kill -9 of a decode node while requests run: every request finishes with
-  mono's tokens (re-placed on the other decoder), no failure allowed; the
-  head's detection time is printed;
+  mono's tokens and logits (re-placed on the other decoder), no failure
+  allowed; the head's detection time is printed;
   kill -9 of the prefill node while it streams KV: streams were cut (d0's
   kv_transfers_failed > 0), the store served the blocks (d0's kv_blocks_got
-  = the store's kv_blocks_served > 0) and every request it handed off finishes
-  with mono's tokens; the rest fail unavailable (no prefill left);
+  = the store's kv_blocks_served > 0) and every request it handed off
+  finishes with mono's tokens and logits; the rest fail unavailable (no
+  prefill left);
   SIGSTOP of a decode node: the head's heartbeat timeout drops it and its
-  requests finish on the other decoder with mono's tokens (detection time
-  printed).
+  requests finish on the other decoder with mono's tokens and logits
+  (detection time printed).
 
 usage: check_nodes.py CLEAVE VOCAB WORKDIR"""
 import json
@@ -78,20 +82,39 @@ for i in range(100):
         prompt = shared + [rng.randrange(3, 32000) for _ in range(rng.randrange(1, 12))]
     else:
         prompt = [1] + [rng.randrange(3, 32000) for _ in range(rng.randrange(1, 45))]
-    requests.append({"id": 1000 + i, "prompt_ids": prompt, "max_tokens": rng.randrange(8, 33),
-                     "temperature": 0, "ignore_eos": True})
+    r = {"id": 1000 + i, "prompt_ids": prompt, "max_tokens": rng.randrange(8, 33), "ignore_eos": True}
+    if i % 2:  # sampled, with a fixed seed (mono must draw the same tokens from the same logits)
+        r.update(temperature=0.9, seed=77 + i, top_k=40, top_p=0.95)
+    else:
+        r["temperature"] = 0
+    requests.append(r)
 req_path = os.path.join(WORK, "requests.jsonl")
 with open(req_path, "w") as f:
     for r in requests:
         f.write(json.dumps(r) + "\n")
 
+# Mono: one process (`cleave generate --requests`), each result's tokens and
+# the hash of each token's logits row (`logits_hash`), compared with every
+# cluster's results below: the same logits, not only the same tokens.
+mono_path = os.path.join(WORK, "mono.jsonl")
+p = subprocess.run([CLEAVE, "generate", "-m", MODEL, "--requests", req_path, "--out", mono_path, "-t", "1"],
+                   capture_output=True, text=True, timeout=300)
 mono = {}
-for r in requests:
-    p = subprocess.run([CLEAVE, "generate", "-m", MODEL, "--prompt-ids",
-                        ",".join(map(str, r["prompt_ids"])), "-n", str(r["max_tokens"]), "--temp", "0",
-                        "--ignore-eos", "--json", "-t", "1"], capture_output=True, text=True, timeout=60)
-    mono[r["id"]] = json.loads(p.stdout)["generated_ids"] if p.returncode == 0 else None
-expect("mono answers every request", all(v is not None for v in mono.values()))
+if p.returncode == 0:
+    with open(mono_path) as f:
+        for line in f:
+            j = json.loads(line)
+            if "error" not in j and len(j["logits_hash"]) == len(j["tokens"]) > 0:
+                mono[j["id"]] = (j["tokens"], j["logits_hash"])
+
+
+def same_as_mono(r):
+    """Finished, with mono's tokens and mono's logits hash for every token."""
+    return "error" not in r and (r.get("tokens"), r.get("logits_hash")) == mono.get(r["id"])
+
+
+expect("mono answers every request, with a logits hash per token",
+       len(mono) == len(requests) and p.returncode == 0, p.stderr)
 
 
 def read_results(path):
@@ -188,7 +211,7 @@ try:
     one_line_error("a malformed request line", ["--name", "head", "--requests", bad_req, "--out", bad_req + ".out"],
                    1, "bad.jsonl:2")
 
-    # ---- (a) head + prefill node + decode node give mono's tokens ---------------
+    # ---- (a) head + prefill node + decode node give mono's tokens and logits -----
     out = os.path.join(WORK, "pd.jsonl")
     head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "2",
                              "--set", "prefills=1", "--set", "decoders=1"], tag="pd_")
@@ -201,8 +224,9 @@ try:
     results = read_results(out)
     expect("pd head runs every request and exits 0", rc == 0 and len(results) == 100,
            f"rc={rc} results={len(results)} {herr}")
-    wrong = [r["id"] for r in results if r.get("tokens") != mono.get(r["id"]) or "error" in r]
-    expect("pd over 3 processes gives mono's tokens for 100 requests", not wrong and len(results) == 100,
+    wrong = [r["id"] for r in results if not same_as_mono(r)]
+    expect("pd over 3 processes gives mono's tokens and logits for 100 requests",
+           not wrong and len(results) == 100,
            f"differ: {wrong[:10]}")
     def stage_tokens(r, node):
         return sum(s["tokens"] for k, s in r.get("stages", {}).items() if k.startswith(node + "/"))
@@ -259,8 +283,8 @@ try:
         rc = head.wait(180)
         herr = head.stderr()
         results = read_results(out)
-        wrong = [r["id"] for r in results if r.get("tokens") != mono.get(r["id"]) or "error" in r]
-        expect(f"{script}: {1 + len(workers)} processes give mono's tokens for 100 requests",
+        wrong = [r["id"] for r in results if not same_as_mono(r)]
+        expect(f"{script}: {1 + len(workers)} processes give mono's tokens and logits for 100 requests",
                rc == 0 and len(results) == 100 and not wrong, f"rc={rc} differ: {wrong[:10]} {herr[-2000:]}")
         expect(f"{script}: the first token comes from {head_name}, the rest from " + " or ".join(decoders),
                all(stage_tokens(r, head_name) == 1 and
@@ -329,8 +353,8 @@ try:
            submitted is not None and rc == 0 and len(results) == 100, f"rc={rc} {herr}")
     finished = [r for r in results if "error" not in r]
     failed = [r for r in results if "error" in r]
-    wrong = [r["id"] for r in results if r.get("tokens") != mono.get(r["id"]) or "error" in r]
-    expect("kill: every request finishes with mono's tokens (d1 lives: no failure allowed)",
+    wrong = [r["id"] for r in results if not same_as_mono(r)]
+    expect("kill: every request finishes with mono's tokens and logits (d1 lives: no failure allowed)",
            not wrong and len(results) == 100,
            f"{len(failed)} failed {[(r['id'], r['error']) for r in failed[:5]]}, differ: {wrong[:10]}")
     m = re.search(r"node d0 lost its decode stage \((.*)\) at ([0-9.]+)", herr)
@@ -387,8 +411,9 @@ try:
     got, served = int(ds.get("kv_blocks_got", 0)), int(kv.get("kv_blocks_served", 0))
     expect("kill prefill: the store served the cut streams' blocks (d0 got every block it served)",
            got > 0 and served == got, f"d0 kv_blocks_got={got}, store kv_blocks_served={served}")
-    wrong = [r["id"] for r in handed if r.get("tokens") != mono.get(r["id"]) or "error" in r]
-    expect("kill prefill: every request p0 handed off, cut streams included, finishes with mono's tokens",
+    wrong = [r["id"] for r in handed if not same_as_mono(r)]
+    expect("kill prefill: every request p0 handed off, cut streams included, finishes with mono's "
+           "tokens and logits",
            not wrong and len(handed) >= cut, f"differ or failed: {wrong[:10]}")
     unclear = [r for r in failed if "unavailable: no live prefill" not in r["error"]]
     expect("kill prefill: the requests p0 had not handed off fail unavailable (no prefill left)",
@@ -417,8 +442,8 @@ try:
            submitted is not None and rc == 0 and len(results) == 100, f"rc={rc} {herr}")
     finished = [r for r in results if "error" not in r]
     failed = [r for r in results if "error" in r]
-    wrong = [r["id"] for r in results if r.get("tokens") != mono.get(r["id"]) or "error" in r]
-    expect("stop: every request finishes with mono's tokens (d1 lives: no failure allowed)",
+    wrong = [r["id"] for r in results if not same_as_mono(r)]
+    expect("stop: every request finishes with mono's tokens and logits (d1 lives: no failure allowed)",
            not wrong and len(results) == 100,
            f"{len(failed)} failed {[(r['id'], r['error']) for r in failed[:5]]}, differ: {wrong[:10]}")
     m = re.search(r"node d0 lost its decode stage \((.*)\) at ([0-9.]+)", herr)
