@@ -71,27 +71,36 @@ def cluster_with_frozen_encoder(tag, out_path, encoders, topology=TOPOLOGY):
     moment it has joined, so whatever the router sends it stays in flight,
     however fast it would encode. Killed (SIGKILL) once the head has
     submitted: well within the heartbeat timeout (500 ms) that would drop it
-    anyway. Returns head, victim, time of the kill and whether the head had
-    submitted."""
+    anyway. Then waits for the head (a hang fails) and returns the results,
+    the router's stats and the seconds from the kill to the head's exit."""
+    label = tag.rstrip("_") + ": "
     sets = ["--set", "decoders=1"]
     if topology != TOPOLOGY:
         sets += ["--set", f"encoders={len(encoders)}"]
     head = Node("prefill", ["--requests", req_path, "--out", out_path,
                             "--wait-stages", str(2 + len(encoders)), *sets], tag, topology)
     m = head.wait_line(r"cleave node head listening on ([0-9.]+):(\d+)")
-    expect(tag + "head prints its port", m is not None, head.stderr())
+    expect(label + "head prints its port", m is not None, head.stderr())
     sets += ["--set", f"prefill_port={m.group(2) if m else '1'}", "--join-timeout", "20"]
     for name in ["decode", *encoders[1:]]:
         n = Node(name, sets, tag, topology)
-        expect(f"{tag}{name} joins", n.wait_line(r"joined", timeout=60) is not None, n.stderr())
+        expect(f"{label}{name} joins", n.wait_line(r"joined", timeout=60) is not None, n.stderr())
     victim = Node(encoders[0], sets, tag, topology)
     joined = victim.wait_line(r"joined", timeout=60)
     victim.proc.send_signal(signal.SIGSTOP)
-    expect(f"{tag}{encoders[0]} joins", joined is not None, victim.stderr())
+    expect(f"{label}{encoders[0]} joins", joined is not None, victim.stderr())
     submitted = head.wait_line(r"submitted", timeout=5) is not None
     time.sleep(0.05)
     victim.proc.send_signal(signal.SIGKILL)
-    return head, victim, time.time(), submitted
+    t_kill = time.time()
+    expect(f"{label}the head submitted while {encoders[0]} was frozen", submitted, head.stderr()[-2000:])
+    rc = head.wait(120)
+    t_done = time.time()
+    herr = head.stderr()
+    results = read_results(out_path)
+    expect(f"{label}after kill -9 of {encoders[0]} the head finishes every request (no hang)",
+           rc == 0 and len(results) == len(requests), f"rc={rc} {herr[-2000:]}")
+    return results, stats_of(herr, "router"), t_done - t_kill
 
 
 def stats_of(err, actor):
@@ -200,15 +209,7 @@ try:
     # from the moment it joins, so it surely holds requests when it dies (the
     # router counts them: encode_replacements).
     out = os.path.join(WORK, "kill.jsonl")
-    head, encoder, t_kill, submitted = cluster_with_frozen_encoder("kill_", out, ["encoder"])
-    expect("the head submitted while the encoder was frozen", submitted, head.stderr()[-2000:])
-    rc = head.wait(120)
-    t_done = time.time()
-    herr = head.stderr()
-    results = read_results(out)
-    router = stats_of(herr, "router")
-    expect("after kill -9 of the encoder node the head finishes every request (no hang)",
-           rc == 0 and len(results) == len(requests), f"rc={rc} {herr[-2000:]}")
+    results, router, done_s = cluster_with_frozen_encoder("kill_", out, ["encoder"])
     expect("work was in flight at the encoder when it died: the router re-placed what it held",
            router.get("encoder_downs") == 1 and router.get("encode_replacements", 0) > 0, router)
     same = sum(1 for r in requests if same_as_mono(results.get(r["id"], {"error": 1})))
@@ -220,23 +221,15 @@ try:
     expect("text requests are unaffected",
            all("error" not in results.get(r["id"], {}) for r in requests if "images" not in r))
     print(f"     encoder killed: {router.get('encode_replacements')} requests at it, {same} identical, "
-          f"{len(failed)} failed unavailable, head done {t_done - t_kill:.2f} s after the kill")
+          f"{len(failed)} failed unavailable, head done {done_s:.2f} s after the kill")
     stop_all()
 
     # ---- kill -9 of one of two encoder nodes: its requests finish on the other ----
     out = os.path.join(WORK, "kill2.jsonl")
-    head, e0, t_kill, submitted = cluster_with_frozen_encoder(
+    results, router, done_s = cluster_with_frozen_encoder(
         "kill2_", out, ["e0", "e1"],
         topology=os.path.join(os.path.dirname(os.path.abspath(__file__)), "epd_cluster.lua"))
-    expect("the head submitted while e0 was frozen", submitted, head.stderr()[-2000:])
-    rc = head.wait(120)
-    t_done = time.time()
-    herr = head.stderr()
-    results = read_results(out)
-    router = stats_of(herr, "router")
     moved = router.get("encode_replacements", 0)
-    expect("kill one of two encoders: the head finishes every request (no hang)",
-           rc == 0 and len(results) == len(requests), f"rc={rc} {herr[-2000:]}")
     expect("kill one of two encoders: e0 held requests when it died and the router re-placed them",
            router.get("encoder_downs") == 1 and moved > 0 and
            router.get("encodes") == len(with_images) + moved, router)
@@ -253,7 +246,7 @@ try:
            on_e0 + on_e1 == len(with_images) and on_e0 <= len(with_images) - moved and on_e1 >= moved,
            f"e0 {on_e0}, e1 {on_e1}, re-placed {moved}")
     print(f"     e0 killed: {moved} requests re-placed on e1 (e0 encoded {on_e0}, e1 {on_e1}), "
-          f"head done {t_done - t_kill:.2f} s after the kill")
+          f"head done {done_s:.2f} s after the kill")
 finally:
     stop_all()
 
