@@ -862,8 +862,12 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
   cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear, so later CUDA calls do not see it
-    return Status(Code::unavailable,
-                  "cuda backend: no GPU: " + cuda_error("cudaGetDeviceCount", err));
+    // "No GPU" only when there is none (or no driver); anything else is a
+    // broken CUDA install or device, and says so.
+    const bool none = err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver;
+    return Status(Code::unavailable, std::string("cuda backend: ") +
+                                         (none ? "no GPU: " : "CUDA start-up failed: ") +
+                                         cuda_error("cudaGetDeviceCount", err));
   }
   if (count <= 0) return Status(Code::unavailable, "cuda backend: no GPU: device count is 0");
   if (device < 0 || device >= count)

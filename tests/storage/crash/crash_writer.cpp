@@ -5,15 +5,21 @@
 //     from SEED. After each acknowledged insert it appends the key (hex) to
 //     STATE and fsyncs STATE: ack from RocksDB first, then "acknowledged".
 //   storage_crash drive WORKDIR [--full] [--cycles C] [--seed S]
-//     Runs the writer as a child, SIGKILLs it after a random delay, reopens
-//     the database with RocksDbTier in this process and checks that every key
-//     in STATE is readable, verifies, and holds the expected bytes, with 0
-//     corrupt reads. Keys written but not yet recorded may or may not exist.
-//     Default (ctest): 20 cycles, kill after 20-200 ms.
+//     Runs the writer as a child, waits for its first acknowledgement (a new
+//     line in STATE), SIGKILLs it after a random delay counted from that
+//     acknowledgement, reopens the database with RocksDbTier in this process
+//     and checks that every key in STATE is readable, verifies, and holds the
+//     expected bytes, with 0 corrupt reads. Keys written but not yet recorded
+//     may or may not exist. Every cycle must add acknowledged blocks (a
+//     writer that acknowledges nothing within 30 s, or a cycle that adds
+//     none, fails the run), so a slow machine cannot pass having verified
+//     nothing.
+//     Default (ctest): 20 cycles, kill 20-200 ms after the first ack.
 //     --full: at least 20 cycles and at least 10,000 acknowledged blocks,
-//     kill after 100-1000 ms.
+//     kill 100-1000 ms after the first ack.
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -35,6 +41,12 @@ using namespace cleave;
 namespace {
 
 constexpr uint64_t kModel = 0xC1EA7E5EEDull;
+constexpr auto kFirstAckTimeout = std::chrono::seconds(30);
+
+off_t file_size(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0 ? st.st_size : 0;
+}
 
 KvLayout crash_layout() {  // 2 * 2 heads * 4 tokens * 64 * 4 bytes = 4 KiB
   KvLayout l;
@@ -155,6 +167,7 @@ int drive(const std::string& workdir, bool full, int min_cycles, uint64_t seed) 
     }
     const std::string child_seed = std::to_string(rng());
     const int delay = lo_ms + int(rng() % uint64_t(hi_ms - lo_ms + 1));
+    const off_t state_before = file_size(state);
     const pid_t pid = ::fork();
     if (pid < 0) {
       std::perror("fork");
@@ -166,10 +179,35 @@ int drive(const std::string& workdir, bool full, int min_cycles, uint64_t seed) 
       ::execv("/proc/self/exe", const_cast<char* const*>(argv));
       std::_Exit(127);
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(delay));
-    ::kill(pid, SIGKILL);
+    // The delay counts from the writer's first acknowledgement: however slow
+    // its start (opening RocksDB, a loaded machine), each kill lands while it
+    // acknowledges blocks.
+    const auto wait_start = std::chrono::steady_clock::now();
     int status = 0;
-    ::waitpid(pid, &status, 0);
+    bool exited = false;
+    while (file_size(state) <= state_before) {
+      if (::waitpid(pid, &status, WNOHANG) == pid) {
+        exited = true;
+        break;
+      }
+      if (std::chrono::steady_clock::now() - wait_start > kFirstAckTimeout) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &status, 0);
+        std::printf("FAIL: cycle %d: the writer acknowledged no block within %lld s\n", cycles + 1,
+                    (long long)std::chrono::duration_cast<std::chrono::seconds>(kFirstAckTimeout)
+                        .count());
+        return 1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    const double first_ack_ms =
+        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - wait_start)
+            .count();
+    if (!exited) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      ::kill(pid, SIGKILL);
+      ::waitpid(pid, &status, 0);
+    }
     ++cycles;
     if (WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) {
       ++kills;
@@ -210,18 +248,24 @@ int drive(const std::string& workdir, bool full, int min_cycles, uint64_t seed) 
     corrupt += c.corrupt_reads;
     const size_t stored = (*tier)->size();
     extra_max = stored - std::min(stored, keys.size());
-    std::printf("cycle %2d: killed after %4d ms, acknowledged %6zu (+%zu), verified %6zu, "
-                "stored %6zu, corrupt reads %llu\n",
-                cycles, delay, keys.size(), keys.size() - last_acked, ok, stored,
+    const size_t added = keys.size() - std::min(keys.size(), last_acked);
+    std::printf("cycle %2d: first ack after %5.1f ms, killed %4d ms later, acknowledged %6zu "
+                "(+%zu), verified %6zu, stored %6zu, corrupt reads %llu\n",
+                cycles, first_ack_ms, delay, keys.size(), added, ok, stored,
                 (unsigned long long)c.corrupt_reads);
     std::fflush(stdout);
     verified_total += ok;
-    last_acked = keys.size();
     if (bad || c.corrupt_reads) {
       std::printf("FAIL: %zu of %zu acknowledged blocks missing or wrong, %llu corrupt reads\n",
                   bad, keys.size(), (unsigned long long)c.corrupt_reads);
       return 1;
     }
+    if (keys.size() < last_acked || added == 0) {
+      std::printf("FAIL: cycle %d acknowledged no new block (%zu before, %zu after)\n", cycles,
+                  last_acked, keys.size());
+      return 1;
+    }
+    last_acked = keys.size();
   }
   const double secs =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
