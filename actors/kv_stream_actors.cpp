@@ -218,11 +218,14 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                   },
                   [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
         };
+        if (from.node() == self->node()) {  // in process: chunks over CAF
+          start_chunks();
+          return done;
+        }
         // A sender in another process: the bytes come on its data socket,
         // read on a thread of ours; a sender without one streams over CAF.
-        if (from.node() != self->node()) {
-          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_socket_atom::value,
-                        bytes)
+        auto via_socket = [=] {
+          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_socket_atom::value, bytes)
               .then(
                   [=](const std::string& where, const std::string& token) {
                     auto& s = self->state;
@@ -235,8 +238,7 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                     auto me = caf::actor_cast<kv_receiver_actor>(self);
                     const msg::KvPull p = pull.value();
                     s.socket_jobs->run([=] {
-                      results->put(id, fetch_kv_socket(where, token, p, kKvMaxStreamBytes,
-                                                       *counters));
+                      results->put(id, fetch_kv_socket(where, token, p, kKvMaxStreamBytes, *counters));
                       caf::anon_send(me, kv_done_atom::value, id);
                     });
                   },
@@ -244,26 +246,25 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                     if (from_error(e).code() == Code::unsupported) return start_chunks();
                     end_transfer(self, id, from_error(e));
                   });
-          return done;
-        }
-        auto start = start_chunks;
-        // A sender on a node this one reaches only through the head: connect
-        // to it first, so the chunks go worker to worker (CAF routes by the
-        // direct connection once there is one). Failing that, through the head.
+        };
+        // First a middleman connection of our own to the sender's node
+        // (once per node): without it CAF routes through the head, and a
+        // dead prefill node would show up only at the stall timeout, since
+        // CAF 0.17 does not pass on that a node reached through another is
+        // gone. Failing the connect, through the head all the same.
         const size_t colon = address.rfind(':');
-        if (from.node() == self->node() || s.connected.count(address) || colon == std::string::npos) {
-          start();
+        if (s.connected.count(address) || colon == std::string::npos) {
+          via_socket();
         } else {
           const int port = std::atoi(address.c_str() + colon + 1);
-          self->request(self->system().middleman().actor_handle(), kKvTimeout,
-                        caf::connect_atom::value, address.substr(0, colon), uint16_t(port))
+          self->request(self->system().middleman().actor_handle(), kKvTimeout, caf::connect_atom::value,
+                        address.substr(0, colon), uint16_t(port))
               .then(
-                  [=](const caf::node_id&, const caf::strong_actor_ptr&,
-                      const std::set<std::string>&) {
+                  [=](const caf::node_id&, const caf::strong_actor_ptr&, const std::set<std::string>&) {
                     self->state.connected.insert(address);
-                    start();
+                    via_socket();
                   },
-                  [=](caf::error&) { start(); });
+                  [=](caf::error&) { via_socket(); });
         }
         return done;
       },
