@@ -1,5 +1,5 @@
 // KV streaming between a prefill stage and a decoder (no CAF): the chunk
-// protocol the kv_sender and kv_receiver actors (actors.cpp) speak, as plain
+// protocol the kv_sender and kv_receiver actors (kv_stream_actors.cpp) speak, as plain
 // classes the tests and the transfer benchmark drive directly.
 //
 // A stream carries blocks [first_block, n) of one handed-off request, layer

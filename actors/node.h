@@ -1,5 +1,5 @@
 // One process of a multi-node cluster (`cleave node`), behind a CAF-free
-// interface; the implementation lives in actors/actors.cpp with the actors.
+// interface; the implementation lives in actors/node.cpp.
 //
 //   head    spawns the router and the kv_store, hosts its own stage actors,
 //           and publishes a join actor on its host:port (CAF middleman).

@@ -1,5 +1,5 @@
 // Pipeline: the mono topology (a StageCore on a thread, no actors), run(),
-// and the dispatch to the actor topologies (actors/actors.cpp). No CAF here.
+// and the dispatch to the actor topologies (actors/actor_pipeline.cpp). No CAF here.
 #include "actors/pipeline.h"
 
 #include <chrono>
