@@ -21,8 +21,12 @@ bool fold_event(Completion& c, const msg::StreamEvent& e, double seconds) {
   c.text += e.text;
   switch (e.kind) {
     case msg::StreamEvent::Kind::token:
-      if (c.tokens.empty()) c.ttft_seconds = seconds;
+      if (c.tokens.empty()) {
+        c.ttft_seconds = seconds;
+        c.cached_tokens = e.cached_tokens;
+      }
       c.tokens.push_back(e.token);
+      if (e.has_logprobs) c.logprobs.push_back(e.logprobs);
       c.logits_hashes.push_back(e.logits_hash);
       return false;
     case msg::StreamEvent::Kind::finished:

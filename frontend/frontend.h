@@ -53,6 +53,8 @@ struct Completion {
     double seconds = 0;  // wall time of the engine steps that produced them
   };
   std::map<std::string, StageTime> stages;  // origin ("decode/0", "NODE/prefill/0") -> time
+  int32_t cached_tokens = 0;                // prompt tokens served from the prefix cache
+  std::vector<LogprobEntry> logprobs;       // per token, when the request asked for them
   bool done = false;
 };
 

@@ -21,6 +21,9 @@ Status validate_request(const GenerateRequest& request, int32_t context, int32_t
   if (request.prefill_chunk < 1)
     return Status(Code::invalid_argument, "request: prefill chunk must be positive, got " +
                                               std::to_string(request.prefill_chunk));
+  if (request.logprobs < -1 || request.logprobs > 20)
+    return Status(Code::invalid_argument, "request: logprobs must be in [-1, 20], got " +
+                                              std::to_string(request.logprobs));
   if (request.sampling.max_tokens < 0)
     return Status(Code::invalid_argument, "request: max tokens must not be negative, got " +
                                               std::to_string(request.sampling.max_tokens));
@@ -118,7 +121,10 @@ int32_t RequestProgress::step(const float* logits) {
   last_logits_.assign(logits, logits + n_vocab_);
   const uint64_t position = history_.size();
   const int32_t token = sample_token(logits, n_vocab_, request_.sampling, history_,
-                                     request_.request_id, position);
+                                     request_.rng_stream.value_or(request_.request_id), position,
+                                     request_.prompt.size());
+  if (request_.logprobs >= 0)
+    last_logprobs_ = token_logprobs(logits, n_vocab_, token, request_.logprobs);
   append(token);
   return token;
 }

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -35,7 +36,14 @@ struct GenerateRequest {
   std::vector<int32_t> prompt;  // token ids (already tokenised)
   std::vector<PromptImage> images;  // in prompt order, not overlapping
   SamplingParams sampling;
-  uint64_t request_id = 0;      // keys the sampler's RNG
+  uint64_t request_id = 0;      // keys the sampler's RNG unless rng_stream is set
+  // Keys the sampler's RNG instead of request_id: a server gives choice i of
+  // a request with a fixed seed the stream i, so its text does not depend
+  // on the ids the server hands out (or on the topology).
+  std::optional<uint64_t> rng_stream;
+  // Report each sampled token's logprob and this many top alternatives
+  // (OpenAI's logprobs / top_logprobs, at most 20); -1: none.
+  int32_t logprobs = -1;
   int32_t prefill_chunk = 512;  // tokens per prefill forward (llama.cpp's ubatch)
   bool ignore_eos = false;
   bool keep_logits = false;     // record each step's logits row
@@ -103,6 +111,9 @@ class RequestProgress {
   // seen.
   const std::vector<float>& logits() const { return logits_; }
   const std::vector<float>& last_logits() const { return last_logits_; }
+  // The last step()'s logprobs when the request asked for them
+  // (request().logprobs >= 0).
+  const LogprobEntry& last_logprobs() const { return last_logprobs_; }
 
   // Re-creates the state after `generated` tokens were produced elsewhere
   // (a decode actor that died): appends them without sampling and re-derives
@@ -123,6 +134,7 @@ class RequestProgress {
   StopMatcher stops_;
   std::unique_ptr<StreamDecoder> stream_;
   std::vector<float> logits_, last_logits_;
+  LogprobEntry last_logprobs_;
 };
 
 }  // namespace cleave

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "common/status.h"
@@ -84,10 +85,24 @@ struct Before {
 }  // namespace
 
 int32_t sample_token(const float* logits, int32_t n_vocab, const SamplingParams& params,
-                     const std::vector<int32_t>& history, uint64_t request, uint64_t position) {
+                     const std::vector<int32_t>& history, uint64_t request, uint64_t position,
+                     size_t n_prompt) {
   CLEAVE_CHECK(logits != nullptr && n_vocab > 0);
   std::vector<Cand> cands(static_cast<size_t>(n_vocab));
   for (int32_t i = 0; i < n_vocab; ++i) cands[i] = Cand{i, logits[i]};
+
+  // Presence / frequency penalties (OpenAI): over the generated tokens, in
+  // the order they were generated (each token's count, then one subtraction).
+  if ((params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f) &&
+      n_prompt < history.size()) {
+    std::unordered_map<int32_t, int32_t> counts;
+    for (size_t i = n_prompt; i < history.size(); ++i) {
+      const int32_t t = history[i];
+      if (t >= 0 && t < n_vocab) ++counts[t];
+    }
+    for (const auto& [t, n] : counts)
+      cands[t].logit -= params.presence_penalty + params.frequency_penalty * float(n);
+  }
 
   // Repetition penalty (llama.cpp): each distinct token of the window once.
   if (params.repeat_penalty != 1.0f && params.repeat_last_n != 0 && !history.empty()) {
@@ -173,6 +188,31 @@ int32_t sample_token(const float* logits, int32_t n_vocab, const SamplingParams&
     if (p[i] > 0) return cands[i].id;
   }
   return cands[0].id;
+}
+
+LogprobEntry token_logprobs(const float* logits, int32_t n_vocab, int32_t chosen, int32_t top) {
+  CLEAVE_CHECK(logits != nullptr && n_vocab > 0 && chosen >= 0 && chosen < n_vocab);
+  double mx = -std::numeric_limits<double>::infinity();
+  for (int32_t i = 0; i < n_vocab; ++i) mx = std::max(mx, double(key_of(logits[i])));
+  double sum = 0;
+  if (std::isfinite(mx))
+    for (int32_t i = 0; i < n_vocab; ++i) sum += std::exp(double(key_of(logits[i])) - mx);
+  const double lse = std::isfinite(mx) ? mx + std::log(sum) : 0;
+  auto lp = [&](int32_t i) {
+    const double l = double(key_of(logits[i]));
+    return std::isfinite(l) && std::isfinite(mx) ? float(l - lse)
+                                                 : -std::numeric_limits<float>::infinity();
+  };
+  LogprobEntry out;
+  out.chosen = {chosen, lp(chosen)};
+  if (top > 0) {
+    std::vector<Cand> cands(static_cast<size_t>(n_vocab));
+    for (int32_t i = 0; i < n_vocab; ++i) cands[i] = Cand{i, logits[i]};
+    const size_t k = std::min<size_t>(size_t(top), cands.size());
+    std::partial_sort(cands.begin(), cands.begin() + k, cands.end(), Before{});
+    for (size_t i = 0; i < k; ++i) out.top.push_back({cands[i].id, lp(cands[i].id)});
+  }
+  return out;
 }
 
 std::string StopMatcher::push(const std::string& text) {

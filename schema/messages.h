@@ -42,6 +42,13 @@ struct StreamEvent {
   // token: XXH3-64 of the logits row the token was sampled from, so runs
   // can be compared for logits as well as tokens (0 when not computed).
   uint64_t logits_hash = 0;
+  // token, when the request asked for logprobs: the chosen token's logprob
+  // and the top alternatives.
+  bool has_logprobs = false;
+  LogprobEntry logprobs;
+  // The first token event: prompt tokens whose KV came from the prefix
+  // cache of the stage that ran the prompt (OpenAI's cached_tokens).
+  int32_t cached_tokens = 0;
 };
 
 // Prefill -> (router) -> decode: continue a request whose first tokens were

@@ -8,7 +8,7 @@ shift || true
 
 PACKAGES=(build-essential cmake pkg-config ccache doctest-dev nlohmann-json3-dev libcli11-dev
           librocksdb-dev libxxhash-dev python3 python3-numpy libcaf-dev capnproto libcapnp-dev
-          clang libclang-rt-14-dev liblua5.4-dev libstb-dev)
+          clang libclang-rt-14-dev liblua5.4-dev libstb-dev libboost-dev)
 missing=()
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
