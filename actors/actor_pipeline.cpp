@@ -56,6 +56,8 @@ class ActorPipeline final : public Pipeline, private PipelineTestHooks {
     return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
 
+  Status cancel(uint64_t request_id) override { return cancel_at_router(router_, *sinks_, request_id); }
+
   std::vector<msg::Stats> stats() override { return collect_all_stats(*system_, router_, kv_, *actors_); }
 
   int32_t alive(const std::string& kind) override {

@@ -166,6 +166,13 @@ Status submit_to_router(caf::actor_system& system, const router_actor& router, E
   return st;
 }
 
+Status cancel_at_router(const router_actor& router, EventSinks& sinks, uint64_t request_id) {
+  if (!sinks.has(request_id))
+    return Status(Code::not_found, "request " + std::to_string(request_id) + " is not in flight");
+  caf::anon_send(router, cancel_atom::value, request_id);
+  return Status::Ok();
+}
+
 std::vector<msg::Stats> collect_all_stats(caf::actor_system& system, const router_actor& router,
                                           const kv_store_actor& kv, ActorSet& actors) {
   std::vector<msg::Stats> out;

@@ -77,6 +77,10 @@ class ActorSet {
 Status submit_to_router(caf::actor_system& system, const router_actor& router, EventSinks& sinks,
                         GenerateRequest request, EventCallback on_event);
 
+// Asks the router to end a request early (Frontend::cancel): not_found when
+// its callback is gone already.
+Status cancel_at_router(const router_actor& router, EventSinks& sinks, uint64_t request_id);
+
 // Appends an actor's counters; a dead actor has none.
 void collect_stats(caf::scoped_actor& self, const caf::actor& handle, std::vector<msg::Stats>& out);
 template <class Handle>

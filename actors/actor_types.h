@@ -131,6 +131,7 @@ using vision_encoder_actor = caf::typed_actor<caf::replies_to<encode_atom, Bytes
 using router_actor =
     caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
                      caf::reacts_to<event_atom, Bytes>, caf::reacts_to<handoff_atom, Bytes>,
+                     caf::reacts_to<cancel_atom, uint64_t>,
                      caf::reacts_to<handoff_atom, Bytes, kv_sender_actor>,
                      caf::replies_to<attach_atom, std::string, stage_actor>::with<bool>,
                      caf::replies_to<attach_atom, std::string, vision_encoder_actor>::with<bool>,

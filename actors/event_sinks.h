@@ -21,6 +21,10 @@ class EventSinks {
     std::lock_guard<std::mutex> lock(mu_);
     map_.erase(id);
   }
+  bool has(uint64_t id) {
+    std::lock_guard<std::mutex> lock(mu_);
+    return map_.count(id) > 0;
+  }
   void emit(const msg::StreamEvent& e) {
     std::shared_ptr<EventCallback> cb;
     {

@@ -304,6 +304,8 @@ class HeadNode final : public Node {
     return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
 
+  Status cancel(uint64_t request_id) override { return cancel_at_router(router_, *sinks_, request_id); }
+
   // The router's and the store's, then the head's own stages and encoders.
   std::vector<msg::Stats> stats() override { return collect_all_stats(*system_, router_, kv_, *actors_); }
 
@@ -406,6 +408,9 @@ class WorkerNode final : public Node {
   int32_t stages() override { return actors_->size(); }
 
   Status submit(GenerateRequest, EventCallback) override {
+    return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);
+  }
+  Status cancel(uint64_t) override {
     return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);
   }
 

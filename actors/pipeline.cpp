@@ -91,6 +91,16 @@ class MonoPipeline final : public Pipeline {
     return Status::Ok();
   }
 
+  // The loop drops it before its next step and sends the failed event.
+  Status cancel(uint64_t request_id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!callbacks_.count(request_id))
+      return Status(Code::not_found, "request " + std::to_string(request_id) + " is not in flight");
+    cancels_.push_back(request_id);
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
   std::vector<msg::Stats> stats() override {
     std::lock_guard<std::mutex> lock(mu_);
     msg::Stats s = snapshot_;
@@ -98,7 +108,8 @@ class MonoPipeline final : public Pipeline {
                                            {"rejected_busy", rejected_busy_},
                                            {"tokens", tokens_},
                                            {"finished", finished_},
-                                           {"failures", failed_}});
+                                           {"failures", failed_},
+                                           {"cancelled", cancelled_}});
     return {s};
   }
   int32_t alive(const std::string& kind) override { return kind == "mono" ? 1 : 0; }
@@ -134,12 +145,25 @@ class MonoPipeline final : public Pipeline {
     std::vector<SchedulerEvent> events;
     for (;;) {
       std::deque<GenerateRequest> incoming;
+      std::vector<uint64_t> cancels;
       {
         std::unique_lock<std::mutex> lock(mu_);
         const bool busy = core_->has_work();
-        cv_.wait(lock, [&] { return stop_ || busy || !inbox_.empty(); });
+        cv_.wait(lock, [&] { return stop_ || busy || !inbox_.empty() || !cancels_.empty(); });
         if (stop_) return;
         incoming.swap(inbox_);
+        cancels.swap(cancels_);
+      }
+      for (uint64_t id : cancels) {
+        std::erase_if(incoming, [&](const GenerateRequest& r) { return r.request_id == id; });
+        core_->cancel(id);
+        SchedulerEvent failed;
+        failed.kind = SchedulerEvent::Kind::failed;
+        failed.request_id = id;
+        failed.error = Status(Code::aborted, "request " + std::to_string(id) + " cancelled by its client");
+        events.push_back(std::move(failed));
+        std::lock_guard<std::mutex> lock(mu_);
+        ++cancelled_;
       }
       if (encoder_) encode(incoming, events);
       for (GenerateRequest& r : incoming) {
@@ -202,10 +226,11 @@ class MonoPipeline final : public Pipeline {
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<GenerateRequest> inbox_;
+  std::vector<uint64_t> cancels_;  // cancel() -> the loop
   std::unordered_map<uint64_t, EventCallback> callbacks_;
   bool stop_ = false;
   msg::Stats snapshot_;
-  uint64_t requests_ = 0, rejected_busy_ = 0, tokens_ = 0, finished_ = 0, failed_ = 0;
+  uint64_t requests_ = 0, rejected_busy_ = 0, tokens_ = 0, finished_ = 0, failed_ = 0, cancelled_ = 0;
   std::thread thread_;
 };
 

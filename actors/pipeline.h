@@ -88,6 +88,7 @@ class Pipeline : public Frontend {
   // unavailable when no actor of a needed kind is alive. Otherwise every
   // admitted request gets exactly one finished or failed event, never none.
   Status submit(GenerateRequest request, EventCallback on_event) override = 0;
+  Status cancel(uint64_t request_id) override = 0;
   // Submits all and waits for every one to finish or fail
   // (run_to_completion, frontend/frontend.h).
   Result<std::vector<Completion>> run(std::vector<GenerateRequest> requests);

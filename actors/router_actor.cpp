@@ -53,7 +53,7 @@ struct RouterState {
   // One policy for new requests (prefill / colocated), one for hand-offs
   // (decode / colocated): each learns from its own placements.
   std::unique_ptr<PlacementPolicy> entry_policy, continue_policy;
-  uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0;
+  uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, cancelled = 0;
   uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, direct_handoffs = 0, replacements = 0;
   uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
   uint64_t encodes = 0, encoder_downs = 0, encode_replacements = 0;
@@ -451,6 +451,12 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         }
         finish(self, e->request_id, *e);
       },
+      [=](cancel_atom, uint64_t id) {
+        auto& s = self->state;
+        if (!s.pending.count(id)) return;
+        ++s.cancelled;
+        fail(self, id, Status(Code::aborted, "request " + std::to_string(id) + " cancelled by its client"));
+      },
       [=](handoff_atom, const Bytes& bytes) { on_handoff(self, bytes, nullptr); },
       [=](handoff_atom, const Bytes& bytes, kv_sender_actor source) {
         on_handoff(self, bytes, &source);
@@ -516,6 +522,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"admitted", s.admitted},
                                        {"rejected_busy", s.rejected_busy},
                                        {"rejected_unavailable", s.rejected_unavailable},
+                                       {"cancelled", s.cancelled},
                                        {"queue_depth", s.pending.size()},
                                        {"finished", s.finished},
                                        {"failures", s.failed},

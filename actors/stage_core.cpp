@@ -17,6 +17,9 @@ msg::StreamEvent to_stream_event(const SchedulerEvent& e, const std::string& ori
       m.token = e.token;
       m.text = e.text;
       m.logits_hash = e.logits_hash;
+      m.has_logprobs = e.has_logprobs;
+      m.logprobs = e.logprobs;
+      m.cached_tokens = e.cached_tokens;
       break;
     case SchedulerEvent::Kind::finished:
       m.kind = msg::StreamEvent::Kind::finished;
@@ -180,6 +183,9 @@ msg::Stats StageCore::stats() const {
       {"kv_blocks_exported", blocks_exported_},
       {"cache_published_blocks", cache.published_blocks},
       {"cache_evicted_blocks", cache.evicted_blocks},
+      // Held by running sequences (cached blocks no one holds are free to evict).
+      {"kv_blocks_total", uint64_t(engine_->total_blocks())},
+      {"kv_blocks_used", uint64_t(engine_->total_blocks() - engine_->available_blocks())},
   };
   return s;
 }

@@ -31,6 +31,12 @@ class Frontend {
  public:
   virtual ~Frontend() = default;
   virtual Status submit(GenerateRequest request, EventCallback on_event) = 0;
+  // Ends an admitted request early (its client went away): its stage drops
+  // it within one step and frees its KV; the callback then gets a failed
+  // event with code aborted (still exactly one terminal event, which may
+  // also be a finished one that was already on its way). not_found when the
+  // request is not in flight (finished meanwhile, or never admitted).
+  virtual Status cancel(uint64_t request_id) = 0;
   // Each actor's counters (requests, tokens, queue depth, KV blocks moved,
   // failures, ...).
   virtual std::vector<msg::Stats> stats() = 0;

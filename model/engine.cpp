@@ -155,6 +155,7 @@ int32_t Engine::evictable_blocks() const {
 }
 
 int32_t Engine::available_blocks() const { return pool_->free_count() + evictable_blocks(); }
+int32_t Engine::total_blocks() const { return pool_->capacity(); }
 
 int32_t Engine::blocks_needed(int32_t seq, int32_t n_tokens) const {
   return is_open(seq) ? seqs_[size_t(seq)].blocks->blocks_needed(n_tokens) : 0;

@@ -79,6 +79,7 @@ class Engine {
 
   // KV blocks: free ones plus cached ones no sequence holds (evictable).
   int32_t available_blocks() const;
+  int32_t total_blocks() const;  // the pool's size
   // Blocks forward() would need to take to append n tokens to seq.
   int32_t blocks_needed(int32_t seq, int32_t n_tokens) const;
 

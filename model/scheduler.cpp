@@ -26,6 +26,7 @@ struct Scheduler::Entry {
   int32_t records_first_block = 0;   // the block records[0] holds (the ones before: cached here)
   int32_t imported = 0;              // tokens of fed that came from records
   bool done = false;                 // left running_ during this step
+  int32_t cached = 0;                // prompt tokens the first admission took from the prefix cache
 
   int32_t remaining() const { return int32_t(progress.history().size()) - fed; }
 };
@@ -253,6 +254,7 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
       block_buffer_pool().release(e.records);  // imported: the buffers serve later streams
     } else {
       counters_.prefix_hit_tokens += uint64_t(e.fed);
+      if (e.progress.n_generated() == 0) e.cached = e.fed;
     }
     EntryPtr moved = std::move(queue_.front());
     queue_.pop_front();
@@ -361,6 +363,11 @@ Status Scheduler::step(std::vector<SchedulerEvent>& events) {
     ev.token = e.progress.step(row);
     ev.index = e.progress.n_generated() - 1;
     ev.text = e.progress.take_text();
+    if (e.progress.request().logprobs >= 0) {
+      ev.has_logprobs = true;
+      ev.logprobs = e.progress.last_logprobs();
+    }
+    if (ev.index == 0) ev.cached_tokens = e.cached;
     events.push_back(std::move(ev));
     if (e.progress.finished()) finish(e, events);
     else if (options_.prefill_only) handoff(e, events);

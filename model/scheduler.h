@@ -45,6 +45,9 @@ struct SchedulerEvent {
   int32_t index = 0;
   std::string text;
   uint64_t logits_hash = 0;  // token: XXH3-64 of the logits row it was sampled from
+  bool has_logprobs = false; // token: when the request asked for logprobs
+  LogprobEntry logprobs;
+  int32_t cached_tokens = 0; // the first token: prompt tokens taken from the prefix cache
   // finished: "length", "stop" or "context"; the final logits row when the
   // request asked for keep_logits; text holds any text not sent yet (in
   // practice empty: the last token event carries the flushed tail).

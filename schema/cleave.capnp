@@ -38,6 +38,8 @@ struct SamplingParams {
   seed @6 :UInt64;
   maxTokens @7 :Int32;
   stop @8 :List(Text);
+  presencePenalty @9 :Float32;
+  frequencyPenalty @10 :Float32;
 }
 
 # model/request.h PromptImage: prompt[position, position + nTokens) take the
@@ -67,6 +69,9 @@ struct GenerateRequest {
   ignoreEos @4 :Bool;
   keepLogits @5 :Bool;
   images @6 :List(PromptImage);
+  hasRngStream @7 :Bool;      # rngStream keys the sampler's RNG instead of requestId
+  rngStream @8 :UInt64;
+  logprobs @9 :Int32 = -1;    # top alternatives to report per token; -1: no logprobs
 }
 
 # Router -> vision_encoder: the images of one request that need embeddings
@@ -103,6 +108,16 @@ struct StreamEvent {
   encodeOrigin @10 :Text;     # the vision encoder of the request's images (first token)
   encodeSeconds @11 :Float64;
   logitsHash @12 :UInt64;     # token: XXH3-64 of the logits row it was sampled from
+  hasLogprobs @13 :Bool;      # token: the request asked for logprobs
+  chosen @14 :TokenLogprob;   # set when hasLogprobs
+  topLogprobs @15 :List(TokenLogprob);  # set when hasLogprobs
+  cachedTokens @16 :Int32;    # first token: prompt tokens from the prefix cache
+}
+
+# model/sampler.h TokenLogprob
+struct TokenLogprob {
+  token @0 :Int32;
+  logprob @1 :Float32;
 }
 
 # storage/block.h

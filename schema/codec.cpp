@@ -63,6 +63,8 @@ void put(wire::SamplingParams::Builder b, const SamplingParams& p) {
   b.setRepeatLastN(p.repeat_last_n);
   b.setSeed(p.seed);
   b.setMaxTokens(p.max_tokens);
+  b.setPresencePenalty(p.presence_penalty);
+  b.setFrequencyPenalty(p.frequency_penalty);
   auto stop = b.initStop(unsigned(p.stop.size()));
   for (size_t i = 0; i < p.stop.size(); ++i) stop.set(unsigned(i), text(p.stop[i]));
 }
@@ -96,6 +98,9 @@ void put(wire::GenerateRequest::Builder b, const GenerateRequest& r) {
   b.setIgnoreEos(r.ignore_eos);
   b.setKeepLogits(r.keep_logits);
   put(b.initImages(unsigned(r.images.size())), r.images);
+  b.setHasRngStream(r.rng_stream.has_value());
+  b.setRngStream(r.rng_stream.value_or(0));
+  b.setLogprobs(r.logprobs);
 }
 
 void put(wire::EncodeRequest::Builder b, const msg::EncodeRequest& m) {
@@ -124,6 +129,18 @@ void put(wire::StreamEvent::Builder b, const msg::StreamEvent& e) {
   b.setEncodeOrigin(text(e.encode_origin));
   b.setEncodeSeconds(e.encode_seconds);
   b.setLogitsHash(e.logits_hash);
+  b.setCachedTokens(e.cached_tokens);
+  if (e.has_logprobs) {
+    b.setHasLogprobs(true);
+    auto chosen = b.initChosen();
+    chosen.setToken(e.logprobs.chosen.token);
+    chosen.setLogprob(e.logprobs.chosen.logprob);
+    auto top = b.initTopLogprobs(unsigned(e.logprobs.top.size()));
+    for (size_t i = 0; i < e.logprobs.top.size(); ++i) {
+      top[unsigned(i)].setToken(e.logprobs.top[i].token);
+      top[unsigned(i)].setLogprob(e.logprobs.top[i].logprob);
+    }
+  }
 }
 
 void put(wire::BlockKey::Builder b, const BlockKey& k) {
@@ -331,9 +348,13 @@ Words content(const msg::ImageEmbeddings& m) {
   return struct_list_words<wire::PromptImage>(m.images) + text_words(m.origin);
 }
 uint64_t content(const msg::StreamEvent& e) {
+  uint64_t logprobs = 0;
+  if (e.has_logprobs)
+    logprobs = struct_words<wire::TokenLogprob>() +
+               (1 + uint64_t(e.logprobs.top.size()) * struct_words<wire::TokenLogprob>());
   return text_words(e.text) + text_words(e.finish_reason) + scalar_list_words(e.logits) +
          struct_words<wire::Status>() + content(e.error) + text_words(e.origin) +
-         text_words(e.encode_origin);
+         text_words(e.encode_origin) + logprobs;
 }
 uint64_t content(const msg::KvPull&) { return 0; }
 Words content(const msg::KvChunk& m) {
@@ -394,6 +415,8 @@ SamplingParams get(wire::SamplingParams::Reader r) {
   p.repeat_last_n = r.getRepeatLastN();
   p.seed = r.getSeed();
   p.max_tokens = r.getMaxTokens();
+  p.presence_penalty = r.getPresencePenalty();
+  p.frequency_penalty = r.getFrequencyPenalty();
   for (auto s : bounded(r.getStop(), kMaxListEntries, "sampling.stop")) p.stop.push_back(get(s));
   return p;
 }
@@ -450,6 +473,8 @@ GenerateRequest get(wire::GenerateRequest::Reader r) {
   out.ignore_eos = r.getIgnoreEos();
   out.keep_logits = r.getKeepLogits();
   out.images = get(r.getImages());
+  if (r.getHasRngStream()) out.rng_stream = r.getRngStream();
+  out.logprobs = r.getLogprobs();
   return out;
 }
 
@@ -470,6 +495,14 @@ msg::StreamEvent get(wire::StreamEvent::Reader r) {
   e.encode_origin = get(r.getEncodeOrigin());
   e.encode_seconds = r.getEncodeSeconds();
   e.logits_hash = r.getLogitsHash();
+  e.cached_tokens = r.getCachedTokens();
+  if (r.getHasLogprobs()) {
+    e.has_logprobs = true;
+    auto chosen = r.getChosen();
+    e.logprobs.chosen = {chosen.getToken(), chosen.getLogprob()};
+    for (auto t : bounded(r.getTopLogprobs(), 20, "top_logprobs"))
+      e.logprobs.top.push_back({t.getToken(), t.getLogprob()});
+  }
   return e;
 }
 
@@ -617,6 +650,8 @@ Status validate(const SamplingParams& p) {
   CLEAVE_RETURN_IF_ERROR(check_finite("sampling.top_p", p.top_p));
   CLEAVE_RETURN_IF_ERROR(check_finite("sampling.min_p", p.min_p));
   CLEAVE_RETURN_IF_ERROR(check_finite("sampling.repeat_penalty", p.repeat_penalty));
+  CLEAVE_RETURN_IF_ERROR(check_finite("sampling.presence_penalty", p.presence_penalty));
+  CLEAVE_RETURN_IF_ERROR(check_finite("sampling.frequency_penalty", p.frequency_penalty));
   CLEAVE_RETURN_IF_ERROR(check_non_negative("sampling.max_tokens", p.max_tokens));
   for (const auto& s : p.stop) CLEAVE_RETURN_IF_ERROR(check_string("sampling.stop", s));
   return Status::Ok();
@@ -652,6 +687,8 @@ Status validate(const GenerateRequest& r) {
   if (r.prefill_chunk < 1)
     return invalid("prefill_chunk = " + std::to_string(r.prefill_chunk) + " must be >= 1");
   CLEAVE_RETURN_IF_ERROR(validate(r.images));
+  if (r.logprobs < -1 || r.logprobs > 20)
+    return invalid("logprobs = " + std::to_string(r.logprobs) + " outside -1..20");
   return validate(r.sampling);
 }
 
@@ -686,6 +723,18 @@ Status validate(const msg::StreamEvent& e) {
     return invalid("stage_seconds = " + std::to_string(e.stage_seconds) +
                    " is not a finite non-negative number");
   CLEAVE_RETURN_IF_ERROR(check_string("encode_origin", e.encode_origin));
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("cached_tokens", e.cached_tokens));
+  if (e.has_logprobs) {
+    // -inf is a real logprob (a masked token); NaN and +inf are not.
+    auto bad = [](float lp) { return std::isnan(lp) || lp > 0; };
+    if (e.logprobs.chosen.token < 0 || bad(e.logprobs.chosen.logprob))
+      return invalid("logprobs: chosen token " + std::to_string(e.logprobs.chosen.token) +
+                     " or its logprob is not valid");
+    for (const TokenLogprob& t : e.logprobs.top)
+      if (t.token < 0 || bad(t.logprob))
+        return invalid("logprobs: top token " + std::to_string(t.token) +
+                       " or its logprob is not valid");
+  }
   return check_seconds("encode_seconds", e.encode_seconds);
 }
 

@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cmath>
 #include <set>
+#include <limits>
 
 #include "model/sampler.h"
 
@@ -332,4 +333,48 @@ TEST_CASE("StopMatcher: stop strings split across pushes") {
     CHECK(m.push("\xA5\xE6\x9C\xAC!") == "");
     CHECK(m.stopped());
   }
+}
+
+TEST_CASE("sample_token: presence and frequency penalties count generated tokens only") {
+  SamplingParams p = plain(0.0f);
+  // kLogits: token 3 = 3.0 is the argmax, 5 = 2.5 next.
+  p.presence_penalty = 0.4f;
+  // 3 appears in the prompt only (n_prompt = 1): no penalty, 3 still wins.
+  CHECK(sample_token(kLogits.data(), 8, p, {3}, 0, 0, 1) == 3);
+  // Once generated: 3.0 - 0.4 = 2.6 > 2.5, still 3; twice: presence counts once.
+  CHECK(sample_token(kLogits.data(), 8, p, {0, 3, 3}, 0, 0, 1) == 3);
+  p.presence_penalty = 0.6f;  // 2.4 < 2.5: 5 wins
+  CHECK(sample_token(kLogits.data(), 8, p, {0, 3}, 0, 0, 1) == 5);
+  p.presence_penalty = 0.0f;
+  p.frequency_penalty = 0.3f;  // once: 2.7 (3 wins); twice: 2.4 (5 wins)
+  CHECK(sample_token(kLogits.data(), 8, p, {0, 3}, 0, 0, 1) == 3);
+  CHECK(sample_token(kLogits.data(), 8, p, {0, 3, 3}, 0, 0, 1) == 5);
+  // Negative values reward repeats: 5 generated with -1 -> 3.5 beats 3.
+  p.frequency_penalty = -1.0f;
+  CHECK(sample_token(kLogits.data(), 8, p, {0, 5}, 0, 0, 1) == 5);
+}
+
+TEST_CASE("token_logprobs: log-softmax of the raw row in double, top sorted, ties to the lowest id") {
+  const std::vector<float> l = {1.0f, 3.0f, 3.0f, -2.0f, 0.5f};
+  double m = 3.0, s = 0;
+  for (float x : l) s += std::exp(double(x) - m);
+  const double lse = m + std::log(s);
+  const LogprobEntry e = token_logprobs(l.data(), 5, 4, 3);
+  CHECK(e.chosen.token == 4);
+  CHECK(e.chosen.logprob == float(0.5 - lse));
+  REQUIRE(e.top.size() == 3);
+  CHECK(e.top[0].token == 1);
+  CHECK(e.top[1].token == 2);
+  CHECK(e.top[2].token == 0);
+  CHECK(e.top[0].logprob == float(3.0 - lse));
+  CHECK(e.top[2].logprob == float(1.0 - lse));
+  double total = 0;
+  for (int i = 0; i < 5; ++i) total += std::exp(double(token_logprobs(l.data(), 5, i, 0).chosen.logprob));
+  CHECK(total == doctest::Approx(1.0).epsilon(1e-6));
+  CHECK(token_logprobs(l.data(), 5, 0, 0).top.empty());
+  CHECK(token_logprobs(l.data(), 5, 0, 99).top.size() == 5);  // capped at the vocabulary
+  // A masked (-inf) token has logprob -inf.
+  const std::vector<float> masked = {0.0f, -std::numeric_limits<float>::infinity()};
+  CHECK(std::isinf(token_logprobs(masked.data(), 2, 1, 0).chosen.logprob));
+  CHECK(token_logprobs(masked.data(), 2, 0, 0).chosen.logprob == 0.0f);
 }

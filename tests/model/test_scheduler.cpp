@@ -420,3 +420,73 @@ TEST_CASE("scheduler: busy, duplicate ids, bad requests, cancel, max_tokens 0") 
   zero.max_batch_tokens = 0;
   CHECK(validate_scheduler_options(zero).message().find("max_batch_tokens") != std::string::npos);
 }
+
+TEST_CASE("scheduler: token events carry logprobs when asked, cached tokens on the first, rng_stream keys sampling") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto engine = make_engine(path, engine_options(1, 4));
+  const int32_t V = engine->config().n_vocab;
+  Scheduler scheduler(*engine, tok.get());
+
+  auto run = [&](GenerateRequest r) {
+    std::vector<SchedulerEvent> tokens;
+    REQUIRE(scheduler.submit(std::move(r)).ok());
+    while (!scheduler.idle()) {
+      std::vector<SchedulerEvent> events;
+      REQUIRE(scheduler.step(events).ok());
+      for (auto& e : events)
+        if (e.kind == SchedulerEvent::Kind::token) tokens.push_back(std::move(e));
+    }
+    return tokens;
+  };
+  GenerateRequest r;
+  r.prompt = prompt_of(40, 7);
+  r.sampling.temperature = 0;
+  r.sampling.max_tokens = 6;
+  r.request_id = 1;
+  r.logprobs = 3;
+  auto first = run(r);
+  REQUIRE(first.size() == 6);
+  CHECK(first[0].cached_tokens == 0);  // nothing cached yet
+  for (const auto& e : first) {
+    REQUIRE(e.has_logprobs);
+    CHECK(e.logprobs.chosen.token == e.token);
+    REQUIRE(e.logprobs.top.size() == 3);
+    CHECK(e.logprobs.top[0].token == e.token);  // greedy: the argmax
+    CHECK(e.logprobs.top[0].logprob == e.logprobs.chosen.logprob);
+    CHECK(e.logprobs.top[0].logprob >= e.logprobs.top[1].logprob);
+    CHECK(e.logprobs.chosen.logprob <= 0.0f);
+    CHECK(e.cached_tokens == (e.index == 0 ? e.cached_tokens : 0));
+  }
+  // The same prompt again: its full blocks come from the prefix cache.
+  const uint64_t hits_before = scheduler.counters().prefix_hit_tokens;
+  r.request_id = 2;
+  r.logprobs = -1;
+  auto second = run(r);
+  REQUIRE(second.size() == 6);
+  CHECK(second[0].cached_tokens > 0);
+  CHECK(uint64_t(second[0].cached_tokens) == scheduler.counters().prefix_hit_tokens - hits_before);
+  CHECK_FALSE(second[0].has_logprobs);
+  for (size_t i = 0; i < 6; ++i) CHECK(second[i].token == first[i].token);
+
+  // Sampling at temperature 1: the RNG follows rng_stream, not the id.
+  auto sampled = [&](uint64_t id, std::optional<uint64_t> stream) {
+    GenerateRequest s = r;
+    s.request_id = id;
+    s.rng_stream = stream;
+    s.sampling.temperature = 1.5f;
+    s.sampling.top_k = 0;
+    s.sampling.top_p = 1;
+    s.sampling.min_p = 0;
+    s.sampling.max_tokens = 24;
+    s.ignore_eos = true;
+    std::vector<int32_t> out;
+    for (const auto& e : run(s)) out.push_back(e.token);
+    return out;
+  };
+  const auto a = sampled(10, 0), b = sampled(11, 0), c = sampled(12, 1);
+  CHECK(a == b);
+  CHECK(a != c);
+  CHECK(sampled(10, std::nullopt) != sampled(13, std::nullopt));
+  (void)V;
+}

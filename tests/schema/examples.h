@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -74,6 +75,10 @@ inline GenerateRequest request() {
   r.ignore_eos = true;
   r.keep_logits = true;
   r.images = {image(1, false), image(2, true)};
+  r.sampling.presence_penalty = -0.5f;
+  r.sampling.frequency_penalty = 1.25f;
+  r.rng_stream = 3;
+  r.logprobs = 5;
   return r;
 }
 
@@ -88,6 +93,10 @@ inline msg::StreamEvent token_event() {
   e.stage_seconds = 0.00125;
   e.encode_origin = "vision_encoder/0";
   e.encode_seconds = 0.0031;
+  e.cached_tokens = 48;
+  e.has_logprobs = true;
+  e.logprobs.chosen = {29871, -0.25f};
+  e.logprobs.top = {{29871, -0.25f}, {13, -1.75f}, {2, -std::numeric_limits<float>::infinity()}};
   return e;
 }
 

@@ -69,6 +69,10 @@ void check_same(const GenerateRequest& a, const GenerateRequest& b) {
   CHECK(a.prefill_chunk == b.prefill_chunk);
   CHECK(a.ignore_eos == b.ignore_eos);
   CHECK(a.keep_logits == b.keep_logits);
+  CHECK(same_bits(a.sampling.presence_penalty, b.sampling.presence_penalty));
+  CHECK(same_bits(a.sampling.frequency_penalty, b.sampling.frequency_penalty));
+  CHECK(a.rng_stream == b.rng_stream);
+  CHECK(a.logprobs == b.logprobs);
 }
 void check_same(const msg::StreamEvent& a, const msg::StreamEvent& b) {
   CHECK(a.kind == b.kind);
@@ -78,6 +82,15 @@ void check_same(const msg::StreamEvent& a, const msg::StreamEvent& b) {
   CHECK(a.text == b.text);
   CHECK(a.finish_reason == b.finish_reason);
   CHECK(cleave::testing::same_bits(a.logits, b.logits));
+  CHECK(a.cached_tokens == b.cached_tokens);
+  CHECK(a.has_logprobs == b.has_logprobs);
+  CHECK(a.logprobs.chosen.token == b.logprobs.chosen.token);
+  CHECK(same_bits(a.logprobs.chosen.logprob, b.logprobs.chosen.logprob));
+  REQUIRE(a.logprobs.top.size() == b.logprobs.top.size());
+  for (size_t i = 0; i < a.logprobs.top.size(); ++i) {
+    CHECK(a.logprobs.top[i].token == b.logprobs.top[i].token);
+    CHECK(same_bits(a.logprobs.top[i].logprob, b.logprobs.top[i].logprob));
+  }
   check_same(a.error, b.error);
   CHECK(a.origin == b.origin);
   CHECK(same_bits(a.stage_seconds, b.stage_seconds));
