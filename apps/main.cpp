@@ -32,6 +32,12 @@ using namespace cleave;
 // apps/node_cmd.cpp: `cleave node`.
 CLI::App* add_node_command(CLI::App& app);
 int run_node_command();
+// apps/serve_cmd.cpp: `cleave serve`; apps/http_options.h: -np, -to.
+CLI::App* add_serve_command(CLI::App& app);
+int run_serve_command(CLI::App* cmd);
+namespace cleave {
+void rewrite_short_flags(int argc, char** argv, std::vector<std::string>& storage, std::vector<char*>& out);
+}
 
 namespace {
 
@@ -529,9 +535,13 @@ int main(int argc, char** argv) {
   TopologyArgs topo_args;
   auto* topo = add_topology_command(app, topo_args);
   auto* node = add_node_command(app);  // apps/node_cmd.cpp
+  auto* serve = add_serve_command(app);  // apps/serve_cmd.cpp
 
+  std::vector<std::string> arg_storage;
+  std::vector<char*> args;
+  cleave::rewrite_short_flags(argc, argv, arg_storage, args);
   try {
-    app.parse(argc, argv);
+    app.parse(int(args.size()), args.data());
   } catch (const CLI::CallForHelp& e) {
     return app.exit(e);
   } catch (const CLI::CallForAllHelp& e) {
@@ -556,6 +566,7 @@ int main(int argc, char** argv) {
     if (*make) return run_make_model(mk);
     if (*topo) return run_topology(topo_args);
     if (*node) return run_node_command();
+    if (*serve) return run_serve_command(serve);
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "cleave: usage error: %s\n", e.what());
     return 2;

@@ -1,0 +1,74 @@
+#include "apps/http_options.h"
+
+#include <cstdio>
+#include <cstdlib>
+
+#include "server/served_model.h"
+
+namespace cleave {
+
+void add_http_options(CLI::App* cmd, HttpArgs& a, const std::string& port_flag) {
+  cmd->add_option("--host", a.host, "address to listen on (default 127.0.0.1: this machine only)");
+  cmd->add_option(port_flag, a.port, "HTTP port (0: any free port)")->check(CLI::Range(0, 65535));
+  cmd->add_option("--api-key", a.api_key,
+                  "API key every route but /health needs (also CLEAVE_API_KEY)");
+  cmd->add_option("-a,--alias,--served-model-name", a.alias, "model name the API shows and accepts");
+  cmd->add_option("--chat-template", a.chat_template,
+                  "built-in chat template (llama-2, chatml, llama-3, shapes, ...); default: the "
+                  "model's tokenizer.chat_template");
+  cmd->add_flag("--metrics", a.metrics, "serve Prometheus metrics on GET /metrics");
+  cmd->add_option("--timeout", a.timeout_s, "seconds a client may take to send a request (-to)")
+      ->check(CLI::Range(0.1, 86400.0));
+  cmd->add_option("--threads-http", a.threads_http, "HTTP io threads")->check(CLI::Range(1, 256));
+  cmd->add_option("--max-connections", a.max_connections, "open connections; beyond: 503")
+      ->check(CLI::Range(1, 1 << 20));
+}
+
+void rewrite_short_flags(int argc, char** argv, std::vector<std::string>& storage, std::vector<char*>& out) {
+  storage.clear();
+  for (int i = 0; i < argc; ++i) {
+    std::string s = argv[i];
+    if (s == "-np") s = "--parallel";
+    else if (s == "-to") s = "--timeout";
+    storage.push_back(std::move(s));
+  }
+  out.clear();
+  for (std::string& s : storage) out.push_back(s.data());
+}
+
+Result<std::unique_ptr<server::Server>> start_http(const HttpArgs& a) {
+  server::ServeOptions o;
+  o.http.host = a.host;
+  o.http.port = a.port;
+  o.http.threads = a.threads_http;
+  o.http.read_timeout_s = a.timeout_s;
+  o.http.max_connections = a.max_connections;
+  o.http.max_body_bytes = a.max_body_bytes;
+  o.api_key = a.api_key;
+  if (o.api_key.empty())
+    if (const char* env = std::getenv("CLEAVE_API_KEY")) o.api_key = env;
+  o.metrics = a.metrics;
+  return server::Server::start(o);
+}
+
+Status serve_through(server::Server& srv, const HttpArgs& a, const ServedFiles& f, Frontend& frontend) {
+  server::ServedModelArgs m;
+  m.model = f.model;
+  m.mmproj = f.mmproj;
+  m.tokenizer = f.tokenizer;
+  m.name = a.alias;
+  m.model_path = f.model_path;
+  m.chat_template = a.chat_template;
+  m.context = f.context;
+  m.prefill_chunk = f.prefill_chunk;
+  auto model = server::describe_served_model(m);
+  if (!model.ok()) return model.status();
+  const std::string name = model->name, tmpl = model->chat_template;
+  srv.ready(std::move(*model), frontend);
+  std::printf("cleave serve listening on http://%s:%d (model %s, chat template %s)\n", a.host.c_str(),
+              srv.port(), name.c_str(), tmpl.c_str());
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+}  // namespace cleave

@@ -1,0 +1,52 @@
+// The HTTP server's flags, shared by `cleave serve` and `cleave node
+// --http-port` (llama-server's spellings, vLLM's as aliases).
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "frontend/frontend.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "server/server.h"
+
+namespace cleave {
+
+struct HttpArgs {
+  std::string host = "127.0.0.1";
+  int port = 8080;
+  std::string api_key;   // also from CLEAVE_API_KEY
+  std::string alias;     // -a/--alias, --served-model-name
+  std::string chat_template;
+  bool metrics = false;
+  double timeout_s = 600;  // llama-server's -to: the read timeout of a request
+  int threads_http = 1;
+  int max_connections = 4096;
+  size_t max_body_bytes = 64 << 20;
+};
+
+// port_flag: "--port" for serve, "--http-port" for node.
+void add_http_options(CLI::App* cmd, HttpArgs& args, const std::string& port_flag);
+
+// llama-server's two-letter single-dash flags (-np, -to) that CLI11 cannot
+// declare: rewritten to their long forms before parsing.
+void rewrite_short_flags(int argc, char** argv, std::vector<std::string>& storage,
+                         std::vector<char*>& out);
+
+struct ServedFiles {
+  std::shared_ptr<const GgufFile> model, mmproj;
+  std::shared_ptr<const Tokenizer> tokenizer;
+  std::string model_path;
+  int32_t context = 0, prefill_chunk = 512;
+};
+
+// Starts the HTTP server (answering /health with 503 until serve() is
+// called) on the flags' address; errors are Status (the port taken, ...).
+Result<std::unique_ptr<server::Server>> start_http(const HttpArgs& args);
+// Describes the model (chat template checked) and starts serving through
+// `frontend`; prints "cleave serve listening on http://HOST:PORT".
+Status serve_through(server::Server& server, const HttpArgs& args, const ServedFiles& files,
+                     Frontend& frontend);
+
+}  // namespace cleave

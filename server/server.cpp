@@ -1,0 +1,159 @@
+// Routing, the API key, and the routes that are not generation: health,
+// models, metrics, tokenize and detokenize.
+#include "server/server.h"
+
+#include <chrono>
+
+#include "server/openai_response.h"
+#include "server/server_impl.h"
+
+namespace cleave::server {
+
+bool keys_equal(std::string_view a, std::string_view b) {
+  // Every byte of the longer one is read whatever the contents.
+  const size_t n = std::max(a.size(), b.size());
+  unsigned diff = a.size() == b.size() ? 0u : 1u;
+  for (size_t i = 0; i < n; ++i) {
+    const unsigned char x = i < a.size() ? static_cast<unsigned char>(a[i]) : 0;
+    const unsigned char y = i < b.size() ? static_cast<unsigned char>(b[i]) : 0;
+    diff |= unsigned(x ^ y);
+  }
+  return diff == 0;
+}
+
+namespace {
+
+struct Route {
+  std::string_view path;
+  std::string_view method;
+};
+constexpr Route kRoutes[] = {
+    {"/v1/completions", "POST"}, {"/v1/chat/completions", "POST"}, {"/v1/models", "GET"},
+    {"/health", "GET"},          {"/metrics", "GET"},              {"/tokenize", "POST"},
+    {"/detokenize", "POST"},
+};
+
+const Route* find_route(std::string_view path) {
+  for (const Route& r : kRoutes)
+    if (r.path == path) return &r;
+  return nullptr;
+}
+
+bool is_json(const std::string* content_type) {
+  if (!content_type) return false;
+  std::string_view v = *content_type;
+  const size_t semi = v.find(';');
+  if (semi != std::string_view::npos) v = v.substr(0, semi);
+  while (!v.empty() && v.back() == ' ') v.remove_suffix(1);
+  std::string lower(v);
+  for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return lower == "application/json";
+}
+
+}  // namespace
+
+void Server::Impl::reply(const std::shared_ptr<HttpResponder>& out, std::string_view route, int status,
+                         std::string content_type, std::string body) {
+  metrics.on_http(route, status);
+  out->send(status, std::move(content_type), std::move(body));
+}
+
+void Server::Impl::reply_error(const std::shared_ptr<HttpResponder>& out, std::string_view route,
+                               const ApiError& e, HttpHeaders extra) {
+  metrics.on_http(route, e.status);
+  out->send_error(e, std::move(extra));
+}
+
+void Server::Impl::handle(HttpRequest request, std::shared_ptr<HttpResponder> out) {
+  const Route* route = find_route(request.target);
+  if (!route)
+    return reply_error(out, "other",
+                       ApiError::not_found("no route " + request.method + " " + request.target.substr(0, 200)));
+  const std::string_view name = route->path;
+  if (request.method != route->method) {
+    metrics.on_http(name, 405);
+    return out->send_error(ApiError::method_not_allowed(std::string(name) + " takes " +
+                                                        std::string(route->method) + ", not " +
+                                                        request.method.substr(0, 16)),
+                           {{"Allow", std::string(route->method)}});
+  }
+  if (name == "/health") {
+    if (!loaded.load())
+      return reply_error(out, name, ApiError::unavailable("Loading model"));
+    return reply(out, name, 200, "application/json", "{\"status\":\"ok\"}");
+  }
+  if (!options.api_key.empty()) {
+    const std::string* auth = request.header("authorization");
+    constexpr std::string_view kBearer = "Bearer ";
+    const bool ok = auth && auth->size() >= kBearer.size() &&
+                    std::string_view(*auth).substr(0, kBearer.size()) == kBearer &&
+                    keys_equal(std::string_view(*auth).substr(kBearer.size()), options.api_key);
+    if (!ok)
+      return reply_error(out, name,
+                         ApiError::unauthorized(auth ? "Incorrect API key provided."
+                                                     : "Missing API key: send Authorization: Bearer KEY."));
+  }
+  if (!loaded.load()) return reply_error(out, name, ApiError::unavailable("Loading model"), {{"Retry-After", "1"}});
+  if (route->method == std::string_view("POST") && !is_json(request.header("content-type")))
+    return reply_error(out, name,
+                       ApiError::unsupported_media("Content-Type must be application/json, got " +
+                                                   (request.header("content-type")
+                                                        ? request.header("content-type")->substr(0, 100)
+                                                        : std::string("none"))));
+
+  if (name == "/v1/completions") return generate(RequestKind::completion, request, std::move(out));
+  if (name == "/v1/chat/completions") return generate(RequestKind::chat, request, std::move(out));
+  if (name == "/v1/models") {
+    ModelCard card;
+    card.id = model.name;
+    card.created = model.created;
+    card.max_model_len = model.context;
+    return reply(out, name, 200, "application/json", models_response({card}));
+  }
+  if (name == "/metrics") {
+    if (!options.metrics)
+      return reply_error(out, name, ApiError::not_found("metrics are off: start the server with --metrics"));
+    metrics.update_from_stats(frontend->stats());
+    return reply(out, name, 200, ServerMetrics::content_type(), metrics.render());
+  }
+  const TokenText piece = [this](int32_t t) { return model.tokenizer->token_bytes(t); };
+  if (name == "/tokenize") {
+    auto parsed = parse_tokenize_request(request.body);
+    if (!parsed.ok()) return reply_error(out, name, parsed.error());
+    const std::vector<int32_t> ids = model.tokenizer->encode(parsed->content, parsed->add_special);
+    return reply(out, name, 200, "application/json", tokenize_response(ids, parsed->with_pieces, piece));
+  }
+  // /detokenize
+  auto ids = parse_detokenize_request(request.body, model.n_vocab);
+  if (!ids.ok()) return reply_error(out, name, ids.error());
+  return reply(out, name, 200, "application/json", detokenize_response(model.tokenizer->decode(*ids)));
+}
+
+Result<std::unique_ptr<Server>> Server::start(const ServeOptions& options) {
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  Impl* raw = impl.get();
+  auto http = HttpServer::start(options.http, [raw](HttpRequest request, std::shared_ptr<HttpResponder> out) {
+    raw->handle(std::move(request), std::move(out));
+  });
+  if (!http.ok()) return http.status();
+  impl->http = std::move(http.value());
+  return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Server::~Server() {
+  impl_->http.reset();  // joins the io threads: no route runs after this
+}
+
+void Server::ready(ServedModel model, Frontend& frontend) {
+  impl_->model = std::move(model);
+  impl_->frontend = &frontend;
+  impl_->loaded.store(true);
+}
+
+int Server::port() const { return impl_->http->port(); }
+ServerMetrics& Server::metrics() { return impl_->metrics; }
+
+}  // namespace cleave::server
