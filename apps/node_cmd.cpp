@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "actors/node.h"
+#include "apps/http_options.h"
 #include "actors/topology.h"
 #include "frontend/request_codec.h"
 #include "model/clip.h"
@@ -42,6 +43,8 @@ struct NodeArgs {
   bool kv_via_store = false;
 };
 NodeArgs g_args;
+HttpArgs g_http;
+CLI::App* g_node_cmd = nullptr;
 std::atomic<bool> g_stop{false};
 
 void on_signal(int) { g_stop.store(true); }
@@ -160,6 +163,9 @@ CLI::App* add_node_command(CLI::App& app) {
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--wait-timeout", g_args.wait_timeout_s, "head: seconds to wait for those stages")
       ->check(CLI::Range(0.0, 3600.0));
+  // head: the OpenAI-compatible HTTP API in front of the cluster's router
+  cleave::add_http_options(cmd, cleave::g_http, "--http-port");
+  cleave::g_node_cmd = cmd;
   return cmd;
 }
 
@@ -174,6 +180,16 @@ int run_node_command() {
   const NodeSpec* me = o.spec.find(a.name);
   if (me && !me->head && !a.requests.empty())
     throw CLI::ValidationError("--requests", "only the head runs requests; '" + a.name + "' is a worker");
+  // The HTTP flags mean something on a serving head only.
+  const bool http = g_node_cmd->get_option("--http-port")->count() > 0;
+  for (const char* flag : {"--host", "--api-key", "--alias", "--chat-template", "--metrics", "--timeout",
+                           "--threads-http", "--max-connections"})
+    if (!http && g_node_cmd->get_option(flag)->count() > 0)
+      throw CLI::ValidationError(flag, "needs --http-port (the head's HTTP server)");
+  if (http && me && !me->head)
+    throw CLI::ValidationError("--http-port", "only the head serves HTTP; '" + a.name + "' is a worker");
+  if (http && !a.requests.empty())
+    throw CLI::ValidationError("--http-port", "serves until stopped; it does not go with --requests");
   o.file = unwrap(GgufFile::open(a.model));
   auto tok = Tokenizer::from_gguf(*o.file);
   if (tok.ok()) o.tokenizer = std::move(*tok);
@@ -208,6 +224,8 @@ int run_node_command() {
   std::signal(SIGTERM, on_signal);
   retain_freed_memory();  // KV streams reuse freed buffers (actors/kv_stream.h)
 
+  std::unique_ptr<server::Server> http_server;
+  if (http) http_server = unwrap(start_http(g_http));  // /health: 503 until the node is up
   auto node = unwrap(Node::start(o));
   if (node->is_head()) {
     std::printf("cleave node head listening on %s\n", node->address().c_str());
@@ -216,6 +234,20 @@ int run_node_command() {
                 node->stages());
   }
   std::fflush(stdout);
+  if (http_server) {
+    ServedFiles f;
+    f.model = o.file;
+    f.mmproj = o.mmproj;
+    f.tokenizer = o.tokenizer;
+    f.model_path = a.model;
+    f.context = a.ctx;
+    Status st = serve_through(*http_server, g_http, f, *node);
+    if (!st.ok()) {
+      std::fprintf(stderr, "cleave: error: %s\n", st.to_string().c_str());
+      http_server.reset();
+      return finish(std::move(node), 1);
+    }
+  }
   try {
     if (!a.requests.empty()) {
       const int code = run_requests(*node, a, requests);
@@ -230,7 +262,9 @@ int run_node_command() {
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cleave: error: %s\n", e.what());
+    http_server.reset();
     return finish(std::move(node), 1);
   }
+  http_server.reset();  // no route runs once the node goes
   return finish(std::move(node), 0);
 }

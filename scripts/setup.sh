@@ -8,8 +8,12 @@ shift || true
 
 PACKAGES=(build-essential cmake pkg-config ccache doctest-dev nlohmann-json3-dev libcli11-dev
           librocksdb-dev libxxhash-dev python3 python3-numpy libcaf-dev capnproto libcapnp-dev
-          clang libclang-rt-14-dev liblua5.4-dev libstb-dev libboost-dev)
+          clang libclang-rt-14-dev liblua5.4-dev libstb-dev libboost-dev prometheus python3-aiohttp
+          python3-matplotlib)
 missing=()
+# The HTTP tests drive the server with the official openai npm package: a
+# machine without Node.js gets Debian's (one that has it keeps its own npm).
+command -v npm >/dev/null || missing+=(nodejs npm)
 for p in "${PACKAGES[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
