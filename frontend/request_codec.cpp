@@ -16,42 +16,15 @@ using json = nlohmann::json;
 
 Status bad(const std::string& what) { return Status(Code::invalid_argument, what); }
 
-// An integer field inside [lo, hi]; JSON numbers with a fraction, or out of
-// range, are refused rather than truncated.
 Result<int64_t> int_field(const json& j, const char* key, int64_t lo, int64_t hi) {
-  const json& v = j.at(key);
-  if (v.is_number_unsigned()) {
-    const uint64_t u = v.get<uint64_t>();
-    if (u > uint64_t(hi)) return bad(std::string("\"") + key + "\" " + std::to_string(u) +
-                                     " is above " + std::to_string(hi));
-    if (int64_t(u) >= lo) return int64_t(u);
-  }
-  if (!v.is_number_integer())
-    return bad(std::string("\"") + key + "\" must be an integer, got " + v.type_name());
-  const int64_t i = v.get<int64_t>();
-  if (i < lo || i > hi)
-    return bad(std::string("\"") + key + "\" " + std::to_string(i) + " is outside [" +
-               std::to_string(lo) + ", " + std::to_string(hi) + "]");
-  return i;
+  return json_int(j.at(key), key, lo, hi);
 }
 
 Result<double> number_field(const json& j, const char* key, double lo, double hi) {
-  const json& v = j.at(key);
-  if (!v.is_number()) return bad(std::string("\"") + key + "\" must be a number, got " + v.type_name());
-  const double d = v.get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi) {
-    char buf[160];
-    std::snprintf(buf, sizeof buf, "\"%s\" %g is outside [%g, %g]", key, d, lo, hi);
-    return bad(buf);
-  }
-  return d;
+  return json_number(j.at(key), key, lo, hi);
 }
 
-Result<bool> bool_field(const json& j, const char* key) {
-  const json& v = j.at(key);
-  if (!v.is_boolean()) return bad(std::string("\"") + key + "\" must be true or false, got " + v.type_name());
-  return v.get<bool>();
-}
+Result<bool> bool_field(const json& j, const char* key) { return json_bool(j.at(key), key); }
 
 Result<std::vector<std::string>> strings_field(const json& j, const char* key, bool one_allowed) {
   const json& v = j.at(key);
@@ -174,6 +147,39 @@ Result<GenerateRequest> parse_object(const json& j, const RequestContext& ctx) {
 }
 
 }  // namespace
+
+Result<int64_t> json_int(const json& v, std::string_view name, int64_t lo, int64_t hi) {
+  const std::string quoted = "\"" + std::string(name) + "\"";
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > uint64_t(hi)) return bad(quoted + " " + std::to_string(u) + " is above " + std::to_string(hi));
+    if (int64_t(u) >= lo) return int64_t(u);
+  }
+  if (!v.is_number_integer()) return bad(quoted + " must be an integer, got " + v.type_name());
+  const int64_t i = v.get<int64_t>();
+  if (i < lo || i > hi)
+    return bad(quoted + " " + std::to_string(i) + " is outside [" + std::to_string(lo) + ", " +
+               std::to_string(hi) + "]");
+  return i;
+}
+
+Result<double> json_number(const json& v, std::string_view name, double lo, double hi) {
+  const std::string quoted = "\"" + std::string(name) + "\"";
+  if (!v.is_number()) return bad(quoted + " must be a number, got " + v.type_name());
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    char buf[96];
+    std::snprintf(buf, sizeof buf, " %g is outside [%g, %g]", d, lo, hi);
+    return bad(quoted + buf);
+  }
+  return d;
+}
+
+Result<bool> json_bool(const json& v, std::string_view name) {
+  if (!v.is_boolean())
+    return bad("\"" + std::string(name) + "\" must be true or false, got " + v.type_name());
+  return v.get<bool>();
+}
 
 Result<GenerateRequest> parse_request_line(std::string_view line, const RequestContext& ctx) {
   json j;

@@ -26,6 +26,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -56,6 +57,16 @@ Result<std::vector<GenerateRequest>> read_request_file(const std::string& path,
 
 // One result line (no newline).
 std::string result_line(uint64_t id, const Completion& c);
+
+// Range-checked JSON scalars, shared with the HTTP server's parser
+// (server/openai_request.cpp); invalid_argument quoting `name`:
+//   json_int     an integer in [lo, hi] ("\"n\" 0 is outside [1, 16]"); a
+//                number with a fraction (1.5, 1e3) is refused, not truncated
+//   json_number  a finite number in [lo, hi]
+//   json_bool    true or false
+Result<int64_t> json_int(const nlohmann::json& v, std::string_view name, int64_t lo, int64_t hi);
+Result<double> json_number(const nlohmann::json& v, std::string_view name, double lo, double hi);
+Result<bool> json_bool(const nlohmann::json& v, std::string_view name);
 
 // "%016x" of a logits hash.
 std::string logits_hash_hex(uint64_t h);
