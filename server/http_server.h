@@ -68,7 +68,7 @@ struct HttpServerOptions {
   size_t max_header_bytes = 16 * 1024;       // beyond: 431
   size_t max_body_bytes = 64 * 1024 * 1024;  // beyond: 413 (Content-Length checked before the body is read)
   double read_timeout_s = 30;  // a request (headers+body) not fully read this long after its first byte: 408 and close (slowloris)
-  double idle_timeout_s = 60;  // a connection with no request; also a write that makes no progress
+  double idle_timeout_s = 60;  // a connection with no request; also a write not done in this time
   size_t max_queued_stream_bytes = 8 * 1024 * 1024;  // per connection; a client that reads slower than we write past this is closed (bounded memory)
 };
 

@@ -823,8 +823,9 @@ TEST_CASE("http: 1000 concurrent SSE streams, each held open, in bounded memory"
   CHECK(exact == kStreams);
   CHECK(server->open_connections() == kStreams);
   CHECK(stash.wait_for(kStreams, 1));
-  // Server and clients together: under 32 KiB per stream (measured: ~4 KiB).
-  CHECK(rss_after - rss_before < 32 * 1024);
+  // Server and clients together: under 64 KiB per stream (measured: ~4 KiB;
+  // ~26 KiB under TSan).
+  CHECK(rss_after - rss_before < 64 * 1024);
 
   // Half end cleanly; the rest are still open when the server goes.
   for (int i = 0; i < kStreams / 2; ++i) stash.at(static_cast<size_t>(i))->end_stream();
