@@ -25,5 +25,10 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
+# The official openai client for the server tests (tests/server/js), pinned by its lock file.
+if [ ! -d tests/server/js/node_modules/openai ]; then
+  (cd tests/server/js && npm ci --no-audit --no-fund --loglevel=error)
+fi
+
 cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE=RelWithDebInfo "$@" >/dev/null
 cmake --build "$BUILD_DIR" -j"$(nproc)"

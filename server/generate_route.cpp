@@ -31,6 +31,7 @@ struct Choice {
   int32_t tokens = 0, cached = 0, text_chars = 0;
   Clock::time_point last_token;
   bool done = false;
+  bool text_started = false;
 };
 
 // One HTTP generation request. Events arrive on the front end's threads;
@@ -44,6 +45,17 @@ struct Exchange {
   int32_t prompt_tokens = 0;
   Clock::time_point t0 = Clock::now();
   TokenText token_text;
+  // Chat with a SentencePiece vocabulary: the reply starts a text of its
+  // own, so the word piece's leading space goes, as SentencePiece's decode
+  // of the reply alone would drop it. Completions continue the prompt.
+  bool strip_leading_space = false;
+
+  std::string visible(Choice& c, std::string text) {
+    if (c.text_started || text.empty()) return text;
+    c.text_started = true;
+    if (strip_leading_space && text[0] == ' ') text.erase(0, 1);
+    return text;
+  }
 
   std::mutex mu;
   std::vector<Choice> choices;
@@ -130,29 +142,31 @@ struct Exchange {
         }
         c.last_token = Clock::now();
         ++c.tokens;
-        c.text += e.text;
+        const std::string text = visible(c, e.text);
+        c.text += text;
         if (e.has_logprobs) c.logprobs.push_back(e.logprobs);
-        if (stream && !ended && (!e.text.empty() || e.has_logprobs)) {
+        if (stream && !ended && (!text.empty() || e.has_logprobs)) {
           ChoiceOutput o;
           o.index = index;
-          o.text = e.text;
+          o.text = text;
           o.has_logprobs = has_logprobs;
           if (e.has_logprobs) o.logprobs = {e.logprobs};
           o.text_offset = c.text_chars;
           write(chunk(o));
         }
-        c.text_chars += code_points(e.text);
+        c.text_chars += code_points(text);
         return {};
       }
       case msg::StreamEvent::Kind::finished: {
         c.done = true;
-        c.text += e.text;
+        const std::string text = visible(c, e.text);
+        c.text += text;
         c.finish_reason = e.finish_reason;
         srv->metrics.on_finish(e.finish_reason, seconds_since(t0), prompt_tokens, c.tokens, c.cached);
         if (stream && !ended) {
           ChoiceOutput o;
           o.index = index;
-          o.text = e.text;
+          o.text = text;
           o.finish_reason = e.finish_reason;
           o.has_logprobs = has_logprobs;
           o.text_offset = c.text_chars;
@@ -205,6 +219,7 @@ void Server::Impl::generate(RequestKind kind, const HttpRequest& request, std::s
   ex->include_usage = parsed->include_usage;
   ex->has_logprobs = parsed->logprobs >= 0;
   ex->token_text = [tok = model.tokenizer](int32_t t) { return tok->token_bytes(t); };
+  ex->strip_leading_space = kind == RequestKind::chat && model.tokenizer->model_name() == "llama";
 
   PromptContext ctx;
   ctx.tokenizer = model.tokenizer.get();

@@ -351,6 +351,8 @@ def export_lm(lm, path, name):
         "tokenizer.ggml.bos_token_id": BOS,
         "tokenizer.ggml.eos_token_id": EOS,
         "tokenizer.ggml.unknown_token_id": UNK,
+        # The model's own chat template (cleave recognises it by this text).
+        "tokenizer.chat_template": open(os.path.join(HERE, "chat_template.jinja")).read(),
     }
     if c.experts:
         kv["llama.expert_count"] = c.experts

@@ -105,7 +105,7 @@ def main():
         ("prompt a number", "POST", C, comp(prompt=5), None, None, 400, IR, "prompt"),
         ("prompt empty list", "POST", C, comp(prompt=[]), None, None, 400, IR, "prompt"),
         ("prompt token out of vocabulary", "POST", C, comp(prompt=[1, 99999999]), None, None, 400, IR, "prompt"),
-        ("negative token id", "POST", C, comp(prompt=[-3]), None, None, 400, IR, "prompt"),
+        ("negative token id", "POST", C, comp(prompt=[-3]), None, None, 400, IR, "prompt[0]"),
         ("max_tokens negative", "POST", C, comp(max_tokens=-1), None, None, 400, IR, "max_tokens"),
         ("max_tokens zero", "POST", C, comp(max_tokens=0), None, None, 400, IR, "max_tokens"),
         ("max_tokens huge", "POST", C, comp(max_tokens=10**30), None, None, 400, IR, "max_tokens"),
