@@ -113,7 +113,15 @@ void Server::Impl::handle(HttpRequest request, std::shared_ptr<HttpResponder> ou
   if (name == "/metrics") {
     if (!options.metrics)
       return reply_error(out, name, ApiError::not_found("metrics are off: start the server with --metrics"));
-    metrics.update_from_stats(frontend->stats());
+    const std::vector<msg::Stats> stats = frontend->stats();
+    metrics.update_from_stats(stats);
+    // vLLM's kv_cache_usage_perc: blocks running sequences hold, over every stage's pool.
+    uint64_t used = 0, total = 0;
+    for (const msg::Stats& st : stats) {
+      used += st.get("kv_blocks_used");
+      total += st.get("kv_blocks_total");
+    }
+    if (total > 0) metrics.set_kv_cache_usage(double(used) / double(total));
     return reply(out, name, 200, ServerMetrics::content_type(), metrics.render());
   }
   const TokenText piece = [this](int32_t t) { return model.tokenizer->token_bytes(t); };
