@@ -309,5 +309,33 @@ expect("generate --requests and node --requests read one file alike",
        rc_g == 0 and rc_n == 0 and len(g_res) == 4 and g_res == n_res and
        all(len(t) == 6 and len(h) == 6 for t, h in g_res.values()), err_g + err_n + str(g_res) + str(n_res))
 
+# cleave serve / node --http-port: flags that would be ignored are refused.
+expect_error("serve: --prefill-actors needs pd", ["serve", "-m", model, "--prefill-actors", "2"], 2,
+             "--prefill-actors", "needs --topology pd")
+expect_error("serve: --colocated-actors needs colocated", ["serve", "-m", model, "--colocated-actors", "2"], 2,
+             "--colocated-actors")
+expect_error("serve: --vision-actors needs --mmproj", ["serve", "-m", model, "--topology", "pd",
+                                                        "--vision-actors", "2"], 2, "--vision-actors")
+expect_error("serve: an unknown chat template is refused with the known names",
+             ["serve", "-m", model, "--port", "0", "--chat-template", "jinja-9"], 1,
+             "jinja-9", "chatml", "llama-2", "llama-3", "shapes")
+import socket
+with socket.socket() as taken:
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    port = str(taken.getsockname()[1])
+    expect_error("serve: a port taken is an error naming it", ["serve", "-m", model, "--port", port], 1,
+                 "127.0.0.1:" + port)
+expect_error("serve: -np takes a number", ["serve", "-m", model, "-np", "zero"], 2, "parallel")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1 } }\n"
+            "node { name = 'w', actors = { decode = 1 } }\n")
+expect_error("node: --api-key without --http-port is refused",
+             ["node", "--topology", bad_topo, "--name", "h", "-m", model, "--api-key", "k"], 2,
+             "--api-key", "needs --http-port")
+expect_error("node: a worker does not serve HTTP",
+             ["node", "--topology", bad_topo, "--name", "w", "-m", model, "--http-port", "0"], 2,
+             "--http-port", "only the head")
+
 print(f"cli: {len(failures)} failed")
 sys.exit(1 if failures else 0)

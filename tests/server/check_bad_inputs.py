@@ -204,6 +204,17 @@ def main():
         status, parsed, _ = request(host, port, "POST", C, comp(temperature=0))
         if status != 200 or not parsed["choices"][0]["text"]:
             failures.append(f"a good request after the matrix failed: {status} {parsed}")
+        # The live server's metrics after all that pass Prometheus's own linter.
+        status, text, hdrs = request(host, port, "GET", "/metrics")
+        lint = subprocess.run(["promtool", "check", "metrics"], input=text if isinstance(text, str) else "",
+                              capture_output=True, text=True)
+        if status != 200 or lint.returncode != 0 or lint.stdout.strip() or lint.stderr.strip():
+            failures.append(f"promtool check metrics on /metrics: status {status}, rc {lint.returncode}: "
+                            f"{lint.stdout[:500]} {lint.stderr[:500]}")
+        elif "cleave_http_requests_total" not in text or 'status="415"' not in text:
+            failures.append("/metrics lacks the HTTP requests by status")
+        else:
+            print(f"ok promtool check metrics: clean on {len(text.splitlines())} lines of /metrics")
         if server.poll() is not None:
             failures.append(f"the server exited with {server.returncode}")
     finally:

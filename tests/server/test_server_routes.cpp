@@ -1,0 +1,109 @@
+// The server over a real mono pipeline: /health while loading and after,
+// the served model read from the committed shapes GGUF (its own chat
+// template), and a request answered end to end.
+#include <doctest/doctest.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "actors/pipeline.h"
+#include "model/gguf.h"
+#include "model/tokenizer.h"
+#include "server/served_model.h"
+#include "server/server.h"
+
+using namespace cleave;
+using namespace cleave::server;
+
+namespace {
+
+const std::string kShapes = std::string(CLEAVE_SOURCE_DIR) + "/models/shapes/";
+
+// One HTTP/1.0 exchange: (status, body).
+std::pair<int, std::string> http(int port, const std::string& method, const std::string& path,
+                                 const std::string& body = "") {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  std::string req = method + " " + path + " HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n" +
+                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  REQUIRE(::send(fd, req.data(), req.size(), 0) == ssize_t(req.size()));
+  std::string got;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
+  ::close(fd);
+  REQUIRE(got.rfind("HTTP/1.", 0) == 0);
+  const int status = std::stoi(got.substr(9, 3));
+  const size_t split = got.find("\r\n\r\n");
+  return {status, split == std::string::npos ? "" : got.substr(split + 4)};
+}
+
+}  // namespace
+
+TEST_CASE("served model: the shapes GGUF carries its own chat template, recognised by its text") {
+  ServedModelArgs a;
+  a.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
+  a.mmproj = *GgufFile::open(kShapes + "shapes-mmproj-f32.gguf");
+  a.tokenizer = std::move(*Tokenizer::from_gguf(*a.model));
+  a.model_path = kShapes + "shapes-lm-f32.gguf";
+  auto m = describe_served_model(a);
+  REQUIRE_MESSAGE(m.ok(), m.status().to_string());
+  CHECK(m->chat_template == "shapes");
+  CHECK(m->name == "shapes-lm-f32");
+  CHECK(m->image_tokens == 16);
+  CHECK(m->context == 128);
+  // --chat-template wins; an unknown one is refused naming the known ones.
+  a.chat_template = "chatml";
+  CHECK(describe_served_model(a)->chat_template == "chatml");
+  a.chat_template = "nope";
+  auto bad = describe_served_model(a);
+  REQUIRE_FALSE(bad.ok());
+  CHECK(bad.status().message().find("shapes") != std::string::npos);
+  CHECK(bad.status().message().find("llama-3") != std::string::npos);
+}
+
+TEST_CASE("server: /health is 503 with an OpenAI error while loading, then 200; a mono pipeline answers") {
+  ServeOptions o;
+  o.http.port = 0;
+  auto srv = Server::start(o);
+  REQUIRE_MESSAGE(srv.ok(), srv.status().to_string());
+  const int port = (*srv)->port();
+  auto [st0, body0] = http(port, "GET", "/health");
+  CHECK(st0 == 503);
+  auto j0 = nlohmann::json::parse(body0);
+  CHECK(j0["error"]["message"] == "Loading model");
+  CHECK(http(port, "GET", "/v1/models").first == 503);
+
+  ServedModelArgs a;
+  a.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
+  a.tokenizer = std::move(*Tokenizer::from_gguf(*a.model));
+  a.model_path = kShapes + "shapes-lm-f32.gguf";
+  a.name = "shapes";
+  auto model = describe_served_model(a);
+  REQUIRE(model.ok());
+  PipelineOptions po;
+  auto pipeline = Pipeline::create(a.model, a.tokenizer, po);
+  REQUIRE(pipeline.ok());
+  (*srv)->ready(std::move(*model), **pipeline);
+  auto [st1, body1] = http(port, "GET", "/health");
+  CHECK(st1 == 200);
+  CHECK(nlohmann::json::parse(body1)["status"] == "ok");
+  auto [st2, body2] = http(port, "POST", "/v1/completions",
+                           R"({"model":"shapes","prompt":"describe","max_tokens":3,"temperature":0})");
+  REQUIRE(st2 == 200);
+  auto j2 = nlohmann::json::parse(body2);
+  CHECK(j2["usage"]["completion_tokens"] == 3);
+  CHECK(j2["choices"][0]["finish_reason"] == "length");
+  // /metrics is off unless asked for.
+  CHECK(http(port, "GET", "/metrics").first == 404);
+  srv->reset();  // the server goes first: no route runs on a pipeline that is gone
+}
