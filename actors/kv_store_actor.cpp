@@ -61,7 +61,7 @@ kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvSto
         StoreCounters c = s.store->counters();
         uint64_t hits = 0;
         for (uint64_t h : c.hits) hits += h;
-        return encode_stats("kv_store", {{"kv_puts", s.puts},
+        std::vector<std::pair<std::string, uint64_t>> counters = {{"kv_puts", s.puts},
                                          {"kv_gets", s.gets},
                                          {"kv_blocks_stored", s.blocks_stored},
                                          {"kv_blocks_rejected", s.blocks_rejected},
@@ -70,7 +70,13 @@ kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvSto
                                          {"store_misses", c.misses},
                                          {"store_drops", c.drops},
                                          {"store_corrupt_detected", c.corrupt_detected},
-                                         {"failures", s.bad_messages}});
+                                         {"failures", s.bad_messages}};
+        // Every tier hop: tier_hops_A_B = blocks moved from tier A to tier B.
+        for (size_t t = 0; t < c.demotions.size(); ++t)
+          counters.emplace_back("tier_hops_" + std::to_string(t) + "_" + std::to_string(t + 1), c.demotions[t]);
+        for (size_t t = 0; t < c.promotions.size(); ++t)
+          counters.emplace_back("tier_hops_" + std::to_string(t + 1) + "_" + std::to_string(t), c.promotions[t]);
+        return encode_stats("kv_store", std::move(counters));
       },
   };
 }

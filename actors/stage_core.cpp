@@ -1,6 +1,7 @@
 #include "actors/stage_core.h"
 
 #include <algorithm>
+#include <chrono>
 
 #include "storage/prefix.h"
 
@@ -125,7 +126,12 @@ void StageCore::drain_backlog(std::vector<SchedulerEvent>& events) {
 Status StageCore::step(std::vector<SchedulerEvent>& events) {
   drain_backlog(events);
   if (scheduler_->idle()) return Status::Ok();
-  return scheduler_->step(events);
+  const auto t0 = std::chrono::steady_clock::now();
+  Status st = scheduler_->step(events);
+  step_us_ += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
+                           std::chrono::steady_clock::now() - t0)
+                           .count());
+  return st;
 }
 
 std::vector<BlockRecord> StageCore::take_new_blocks() {
@@ -173,6 +179,7 @@ msg::Stats StageCore::stats() const {
       {"scheduler_finished", c.finished},
       {"scheduler_failed", c.failed},
       {"steps", c.steps},
+      {"step_us", step_us_},  // wall time of the steps above
       {"batch_tokens", c.batch_tokens},
       {"decode_rows", c.decode_rows},
       {"prefill_tokens", c.prefill_tokens},

@@ -97,6 +97,7 @@ class StageCore {
   std::deque<Work> backlog_;
   SyncTracker synced_;
   uint64_t blocks_exported_ = 0;
+  uint64_t step_us_ = 0;  // wall time of scheduler steps
 };
 
 }  // namespace cleave

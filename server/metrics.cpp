@@ -386,7 +386,7 @@ ServerMetrics::ServerMetrics()
           registry_.counter("cleave_stage_steps_total", "Engine steps, by stage.", {"stage"})),
       stage_step_seconds_(registry_.counter(
           "cleave_stage_step_seconds_total",
-          "Wall time of engine steps in seconds, by stage (vision encoders only).", {"stage"})),
+          "Wall time of engine steps in seconds, by stage.", {"stage"})),
       actor_stat_(registry_.gauge(
           "cleave_actor_stat",
           "Every counter of every runtime actor as it reports it, by actor and counter name.",
@@ -499,6 +499,7 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
       mirror(kv_failures_, {"send_aborted"}, s, "kv_transfers_aborted");
       mirror(kv_failures_, {"store_error"}, s, "kv_errors");
       mirror(stage_steps_, {s.actor}, s, "steps");
+      mirror(stage_step_seconds_, {s.actor}, s, "step_us", 1e-6);
     } else if (find(s, "encode_us")) {  // a vision encoder
       mirror(encoder_cache_hits_, {}, s, "cache_hits");
       mirror(stage_steps_, {s.actor}, s, "steps");
@@ -508,6 +509,12 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
       mirror(replacements_, {}, s, "replacements");
     } else if (s.actor == "kv_store") {
       mirror(kv_failures_, {"store_corrupt"}, s, "store_corrupt_detected");
+      for (const auto& [name, value] : s.counters) {  // tier_hops_A_B: the store's own LRU moves
+        if (name.rfind("tier_hops_", 0) != 0) continue;
+        const size_t sep = name.find('_', 10);
+        if (sep == std::string::npos) continue;
+        mirror(kv_blocks_moved_, {"tier" + name.substr(10, sep - 10), "tier" + name.substr(sep + 1)}, s, name);
+      }
     }
   }
   // Totals over every actor ever seen (gone ones at their last value).

@@ -52,16 +52,15 @@
 //   cleave_replacements_total                              router replacements
 //   cleave_encoder_cache_hits_total                        encoder cache_hits
 //   cleave_stage_steps_total{stage}                        stage, encoder  steps
-//   cleave_stage_step_seconds_total{stage}                 encoder  encode_us / 1e6 (only vision
-//                                                                 encoders count step time; LM
-//                                                                 stages count steps, not time)
+//   cleave_stage_step_seconds_total{stage}                 stage    step_us / 1e6
+//                                                          encoder  encode_us / 1e6
 //   cleave_num_requests_running / _waiting                 stage  running / queue_depth
 //   cleave_actor_stat{actor,name}                          every  every counter as it is (gauge;
 //                                                                 the set of the latest call)
 //
-//   Not exported for want of a runtime counter: the KV store's own tier hops
-//   (TieredStore promotions/demotions between tier0 and tier1 are not in its
-//   stats), LM stage step time, and KV cache usage.
+//   cleave_kv_blocks_moved_total{from=tierA,to=tierB}       kv_store tier_hops_A_B (its LRU moves)
+//   cleave_kv_cache_usage_perc is set by the server (set_kv_cache_usage) from
+//   the stages' kv_blocks_used / kv_blocks_total.
 //
 //   The mirrored counters stay monotonic: each actor's last value is kept
 //   when the actor disappears (a dead stage), and a value that goes down

@@ -349,10 +349,13 @@ for t in topos:
             steady = r["request_rate"]
         else:
             break
-    L.append(f"\nhighest rate with ≥ 90 % SLO attainment: {best} req/s"
-             + ("" if steady == best else f" (every rate up to {steady} req/s)")
-             + f"; prefix-cache hits {doc['prefix_cache']['hits_tokens']} of "
-             f"{doc['prefix_cache']['queries_tokens']} prompt tokens; wall {t['wall_s']} s"
+    L.append(f"\nhighest rate with ≥ 90 % SLO attainment: "
+             + ("none of the rates swept" if best is None else f"{best:g} req/s")
+             + ("" if steady == best else
+                f" (but not every rate below it: {'none' if steady is None else f'{steady:g}'} "
+                "is the highest with every lower rate ≥ 90 %)")
+             + f"; prefix-cache hits {doc['prefix_cache']['hits_tokens']:g} of "
+             f"{doc['prefix_cache']['queries_tokens']:g} prompt tokens; wall {t['wall_s']} s"
              + ("; a build/test ran during it" if t["build_or_test_seen"] else "") + "\n")
 open(f"{res}/summary.md", "w").write("\n".join(L) + "\n")
 print("\n".join(L))

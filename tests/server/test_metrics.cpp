@@ -98,7 +98,10 @@ std::vector<msg::Stats> pd_stats(uint64_t scale) {
                        {"stage_downs", 1 * scale},
                        {"replacements", 2 * scale},
                        {"encodes", 4 * scale}}),
-      stats("kv_store", {{"kv_puts", 5 * scale}, {"store_corrupt_detected", 1 * scale}}),
+      stats("kv_store", {{"kv_puts", 5 * scale},
+                         {"store_corrupt_detected", 1 * scale},
+                         {"tier_hops_0_1", 11 * scale},
+                         {"tier_hops_1_0", 4 * scale}}),
       stats("prefill/0", {{"requests", 10 * scale},
                           {"kv_blocks_put", 20 * scale},
                           {"kv_blocks_got", 0},
@@ -106,6 +109,7 @@ std::vector<msg::Stats> pd_stats(uint64_t scale) {
                           {"queue_depth", 2},
                           {"running", 1},
                           {"steps", 30 * scale},
+                          {"step_us", 250000 * scale},
                           {"kv_transfers_aborted", 1 * scale},
                           {"kv_bytes_sent", 4096 * scale},
                           {"kv_blocks_sent", 8 * scale}}),
@@ -385,6 +389,9 @@ TEST_CASE("server metrics: the runtime's actor counters map to their metrics") {
   CHECK(has_line(text, "cleave_stage_steps_total{stage=\"decode/0\"} 50"));
   CHECK(has_line(text, "cleave_stage_steps_total{stage=\"vision_encoder/0\"} 6"));
   CHECK(has_line(text, "cleave_stage_step_seconds_total{stage=\"vision_encoder/0\"} 1.5"));
+  CHECK(has_line(text, "cleave_stage_step_seconds_total{stage=\"prefill/0\"} 0.25"));
+  CHECK(has_line(text, "cleave_kv_blocks_moved_total{from=\"tier0\",to=\"tier1\"} 11"));
+  CHECK(has_line(text, "cleave_kv_blocks_moved_total{from=\"tier1\",to=\"tier0\"} 4"));
   CHECK(has_line(text, "cleave_num_requests_running 5"));  // 1 + 4
   CHECK(
       has_line(text, "cleave_num_requests_waiting 3"));  // 2 + 1 (the router's queue_depth is not)
