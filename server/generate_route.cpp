@@ -126,8 +126,9 @@ struct Exchange {
                                         : completion_response(meta, outs, usage(), token_text));
   }
 
-  // Returns the ids to cancel (outside the lock) when this event failed the answer.
-  std::vector<uint64_t> on_event(int32_t index, const msg::StreamEvent& e) {
+  // Returns the ids to cancel (outside the lock) when this event failed the
+  // answer; `terminal` turns true on the choice's last event.
+  std::vector<uint64_t> on_event(int32_t index, const msg::StreamEvent& e, bool& terminal) {
     std::lock_guard<std::mutex> lock(mu);
     Choice& c = choices[size_t(index)];
     if (c.done) return {};
@@ -186,7 +187,7 @@ struct Exchange {
         break;
       }
     }
-    srv->in_flight.fetch_sub(1);
+    terminal = true;
     --remaining;
     std::vector<uint64_t> cancel;
     if (failed && !cancelling) {
@@ -261,17 +262,29 @@ void Server::Impl::generate(RequestKind kind, const HttpRequest& request, std::s
   });
 
   for (int32_t i = 0; i < n; ++i) {
+    {
+      // The client left while we were submitting: the rest need not run.
+      std::lock_guard<std::mutex> lock(ex->mu);
+      if (ex->cancelling) {
+        for (int32_t k = i; k < n; ++k) ex->choices[size_t(k)].done = true;
+        ex->remaining -= n - i;
+        return;
+      }
+    }
     metrics.on_request_start();
     GenerateRequest r = base;
     r.request_id = ex->choices[size_t(i)].id;
     r.rng_stream = uint64_t(i);
-    in_flight.fetch_add(1);
+    track(r.request_id);
     Status st = frontend->submit(std::move(r), [ex, i, this](const msg::StreamEvent& e) {
-      for (uint64_t id : ex->on_event(i, e)) (void)frontend->cancel(id);
+      bool terminal = false;
+      for (uint64_t id : ex->on_event(i, e, terminal)) (void)frontend->cancel(id);
+      // Last: once no request is tracked, the server may be gone.
+      if (terminal) untrack(ex->choices[size_t(i)].id);
     });
     if (st.ok()) continue;
     // Not admitted: this choice never gets an event; undo the ones that were.
-    in_flight.fetch_sub(1);
+    untrack(ex->choices[size_t(i)].id);
     metrics.on_finish("error", 0, ex->prompt_tokens, 0, 0);
     std::vector<uint64_t> ids;
     {

@@ -153,6 +153,19 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
 Server::~Server() {
   impl_->http.reset();  // joins the io threads: no route runs after this
+  // Requests still running call back into impl_: end them and wait.
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(impl_->live_mu);
+    ids.assign(impl_->live.begin(), impl_->live.end());
+  }
+  for (uint64_t id : ids) (void)impl_->frontend->cancel(id);
+  std::unique_lock<std::mutex> lock(impl_->live_mu);
+  if (!impl_->live_cv.wait_for(lock, std::chrono::seconds(30), [&] { return impl_->live.empty(); })) {
+    // A front end that never ends them: leaking beats a callback into freed memory.
+    lock.unlock();
+    (void)impl_.release();
+  }
 }
 
 void Server::ready(ServedModel model, Frontend& frontend) {

@@ -2,9 +2,13 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <random>
+#include <unordered_set>
+#include <unordered_set>
 
 #include "server/metrics.h"
 #include "server/server.h"
@@ -23,7 +27,20 @@ struct Server::Impl {
 
   std::atomic<uint64_t> next_request_id{1};  // runtime ids, one per choice
   std::atomic<uint64_t> next_response{1};
-  std::atomic<int64_t> in_flight{0};         // choices admitted and not ended
+  // Runtime requests admitted and not ended: the destructor cancels them and
+  // waits, since their callbacks reach into this object.
+  std::mutex live_mu;
+  std::condition_variable live_cv;
+  std::unordered_set<uint64_t> live;
+  void track(uint64_t id) {
+    std::lock_guard<std::mutex> lock(live_mu);
+    live.insert(id);
+  }
+  void untrack(uint64_t id) {
+    std::lock_guard<std::mutex> lock(live_mu);
+    live.erase(id);
+    if (live.empty()) live_cv.notify_all();
+  }
 
   std::mutex seed_mu;
   std::mt19937_64 seed_rng{std::random_device{}()};

@@ -8,8 +8,12 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <chrono>
+#include <cstdlib>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "actors/pipeline.h"
 #include "model/gguf.h"
@@ -106,4 +110,94 @@ TEST_CASE("server: /health is 503 with an OpenAI error while loading, then 200; 
   // /metrics is off unless asked for.
   CHECK(http(port, "GET", "/metrics").first == 404);
   srv->reset();  // the server goes first: no route runs on a pipeline that is gone
+}
+
+namespace {
+
+// A streamed completion read until [DONE] (or, with leave_after > 0, the
+// connection closed after that many data lines): (completion tokens of the
+// usage chunk, saw [DONE]).
+std::pair<int, bool> stream_completion(int port, const std::string& body, int leave_after) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(uint16_t(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  const std::string req = "POST /v1/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  REQUIRE(::send(fd, req.data(), req.size(), 0) == ssize_t(req.size()));
+  std::string got;
+  char buf[4096];
+  int lines = 0;
+  bool done = false;
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+    got.append(buf, size_t(n));
+    lines = 0;
+    for (size_t p = 0; (p = got.find("data: {", p)) != std::string::npos; ++p) ++lines;
+    done = got.find("data: [DONE]") != std::string::npos;
+    if (done || (leave_after > 0 && lines >= leave_after)) break;
+  }
+  ::close(fd);
+  const size_t u = got.find("\"completion_tokens\":");
+  const int tokens = u == std::string::npos ? -1 : std::atoi(got.c_str() + u + 20);
+  return {tokens, done};
+}
+
+}  // namespace
+
+TEST_CASE("server: concurrent streams over colocated actors, half of them leaving early, all accounted for") {
+  ServeOptions o;
+  o.http.port = 0;
+  o.http.threads = 2;
+  o.metrics = true;
+  auto srv = Server::start(o);
+  REQUIRE(srv.ok());
+  ServedModelArgs a;
+  a.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
+  a.tokenizer = std::move(*Tokenizer::from_gguf(*a.model));
+  a.model_path = kShapes + "shapes-lm-f32.gguf";
+  auto model = describe_served_model(a);
+  REQUIRE(model.ok());
+  PipelineOptions po;
+  po.topology = Topology::colocated;
+  po.colocated_actors = 2;
+  po.engine.max_seqs = 8;
+  auto pipeline = Pipeline::create(a.model, a.tokenizer, po);
+  REQUIRE(pipeline.ok());
+  (*srv)->ready(std::move(*model), **pipeline);
+  const int port = (*srv)->port();
+
+  constexpr int kClients = 24;
+  const std::string body =
+      R"({"prompt":"describe","max_tokens":60,"temperature":0.7,"seed":3,"ignore_eos":true,"stream":true,"n":2,)"
+      R"("stream_options":{"include_usage":true}})";
+  std::vector<std::pair<int, bool>> got(kClients);
+  std::vector<std::thread> clients;
+  for (int i = 0; i < kClients; ++i)
+    clients.emplace_back([&, i] { got[size_t(i)] = stream_completion(port, body, i % 2 ? 3 : 0); });
+  for (auto& t : clients) t.join();
+  for (int i = 0; i < kClients; i += 2) {
+    CAPTURE(i);
+    CHECK(got[size_t(i)].second);                 // stayed: [DONE]
+    CHECK(got[size_t(i)].first == 2 * 60);        // the usage chunk: 60 tokens per choice
+  }
+  // Those that left were cancelled: nothing keeps running, no KV is held.
+  uint64_t running = 1, used = 1, cancelled = 0;
+  for (int k = 0; k < 200 && (running || used || cancelled < kClients / 2); ++k) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    running = used = 0;
+    for (const auto& s : (*pipeline)->stats()) {
+      running += s.get("running") + s.get("queue_depth") * (s.actor != "router");
+      used += s.get("kv_blocks_used");
+      if (s.actor == "router") cancelled = s.get("cancelled");
+    }
+  }
+  CHECK(running == 0);
+  CHECK(used == 0);
+  // Each client that left had two choices; a choice may have finished before the cancel came.
+  CHECK(cancelled >= uint64_t(kClients / 2));
+  CHECK(cancelled <= uint64_t(kClients));
+  srv->reset();
 }
