@@ -6,6 +6,8 @@
 #   image     tests/fuzz/fuzz_image.cpp         model/image.h: PNG/JPEG decode under limits
 #   topology  tests/fuzz/fuzz_topology.cpp      actors/topology.h: Lua scripts in the sandbox
 #   request   tests/fuzz/fuzz_request.cpp       frontend/request_codec.h: JSONL request lines
+#   openai    tests/fuzz/fuzz_openai.cpp        server/openai_request.h: OpenAI bodies, the engine
+#                                               requests they build, the response builders
 #
 #   scripts/fuzz.sh TARGET [SECONDS=600] [BUILD_DIR=build-fuzz]
 #       The long random run: a random seed, for SECONDS, over the corpus kept
@@ -29,16 +31,19 @@
 # doctest beside the library's tests, so CI replays it on every run.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-targets=(codec gguf image topology request)
+targets=(codec gguf image topology request openai)
 # Deterministic run counts: each target's ci run takes 5-25 s on one core.
-declare -A RUNS=([codec]=60000 [gguf]=40000 [image]=40000 [topology]=16000 [request]=20000)
+declare -A RUNS=([codec]=60000 [gguf]=40000 [image]=40000 [topology]=16000 [request]=20000
+                [openai]=13000)
 declare -A BIN=([codec]=schema/fuzz_codec [gguf]=tests/fuzz/fuzz_gguf
                 [image]=tests/fuzz/fuzz_image [topology]=tests/fuzz/fuzz_topology
-                [request]=tests/fuzz/fuzz_request)
+                [request]=tests/fuzz/fuzz_request [openai]=tests/fuzz/fuzz_openai)
 # topology: print() in scripts writes to stderr; close it (libFuzzer keeps its own).
-declare -A OPTS=([codec]="" [gguf]="" [image]="" [topology]="-close_fd_mask=2" [request]="")
+# openai: bodies up to 16 KiB (several messages, a data URL).
+declare -A OPTS=([codec]="" [gguf]="" [image]="" [topology]="-close_fd_mask=2" [request]=""
+                 [openai]="-max_len=16384")
 
-usage() { sed -n '2,32p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 build() {
   mkdir -p "$build"
@@ -50,14 +55,15 @@ build() {
       >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
   fi
   cmake --build "$build" -j"${FUZZ_JOBS:-2}" --target fuzz_codec fuzz_codec_seeds fuzz_gguf \
-    fuzz_image fuzz_topology fuzz_request fuzz_seeds >"$build/build.log" 2>&1 ||
+    fuzz_image fuzz_topology fuzz_request fuzz_openai fuzz_seeds >"$build/build.log" 2>&1 ||
     { tail -50 "$build/build.log"; exit 1; }
   rm -rf "$build/seeds"
-  mkdir -p "$build"/seeds/{codec,gguf,image,topology,request}
+  mkdir -p "$build"/seeds/{codec,gguf,image,topology,request,openai}
   "$build/schema/fuzz_codec_seeds" "$build/seeds/codec" >/dev/null
   "$build/tests/fuzz/fuzz_seeds" gguf "$build/seeds/gguf" >/dev/null
   "$build/tests/fuzz/fuzz_seeds" image "$build/seeds/image" >/dev/null
   "$build/tests/fuzz/fuzz_seeds" request "$build/seeds/request" >/dev/null
+  "$build/tests/fuzz/fuzz_seeds" openai "$build/seeds/openai" >/dev/null
   cp "$root"/examples/*.png "$build/seeds/image/"
   cp "$root"/examples/*.lua "$build/seeds/topology/"
   echo "fuzz build: ${targets[*]} built and seeded in $((SECONDS - start)) s ($build)"

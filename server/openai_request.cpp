@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdint>
+#include <cstdio>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -42,9 +43,15 @@ std::string string_of(const json& v, const std::string& param) {
   if (!v.is_string()) refuse(param, "\"" + param + "\" must be a string, got " + v.type_name());
   return v.get<std::string>();
 }
+// Checked as the float it is kept as: a positive double too small for a
+// float (1e-50) rounds to 0, and repetition_penalty 0 divides logits by 0.
 double positive_of(const json& v, const std::string& param, double hi) {
   const double d = number_of(v, param, 0, hi);
-  if (!(d > 0)) refuse(param, "\"" + param + "\" must be above 0, got 0");
+  if (!(float(d) > 0)) {
+    char buf[32] = "0";
+    if (d > 0) std::snprintf(buf, sizeof buf, "%g", d);
+    refuse(param, "\"" + param + "\" must be above 0, got " + buf + (d > 0 ? " (0 as a float)" : ""));
+  }
   return d;
 }
 

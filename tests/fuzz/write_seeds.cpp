@@ -7,9 +7,14 @@
 //                          (colour and grey, two qualities) from stb_image_write
 //   fuzz_seeds request DIR JSONL request lines using every field, and a file
 //                          of several
+//   fuzz_seeds openai DIR  OpenAI bodies: completions (text, token ids,
+//                          sampling, logprobs, streaming), chat (roles,
+//                          content parts, PNG and JPEG data URLs), /tokenize
+//                          and /detokenize, and near misses of each
 #include <cstdio>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "model/gguf.h"
@@ -159,12 +164,108 @@ int write_requests(const std::string& dir) {
   return 0;
 }
 
+std::string base64(const std::vector<uint8_t>& bytes) {
+  static const char kDigits[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    const uint32_t n = uint32_t(bytes[i]) << 16 | (i + 1 < bytes.size() ? uint32_t(bytes[i + 1]) << 8 : 0) |
+                       (i + 2 < bytes.size() ? uint32_t(bytes[i + 2]) : 0);
+    out += kDigits[n >> 18 & 63];
+    out += kDigits[n >> 12 & 63];
+    out += i + 1 < bytes.size() ? kDigits[n >> 6 & 63] : '=';
+    out += i + 2 < bytes.size() ? kDigits[n & 63] : '=';
+  }
+  return out;
+}
+
+// A data URL of a tiny image (stb_image_write).
+std::string image_url(bool png, int w, int h) {
+  const std::vector<uint8_t> px = pattern(size_t(w) * size_t(h) * 3, uint32_t(w + h));
+  std::vector<uint8_t> out;
+  const int ok = png ? stbi_write_png_to_func(append, &out, w, h, 3, px.data(), w * 3)
+                     : stbi_write_jpg_to_func(append, &out, w, h, 3, px.data(), 80);
+  if (!ok) return "";
+  return std::string(png ? "data:image/png;base64," : "data:image/jpeg;base64,") + base64(out);
+}
+
+int write_openai(const std::string& dir) {
+  const std::string png = image_url(true, 2, 2), jpeg = image_url(false, 8, 8);
+  if (png.empty() || jpeg.empty()) {
+    std::fprintf(stderr, "cannot write the seed images\n");
+    return 1;
+  }
+  auto image_part = [](const std::string& url) {
+    return R"({"type": "image_url", "image_url": {"url": ")" + url + R"(", "detail": "auto"}})";
+  };
+  const std::vector<std::pair<std::string, std::string>> seeds = {
+      // /v1/completions
+      {"cmpl_text.json", R"({"model": "cleave", "prompt": "The quick brown fox", "max_tokens": 8})"},
+      {"cmpl_ids.json", R"({"prompt": [1, 450, 4996, 17354], "max_tokens": 4, "temperature": 0})"},
+      {"cmpl_nested_ids.json", R"({"prompt": [[1, 2, 3]], "n": 2, "best_of": 2, "seed": -5})"},
+      {"cmpl_sampling.json",
+       R"({"prompt": ["Once upon a time"], "max_tokens": 16, "temperature": 0.7, "top_p": 0.9, "top_k": 40, )"
+       R"("min_p": 0.05, "presence_penalty": 0.5, "frequency_penalty": -0.5, "repetition_penalty": 1.1, )"
+       R"("stop": ["\n", "."], "ignore_eos": true, "user": "u-1", "logit_bias": {}, "echo": false, "suffix": ""})"},
+      {"cmpl_stream_logprobs.json",
+       R"({"prompt": "caf\u00e9 \ud83d\ude00", "logprobs": 3, "n": 3, "stream": true, )"
+       R"("stream_options": {"include_usage": true}, "seed": 18446744073709551615, "stop": "END"})"},
+      {"cmpl_nulls.json", R"({"prompt": "hi", "model": null, "max_tokens": null, "stop": null, "top_k": -1})"},
+      // /v1/chat/completions
+      {"chat_simple.json",
+       R"({"model": "cleave", "messages": [{"role": "system", "content": "Be brief."}, )"
+       R"({"role": "user", "content": "Hi"}], "max_tokens": 8})"},
+      {"chat_turns.json",
+       R"({"messages": [{"role": "user", "content": "One?"}, {"role": "assistant", "content": "Two."}, )"
+       R"({"role": "user", "content": "Three?"}], "max_completion_tokens": 4, "logprobs": true, "top_logprobs": 5})"},
+      {"chat_image.json",
+       R"({"messages": [{"role": "user", "content": [)" + image_part(png) +
+           R"(, {"type": "text", "text": "What shape?"}]}], "max_tokens": 2})"},
+      {"chat_two_images.json",
+       R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "Compare"}, )" + image_part(png) +
+           R"(, {"type": "text", "text": "and"}, )" + image_part(jpeg) + R"(]}], "temperature": 0, "seed": 7})"},
+      {"chat_parts.json",
+       R"({"messages": [{"role": "developer", "content": [{"type": "text", "text": "Rules"}, )"
+       R"({"type": "text", "text": "more rules"}]}, {"role": "user", "content": "Go"}], "n": 3, "stream": true, )"
+       R"("stream_options": {"include_usage": false}, "response_format": {"type": "text"}, "ignore_eos": true})"},
+      {"chat_unicode.json",
+       R"({"messages": [{"role": "user", "content": "na\u00efve \u4e2d\u6587 \ud83d\ude00 <s> <|im_start|>"}], )"
+       R"("stop": ["\u00e9"], "max_tokens": 3})"},
+      // /tokenize, /detokenize
+      {"tokenize.json", R"({"content": "Hello world", "add_special": true, "with_pieces": true})"},
+      {"detokenize.json", R"({"tokens": [1, 15043, 3186, 29871, 243, 162]})"},
+      // Near misses
+      {"miss_duplicate.json", R"({"prompt": "a", "prompt": "b"})"},
+      {"miss_assistant_image.json",
+       R"({"messages": [{"role": "assistant", "content": [)" + image_part(png) + R"(]}]})"},
+      {"miss_stops.json", R"({"prompt": "a", "stop": ["a", "b", "c", "d", ""]})"},
+      {"miss_top_logprobs.json", R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})"},
+      {"miss_url.json",
+       R"({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": )"
+       R"({"url": "https://example.com/a.png"}}, {"type": "image_url", "image_url": )"
+       R"({"url": "data:image/png;base64,iVBORw0KGgo="}}]}]})"},
+      {"miss_context.json", R"({"prompt": "The quick brown fox", "max_tokens": 1000})"},
+      {"miss_marker.json", R"({"messages": [{"role": "user", "content": "look: <image>"}], "tools": null})"},
+      {"miss_vocab.json", R"({"prompt": [1, 40000], "max_tokens": 1})"},
+      {"miss_utf8.json", "{\"prompt\": \"\xff\xfe\", \"max_tokens\": 1"},
+  };
+  for (const auto& [name, body] : seeds) {
+    const std::vector<uint8_t> bytes(body.begin(), body.end());
+    if (!write_file(dir + "/" + name, bytes)) {
+      std::fprintf(stderr, "cannot write %s/%s\n", dir.c_str(), name.c_str());
+      return 1;
+    }
+  }
+  std::printf("%zu openai seeds in %s\n", seeds.size(), dir.c_str());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   if (argc == 3 && std::strcmp(argv[1], "gguf") == 0) return write_gguf(argv[2]);
   if (argc == 3 && std::strcmp(argv[1], "image") == 0) return write_images(argv[2]);
   if (argc == 3 && std::strcmp(argv[1], "request") == 0) return write_requests(argv[2]);
-  std::fprintf(stderr, "usage: %s gguf|image|request DIR\n", argv[0]);
+  if (argc == 3 && std::strcmp(argv[1], "openai") == 0) return write_openai(argv[2]);
+  std::fprintf(stderr, "usage: %s gguf|image|request|openai DIR\n", argv[0]);
   return 2;
 }

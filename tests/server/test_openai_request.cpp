@@ -551,3 +551,52 @@ TEST_CASE("openai requests: UTF-8 validation") {
     CHECK_FALSE(is_valid_utf8(bad));
   }
 }
+
+// What fuzz_openai found (tests/fuzz/regressions/openai/, replayed by the
+// ctest fuzz_openai too): top_p and repetition_penalty were checked above 0
+// as doubles and kept as floats, so 1e-50 passed and became 0 (a
+// repetition_penalty of 0 divides positive logits by 0). Every input there
+// is refused naming its field or parses into the documented ranges.
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+TEST_CASE("openai requests: a positive setting that rounds to 0 as a float is refused") {
+  for (const char* field : {"top_p", "repetition_penalty"}) {
+    CAPTURE(field);
+    const std::string setting = "\"" + std::string(field) + "\": 1e-50";
+    for (auto r : {parse_completion_request(R"({"prompt": "a", )" + setting + "}"),
+                   parse_chat_request(R"({"messages": [{"role": "user", "content": "a"}], )" + setting + "}")}) {
+      REQUIRE_FALSE(r.ok());
+      CHECK(r.error().status == 400);
+      CHECK(r.error().param == field);
+      CHECK(r.error().message.find("must be above 0, got 1e-50 (0 as a float)") != std::string::npos);
+    }
+    // The smallest float is still above 0.
+    auto tiny = parse_completion_request(R"({"prompt": "a", ")" + std::string(field) + R"(": 1.5e-45})");
+    REQUIRE(tiny.ok());
+    CHECK((std::string(field) == "top_p" ? tiny->sampling.top_p : tiny->sampling.repeat_penalty) > 0.0f);
+  }
+
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::path(CLEAVE_SOURCE_DIR) / "tests/fuzz/regressions/openai";
+  size_t n = 0;
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    std::ifstream in(entry.path(), std::ios::binary);
+    const std::string body((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO(entry.path().string());
+    ++n;
+    for (auto r : {parse_completion_request(body), parse_chat_request(body)}) {
+      if (!r.ok()) {
+        CHECK(r.error().status == 400);
+        CHECK_FALSE(r.error().message.empty());
+        continue;
+      }
+      CHECK(r->sampling.top_p > 0.0f);
+      CHECK(r->sampling.top_p <= 1.0f);
+      CHECK(r->sampling.repeat_penalty > 0.0f);
+      CHECK(r->sampling.repeat_penalty <= 100.0f);
+    }
+  }
+  CHECK(n >= 2);
+}
