@@ -152,7 +152,9 @@ Result<int64_t> json_int(const json& v, std::string_view name, int64_t lo, int64
   const std::string quoted = "\"" + std::string(name) + "\"";
   if (v.is_number_unsigned()) {
     const uint64_t u = v.get<uint64_t>();
-    if (u > uint64_t(hi)) return bad(quoted + " " + std::to_string(u) + " is above " + std::to_string(hi));
+    // (hi < 0: no unsigned value fits; the cast would wrap it to a huge bound.)
+    if (hi < 0 || u > uint64_t(hi))
+      return bad(quoted + " " + std::to_string(u) + " is above " + std::to_string(hi));
     if (int64_t(u) >= lo) return int64_t(u);
   }
   if (!v.is_number_integer()) return bad(quoted + " must be an integer, got " + v.type_name());

@@ -539,6 +539,8 @@ TEST_CASE("openai requests: /tokenize and /detokenize bodies") {
   }
   auto oov = parse_detokenize_request(R"({"tokens": [3, 32000]})", 32000);
   CHECK(oov.error().message.find("\"tokens[1]\" 32000 is above 31999") != std::string::npos);
+  // An empty vocabulary takes no id at all (the bound is -1: no wrap to a huge one).
+  CHECK_FALSE(parse_detokenize_request(R"({"tokens": [5]})", 0).ok());
 }
 
 TEST_CASE("openai requests: UTF-8 validation") {
