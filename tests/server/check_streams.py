@@ -9,7 +9,8 @@
 3. A cluster (head with --http-port, one prefill node, two decode nodes),
    200 streams, kill -9 of a decode node while they run: every stream
    either completes with the single-process text or ends with an error
-   event then [DONE]; none hangs.
+   event then [DONE]; none hangs. Then the last decoder is killed under 20
+   streams: those cut short end with an error event, then [DONE].
 
   check_streams.py CLEAVE LM CLUSTER_LUA WORKDIR
 """
@@ -221,6 +222,27 @@ async def failover(cleave, lm, script, workdir, max_tokens):
            same + errored == n, f"{same} same, {errored} errors, {n - same - errored} other")
     print(f"failover: {done_before} done at the kill, then {same} same text, {errored} error events, "
           f"{hangs} hung, all ended {wall:.1f} s after the kill", flush=True)
+
+    # The last decoder killed under 20 streams: the streams that had begun
+    # end with an error event, then [DONE] (the error comes after the status
+    # line); none hangs.
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as s:
+        n = 20
+        PROGRESS["chunks"] = 0
+        tasks = [asyncio.create_task(stream_one(s, http, body(i, max_tokens), 120)) for i in range(n)]
+        t0 = time.monotonic()
+        while time.monotonic() - t0 < 30 and PROGRESS["chunks"] < n * 2:
+            await asyncio.sleep(0.005)
+        workers["d0"].proc.send_signal(signal.SIGKILL)
+        results = await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), 120)
+    broken = [r for r in results if isinstance(r, BaseException) or not r[1]]
+    errors = [r[2] for r in results if not isinstance(r, BaseException) and r[2] is not None]
+    expect("no decoder left: every stream ends with [DONE]", not broken, broken[:1])
+    expect("no decoder left: the streams cut short end with an OpenAI error event",
+           len(errors) > 0 and all(isinstance(e, dict) and e.get("message") and e.get("type") for e in errors),
+           errors[:2])
+    print(f"no decoder left: {len(errors)} of {n} streams ended with an error event, e.g. "
+          f"{errors[0] if errors else None}", flush=True)
 
 
 def main():
