@@ -15,22 +15,28 @@ export function check(cond, msg) {
   if (!cond) fail(msg);
 }
 
-// Resolves with the first match of `re` on the process's stdout.
+// Resolves with the first match of `re` on everything the process has
+// printed so far (lines that came before the call count too).
 function waitForLine(proc, re, what, timeoutMs = 60000) {
   return new Promise((resolve, reject) => {
-    let buf = '';
-    const timer = setTimeout(() => reject(new Error(`${what}: no line ${re} in ${timeoutMs} ms; got: ${buf}`)), timeoutMs);
-    proc.stdout.on('data', (d) => {
-      buf += d.toString();
-      const m = buf.match(re);
+    const now = proc.stdoutText.match(re);
+    if (now) return resolve(now);
+    const timer = setTimeout(() => {
+      proc.stdout.off('data', onData);
+      reject(new Error(`${what}: no line ${re} in ${timeoutMs} ms; got: ${proc.stdoutText}`));
+    }, timeoutMs);
+    const onData = () => {
+      const m = proc.stdoutText.match(re);
       if (m) {
         clearTimeout(timer);
+        proc.stdout.off('data', onData);
         resolve(m);
       }
-    });
+    };
+    proc.stdout.on('data', onData);
     proc.on('exit', (code) => {
       clearTimeout(timer);
-      reject(new Error(`${what} exited with ${code} before ${re}; stdout: ${buf}; stderr: ${proc.stderrText}`));
+      reject(new Error(`${what} exited with ${code} before ${re}; stdout: ${proc.stdoutText}; stderr: ${proc.stderrText}`));
     });
   });
 }
@@ -38,6 +44,11 @@ function waitForLine(proc, re, what, timeoutMs = 60000) {
 export function startProcess(bin, args, what, env = {}) {
   const proc = spawn(bin, args, { env: { ...process.env, ...env }, stdio: ['ignore', 'pipe', 'pipe'] });
   proc.stderrText = '';
+  proc.stdoutText = '';
+  // Registered first, so every waitForLine sees the text of each chunk.
+  proc.stdout.on('data', (d) => {
+    proc.stdoutText += d.toString();
+  });
   proc.stderr.on('data', (d) => {
     proc.stderrText += d.toString();
     if (proc.stderrText.length > 200000) proc.stderrText = proc.stderrText.slice(-100000);
