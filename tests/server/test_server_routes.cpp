@@ -28,9 +28,8 @@ namespace {
 
 const std::string kShapes = std::string(CLEAVE_SOURCE_DIR) + "/models/shapes/";
 
-// One HTTP/1.0 exchange: (status, body).
-std::pair<int, std::string> http(int port, const std::string& method, const std::string& path,
-                                 const std::string& body = "") {
+// Connects to 127.0.0.1:port and sends one HTTP/1.0 request; the socket.
+int send_request(int port, const std::string& method, const std::string& path, const std::string& body) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   REQUIRE(fd >= 0);
   sockaddr_in a{};
@@ -38,9 +37,16 @@ std::pair<int, std::string> http(int port, const std::string& method, const std:
   a.sin_port = htons(uint16_t(port));
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  std::string req = method + " " + path + " HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n" +
-                    "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+  const std::string req = method + " " + path + " HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n" +
+                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
   REQUIRE(::send(fd, req.data(), req.size(), 0) == ssize_t(req.size()));
+  return fd;
+}
+
+// One HTTP/1.0 exchange: (status, body).
+std::pair<int, std::string> http(int port, const std::string& method, const std::string& path,
+                                 const std::string& body = "") {
+  const int fd = send_request(port, method, path, body);
   std::string got;
   char buf[4096];
   for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) got.append(buf, size_t(n));
@@ -118,16 +124,7 @@ namespace {
 // connection closed after that many data lines): (completion tokens of the
 // usage chunk, saw [DONE]).
 std::pair<int, bool> stream_completion(int port, const std::string& body, int leave_after) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_port = htons(uint16_t(port));
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-  const std::string req = "POST /v1/completions HTTP/1.0\r\nHost: x\r\nContent-Type: application/json\r\n"
-                          "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-  REQUIRE(::send(fd, req.data(), req.size(), 0) == ssize_t(req.size()));
+  const int fd = send_request(port, "POST", "/v1/completions", body);
   std::string got;
   char buf[4096];
   int lines = 0;
