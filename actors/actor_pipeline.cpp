@@ -46,6 +46,10 @@ class ActorPipeline final : public Pipeline, private PipelineTestHooks {
   }
 
   Status submit(GenerateRequest request, EventCallback on_event) override {
+    return resume(std::move(request), {}, std::move(on_event));
+  }
+
+  Status resume(GenerateRequest request, std::vector<int32_t> generated, EventCallback on_event) override {
     Status st = validate_request(request, context_, n_vocab_, n_embd_);
     if (!st.ok()) return st;
     if (!options_.mmproj && !check_images_encoded(request).ok())
@@ -53,7 +57,8 @@ class ActorPipeline final : public Pipeline, private PipelineTestHooks {
                     "request " + std::to_string(request.request_id) +
                         " has images without embeddings and this pipeline has no vision encoder "
                         "(no mmproj)");
-    return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
+    return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event),
+                            std::move(generated));
   }
 
   Status cancel(uint64_t request_id) override { return cancel_at_router(router_, *sinks_, request_id); }
@@ -121,7 +126,7 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
   if (!hosted.ok()) return hosted.status();
   Engine& engine = hosted->stages.front().second->engine();
   auto store = make_kv_store(options.kv_tier0_bytes, options.kv_tier1_bytes, options.kv_dir,
-                             engine.model_fingerprint(), engine.kv_layout());
+                             engine.model_fingerprint(), engine.kv_layout(), options.kv_durable);
   if (!store.ok()) return store.status();
   auto pipeline = std::make_unique<ActorPipeline>(options, engine.context(), engine.config().n_vocab,
                                                   engine.config().dim);

@@ -154,14 +154,24 @@ void ActorSet::stop() {
 }
 
 Status submit_to_router(caf::actor_system& system, const router_actor& router, EventSinks& sinks,
-                        GenerateRequest request, EventCallback on_event) {
+                        GenerateRequest request, EventCallback on_event,
+                        std::vector<int32_t> generated) {
   const uint64_t id = request.request_id;
   if (!sinks.add(id, std::move(on_event)))
     return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
   Status st;
   caf::scoped_actor self{system};
-  self->request(router, kClientTimeout, submit_atom::value, codec::encode(request))
-      .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+  auto on_error = [&](caf::error& e) { st = from_error(e); };
+  if (generated.empty()) {
+    self->request(router, kClientTimeout, submit_atom::value, codec::encode(request))
+        .receive([](bool) {}, on_error);
+  } else {
+    msg::Handoff h;
+    h.request = std::move(request);
+    h.generated = std::move(generated);
+    self->request(router, kClientTimeout, resume_atom::value, codec::encode(h))
+        .receive([](bool) {}, on_error);
+  }
   if (!st.ok()) sinks.remove(id);
   return st;
 }

@@ -74,8 +74,11 @@ class ActorSet {
 
 // Registers the callback, then hands the request to the router (admission:
 // busy, unavailable or a typed error comes back, and the callback goes).
+// With `generated` tokens (Frontend::resume), the router continues it as a
+// hand-off whose KV the stage reads from the store.
 Status submit_to_router(caf::actor_system& system, const router_actor& router, EventSinks& sinks,
-                        GenerateRequest request, EventCallback on_event);
+                        GenerateRequest request, EventCallback on_event,
+                        std::vector<int32_t> generated = {});
 
 // Asks the router to end a request early (Frontend::cancel): not_found when
 // its callback is gone already.

@@ -53,6 +53,7 @@ using Clock = std::chrono::steady_clock;
 using submit_atom = caf::atom_constant<caf::atom("submit")>;
 using handoff_atom = caf::atom_constant<caf::atom("handoff")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
+using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using stats_atom = caf::atom_constant<caf::atom("stats")>;
 using event_atom = caf::atom_constant<caf::atom("event")>;
@@ -125,11 +126,13 @@ using vision_encoder_actor = caf::typed_actor<caf::replies_to<encode_atom, Bytes
                                               caf::reacts_to<step_atom>,
                                               caf::replies_to<stats_atom>::with<Bytes>>;
 
-// submit: GenerateRequest from the client (admission); event: StreamEvent
-// and handoff: Handoff from stages; attach: a stage and its kind, or a
-// vision encoder.
+// submit: GenerateRequest from the client (admission); resume: a Handoff
+// from the client (Frontend::resume: the request and the tokens an earlier
+// run generated); event: StreamEvent and handoff: Handoff from stages;
+// attach: a stage and its kind, or a vision encoder.
 using router_actor =
     caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
+                     caf::replies_to<resume_atom, Bytes>::with<bool>,
                      caf::reacts_to<event_atom, Bytes>, caf::reacts_to<handoff_atom, Bytes>,
                      caf::reacts_to<cancel_atom, uint64_t>,
                      caf::reacts_to<handoff_atom, Bytes, kv_sender_actor>,

@@ -41,22 +41,27 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
 
 Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t tier1_bytes,
                                                    const std::string& dir, uint64_t fp,
-                                                   const KvLayout& layout) {
+                                                   const KvLayout& layout, bool durable) {
   constexpr size_t kDefaultTierBytes = size_t(64) << 20;
   std::vector<std::unique_ptr<Tier>> tiers;
-  auto t0 = MemoryTier::create(MemoryKind::host_arena, tier0_bytes ? tier0_bytes : kDefaultTierBytes,
-                               fp, layout);
-  if (!t0.ok()) return t0.status();
-  tiers.push_back(std::move(t0.value()));
-  auto t1 = MemoryTier::create(MemoryKind::pinned_host, tier1_bytes ? tier1_bytes : kDefaultTierBytes,
-                               fp, layout);
-  if (!t1.ok()) return t1.status();
-  tiers.push_back(std::move(t1.value()));
+  if (durable && dir.empty())
+    return Status(Code::invalid_argument, "a durable KV store needs a directory (kv_dir)");
+  if (!durable) {
+    auto t0 = MemoryTier::create(MemoryKind::host_arena, tier0_bytes ? tier0_bytes : kDefaultTierBytes,
+                                 fp, layout);
+    if (!t0.ok()) return t0.status();
+    tiers.push_back(std::move(t0.value()));
+    auto t1 = MemoryTier::create(MemoryKind::pinned_host, tier1_bytes ? tier1_bytes : kDefaultTierBytes,
+                                 fp, layout);
+    if (!t1.ok()) return t1.status();
+    tiers.push_back(std::move(t1.value()));
+  }
   if (!dir.empty()) {
 #ifdef CLEAVE_HAVE_ROCKSDB
     RocksDbTierOptions ro;
     ro.capacity_bytes = size_t(16) << 30;
     ro.model_fingerprint = fp;
+    ro.sync = !durable;  // durable: every put, so no fsync each (see hosted.h)
     ro.layout = layout;
     auto t2 = RocksDbTier::open(dir, ro);
     if (!t2.ok()) return t2.status();

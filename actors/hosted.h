@@ -44,8 +44,12 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec);
 
 // The kv_store's tiers: host memory (tier 0) and pinned host (tier 1), of
 // the given bytes each (0: 64 MiB), and RocksDB in `dir` (empty: none).
+// durable (needs a dir): RocksDB is the only tier, so every block the store
+// acknowledges is on disk (its WAL written, not fsync'd: it survives kill -9,
+// not a power cut) and a restarted process finds it; the stages' engines
+// keep the hot blocks in memory anyway.
 Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t tier1_bytes,
                                                    const std::string& dir, uint64_t model_fingerprint,
-                                                   const KvLayout& layout);
+                                                   const KvLayout& layout, bool durable = false);
 
 }  // namespace cleave

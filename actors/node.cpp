@@ -304,6 +304,13 @@ class HeadNode final : public Node {
     return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
   }
 
+  Status resume(GenerateRequest request, std::vector<int32_t> generated, EventCallback on_event) override {
+    Status st = validate_request(request, context_, n_vocab_, n_embd_);
+    if (!st.ok()) return st;
+    return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event),
+                            std::move(generated));
+  }
+
   Status cancel(uint64_t request_id) override { return cancel_at_router(router_, *sinks_, request_id); }
 
   // The router's and the store's, then the head's own stages and encoders.
@@ -411,6 +418,9 @@ class WorkerNode final : public Node {
     return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);
   }
   Status cancel(uint64_t) override {
+    return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);
+  }
+  Status resume(GenerateRequest, std::vector<int32_t>, EventCallback) override {
     return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);
   }
 

@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "actors/actor_pipeline.h"
+#include "actors/hosted.h"
 #include "actors/stage_core.h"
 
 namespace cleave {
@@ -35,10 +36,12 @@ namespace {
 
 class MonoPipeline final : public Pipeline {
  public:
-  // encoder may be null (text only: requests come encoded).
+  // encoder may be null (text only: requests come encoded); store too (no
+  // kv_dir: nothing is persisted, resume() recomputes what the engine's
+  // prefix cache lacks).
   MonoPipeline(const PipelineOptions& options, std::unique_ptr<StageCore> core,
-               std::shared_ptr<VisionEncoder> encoder)
-      : options_(options), core_(std::move(core)), encoder_(std::move(encoder)) {
+               std::shared_ptr<VisionEncoder> encoder, std::shared_ptr<TieredStore> store)
+      : options_(options), core_(std::move(core)), encoder_(std::move(encoder)), store_(std::move(store)) {
     snapshot_ = core_->stats();
     thread_ = std::thread([this] { loop(); });
   }
@@ -67,28 +70,11 @@ class MonoPipeline final : public Pipeline {
   }
 
   Status submit(GenerateRequest request, EventCallback on_event) override {
-    // Both only read sizes fixed at creation.
-    Status st = encoder_ ? encoder_->check(request.images, request.request_id)
-                         : core_->check_request(request);
-    if (st.ok() && encoder_) {
-      const Engine& e = core_->engine();
-      st = validate_request(request, e.context(), e.config().n_vocab, e.config().dim);
-    }
-    if (!st.ok()) return st;
-    std::lock_guard<std::mutex> lock(mu_);
-    ++requests_;
-    if (stop_) return Status(Code::unavailable, "pipeline is shutting down");
-    if (int32_t(callbacks_.size()) >= options_.max_pending) {
-      ++rejected_busy_;
-      return Status(Code::busy, "max_pending (" + std::to_string(options_.max_pending) +
-                                    ") requests in flight");
-    }
-    const uint64_t id = request.request_id;
-    if (!callbacks_.emplace(id, std::move(on_event)).second)
-      return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
-    inbox_.push_back(std::move(request));
-    cv_.notify_all();
-    return Status::Ok();
+    return admit(std::move(request), {}, std::move(on_event));
+  }
+
+  Status resume(GenerateRequest request, std::vector<int32_t> generated, EventCallback on_event) override {
+    return admit(std::move(request), std::move(generated), std::move(on_event));
   }
 
   // The loop drops it before its next step and sends the failed event.
@@ -109,13 +95,83 @@ class MonoPipeline final : public Pipeline {
                                            {"tokens", tokens_},
                                            {"finished", finished_},
                                            {"failures", failed_},
-                                           {"cancelled", cancelled_}});
+                                           {"cancelled", cancelled_},
+                                           {"resumes", resumes_},
+                                           {"kv_blocks_put", kv_blocks_put_},
+                                           {"kv_blocks_got", kv_blocks_got_},
+                                           {"kv_errors", kv_errors_}});
     return {s};
   }
   int32_t alive(const std::string& kind) override { return kind == "mono" ? 1 : 0; }
   const PipelineOptions& options() const override { return options_; }
 
  private:
+  struct Incoming {
+    GenerateRequest request;
+    std::vector<int32_t> generated;  // resume(): replayed, not sampled
+    bool resume = false;
+  };
+
+  Status admit(GenerateRequest request, std::vector<int32_t> generated, EventCallback on_event) {
+    // Both only read sizes fixed at creation.
+    Status st = encoder_ ? encoder_->check(request.images, request.request_id)
+                         : core_->check_request(request);
+    if (st.ok() && encoder_) {
+      const Engine& e = core_->engine();
+      st = validate_request(request, e.context(), e.config().n_vocab, e.config().dim);
+    }
+    if (!st.ok()) return st;
+    std::lock_guard<std::mutex> lock(mu_);
+    ++requests_;
+    if (stop_) return Status(Code::unavailable, "pipeline is shutting down");
+    if (int32_t(callbacks_.size()) >= options_.max_pending) {
+      ++rejected_busy_;
+      return Status(Code::busy, "max_pending (" + std::to_string(options_.max_pending) +
+                                    ") requests in flight");
+    }
+    const uint64_t id = request.request_id;
+    if (!callbacks_.emplace(id, std::move(on_event)).second)
+      return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
+    const bool resume = !generated.empty();
+    resumes_ += resume;
+    inbox_.push_back(Incoming{std::move(request), std::move(generated), resume});
+    cv_.notify_all();
+    return Status::Ok();
+  }
+
+  // A resumed request: the leading blocks the engine's prefix cache holds,
+  // then the longest run after them that the store has; the scheduler
+  // recomputes the rest.
+  Status start_resume(Incoming& in) {
+    std::vector<BlockKey> keys = core_->resume_keys(in.request, in.generated);
+    const int32_t first = core_->engine().cached_leading_blocks(keys);
+    std::vector<BlockRecord> blocks;
+    for (size_t k = size_t(first); store_ && k < keys.size(); ++k) {
+      auto rec = store_->get(keys[k]);
+      if (!rec.ok()) break;
+      blocks.push_back(std::move(rec.value()));
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      kv_blocks_got_ += blocks.size();
+    }
+    return core_->resume(std::move(in.request), std::move(in.generated), std::move(blocks), first);
+  }
+
+  // The engine's newly filled blocks into the store (what resume() reads
+  // after a restart).
+  void persist_new_blocks() {
+    if (!store_) return;
+    uint64_t put = 0, errors = 0;
+    for (const BlockRecord& r : core_->take_new_blocks()) {
+      if (store_->put(r).ok()) ++put;
+      else ++errors;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    kv_blocks_put_ += put;
+    kv_errors_ += errors;
+  }
+
   void emit(msg::StreamEvent e) {
     if (e.kind == msg::StreamEvent::Kind::token && e.index == 0) {
       if (auto it = encode_seconds_.find(e.request_id); it != encode_seconds_.end()) {
@@ -144,7 +200,7 @@ class MonoPipeline final : public Pipeline {
   void loop() {
     std::vector<SchedulerEvent> events;
     for (;;) {
-      std::deque<GenerateRequest> incoming;
+      std::deque<Incoming> incoming;
       std::vector<uint64_t> cancels;
       {
         std::unique_lock<std::mutex> lock(mu_);
@@ -155,7 +211,7 @@ class MonoPipeline final : public Pipeline {
         cancels.swap(cancels_);
       }
       for (uint64_t id : cancels) {
-        std::erase_if(incoming, [&](const GenerateRequest& r) { return r.request_id == id; });
+        std::erase_if(incoming, [&](const Incoming& r) { return r.request.request_id == id; });
         core_->cancel(id);
         SchedulerEvent failed;
         failed.kind = SchedulerEvent::Kind::failed;
@@ -166,9 +222,9 @@ class MonoPipeline final : public Pipeline {
         ++cancelled_;
       }
       if (encoder_) encode(incoming, events);
-      for (GenerateRequest& r : incoming) {
-        const uint64_t id = r.request_id;
-        Status st = core_->submit(std::move(r));
+      for (Incoming& r : incoming) {
+        const uint64_t id = r.request.request_id;
+        Status st = r.resume ? start_resume(r) : core_->submit(std::move(r.request));
         if (!st.ok()) {
           SchedulerEvent failed;
           failed.kind = SchedulerEvent::Kind::failed;
@@ -178,6 +234,7 @@ class MonoPipeline final : public Pipeline {
         }
       }
       (void)core_->step(events);  // an engine error fails the running requests as events
+      persist_new_blocks();
       for (const SchedulerEvent& e : events) emit(to_stream_event(e, "mono"));
       events.clear();
       msg::Stats snapshot = core_->stats();
@@ -189,10 +246,11 @@ class MonoPipeline final : public Pipeline {
   // Encodes the images of the requests that just arrived, in one batch, on
   // this thread (the prefill path): a request that fails gets its failed
   // event and leaves `incoming`.
-  void encode(std::deque<GenerateRequest>& incoming, std::vector<SchedulerEvent>& events) {
+  void encode(std::deque<Incoming>& incoming, std::vector<SchedulerEvent>& events) {
     std::vector<std::vector<PromptImage>*> groups;
     std::vector<uint64_t> ids;
-    for (GenerateRequest& r : incoming) {
+    for (Incoming& in : incoming) {
+      GenerateRequest& r = in.request;
       if (r.images.empty()) continue;
       groups.push_back(&r.images);
       ids.push_back(r.request_id);
@@ -216,21 +274,23 @@ class MonoPipeline final : public Pipeline {
       failed.error = status[k];
       events.push_back(std::move(failed));
     }
-    std::erase_if(incoming, [&](const GenerateRequest& r) { return failed_ids.count(r.request_id) > 0; });
+    std::erase_if(incoming, [&](const Incoming& r) { return failed_ids.count(r.request.request_id) > 0; });
   }
 
   PipelineOptions options_;
   std::unique_ptr<StageCore> core_;  // touched by the thread only (after construction)
   std::shared_ptr<VisionEncoder> encoder_;  // likewise (check() is const and reads sizes only)
+  std::shared_ptr<TieredStore> store_;       // the thread's; may be null
   std::unordered_map<uint64_t, double> encode_seconds_;  // the thread's: reported with token 0
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<GenerateRequest> inbox_;
+  std::deque<Incoming> inbox_;
   std::vector<uint64_t> cancels_;  // cancel() -> the loop
   std::unordered_map<uint64_t, EventCallback> callbacks_;
   bool stop_ = false;
   msg::Stats snapshot_;
   uint64_t requests_ = 0, rejected_busy_ = 0, tokens_ = 0, finished_ = 0, failed_ = 0, cancelled_ = 0;
+  uint64_t resumes_ = 0, kv_blocks_put_ = 0, kv_blocks_got_ = 0, kv_errors_ = 0;
   std::thread thread_;
 };
 
@@ -277,7 +337,16 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
   auto encoders = make_vision_encoders(options, (*core)->engine().config().dim);
   if (!encoders.ok()) return encoders.status();
   std::shared_ptr<VisionEncoder> encoder = encoders->empty() ? nullptr : encoders->front();
-  return std::unique_ptr<Pipeline>(new MonoPipeline(options, std::move(core.value()), encoder));
+  std::shared_ptr<TieredStore> store;
+  if (!options.kv_dir.empty()) {
+    const Engine& e = (*core)->engine();
+    auto s = make_kv_store(options.kv_tier0_bytes, options.kv_tier1_bytes, options.kv_dir,
+                           e.model_fingerprint(), e.kv_layout(), options.kv_durable);
+    if (!s.ok()) return s.status();
+    store = std::move(s.value());
+  }
+  return std::unique_ptr<Pipeline>(
+      new MonoPipeline(options, std::move(core.value()), encoder, std::move(store)));
 }
 
 Result<std::vector<std::shared_ptr<VisionEncoder>>> make_vision_encoders(const PipelineOptions& options,

@@ -65,6 +65,11 @@ struct PipelineOptions {
   // and the RocksDB directory of tier 2 (empty: no disk tier).
   size_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;
   std::string kv_dir;
+  // The store is RocksDB alone (kv_dir required; make_kv_store's durable):
+  // batch jobs, whose requests resume from it after a restart. mono has a
+  // store only with kv_dir: its engine's new full blocks go to it after
+  // each step and resume() reads them back.
+  bool kv_durable = false;
   // pd: how KV moves from prefill to decode actors (actors/kv_stream.h).
   KvStreamOptions kv_stream;
   int32_t actor_threads = 0;     // CAF scheduler workers; 0: CAF's default

@@ -38,6 +38,7 @@ struct RouterState {
     int64_t load_blocks = 0;  // what it adds to its stage's load
     int32_t encoder = -1;     // the vision encoder it waits for
     bool continuing = false;  // handed off (or re-placed with tokens)
+    bool resumed = false;     // Frontend::resume: continues after `generated` once encoded
     Clock::time_point last_progress;
     std::string encode_origin;  // reported with the first token
     double encode_seconds = 0;
@@ -54,6 +55,7 @@ struct RouterState {
   // (decode / colocated): each learns from its own placements.
   std::unique_ptr<PlacementPolicy> entry_policy, continue_policy;
   uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, cancelled = 0;
+  uint64_t resumes = 0;
   uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, direct_handoffs = 0, replacements = 0;
   uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
   uint64_t encodes = 0, encoder_downs = 0, encode_replacements = 0;
@@ -196,6 +198,16 @@ void place_continue(router_pointer self, uint64_t id, Bytes handoff,
 
 void on_embeddings(router_pointer self, uint64_t id, int32_t encoder, const Bytes& reply);
 
+// A resumed request goes to a decode (or colocated) stage as a hand-off
+// without KV: the stage reads what the store holds and recomputes the rest.
+void place_resumed(router_pointer self, uint64_t id) {
+  auto& p = self->state.pending.at(id);
+  msg::Handoff h;
+  h.request = p.request;
+  h.generated = p.generated;
+  place_continue(self, id, codec::encode(h));
+}
+
 // The request's images that lack embeddings go to the least loaded live
 // encoder; its reply puts them into the request, which then goes on to a
 // stage (place_entry).
@@ -270,7 +282,8 @@ void on_embeddings(router_pointer self, uint64_t id, int32_t encoder, const Byte
   p.encode_origin = m->origin;
   p.encode_seconds = m->seconds;
   p.last_progress = Clock::now();
-  place_entry(self, id);
+  if (p.resumed) place_resumed(self, id);
+  else place_entry(self, id);
 }
 
 void on_encoder_down(router_pointer self, int32_t index) {
@@ -355,6 +368,48 @@ void on_handoff(router_pointer self, const Bytes& bytes, const kv_sender_actor* 
   place_continue(self, id, bytes, source);
 }
 
+// Admission of a submitted or resumed request (resume: `generated` tokens
+// from an earlier run): busy, unavailable or a typed error at once, else it
+// is pending and placed.
+caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vector<int32_t> generated) {
+  auto& s = self->state;
+  const uint64_t id = request.request_id;
+  if (s.closed) return to_error(Status(Code::unavailable, "pipeline is shutting down"));
+  if (int32_t(s.pending.size()) >= s.config.max_pending) {
+    ++s.rejected_busy;
+    return to_error(Status(Code::busy, "max_pending (" + std::to_string(s.config.max_pending) +
+                                           ") requests in flight"));
+  }
+  if (s.pending.count(id))
+    return to_error(Status(Code::invalid_argument,
+                           "request id " + std::to_string(id) + " is already in flight"));
+  if (!any_alive(s, true) || !any_alive(s, false)) {
+    ++s.rejected_unavailable;
+    return to_error(Status(Code::unavailable, s.config.disaggregated && any_alive(s, true)
+                                                  ? "no live decode actor"
+                                                  : "no live stage actor"));
+  }
+  const bool encode = needs_encoding(request);
+  if (encode && !any_encoder_alive(s)) {
+    ++s.rejected_unavailable;
+    return to_error(Status(Code::unavailable, "request " + std::to_string(id) +
+                                                  " has images to encode and there is no "
+                                                  "live vision_encoder actor"));
+  }
+  const bool resumed = !generated.empty();
+  RouterState::Pending p;
+  p.request = std::move(request);
+  p.generated = std::move(generated);
+  p.resumed = resumed;
+  p.last_progress = Clock::now();
+  s.pending.emplace(id, std::move(p));
+  ++s.admitted;
+  if (encode) place_encode(self, id);
+  else if (resumed) place_resumed(self, id);
+  else place_entry(self, id);
+  return true;
+}
+
 router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                       std::shared_ptr<EventSinks> sinks, kv_store_actor kv) {
   auto& s = self->state;
@@ -390,37 +445,18 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
           ++s.bad_messages;
           return to_error(request.status());
         }
-        const uint64_t id = request->request_id;
-        if (s.closed) return to_error(Status(Code::unavailable, "pipeline is shutting down"));
-        if (int32_t(s.pending.size()) >= s.config.max_pending) {
-          ++s.rejected_busy;
-          return to_error(Status(Code::busy, "max_pending (" + std::to_string(s.config.max_pending) +
-                                                 ") requests in flight"));
+        return admit(self, std::move(request.value()), {});
+      },
+      [=](resume_atom, const Bytes& bytes) -> caf::result<bool> {
+        auto& s = self->state;
+        ++s.requests;
+        auto h = codec::decode_as<msg::Handoff>(bytes);
+        if (!h.ok()) {
+          ++s.bad_messages;
+          return to_error(h.status());
         }
-        if (s.pending.count(id))
-          return to_error(Status(Code::invalid_argument,
-                                 "request id " + std::to_string(id) + " is already in flight"));
-        if (!any_alive(s, true) || !any_alive(s, false)) {
-          ++s.rejected_unavailable;
-          return to_error(Status(Code::unavailable, s.config.disaggregated && any_alive(s, true)
-                                                        ? "no live decode actor"
-                                                        : "no live stage actor"));
-        }
-        const bool encode = needs_encoding(*request);
-        if (encode && !any_encoder_alive(s)) {
-          ++s.rejected_unavailable;
-          return to_error(Status(Code::unavailable, "request " + std::to_string(id) +
-                                                        " has images to encode and there is no "
-                                                        "live vision_encoder actor"));
-        }
-        RouterState::Pending p;
-        p.request = std::move(request.value());
-        p.last_progress = Clock::now();
-        s.pending.emplace(id, std::move(p));
-        ++s.admitted;
-        if (encode) place_encode(self, id);
-        else place_entry(self, id);
-        return true;
+        ++s.resumes;
+        return admit(self, std::move(h->request), std::move(h->generated));
       },
       [=](event_atom, const Bytes& bytes) {
         auto& s = self->state;
@@ -523,6 +559,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"rejected_busy", s.rejected_busy},
                                        {"rejected_unavailable", s.rejected_unavailable},
                                        {"cancelled", s.cancelled},
+                                       {"resumes", s.resumes},
                                        {"queue_depth", s.pending.size()},
                                        {"finished", s.finished},
                                        {"failures", s.failed},

@@ -35,6 +35,12 @@ int run_node_command();
 // apps/serve_cmd.cpp: `cleave serve`; apps/http_options.h: -np, -to.
 CLI::App* add_serve_command(CLI::App& app);
 int run_serve_command(CLI::App* cmd);
+#ifdef CLEAVE_HAVE_JOBS
+CLI::App* add_run_batch_command(CLI::App& app);
+int run_run_batch_command(CLI::App* cmd);
+CLI::App* add_job_command(CLI::App& app);
+int run_job_command();
+#endif
 namespace cleave {
 void rewrite_short_flags(int argc, char** argv, std::vector<std::string>& storage, std::vector<char*>& out);
 }
@@ -536,6 +542,10 @@ int main(int argc, char** argv) {
   auto* topo = add_topology_command(app, topo_args);
   auto* node = add_node_command(app);  // apps/node_cmd.cpp
   auto* serve = add_serve_command(app);  // apps/serve_cmd.cpp
+#ifdef CLEAVE_HAVE_JOBS
+  auto* run_batch = add_run_batch_command(app);  // apps/batch_cmd.cpp
+  auto* job = add_job_command(app);
+#endif
 
   std::vector<std::string> arg_storage;
   std::vector<char*> args;
@@ -567,6 +577,10 @@ int main(int argc, char** argv) {
     if (*topo) return run_topology(topo_args);
     if (*node) return run_node_command();
     if (*serve) return run_serve_command(serve);
+#ifdef CLEAVE_HAVE_JOBS
+    if (*run_batch) return run_run_batch_command(run_batch);
+    if (*job) return run_job_command();
+#endif
   } catch (const CLI::ParseError& e) {
     std::fprintf(stderr, "cleave: usage error: %s\n", e.what());
     return 2;

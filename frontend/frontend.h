@@ -37,6 +37,18 @@ class Frontend {
   // also be a finished one that was already on its way). not_found when the
   // request is not in flight (finished meanwhile, or never admitted).
   virtual Status cancel(uint64_t request_id) = 0;
+  // Continues a request that an earlier run began (a batch job restarted
+  // after a kill): `generated` are the tokens that run sampled. They are
+  // replayed, not sampled again, and sampling goes on at index
+  // generated.size() (the RNG is keyed by (seed, rng_stream or request id,
+  // position), so the tokens are those of an uninterrupted run). The KV of
+  // prompt + generated is read back from the front end's KV store where it
+  // holds it (blocks persisted by the earlier run) and recomputed where not.
+  // Token events start at index generated.size(); the text of `generated`
+  // is not sent again. Admission and terminal events as submit();
+  // `generated` empty is submit(). unsupported where there is no such path.
+  virtual Status resume(GenerateRequest request, std::vector<int32_t> generated,
+                        EventCallback on_event) = 0;
   // Each actor's counters (requests, tokens, queue depth, KV blocks moved,
   // failures, ...).
   virtual std::vector<msg::Stats> stats() = 0;

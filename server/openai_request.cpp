@@ -4,6 +4,8 @@
 #include <cctype>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -209,6 +211,31 @@ std::string base64_decode(std::string_view s, const std::string& param) {
   return out;
 }
 
+// "file:///abs/path" inside the allowed directory -> the decoded image.
+RgbImage read_local_image(const std::string& url, const std::string& param, const ParseOptions& options) {
+  const std::string path = url.substr(7);
+  std::error_code ec;
+  const auto root = std::filesystem::canonical(options.media_root, ec);
+  if (ec) refuse(param, "the local media directory cannot be read: " + ec.message());
+  const auto real = std::filesystem::canonical(path, ec);
+  if (ec) refuse(param, "the image file \"" + path.substr(0, 256) + "\" cannot be read: " + ec.message());
+  const auto rel = real.lexically_relative(root);
+  if (rel.empty() || *rel.begin() == "..")
+    refuse(param, "the image file \"" + path.substr(0, 256) + "\" is outside the allowed media directory");
+  std::ifstream in(real, std::ios::binary);
+  std::string bytes;
+  char buf[65536];
+  while (in.read(buf, sizeof buf) || in.gcount() > 0) {
+    bytes.append(buf, size_t(in.gcount()));
+    if (bytes.size() > options.image_limits.max_bytes)
+      refuse(param, "the image file is above the limit of " + std::to_string(options.image_limits.max_bytes) + " bytes");
+  }
+  if (in.bad()) refuse(param, "the image file \"" + path.substr(0, 256) + "\" could not be read");
+  auto image = decode_image(reinterpret_cast<const uint8_t*>(bytes.data()), bytes.size(), options.image_limits);
+  if (!image.ok()) refuse(param, "the image could not be decoded: " + image.status().to_string());
+  return std::move(image.value());
+}
+
 RgbImage decode_data_url(const std::string& url, const std::string& param, const ImageLimits& limits) {
   if (url.rfind("data:", 0) != 0) {
     const size_t colon = url.find(':');
@@ -287,8 +314,11 @@ void parse_message(const json& m, size_t i, ParsedRequest& p, const ParseOptions
         if (!url) refuse(pw + ".image_url.url", "\"" + pw + ".image_url.url\" is required");
         if (int32_t(p.images.size()) >= options.max_images)
           refuse(pw, "a request may hold at most " + std::to_string(options.max_images) + " images");
-        p.images.push_back(decode_data_url(string_of(*url, pw + ".image_url.url"), pw + ".image_url.url",
-                                           options.image_limits));
+        const std::string u = string_of(*url, pw + ".image_url.url");
+        if (!options.media_root.empty() && u.rfind("file://", 0) == 0)
+          p.images.push_back(read_local_image(u, pw + ".image_url.url", options));
+        else
+          p.images.push_back(decode_data_url(u, pw + ".image_url.url", options.image_limits));
         p.image_params.push_back(pw);
         msg.text += kImageMarker;
         ++msg.n_images;

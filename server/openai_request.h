@@ -92,6 +92,10 @@ enum class RequestKind { completion, chat };
 struct ParseOptions {
   ImageLimits image_limits;  // each image's encoded size and dimensions
   int32_t max_images = 8;    // image parts per request
+  // Local images: "file:///abs/path.png" URLs are read when the file's real
+  // path (symlinks resolved) lies inside this directory (vLLM's
+  // --allowed-local-media-path); empty: refused, only data URLs.
+  std::string media_root;
 };
 
 struct ParsedRequest {

@@ -1,0 +1,57 @@
+#include "apps/process_topology.h"
+
+#include <algorithm>
+#include <thread>
+
+namespace cleave {
+
+void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
+  cmd->add_option("--topology", a.topology, "mono, colocated or pd")
+      ->check(CLI::IsMember({"mono", "colocated", "pd"}));
+  cmd->add_option("--prefill-actors", a.prefill_actors, "prefill actors (pd)")->check(CLI::Range(1, 64));
+  cmd->add_option("--decode-actors", a.decode_actors, "decode actors (pd)")->check(CLI::Range(1, 64));
+  cmd->add_option("--colocated-actors", a.colocated_actors, "colocated actors (colocated)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("--vision-actors", a.vision_actors, "vision_encoder actors (colocated, pd)")
+      ->check(CLI::Range(1, 64));
+  cmd->add_option("-t,--threads", a.threads, "threads per engine (default: all cores)")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("-c,--ctx-size", a.ctx, "context size (0: the model's)")->check(CLI::Range(0, 1 << 24));
+  cmd->add_option("--parallel,--max-num-seqs", a.parallel, "sequences each engine runs at once (-np)")
+      ->check(CLI::Range(1, 4096));
+  cmd->add_option("--ubatch-size", a.ubatch, "prompt tokens per prefill step")->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--max-pending", a.max_pending,
+                  "requests admitted and not finished; beyond: busy (serve: 503 with Retry-After)")
+      ->check(CLI::Range(1, 1 << 20));
+}
+
+void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& a, bool has_mmproj) {
+  const Topology topology = *parse_topology(a.topology);
+  auto given = [&](const char* flag) { return cmd->get_option(flag)->count() > 0; };
+  if ((given("--prefill-actors") || given("--decode-actors")) && topology != Topology::pd)
+    throw CLI::ValidationError(given("--prefill-actors") ? "--prefill-actors" : "--decode-actors",
+                               "needs --topology pd");
+  if (given("--colocated-actors") && topology != Topology::colocated)
+    throw CLI::ValidationError("--colocated-actors", "needs --topology colocated");
+  if (given("--vision-actors") && (topology == Topology::mono || !has_mmproj))
+    throw CLI::ValidationError("--vision-actors", "needs --mmproj and --topology colocated or pd");
+}
+
+PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
+                                         std::shared_ptr<const GgufFile> mmproj) {
+  PipelineOptions po;
+  po.topology = *parse_topology(a.topology);
+  po.prefill_actors = a.prefill_actors;
+  po.decode_actors = a.decode_actors;
+  po.colocated_actors = a.colocated_actors;
+  po.engine.threads = a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
+  po.engine.context = a.ctx;
+  po.engine.max_seqs = a.parallel;
+  po.max_pending = a.max_pending;
+  po.mmproj = std::move(mmproj);
+  po.vision_actors = a.vision_actors;
+  po.vision.threads = po.engine.threads;
+  return po;
+}
+
+}  // namespace cleave

@@ -1,0 +1,30 @@
+// The flags that choose one process's topology, shared by `cleave serve`
+// and `cleave run-batch`: --topology, the actor counts, threads, context,
+// sequences per engine, prefill chunk and admission.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <memory>
+#include <string>
+
+#include "actors/pipeline.h"
+
+namespace cleave {
+
+struct ProcessTopologyArgs {
+  std::string topology = "mono";
+  int32_t threads = 0, ctx = 0, parallel = 8, ubatch = 512;
+  int32_t prefill_actors = 1, decode_actors = 1, colocated_actors = 1, vision_actors = 1;
+  int32_t max_pending = 1024;
+};
+
+void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& args);
+
+// Refuses (CLI::ValidationError naming the flag) the counts a topology does
+// not use; call before loading anything.
+void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& args, bool has_mmproj);
+// The PipelineOptions the flags give (mmproj: an open mmproj or null).
+PipelineOptions process_pipeline_options(const ProcessTopologyArgs& args,
+                                         std::shared_ptr<const GgufFile> mmproj);
+
+}  // namespace cleave
