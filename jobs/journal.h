@@ -85,10 +85,12 @@ class Journal {
  public:
   // Creates the database when `create` and none exists; io_error naming the
   // directory when it cannot be opened (read-only directory, disk full,
-  // another process holds it: RocksDB's LOCK), corruption when RocksDB says so.
+  // another process holds it: RocksDB's LOCK), corruption when RocksDB says so;
+  // not_found when `create` is false and `dir` holds no journal.
   static Result<std::unique_ptr<Journal>> open(const std::string& dir, bool create = true);
   // A view that does not take the lock (`cleave job status` while the job
-  // runs); writes answer unsupported.
+  // runs): it sees what was committed when it opened. not_found when `dir`
+  // holds no journal; writes answer unsupported.
   static Result<std::unique_ptr<Journal>> open_read_only(const std::string& dir);
   ~Journal();
   Journal(const Journal&) = delete;
