@@ -227,6 +227,7 @@ Status JobRunner::Impl::start(uint64_t key, bool& busy) {
     GenerateRequest r = w->requests[size_t(i)];
     std::vector<int32_t> generated = w->choices[size_t(i)].tokens;
     meta.resumed_tokens += generated.size();
+    meta.resumed_requests += !generated.empty();
     // The callbacks keep the state alive: the front end may outlive the runner.
     auto cb = [self = shared_from_this(), w, i](const msg::StreamEvent& e) { self->on_event(w, i, e); };
     Status st = generated.empty() ? frontend->submit(std::move(r), cb)

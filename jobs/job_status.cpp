@@ -69,6 +69,7 @@ std::string batch_object_json(const JobMeta& m, const std::string& id, const std
         {"eta_seconds", r.eta_seconds < 0 ? json(nullptr) : json(r.eta_seconds)},
         {"generated_tokens", m.generated_tokens},
         {"resumed_tokens", m.resumed_tokens},
+        {"resumed_requests", m.resumed_requests},
         {"imported_tokens", m.imported_tokens},
         {"recomputed_tokens", m.recomputed_tokens},
         {"input", m.input_path},

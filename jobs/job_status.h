@@ -21,7 +21,7 @@ JobRates job_rates(const JobMeta& m);
 //  "finalizing_at","completed_at","failed_at","cancelling_at","cancelled_at",
 //  "request_counts":{"total","completed","failed"},"errors","metadata",
 //  "cleave":{"runs","throughput":{requests_per_second,tokens_per_second},
-//  "eta_seconds","generated_tokens","resumed_tokens","imported_tokens",
+//  "eta_seconds","generated_tokens","resumed_tokens","resumed_requests","imported_tokens",
 //  "recomputed_tokens","input","output"}}; timestamps not reached are null.
 std::string batch_object_json(const JobMeta& m, const std::string& id, const std::string& input_file_id,
                               const std::string& output_file_id, const std::string& error_file_id);

@@ -55,6 +55,7 @@ struct JobMeta {
   // (not sampled again), and of those the ones whose KV was read back from
   // the store vs recomputed.
   uint64_t generated_tokens = 0, resumed_tokens = 0, imported_tokens = 0, recomputed_tokens = 0;
+  uint64_t resumed_requests = 0;  // choices continued with Frontend::resume
   double active_seconds = 0;      // wall time spent running, summed over runs (throughput, ETA)
 };
 

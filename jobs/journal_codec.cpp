@@ -297,6 +297,7 @@ std::string encode_meta(const JobMeta& m) {
                    {"runs", m.runs},
                    {"generated_tokens", m.generated_tokens},
                    {"resumed_tokens", m.resumed_tokens},
+                   {"resumed_requests", m.resumed_requests},
                    {"imported_tokens", m.imported_tokens},
                    {"recomputed_tokens", m.recomputed_tokens},
                    {"active_seconds", number_value(m.active_seconds)}});
@@ -335,6 +336,7 @@ Result<JobMeta> decode_meta(const std::string& value) {
                             {"runs", &m.runs},
                             {"generated_tokens", &m.generated_tokens},
                             {"resumed_tokens", &m.resumed_tokens},
+                            {"resumed_requests", &m.resumed_requests},
                             {"imported_tokens", &m.imported_tokens},
                             {"recomputed_tokens", &m.recomputed_tokens}})
     f.integer(key, *field);

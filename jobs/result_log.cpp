@@ -1,5 +1,7 @@
 #include "jobs/result_log.h"
 
+#include "jobs/fault_point.h"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -105,7 +107,10 @@ Result<uint64_t> ResultLog::append(std::string_view bytes) {
     }
     done += size_t(n);
   }
-  if (failure.ok()) failure = sync_fd(fd_, path_, "cannot sync the appended lines");
+  if (failure.ok()) {
+    fault_point("result.after_write");  // written, not yet synced
+    failure = sync_fd(fd_, path_, "cannot sync the appended lines");
+  }
   if (!failure.ok()) {
     // Leave no partial line for the next append (best effort: the error stands).
     if (::ftruncate(fd_, off_t(start)) == 0) sync_fd(fd_, path_, "").ok();

@@ -37,6 +37,7 @@ inline JobMeta sample_meta() {
   m.runs = 3;
   m.generated_tokens = 123456789;
   m.resumed_tokens = 4567;
+  m.resumed_requests = 89;
   m.imported_tokens = 4000;
   m.recomputed_tokens = 567;
   m.active_seconds = 1234.5678901234567;
@@ -100,6 +101,7 @@ inline void check_same(const JobMeta& a, const JobMeta& b) {
   CHECK(a.runs == b.runs);
   CHECK(a.generated_tokens == b.generated_tokens);
   CHECK(a.resumed_tokens == b.resumed_tokens);
+  CHECK(a.resumed_requests == b.resumed_requests);
   CHECK(a.imported_tokens == b.imported_tokens);
   CHECK(a.recomputed_tokens == b.recomputed_tokens);
   CHECK(a.active_seconds == b.active_seconds);
