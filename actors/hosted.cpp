@@ -1,5 +1,7 @@
 #include "actors/hosted.h"
 
+#include <filesystem>
+
 #include "model/llama.h"
 #include "storage/memory_tier.h"
 #ifdef CLEAVE_HAVE_ROCKSDB
@@ -63,6 +65,8 @@ Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t ti
     ro.model_fingerprint = fp;
     ro.sync = !durable;  // durable: every put, so no fsync each (see hosted.h)
     ro.layout = layout;
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), ec);  // RocksDB makes only the last
     auto t2 = RocksDbTier::open(dir, ro);
     if (!t2.ok()) return t2.status();
     tiers.push_back(std::move(t2.value()));

@@ -4,6 +4,9 @@
 #include <cstdlib>
 
 #include "server/served_model.h"
+#ifdef CLEAVE_HAVE_JOBS
+#include "jobs/batch_service.h"
+#endif
 
 namespace cleave {
 
@@ -22,6 +25,12 @@ void add_http_options(CLI::App* cmd, HttpArgs& a, const std::string& port_flag) 
   cmd->add_option("--threads-http", a.threads_http, "HTTP io threads")->check(CLI::Range(1, 256));
   cmd->add_option("--max-connections", a.max_connections, "open connections; beyond: 503")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--batch-dir", a.batch_dir,
+                  "serve OpenAI's Batch API (/v1/files, /v1/batches); files and batches live in this "
+                  "directory and survive restarts");
+  cmd->add_option("--media-path,--allowed-local-media-path", a.media_path,
+                  "directory whose images file:// URLs in chat may name")
+      ->check(CLI::ExistingDirectory);
 }
 
 void rewrite_short_flags(int argc, char** argv, std::vector<std::string>& storage, std::vector<char*>& out) {
@@ -48,10 +57,12 @@ Result<std::unique_ptr<server::Server>> start_http(const HttpArgs& a) {
   if (o.api_key.empty())
     if (const char* env = std::getenv("CLEAVE_API_KEY")) o.api_key = env;
   o.metrics = a.metrics;
+  o.parse.media_root = a.media_path;
   return server::Server::start(o);
 }
 
-Status serve_through(server::Server& srv, const HttpArgs& a, const ServedFiles& f, Frontend& frontend) {
+Status serve_through(server::Server& srv, const HttpArgs& a, const ServedFiles& f, Frontend& frontend,
+                     std::shared_ptr<void>& batch_api) {
   server::ServedModelArgs m;
   m.model = f.model;
   m.mmproj = f.mmproj;
@@ -64,6 +75,20 @@ Status serve_through(server::Server& srv, const HttpArgs& a, const ServedFiles& 
   auto model = server::describe_served_model(m);
   if (!model.ok()) return model.status();
   const std::string name = model->name, tmpl = model->chat_template;
+  if (!a.batch_dir.empty()) {
+#ifdef CLEAVE_HAVE_JOBS
+    jobs::BatchServiceOptions bo;
+    bo.dir = a.batch_dir;
+    bo.parse.media_root = a.media_path;
+    auto service = jobs::BatchService::open(bo);
+    if (!service.ok()) return service.status();
+    (*service)->attach(srv);
+    (*service)->start(*model, frontend);
+    batch_api = std::shared_ptr<jobs::BatchService>(std::move(service.value()));
+#else
+    return Status(Code::unsupported, "--batch-dir: this build has no jobs library (CLEAVE_STORAGE=OFF)");
+#endif
+  }
   srv.ready(std::move(*model), frontend);
   std::printf("cleave serve listening on http://%s:%d (model %s, chat template %s)\n", a.host.c_str(),
               srv.port(), name.c_str(), tmpl.c_str());

@@ -24,6 +24,8 @@ struct HttpArgs {
   int threads_http = 1;
   int max_connections = 4096;
   size_t max_body_bytes = 64 << 20;
+  std::string batch_dir;   // the Batch API's files and batches (empty: no Batch API)
+  std::string media_path;  // file:// images allowed under it (chat and batch lines)
 };
 
 // port_flag: "--port" for serve, "--http-port" for node.
@@ -45,8 +47,11 @@ struct ServedFiles {
 // called) on the flags' address; errors are Status (the port taken, ...).
 Result<std::unique_ptr<server::Server>> start_http(const HttpArgs& args);
 // Describes the model (chat template checked) and starts serving through
-// `frontend`; prints "cleave serve listening on http://HOST:PORT".
+// `frontend`; prints "cleave serve listening on http://HOST:PORT". With
+// --batch-dir, the Batch API (jobs/batch_service.h) runs its batches through
+// the same front end: `batch_api` then holds it; release it after the
+// server and before the front end.
 Status serve_through(server::Server& server, const HttpArgs& args, const ServedFiles& files,
-                     Frontend& frontend);
+                     Frontend& frontend, std::shared_ptr<void>& batch_api);
 
 }  // namespace cleave

@@ -183,7 +183,7 @@ int run_node_command() {
   // The HTTP flags mean something on a serving head only.
   const bool http = g_node_cmd->get_option("--http-port")->count() > 0;
   for (const char* flag : {"--host", "--api-key", "--alias", "--chat-template", "--metrics", "--timeout",
-                           "--threads-http", "--max-connections"})
+                           "--threads-http", "--max-connections", "--batch-dir", "--media-path"})
     if (!http && g_node_cmd->get_option(flag)->count() > 0)
       throw CLI::ValidationError(flag, "needs --http-port (the head's HTTP server)");
   if (http && me && !me->head)
@@ -224,6 +224,7 @@ int run_node_command() {
   std::signal(SIGTERM, on_signal);
   retain_freed_memory();  // KV streams reuse freed buffers (actors/kv_stream.h)
 
+  std::shared_ptr<void> batch_api;  // after http_server, before the node
   std::unique_ptr<server::Server> http_server;
   if (http) http_server = unwrap(start_http(g_http));  // /health: 503 until the node is up
   auto node = unwrap(Node::start(o));
@@ -241,10 +242,11 @@ int run_node_command() {
     f.tokenizer = o.tokenizer;
     f.model_path = a.model;
     f.context = a.ctx;
-    Status st = serve_through(*http_server, g_http, f, *node);
+    Status st = serve_through(*http_server, g_http, f, *node, batch_api);
     if (!st.ok()) {
       std::fprintf(stderr, "cleave: error: %s\n", st.to_string().c_str());
       http_server.reset();
+      batch_api.reset();
       return finish(std::move(node), 1);
     }
   }
@@ -263,8 +265,10 @@ int run_node_command() {
   } catch (const std::exception& e) {
     std::fprintf(stderr, "cleave: error: %s\n", e.what());
     http_server.reset();
+    batch_api.reset();
     return finish(std::move(node), 1);
   }
   http_server.reset();  // no route runs once the node goes
+  batch_api.reset();
   return finish(std::move(node), 0);
 }

@@ -66,16 +66,23 @@ int run_serve_command(CLI::App* cmd) {
   }
   f.context = a.topo.ctx;
   f.prefill_chunk = a.topo.ubatch;
-  const PipelineOptions po = process_pipeline_options(a.topo, f.mmproj);
+  PipelineOptions po = process_pipeline_options(a.topo, f.mmproj);
+  if (!a.http.batch_dir.empty()) {
+    // Batches resume after a restart with their KV read back from disk.
+    po.kv_dir = a.http.batch_dir + "/kv";
+    po.kv_durable = true;
+  }
   std::signal(SIGINT, on_serve_signal);
   std::signal(SIGTERM, on_serve_signal);
   auto pipeline = Pipeline::create(f.model, f.tokenizer, po);
   if (!pipeline.ok()) return fail(pipeline.status());
-  Status st = serve_through(**server, a.http, f, **pipeline);
+  std::shared_ptr<void> batch_api;
+  Status st = serve_through(**server, a.http, f, **pipeline, batch_api);
   if (!st.ok()) return fail(st);
   while (!g_serve_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   std::fprintf(stderr, "cleave serve: stopping\n");
   server->reset();    // no route runs after this
+  batch_api.reset();  // the running batch stops; it continues at the next start
   pipeline->reset();  // every request still running ends
   return 0;
 }

@@ -162,6 +162,10 @@ Status JobRunner::Impl::open_job() {
 server::ApiResult<std::shared_ptr<LineWork>> JobRunner::Impl::build(uint64_t key) {
   const BatchLine& line = input.lines[key];
   if (!line.valid) return line.error;
+  if (!options.endpoint.empty() && line.url != options.endpoint)
+    return server::ApiError::invalid("the line's url \"" + line.url + "\" is not the batch's endpoint \"" +
+                                         options.endpoint + "\"",
+                                     "url");
   auto parsed = line.kind == server::RequestKind::chat ? server::parse_chat_request(line.body, options.parse)
                                                        : server::parse_completion_request(line.body, options.parse);
   if (!parsed.ok()) return parsed.error();
@@ -427,10 +431,11 @@ JobMeta JobRunner::meta() const { return impl_->meta; }
 std::string JobRunner::errors_path() const { return impl_->options.job_dir + "/input_errors.jsonl"; }
 size_t JobRunner::remaining_at_open() const { return impl_->remaining_at_open; }
 
-Result<JobMeta> JobRunner::run(Frontend& frontend, const std::atomic<bool>* stop) {
+Result<JobMeta> JobRunner::run(Frontend& frontend, const std::atomic<bool>* stop,
+                               const std::atomic<bool>* cancel) {
   Impl& m = *impl_;
   m.frontend = &frontend;
-  if (m.meta.status == JobStatus::completed) return m.meta;
+  if (m.meta.status == JobStatus::completed || m.meta.status == JobStatus::cancelled) return m.meta;
   const auto interval = std::chrono::duration<double>(m.options.snapshot_interval_s);
   auto stop_all = [&](Status why) -> Status {
     std::vector<uint64_t> ids;
@@ -442,12 +447,35 @@ Result<JobMeta> JobRunner::run(Frontend& frontend, const std::atomic<bool>* stop
           if (!w->terminal[i]) ids.push_back(w->requests[i].request_id);
     }
     for (uint64_t id : ids) (void)m.frontend->cancel(id);
+    // Lines that finished meanwhile still go out (unless writing is what failed).
+    std::vector<ReadyLine> lines;
+    {
+      std::lock_guard<std::mutex> lock(m.mu);
+      lines.swap(m.ready);
+    }
+    if (why.code() != Code::io_error) {
+      Status st = m.flush_ready(std::move(lines));
+      if (!st.ok() && why.ok()) why = st;
+    }
     (void)m.snapshot();
     return why;
   };
   auto next_snapshot = Clock::now() + interval;
   for (;;) {
     if (stop && stop->load()) return stop_all(Status(Code::aborted, "the job was stopped; run it again to continue"));
+    if (cancel && cancel->load()) {
+      m.meta.status = JobStatus::cancelling;
+      m.meta.cancelling_at = unix_now();
+      Status st = stop_all(Status::Ok());
+      if (!st.ok()) return st;
+      m.meta.status = JobStatus::cancelled;
+      m.meta.cancelled_at = unix_now();
+      m.refresh_meta();
+      st = m.journal->commit({}, &m.meta, /*sync=*/true);
+      if (!st.ok()) return st;
+      if (m.options.on_progress) m.options.on_progress(m.meta);
+      return m.meta;
+    }
     // Fill the window.
     for (;;) {
       size_t in_flight;

@@ -44,6 +44,9 @@ struct JobOptions {
   std::string job_dir;  // journal, input errors; created when absent
   std::string input_path, output_path;
   server::ParseOptions parse;      // image limits, local media directory
+  // The Batch API's "endpoint": a line whose url differs gets an error
+  // record; empty: each line names its own.
+  std::string endpoint;
   int32_t max_in_flight = 64;      // lines in the front end at once
   double snapshot_interval_s = 0.05;
   // After each journal commit, on run()'s thread (a progress bar).
@@ -65,7 +68,12 @@ class JobRunner {
   // `frontend` runs the requests (its KV store should be the job's, durable:
   // PipelineOptions::kv_durable, so resumed requests find their KV); it must
   // outlive run() (callbacks that come later find the state still there).
-  Result<JobMeta> run(Frontend& frontend, const std::atomic<bool>* stop = nullptr);
+  // When *cancel turns true the job is cancelled (the Batch API's cancel):
+  // status cancelling, the requests in flight are cancelled, then status
+  // cancelled with what was finished in the output; a cancelled job does
+  // not run again.
+  Result<JobMeta> run(Frontend& frontend, const std::atomic<bool>* stop = nullptr,
+                      const std::atomic<bool>* cancel = nullptr);
 
   JobMeta meta() const;
   // JOB_DIR/input_errors.jsonl: {"line": N, "error": {...}} for each input

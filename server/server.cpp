@@ -64,11 +64,41 @@ void Server::Impl::reply_error(const std::shared_ptr<HttpResponder>& out, std::s
   out->send_error(e, std::move(extra));
 }
 
+const std::pair<std::string, Server::RouteHandler>* Server::Impl::find_extra(std::string_view target) const {
+  for (const auto& e : extra_routes) {
+    const std::string& p = e.first;
+    if (target == p || (target.size() > p.size() && target.substr(0, p.size()) == p && target[p.size()] == '/'))
+      return &e;
+  }
+  return nullptr;
+}
+
+bool Server::Impl::authorized(const HttpRequest& request, const std::shared_ptr<HttpResponder>& out,
+                              std::string_view route) {
+  if (options.api_key.empty()) return true;
+  const std::string* auth = request.header("authorization");
+  constexpr std::string_view kBearer = "Bearer ";
+  const bool ok = auth && auth->size() >= kBearer.size() &&
+                  std::string_view(*auth).substr(0, kBearer.size()) == kBearer &&
+                  keys_equal(std::string_view(*auth).substr(kBearer.size()), options.api_key);
+  if (!ok)
+    reply_error(out, route,
+                ApiError::unauthorized(auth ? "Incorrect API key provided."
+                                            : "Missing API key: send Authorization: Bearer KEY."));
+  return ok;
+}
+
 void Server::Impl::handle(HttpRequest request, std::shared_ptr<HttpResponder> out) {
   const Route* route = find_route(request.target);
-  if (!route)
+  if (!route) {
+    // extra_routes is complete once loaded is (add_routes comes before ready()).
+    if (const auto* extra = loaded.load() ? find_extra(request.target) : nullptr) {
+      if (!authorized(request, out, extra->first)) return;
+      return extra->second(request, std::move(out));
+    }
     return reply_error(out, "other",
                        ApiError::not_found("no route " + request.method + " " + request.target.substr(0, 200)));
+  }
   const std::string_view name = route->path;
   if (request.method != route->method) {
     metrics.on_http(name, 405);
@@ -82,17 +112,7 @@ void Server::Impl::handle(HttpRequest request, std::shared_ptr<HttpResponder> ou
       return reply_error(out, name, ApiError::unavailable("Loading model"));
     return reply(out, name, 200, "application/json", "{\"status\":\"ok\"}");
   }
-  if (!options.api_key.empty()) {
-    const std::string* auth = request.header("authorization");
-    constexpr std::string_view kBearer = "Bearer ";
-    const bool ok = auth && auth->size() >= kBearer.size() &&
-                    std::string_view(*auth).substr(0, kBearer.size()) == kBearer &&
-                    keys_equal(std::string_view(*auth).substr(kBearer.size()), options.api_key);
-    if (!ok)
-      return reply_error(out, name,
-                         ApiError::unauthorized(auth ? "Incorrect API key provided."
-                                                     : "Missing API key: send Authorization: Bearer KEY."));
-  }
+  if (!authorized(request, out, name)) return;
   if (!loaded.load()) return reply_error(out, name, ApiError::unavailable("Loading model"), {{"Retry-After", "1"}});
   if (route->method == std::string_view("POST") && !is_json(request.header("content-type")))
     return reply_error(out, name,
@@ -166,6 +186,10 @@ Server::~Server() {
     lock.unlock();
     (void)impl_.release();
   }
+}
+
+void Server::add_routes(std::string prefix, RouteHandler handler) {
+  impl_->extra_routes.emplace_back(std::move(prefix), std::move(handler));
 }
 
 void Server::ready(ServedModel model, Frontend& frontend) {

@@ -14,6 +14,8 @@
 // /health with 503 and every other route with 503 "loading".
 #pragma once
 
+#include <functional>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -56,6 +58,12 @@ class Server {
   ~Server();
   // Serves `model` through `frontend`, which must outlive the server.
   void ready(ServedModel model, Frontend& frontend);
+  // Routes a layer above serves (the Batch API, jobs/batch_service.h):
+  // every target equal to `prefix` or under `prefix/`, any method, after the
+  // API key and model-loaded checks; the handler answers through `out`, from
+  // any thread, and checks the content type itself. Call before ready().
+  using RouteHandler = std::function<void(const HttpRequest& request, std::shared_ptr<HttpResponder> out)>;
+  void add_routes(std::string prefix, RouteHandler handler);
   int port() const;
   ServerMetrics& metrics();
 

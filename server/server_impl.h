@@ -49,7 +49,13 @@ struct Server::Impl {
     return seed_rng();
   }
 
+  // add_routes(): prefix -> handler, fixed before ready().
+  std::vector<std::pair<std::string, Server::RouteHandler>> extra_routes;
+  const std::pair<std::string, Server::RouteHandler>* find_extra(std::string_view target) const;
+
   void handle(HttpRequest request, std::shared_ptr<HttpResponder> out);
+  // The API key check: true when the request may go on (else answered).
+  bool authorized(const HttpRequest& request, const std::shared_ptr<HttpResponder>& out, std::string_view route);
   // POST /v1/completions and /v1/chat/completions (generate_route.cpp).
   void generate(RequestKind kind, const HttpRequest& request, std::shared_ptr<HttpResponder> out);
   void reply_error(const std::shared_ptr<HttpResponder>& out, std::string_view route, const ApiError& e,
