@@ -201,10 +201,22 @@ if args.mode == "kill":
     out, job = os.path.join(WORK, "out.jsonl"), os.path.join(WORK, "out.job")
     rng = random.Random(1)
     kills = starts = 0
+    def sampled():  # tokens the job has journaled so far (0 before its journal exists)
+        if not os.path.exists(os.path.join(job, "journal", "CURRENT")):
+            return 0
+        r = run([args.cleave, "job", "status", job, "--json"])
+        return json.loads(r.stdout)["cleave"]["generated_tokens"] if r.returncode == 0 else 0
+
     while kills < args.kills:
+        before = sampled()
         p = subprocess.Popen(batch_cmd(inp, out, job), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         starts += 1
-        time.sleep(rng.uniform(0.3, 0.3 + 0.06 * T))
+        # Each kill lands while this run works: after it journaled tokens of
+        # its own, then a random moment later (however slow the start-up).
+        deadline = time.time() + 120
+        while p.poll() is None and sampled() <= before and time.time() < deadline:
+            time.sleep(0.02)
+        time.sleep(rng.uniform(0, 0.03 * T))
         if p.poll() is not None:
             err = p.stderr.read()
             check(p.returncode == 0, f"run {starts} failed on its own: {err[-1500:]}")
