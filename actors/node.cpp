@@ -273,7 +273,9 @@ class HeadNode final : public Node {
     actors_->add_service(caf::actor_cast<caf::actor>(join_));
     actors_->add_service(caf::actor_cast<caf::actor>(router_));
     actors_->add_service(caf::actor_cast<caf::actor>(kv_));
-    auto port = system_->middleman().publish(join_, uint16_t(me_.port), me_.host.c_str());
+    // reuse: a restarted head binds its port again while the dead one's
+    // connections still wait in TIME_WAIT (its workers rejoin there).
+    auto port = system_->middleman().publish(join_, uint16_t(me_.port), me_.host.c_str(), /*reuse=*/true);
     if (!port)
       return Status(Code::unavailable, "cannot listen on " + me_.host + ":" + std::to_string(me_.port) +
                                            ": " + system_->render(port.error()));

@@ -18,6 +18,7 @@
 
 #include "actors/pipeline.h"
 #include "actors/topology.h"
+#include "apps/process_args.h"
 #include "frontend/request_codec.h"
 #include "model/engine.h"
 #include "model/generate.h"
@@ -547,6 +548,7 @@ int main(int argc, char** argv) {
   auto* job = add_job_command(app);
 #endif
 
+  cleave::set_process_args(argc, argv);  // a worker that lost its head starts again with them
   std::vector<std::string> arg_storage;
   std::vector<char*> args;
   cleave::rewrite_short_flags(argc, argv, arg_storage, args);

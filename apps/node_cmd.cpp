@@ -22,6 +22,7 @@
 
 #include "actors/node.h"
 #include "apps/http_options.h"
+#include "apps/process_args.h"
 #include "actors/topology.h"
 #include "frontend/request_codec.h"
 #include "model/clip.h"
@@ -38,6 +39,7 @@ struct NodeArgs {
   std::vector<std::string> sets;
   int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8;
   double join_timeout_s = 30, wait_timeout_s = 60;
+  bool no_rejoin = false;
   uint32_t kv_chunk_bytes = kDefaultKvChunkBytes;
   int32_t kv_window = kDefaultKvWindow;
   bool kv_via_store = false;
@@ -149,6 +151,9 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_option("--max-seqs", g_args.max_seqs, "sequences per stage engine")->check(CLI::Range(1, 4096));
   cmd->add_option("--join-timeout", g_args.join_timeout_s, "worker: seconds to keep trying the head")
       ->check(CLI::Range(0.0, 3600.0));
+  cmd->add_flag("--no-rejoin", g_args.no_rejoin,
+                "worker: exit 1 when the head goes away (default: start again and wait --join-timeout "
+                "for a restarted head)");
   cmd->add_option("--kv-chunk-bytes", g_args.kv_chunk_bytes,
                   "decode: KV bytes per chunk of the streams it pulls")
       ->check(CLI::Range(cleave::codec::kMinKvChunkBytes, cleave::codec::kMaxKvChunkBytes));
@@ -188,6 +193,8 @@ int run_node_command() {
       throw CLI::ValidationError(flag, "needs --http-port (the head's HTTP server)");
   if (http && me && !me->head)
     throw CLI::ValidationError("--http-port", "only the head serves HTTP; '" + a.name + "' is a worker");
+  if (a.no_rejoin && me && me->head)
+    throw CLI::ValidationError("--no-rejoin", "only workers rejoin; '" + a.name + "' is the head");
   if (http && !a.requests.empty())
     throw CLI::ValidationError("--http-port", "serves until stopped; it does not go with --requests");
   o.file = unwrap(GgufFile::open(a.model));
@@ -220,14 +227,16 @@ int run_node_command() {
                  a.name.c_str(),
                  o.spec.secret_file.empty() ? (o.spec.secret_env + " is unset").c_str()
                                             : o.spec.secret_file.c_str());
-  std::signal(SIGINT, on_signal);
-  std::signal(SIGTERM, on_signal);
   retain_freed_memory();  // KV streams reuse freed buffers (actors/kv_stream.h)
 
   std::shared_ptr<void> batch_api;  // after http_server, before the node
   std::unique_ptr<server::Server> http_server;
   if (http) http_server = unwrap(start_http(g_http));  // /health: 503 until the node is up
   auto node = unwrap(Node::start(o));
+  // Until the node is up, SIGINT / SIGTERM end the process at once (a worker
+  // dialling a head that is gone, say); from here they stop it cleanly.
+  std::signal(SIGINT, on_signal);
+  std::signal(SIGTERM, on_signal);
   if (node->is_head()) {
     std::printf("cleave node head listening on %s\n", node->address().c_str());
   } else {
@@ -258,7 +267,13 @@ int run_node_command() {
     while (!g_stop) {
       if (node->lost_head()) {
         print_stats(*node, a.name);
-        fail(Status(Code::unavailable, "lost the head at " + node->address()));
+        if (a.no_rejoin) fail(Status(Code::unavailable, "lost the head at " + node->address()));
+        // A fresh process: CAF's teardown after a broken peer can hang (see
+        // finish()), and the new run dials the head for --join-timeout.
+        std::fprintf(stderr, "cleave node %s: lost the head at %s; starting again to rejoin it (%g s)\n",
+                     a.name.c_str(), node->address().c_str(), a.join_timeout_s);
+        const std::string err = exec_self();
+        fail(Status(Code::unavailable, "lost the head at " + node->address() + " and cannot start again: " + err));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

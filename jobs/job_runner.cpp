@@ -30,6 +30,12 @@ int64_t unix_now() {
 // Retryable where the job is concerned: the process is going away.
 bool is_shutdown(const Status& s) { return s.code() == Code::aborted; }
 
+// Capacity that may come back (a node rejoins, the queue drains): the
+// request waits and runs again, it does not become an error record.
+bool transient(const Status& s) {
+  return s.code() == Code::busy || s.code() == Code::unavailable || s.code() == Code::timed_out;
+}
+
 }  // namespace
 
 // One input line while it runs: its choices' requests and progress.
@@ -43,6 +49,13 @@ struct LineWork {
   bool failed = false;
   server::ApiError error;
   bool dirty = false;  // progress since the last snapshot
+};
+
+struct Retry {
+  std::shared_ptr<LineWork> w;
+  int32_t choice = 0;
+  Clock::time_point due;
+  int32_t attempts = 0;
 };
 
 struct ReadyLine {
@@ -70,6 +83,7 @@ struct JobRunner::Impl : std::enable_shared_from_this<JobRunner::Impl> {
   std::condition_variable cv;
   std::unordered_map<uint64_t, std::shared_ptr<LineWork>> active;  // by key
   std::vector<ReadyLine> ready;
+  std::vector<Retry> retries;  // choices refused or failed for want of capacity
   bool stopping = false;
   uint64_t next_id = 1;
   uint64_t generated_this_run = 0;
@@ -84,6 +98,10 @@ struct JobRunner::Impl : std::enable_shared_from_this<JobRunner::Impl> {
   // error line at once.
   server::ApiResult<std::shared_ptr<LineWork>> build(uint64_t key);
   Status start(uint64_t key, bool& busy);
+  Status submit_choice(const std::shared_ptr<LineWork>& w, int32_t i);
+  std::vector<uint64_t> fail_choice(LineWork& w, int32_t i, const Status& why);  // under mu
+  void schedule_retry(const std::shared_ptr<LineWork>& w, int32_t i, int32_t attempts);  // under mu
+  void run_retries();
   void on_event(const std::shared_ptr<LineWork>& w, int32_t choice, const msg::StreamEvent& e);
   void complete(LineWork& w);  // under mu
   std::string response_body(const LineWork& w) const;
@@ -198,7 +216,54 @@ server::ApiResult<std::shared_ptr<LineWork>> JobRunner::Impl::build(uint64_t key
   return w;
 }
 
-// Submits (or resumes) the line's choices; busy: nothing was submitted, try later.
+// Submits choice i of the line: resumed after its tokens so far when it has
+// some (an earlier run's, or this run's before a retry).
+Status JobRunner::Impl::submit_choice(const std::shared_ptr<LineWork>& w, int32_t i) {
+  GenerateRequest r;
+  std::vector<int32_t> generated;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    w->requests[size_t(i)].request_id = next_id++;
+    r = w->requests[size_t(i)];
+    generated = w->choices[size_t(i)].tokens;
+  }
+  // The callbacks keep the state alive: the front end may outlive the runner.
+  auto cb = [self = shared_from_this(), w, i](const msg::StreamEvent& e) { self->on_event(w, i, e); };
+  const size_t replayed = generated.size();
+  Status st = generated.empty() ? frontend->submit(std::move(r), cb)
+                                : frontend->resume(std::move(r), std::move(generated), cb);
+  if (st.ok() && replayed > 0) {
+    meta.resumed_tokens += replayed;
+    ++meta.resumed_requests;
+  }
+  return st;
+}
+
+// Ends choice i of the line with `why` (under mu); returns the sibling
+// requests to cancel.
+std::vector<uint64_t> JobRunner::Impl::fail_choice(LineWork& w, int32_t i, const Status& why) {
+  std::vector<uint64_t> cancel;
+  if (!w.failed) {
+    w.failed = true;
+    w.error = server::from_status(why);
+    for (size_t k = 0; k < w.choices.size(); ++k)
+      if (!w.terminal[k] && int32_t(k) != i) cancel.push_back(w.requests[k].request_id);
+  }
+  w.terminal[size_t(i)] = true;
+  w.dirty = true;
+  if (--w.remaining == 0) complete(w);
+  return cancel;
+}
+
+void JobRunner::Impl::schedule_retry(const std::shared_ptr<LineWork>& w, int32_t i, int32_t attempts) {
+  const double delay = std::min(5.0, 0.2 * double(1 << std::min(attempts, 5)));
+  retries.push_back({w, i, Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                              std::chrono::duration<double>(delay)),
+                     attempts + 1});
+}
+
+// Submits (or resumes) the line's choices. busy: the front end is full (the
+// choices it refused wait for a retry): fill no more lines for now.
 Status JobRunner::Impl::start(uint64_t key, bool& busy) {
   busy = false;
   auto built = build(key);
@@ -219,49 +284,61 @@ Status JobRunner::Impl::start(uint64_t key, bool& busy) {
   {
     std::lock_guard<std::mutex> lock(mu);
     w->remaining = int32_t(submit.size());
-    for (int32_t i : submit) w->requests[size_t(i)].request_id = next_id++;
     active.emplace(key, w);
     if (w->remaining == 0) {
       complete(*w);
       return Status::Ok();
     }
   }
-  for (size_t k = 0; k < submit.size(); ++k) {
-    const int32_t i = submit[k];
-    GenerateRequest r = w->requests[size_t(i)];
-    std::vector<int32_t> generated = w->choices[size_t(i)].tokens;
-    meta.resumed_tokens += generated.size();
-    meta.resumed_requests += !generated.empty();
-    // The callbacks keep the state alive: the front end may outlive the runner.
-    auto cb = [self = shared_from_this(), w, i](const msg::StreamEvent& e) { self->on_event(w, i, e); };
-    Status st = generated.empty() ? frontend->submit(std::move(r), cb)
-                                  : frontend->resume(std::move(r), std::move(generated), cb);
+  for (int32_t i : submit) {
+    Status st = submit_choice(w, i);
     if (st.ok()) continue;
-    if (st.code() == Code::busy && k == 0) {  // nothing of this line runs yet: retry later
-      std::lock_guard<std::mutex> lock(mu);
-      active.erase(key);
-      busy = true;
-      return Status::Ok();
-    }
-    // Refused at admission: the line fails; the choices already in cancel.
     std::vector<uint64_t> cancel;
     {
       std::lock_guard<std::mutex> lock(mu);
-      for (size_t j = k; j < submit.size(); ++j) {
-        w->terminal[size_t(submit[j])] = true;
-        --w->remaining;
+      if (w->failed) break;  // a sibling failed meanwhile
+      if (transient(st)) {
+        schedule_retry(w, i, 0);
+        busy = true;
+        continue;
       }
-      if (!w->failed) {
-        w->failed = true;
-        w->error = server::from_status(st);
-      }
-      for (size_t j = 0; j < k; ++j) cancel.push_back(w->requests[size_t(submit[j])].request_id);
-      if (w->remaining == 0) complete(*w);
+      cancel = fail_choice(*w, i, st);
     }
     for (uint64_t id : cancel) (void)frontend->cancel(id);
-    return Status::Ok();
   }
   return Status::Ok();
+}
+
+// The retries that are due: submitted again (resumed after their tokens).
+void JobRunner::Impl::run_retries() {
+  std::vector<Retry> due;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    const auto now = Clock::now();
+    for (auto it = retries.begin(); it != retries.end();) {
+      if (it->due <= now) {
+        due.push_back(std::move(*it));
+        it = retries.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+  for (Retry& r : due) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (stopping || r.w->failed || r.w->terminal[size_t(r.choice)]) continue;
+    }
+    Status st = submit_choice(r.w, r.choice);
+    if (st.ok()) continue;
+    std::vector<uint64_t> cancel;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (transient(st)) schedule_retry(r.w, r.choice, r.attempts);
+      else cancel = fail_choice(*r.w, r.choice, st);
+    }
+    for (uint64_t id : cancel) (void)frontend->cancel(id);
+  }
 }
 
 void JobRunner::Impl::on_event(const std::shared_ptr<LineWork>& w, int32_t i, const msg::StreamEvent& e) {
@@ -290,17 +367,20 @@ void JobRunner::Impl::on_event(const std::shared_ptr<LineWork>& w, int32_t i, co
         break;
       case msg::StreamEvent::Kind::failed:
         if (stopping && is_shutdown(e.error)) return;  // stays running: the next start resumes it
-        if (!w->failed) {
-          w->failed = true;
-          w->error = server::from_status(e.error);
-          for (size_t k = 0; k < w->choices.size(); ++k)
-            if (!w->terminal[k] && int32_t(k) != i) cancel.push_back(w->requests[k].request_id);
+        if (transient(e.error) && !w->failed) {
+          // No stage of the kind right now (a node died): the choice goes on
+          // after its tokens once one is back.
+          schedule_retry(w, i, 0);
+          return;
         }
+        cancel = fail_choice(*w, i, e.error);
         break;
     }
-    w->terminal[size_t(i)] = true;
-    w->dirty = true;
-    if (--w->remaining == 0) complete(*w);
+    if (e.kind == msg::StreamEvent::Kind::finished) {
+      w->terminal[size_t(i)] = true;
+      w->dirty = true;
+      if (--w->remaining == 0) complete(*w);
+    }
   }
   for (uint64_t id : cancel) (void)frontend->cancel(id);
 }
@@ -476,6 +556,7 @@ Result<JobMeta> JobRunner::run(Frontend& frontend, const std::atomic<bool>* stop
       if (m.options.on_progress) m.options.on_progress(m.meta);
       return m.meta;
     }
+    m.run_retries();
     // Fill the window.
     for (;;) {
       size_t in_flight;

@@ -16,6 +16,12 @@
           lost or doubled, lines equal to the uninterrupted run's.
   input:  a different input for the same job directory is refused naming both
           fingerprints; duplicate custom_ids are refused before anything runs.
+  cluster: the job as a batch of the Batch API on a cluster head (router and
+          store; a prefill node and two decode nodes, tests/nodes/cluster.lua):
+          the head killed with SIGKILL and restarted 3 times, decode nodes
+          killed twice and restarted; the workers rejoin the restarted head by
+          themselves; the batch's counts never go back; its output equals the
+          uninterrupted one-process run's, each custom_id exactly once.
 
 usage: check_batch_kill.py MODE CLEAVE VOCAB MMPROJ PNG WORKDIR [--requests N]
        [--kills K] [--topology mono|colocated|pd]"""
@@ -31,7 +37,7 @@ import sys
 import time
 
 ap = argparse.ArgumentParser()
-ap.add_argument("mode", choices=["kill", "faults", "input"])
+ap.add_argument("mode", choices=["kill", "faults", "input", "cluster"])
 ap.add_argument("cleave")
 ap.add_argument("vocab")
 ap.add_argument("mmproj")
@@ -40,6 +46,8 @@ ap.add_argument("work")
 ap.add_argument("--requests", type=int, default=500)
 ap.add_argument("--kills", type=int, default=20)
 ap.add_argument("--topology", default="mono")
+ap.add_argument("--cluster-script", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "nodes",
+                                                         "cluster.lua"))
 args = ap.parse_args()
 
 WORK = os.path.abspath(args.work)
@@ -72,12 +80,14 @@ SYSTEM = "You are a careful assistant who describes pictures of shapes. " + " ".
     WORDS[(i * 7) % len(WORDS)] for i in range(440))
 
 
-def make_input(path, n, seed):
+def make_input(path, n, seed, chat_only=False):
     rng = random.Random(seed)
     lines = []
     for i in range(n):
         cid = f"req-{i:04d}"
         kind = rng.random()
+        if chat_only:  # text chats (the cluster has no vision encoder)
+            kind = 0.4 + kind * 0.45
         sampling = {}
         if rng.random() < 0.5:
             sampling["temperature"] = 0
@@ -119,6 +129,10 @@ def make_input(path, n, seed):
                 body["top_logprobs"] = 2
             line = {"custom_id": cid, "method": "POST", "url": "/v1/chat/completions", "body": body}
         lines.append(json.dumps(line))
+    if chat_only:
+        with open(path, "w") as f:
+            f.write("\n".join(lines) + "\n")
+        return []
     # Lines without a custom_id: the errors file, by line number.
     lines.insert(n // 3, "{not json")
     lines.insert(2 * n // 3, json.dumps({"method": "POST", "url": "/v1/completions", "body": {"prompt": "x"}}))
@@ -176,8 +190,8 @@ def compare(ref, out_path, what):
 
 
 inp = os.path.join(WORK, "in.jsonl")
-n_requests = args.requests if args.mode == "kill" else min(args.requests, 60)
-bad_line_numbers = make_input(inp, n_requests, seed=1)
+n_requests = args.requests if args.mode in ("kill", "cluster") else min(args.requests, 60)
+bad_line_numbers = make_input(inp, n_requests, seed=1, chat_only=args.mode == "cluster")
 
 # The uninterrupted run.
 t0 = time.time()
@@ -193,6 +207,8 @@ check(ok_lines >= n_requests * 0.9, f"only {ok_lines} of {n_requests} requests w
 with open(os.path.join(WORK, "ref.job", "input_errors.jsonl")) as f:
     err_lines = sorted(json.loads(l)["line"] for l in f)
 check(err_lines == sorted(bad_line_numbers), f"errors file names lines {err_lines}, expected {bad_line_numbers}")
+if args.mode == "cluster":
+    check(ok_lines == n_requests, f"cluster input: {ok_lines} of {n_requests} answered")
 st = status(os.path.join(WORK, "ref.job"))
 check(st.get("status") == "completed" and st["request_counts"]["total"] == n_requests,
       f"uninterrupted status: {st.get('status')} {st.get('request_counts')}")
@@ -243,6 +259,103 @@ if args.mode == "kill":
         bound = (BLOCK - 1) * c.get("resumed_requests", 0)
         check(c.get("recomputed_tokens", 0) <= bound,
               f"recomputed {c.get('recomputed_tokens')} tokens: more than {BLOCK - 1} per resumed request ({bound})")
+
+if args.mode == "cluster":
+    import socket
+    import urllib.request
+
+    def free_port():
+        with socket.socket() as sk:
+            sk.bind(("127.0.0.1", 0))
+            return sk.getsockname()[1]
+
+    HEAD_PORT = free_port()
+    BD = os.path.join(WORK, "batch-dir")
+    common = ["-m", MODEL, "-t", "1", "--topology", args.cluster_script, "--set", f"head_port={HEAD_PORT}",
+              "--set", "prefills=1", "--set", "decoders=2"]
+    logs = []
+
+    def spawn(name, extra):
+        log = open(os.path.join(WORK, f"{name}-{len(logs)}.log"), "w")
+        logs.append(log)
+        return subprocess.Popen([args.cleave, "node", "--name", name, *common, *extra], stdout=subprocess.PIPE,
+                                stderr=log, text=True)
+
+    def start_head():
+        for _ in range(50):  # the old head's port may take a moment to be free
+            h = spawn("head", ["--http-port", "0", "--batch-dir", BD, "-a", "batch-test"])
+            line = h.stdout.readline()
+            while line and "http://" not in line:
+                line = h.stdout.readline()
+            if line:
+                return h, line.split("http://")[1].split()[0]
+            h.wait()
+            time.sleep(0.2)
+        raise SystemExit("the head never started")
+
+    def call(base, method, path, body=None, headers=None):
+        req = urllib.request.Request("http://" + base + path, data=body, method=method, headers=headers or {})
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.read()
+
+    def batch(base, bid):
+        return json.loads(call(base, "GET", f"/v1/batches/{bid}"))
+
+    head, base = start_head()
+    workers = {n: spawn(n, []) for n in ("p0", "d0", "d1")}
+    boundary = "cleave-batch-boundary"
+    with open(inp, "rb") as f:
+        data = f.read()
+    body = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"purpose\"\r\n\r\nbatch\r\n"
+            f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; filename=\"in.jsonl\"\r\n"
+            f"Content-Type: application/jsonl\r\n\r\n").encode() + data + f"\r\n--{boundary}--\r\n".encode()
+    fid = json.loads(call(base, "POST", "/v1/files", body,
+                          {"Content-Type": f"multipart/form-data; boundary={boundary}"}))["id"]
+    bid = json.loads(call(base, "POST", "/v1/batches", json.dumps(
+        {"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).encode(),
+        {"Content-Type": "application/json"}))["id"]
+    events = ["head", "d0", "head", "d1", "head"]  # 3 head kills, 2 worker kills
+    done_counts, last = [], 0
+    rng = random.Random(2)
+    t_end = time.time() + 600
+    while time.time() < t_end:
+        try:
+            b = batch(base, bid)
+        except OSError:
+            time.sleep(0.05)
+            continue
+        n = b["request_counts"]["completed"] + b["request_counts"]["failed"]
+        check(n >= last, f"the batch's counts went back: {last} -> {n}")
+        last = n
+        if b["status"] == "completed":
+            break
+        if events and n >= (len(done_counts) + 1) * n_requests // 7:
+            what = events.pop(0)
+            time.sleep(rng.uniform(0, 0.3))
+            if what == "head":
+                head.kill()
+                head.wait()
+                head, base = start_head()
+            else:
+                workers[what].kill()
+                workers[what].wait()
+                workers[what] = spawn(what, [])
+            done_counts.append((what, n))
+            print(f"killed {what} at {n}/{n_requests} done", flush=True)
+        time.sleep(0.05)
+    check(not events, f"the batch completed before every kill: {events} left")
+    check(b["status"] == "completed", f"the batch is {b['status']} {b['request_counts']} at the end")
+    out_text = call(base, "GET", f"/v1/files/{b['output_file_id']}/content").decode()
+    out_path = os.path.join(WORK, "cluster.jsonl")
+    with open(out_path, "w") as f:
+        f.write(out_text)
+    compare(ref, out_path, f"cluster after {len(done_counts)} kills")
+    print(f"cluster: kills {done_counts}; runs {b['cleave']['runs']}, resumed {b['cleave']['resumed_requests']} "
+          f"requests ({b['cleave']['resumed_tokens']} tokens replayed)")
+    check(b["cleave"]["runs"] == 4, f"the job ran {b['cleave']['runs']} times, not 4 (3 head restarts)")
+    for p in [head, *workers.values()]:
+        p.kill()
+        p.wait()
 
 if args.mode == "faults":
     for step in ["result.before_write", "result.after_write", "result.after_sync", "result.after_commit"]:

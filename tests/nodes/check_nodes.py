@@ -59,7 +59,7 @@ def start_head(args, secret=None, tag=""):
 
 def worker(name, port, secret=None, tag="", sets=(), extra=()):
     args = ["--set", f"head_port={port}", "--set", "prefills=1", "--set", "decoders=2",
-            "--join-timeout", "20", *extra]
+            "--join-timeout", "20", "--no-rejoin", *extra]
     for s in sets:
         args += ["--set", s]
     return Node(name, args, secret, tag)
