@@ -66,7 +66,7 @@ Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t ti
     ro.sync = !durable;  // durable: every put, so no fsync each (see hosted.h)
     ro.layout = layout;
     std::error_code ec;
-    std::filesystem::create_directories(std::filesystem::path(dir).parent_path(), ec);  // RocksDB makes only the last
+    std::filesystem::create_directories(dir, ec);  // RocksDB would make only the last part
     auto t2 = RocksDbTier::open(dir, ro);
     if (!t2.ok()) return t2.status();
     tiers.push_back(std::move(t2.value()));

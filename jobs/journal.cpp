@@ -1,6 +1,8 @@
 // The job journal over RocksDB (the value encoding is in journal_codec.cpp).
 #include "jobs/journal.h"
 
+#include "storage/rocksdb_logger.h"
+
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
 #include <rocksdb/write_batch.h>
@@ -39,8 +41,9 @@ Status db_error(const std::string& dir, const std::string& what, const rocksdb::
   return Status(Code::io_error, who + s.ToString());
 }
 
-rocksdb::Options journal_options(bool create) {
+rocksdb::Options journal_options(bool create, const std::string& dir) {
   rocksdb::Options o;
+  o.info_log = stderr_rocks_logger(dir);  // no LOG file: see storage/rocksdb_logger.h
   o.create_if_missing = create;
   o.paranoid_checks = true;
   o.max_background_jobs = 2;
@@ -101,7 +104,7 @@ Result<std::unique_ptr<Journal>> Journal::open(const std::string& dir, bool crea
   if (dir.empty()) return Status(Code::invalid_argument, "journal: empty directory path");
   CLEAVE_RETURN_IF_ERROR(create ? prepare_dir(dir) : check_exists(dir));
   rocksdb::DB* db = nullptr;
-  const rocksdb::Status s = rocksdb::DB::Open(journal_options(create), dir, &db);
+  const rocksdb::Status s = rocksdb::DB::Open(journal_options(create, dir), dir, &db);
   if (!s.ok()) return db_error(dir, "cannot open", s);
   std::unique_ptr<Journal> j(new Journal());
   j->dir_ = dir;
@@ -113,7 +116,7 @@ Result<std::unique_ptr<Journal>> Journal::open_read_only(const std::string& dir)
   if (dir.empty()) return Status(Code::invalid_argument, "journal: empty directory path");
   CLEAVE_RETURN_IF_ERROR(check_exists(dir));
   rocksdb::DB* db = nullptr;
-  const rocksdb::Status s = rocksdb::DB::OpenForReadOnly(journal_options(false), dir, &db);
+  const rocksdb::Status s = rocksdb::DB::OpenForReadOnly(journal_options(false, dir), dir, &db);
   if (!s.ok()) return db_error(dir, "cannot open read-only", s);
   std::unique_ptr<Journal> j(new Journal());
   j->dir_ = dir;
@@ -172,7 +175,10 @@ Status Journal::commit(const std::vector<std::pair<uint64_t, RequestRecord>>& re
     const rocksdb::Status s = batch.Put(kMetaKey, encode_meta(*meta));
     if (!s.ok()) return db_error(dir_, "cannot build the commit", s);
   }
-  return write(*db_, dir_, batch, sync, "commit");
+  if (!write_failure_.ok()) return write_failure_;
+  Status st = write(*db_, dir_, batch, sync, "commit");
+  if (!st.ok()) write_failure_ = st;
+  return st;
 }
 
 Status Journal::erase(const std::vector<uint64_t>& indices, bool sync) {
@@ -182,7 +188,10 @@ Status Journal::erase(const std::vector<uint64_t>& indices, bool sync) {
     const rocksdb::Status s = batch.Delete(record_key(index));
     if (!s.ok()) return db_error(dir_, "cannot build the erase", s);
   }
-  return write(*db_, dir_, batch, sync, "erase");
+  if (!write_failure_.ok()) return write_failure_;
+  Status st = write(*db_, dir_, batch, sync, "erase");
+  if (!st.ok()) write_failure_ = st;
+  return st;
 }
 
 Status Journal::corrupt_for_testing(uint64_t index, size_t byte) {

@@ -123,6 +123,9 @@ class Journal {
   bool read_only_ = false;
   std::unique_ptr<rocksdb::DB> db_;
   JournalCounters counters_;
+  // The first failed write: RocksDB must not be written again after it
+  // (Debian's build asserts), so every later commit answers this.
+  Status write_failure_;
 };
 
 // The value encoding, exposed for tests: [checksum][JSON].

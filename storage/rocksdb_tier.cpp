@@ -1,5 +1,7 @@
 #include "storage/rocksdb_tier.h"
 
+#include "storage/rocksdb_logger.h"
+
 #include <rocksdb/convenience.h>
 #include <rocksdb/db.h>
 #include <rocksdb/options.h>
@@ -187,6 +189,7 @@ Result<std::unique_ptr<RocksDbTier>> RocksDbTier::open(const std::string& dir,
   db_options.create_missing_column_families = true;
   db_options.paranoid_checks = true;
   db_options.info_log_level = rocksdb::InfoLogLevel::WARN_LEVEL;
+  db_options.info_log = stderr_rocks_logger(dir);  // no LOG file: see rocksdb_logger.h
   rocksdb::ColumnFamilyOptions blocks_options;
   blocks_options.compression = compression;
   rocksdb::ColumnFamilyOptions small_options;
@@ -270,6 +273,7 @@ Status RocksDbTier::insert(const BlockRecord& record) {
   const std::string value = encode_record(record);
   std::lock_guard<std::mutex> lock(mutex_);
   if (index_.count(record.header.key)) return Status::Ok();  // content-addressed: same record
+  if (!write_failure_.ok()) return write_failure_;
   if (usage_ + value.size() > options_.capacity_bytes)
     return Status(Code::out_of_memory,
                   "rocksdb tier '" + dir_ + "': " + std::to_string(value.size()) +
@@ -282,7 +286,10 @@ Status RocksDbTier::insert(const BlockRecord& record) {
     wo.sync = options_.sync;
     s = db_->Write(wo, &batch);
   }
-  if (!s.ok()) return io_error("cannot write block " + record.header.key.hex() + " to", dir_, s);
+  if (!s.ok()) {
+    write_failure_ = io_error("cannot write block " + record.header.key.hex() + " to", dir_, s);
+    return write_failure_;
+  }
   index_[record.header.key] = value.size();
   usage_ += value.size();
   counters_.inserts++;
@@ -291,9 +298,12 @@ Status RocksDbTier::insert(const BlockRecord& record) {
 }
 
 void RocksDbTier::drop_locked(const BlockKey& key) {
-  rocksdb::WriteOptions wo;
-  wo.sync = options_.sync;
-  db_->Delete(wo, blocks_, encode_block_key(key)).PermitUncheckedError();
+  if (write_failure_.ok()) {
+    rocksdb::WriteOptions wo;
+    wo.sync = options_.sync;
+    rocksdb::Status s = db_->Delete(wo, blocks_, encode_block_key(key));
+    if (!s.ok()) write_failure_ = io_error("cannot erase block " + key.hex() + " from", dir_, s);
+  }
   auto it = index_.find(key);
   if (it != index_.end()) {
     usage_ -= it->second;
@@ -356,10 +366,14 @@ Status RocksDbTier::erase(const BlockKey& key) {
   auto it = index_.find(key);
   if (it == index_.end())
     return Status(Code::not_found, "rocksdb tier: block " + key.hex() + " is not stored");
+  if (!write_failure_.ok()) return write_failure_;
   rocksdb::WriteOptions wo;
   wo.sync = options_.sync;
   rocksdb::Status s = db_->Delete(wo, blocks_, encode_block_key(key));
-  if (!s.ok()) return io_error("cannot erase block " + key.hex() + " from", dir_, s);
+  if (!s.ok()) {
+    write_failure_ = io_error("cannot erase block " + key.hex() + " from", dir_, s);
+    return write_failure_;
+  }
   usage_ -= it->second;
   index_.erase(it);
   return Status::Ok();

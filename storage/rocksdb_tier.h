@@ -119,6 +119,10 @@ class RocksDbTier final : public Tier {
   rocksdb::ColumnFamilyHandle* default_ = nullptr;
 
   mutable std::mutex mutex_;
+  // The first failed write (disk full, read-only): RocksDB must not be
+  // written again after it (Debian's build asserts), so every later write
+  // answers this.
+  Status write_failure_;
   std::unordered_map<BlockKey, uint64_t, BlockKeyHash> index_;  // key -> encoded value bytes
   size_t usage_ = 0;
   RocksDbTierCounters counters_;

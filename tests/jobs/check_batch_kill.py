@@ -16,6 +16,11 @@
           lost or doubled, lines equal to the uninterrupted run's.
   input:  a different input for the same job directory is refused naming both
           fingerprints; duplicate custom_ids are refused before anything runs.
+  disk:   the job directory on a small tmpfs: the disk fills up and the job
+          stops with one line saying so (exit 1); the same directory mounted
+          read-only: refused naming it; then room again: the same command
+          finishes the job, each custom_id once, lines as the uninterrupted
+          run's. Needs mount (root); exits 77 (skipped) where it is refused.
   cluster: the job as a batch of the Batch API on a cluster head (router and
           store; a prefill node and two decode nodes, tests/nodes/cluster.lua):
           the head killed with SIGKILL and restarted 3 times, decode nodes
@@ -37,7 +42,7 @@ import sys
 import time
 
 ap = argparse.ArgumentParser()
-ap.add_argument("mode", choices=["kill", "faults", "input", "cluster"])
+ap.add_argument("mode", choices=["kill", "faults", "input", "cluster", "disk"])
 ap.add_argument("cleave")
 ap.add_argument("vocab")
 ap.add_argument("mmproj")
@@ -356,6 +361,39 @@ if args.mode == "cluster":
     for p in [head, *workers.values()]:
         p.kill()
         p.wait()
+
+if args.mode == "disk":
+    mnt = os.path.join(WORK, "mnt")
+    os.makedirs(mnt)
+    r = run(["mount", "-t", "tmpfs", "-o", "size=3m", "tmpfs", mnt])
+    if r.returncode != 0:
+        print("SKIPPED: cannot mount a tmpfs here:", r.stderr.strip())
+        sys.exit(77)
+    try:
+        out, job = os.path.join(mnt, "out.jsonl"), os.path.join(mnt, "out.job")
+        def error_lines(r):  # cleave's own (RocksDB's log lines may follow)
+            return [l for l in r.stderr.splitlines() if l.startswith("cleave: error:")]
+
+        r = run(batch_cmd(inp, out, job))
+        err = error_lines(r)
+        check(r.returncode == 1 and len(err) == 1 and "disk full" in err[0],
+              f"disk full: exit {r.returncode}, {r.stderr[-1500:]}")
+        print("disk full:", err[0][:200] if err else "")
+        run(["mount", "-o", "remount,ro", mnt])
+        r = run(batch_cmd(inp, out, job))
+        err = error_lines(r)
+        check(r.returncode == 1 and len(err) == 1 and mnt in err[0], f"read-only: exit {r.returncode}, {r.stderr[-1500:]}")
+        print("read-only:", err[0][:200] if err else "")
+        run(["mount", "-o", "remount,rw,size=256m", mnt])
+        r = run(batch_cmd(inp, out, job))
+        check(r.returncode == 0, f"with room again the job did not finish: {r.stderr[-1500:]}")
+        compare(ref, out, "after disk full and read-only")
+        st = status(job)
+        # The read-only start never opened the job: two runs.
+        check(st.get("cleave", {}).get("runs") == 2, f"runs {st.get('cleave', {}).get('runs')}")
+        print("room again: finished, exactly once, the uninterrupted run's lines")
+    finally:
+        run(["umount", "-l", mnt])
 
 if args.mode == "faults":
     for step in ["result.before_write", "result.after_write", "result.after_sync", "result.after_commit"]:
