@@ -126,7 +126,8 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
   if (!hosted.ok()) return hosted.status();
   Engine& engine = hosted->stages.front().second->engine();
   auto store = make_kv_store(options.kv_tier0_bytes, options.kv_tier1_bytes, options.kv_dir,
-                             engine.model_fingerprint(), engine.kv_layout(), options.kv_durable);
+                             engine.model_fingerprint(), engine.kv_layout(), options.kv_durable,
+                             options.kv_disk_bytes);
   if (!store.ok()) return store.status();
   auto pipeline = std::make_unique<ActorPipeline>(options, engine.context(), engine.config().n_vocab,
                                                   engine.config().dim);

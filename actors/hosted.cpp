@@ -43,7 +43,7 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
 
 Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t tier1_bytes,
                                                    const std::string& dir, uint64_t fp,
-                                                   const KvLayout& layout, bool durable) {
+                                                   const KvLayout& layout, bool durable, size_t disk_bytes) {
   constexpr size_t kDefaultTierBytes = size_t(64) << 20;
   std::vector<std::unique_ptr<Tier>> tiers;
   if (durable && dir.empty())
@@ -61,7 +61,7 @@ Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t ti
   if (!dir.empty()) {
 #ifdef CLEAVE_HAVE_ROCKSDB
     RocksDbTierOptions ro;
-    ro.capacity_bytes = size_t(16) << 30;
+    ro.capacity_bytes = disk_bytes ? disk_bytes : size_t(16) << 30;
     ro.model_fingerprint = fp;
     ro.sync = !durable;  // durable: every put, so no fsync each (see hosted.h)
     ro.layout = layout;

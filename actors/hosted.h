@@ -47,9 +47,11 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec);
 // durable (needs a dir): RocksDB is the only tier, so every block the store
 // acknowledges is on disk (its WAL written, not fsync'd: it survives kill -9,
 // not a power cut) and a restarted process finds it; the stages' engines
-// keep the hot blocks in memory anyway.
+// keep the hot blocks in memory anyway. disk_bytes: the RocksDB tier's
+// capacity (0: 16 GiB); past it the least recently used blocks are dropped.
 Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t tier1_bytes,
                                                    const std::string& dir, uint64_t model_fingerprint,
-                                                   const KvLayout& layout, bool durable = false);
+                                                   const KvLayout& layout, bool durable = false,
+                                                   size_t disk_bytes = 0);
 
 }  // namespace cleave

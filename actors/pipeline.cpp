@@ -100,6 +100,12 @@ class MonoPipeline final : public Pipeline {
                                            {"kv_blocks_put", kv_blocks_put_},
                                            {"kv_blocks_got", kv_blocks_got_},
                                            {"kv_errors", kv_errors_}});
+    if (store_) {  // the store locks itself
+      const StoreCounters c = store_->counters();
+      s.counters.push_back({"kv_store_drops", c.drops});
+      s.counters.push_back({"kv_store_corrupt", c.corrupt_detected});
+      s.counters.push_back({"kv_store_bytes", store_->tier(store_->n_tiers() - 1).usage_bytes()});
+    }
     return {s};
   }
   int32_t alive(const std::string& kind) override { return kind == "mono" ? 1 : 0; }
@@ -341,7 +347,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
   if (!options.kv_dir.empty()) {
     const Engine& e = (*core)->engine();
     auto s = make_kv_store(options.kv_tier0_bytes, options.kv_tier1_bytes, options.kv_dir,
-                           e.model_fingerprint(), e.kv_layout(), options.kv_durable);
+                           e.model_fingerprint(), e.kv_layout(), options.kv_durable,
+                           options.kv_disk_bytes);
     if (!s.ok()) return s.status();
     store = std::move(s.value());
   }

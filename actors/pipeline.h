@@ -70,6 +70,10 @@ struct PipelineOptions {
   // store only with kv_dir: its engine's new full blocks go to it after
   // each step and resume() reads them back.
   bool kv_durable = false;
+  // The RocksDB tier's capacity (0: 16 GiB): beyond it the least recently
+  // used blocks are dropped (a batch job's finished requests' first: nothing
+  // reads them again), so a job's disk use stays bounded.
+  size_t kv_disk_bytes = 0;
   // pd: how KV moves from prefill to decode actors (actors/kv_stream.h).
   KvStreamOptions kv_stream;
   int32_t actor_threads = 0;     // CAF scheduler workers; 0: CAF's default

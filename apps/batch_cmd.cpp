@@ -24,6 +24,7 @@ namespace {
 
 struct BatchArgs {
   std::string input, output, model, mmproj, job_dir, media_path, alias, chat_template;
+  int64_t kv_disk_mib = 0;
   ProcessTopologyArgs topo;
 };
 BatchArgs g_batch;
@@ -55,6 +56,10 @@ CLI::App* add_run_batch_command(CLI::App& app) {
   cmd->add_option("-a,--alias,--served-model-name", g_batch.alias,
                   "the model name bodies must give (default: general.name, else the file's stem)");
   cmd->add_option("--chat-template", g_batch.chat_template, "built-in chat template (default: the GGUF's)");
+  cmd->add_option("--kv-disk-mib", g_batch.kv_disk_mib,
+                  "disk the job's KV store may use (MiB; 0: 16 GiB); beyond it the least recently used "
+                  "blocks (finished requests') are dropped")
+      ->check(CLI::Range(int64_t(0), int64_t(1) << 30));
   cleave::add_process_topology_options(cmd, g_batch.topo);
   return cmd;
 }
@@ -135,6 +140,7 @@ int run_run_batch_command(CLI::App* cmd) {
   PipelineOptions po = process_pipeline_options(a.topo, mmproj);
   po.kv_dir = jo.job_dir + "/kv";
   po.kv_durable = true;
+  po.kv_disk_bytes = size_t(a.kv_disk_mib) << 20;
   std::signal(SIGINT, on_batch_signal);
   std::signal(SIGTERM, on_batch_signal);
   // The job first: its refusals (another input, a bad file) come before the engines start.

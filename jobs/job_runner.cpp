@@ -75,6 +75,7 @@ struct JobRunner::Impl : std::enable_shared_from_this<JobRunner::Impl> {
   std::deque<uint64_t> todo;  // keys not started in this run, input order
   std::map<uint64_t, RequestRecord> resumed;  // running records from the journal
   size_t remaining_at_open = 0;
+  uint64_t corrupt_at_open = 0;
   double active_at_open = 0;
   uint64_t generated_at_open = 0, imported_at_open = 0, recomputed_at_open = 0;
   Clock::time_point started = Clock::now();
@@ -159,6 +160,7 @@ Status JobRunner::Impl::open_job() {
     todo.push_back(key);
   }
   remaining_at_open = todo.size();
+  corrupt_at_open = journal->counters().corrupt_records;
   // The errors file is a function of the input: written whole each start.
   const std::string errors = options.job_dir + "/input_errors.jsonl";
   {
@@ -510,11 +512,24 @@ JobRunner::~JobRunner() {
 JobMeta JobRunner::meta() const { return impl_->meta; }
 std::string JobRunner::errors_path() const { return impl_->options.job_dir + "/input_errors.jsonl"; }
 size_t JobRunner::remaining_at_open() const { return impl_->remaining_at_open; }
+uint64_t JobRunner::corrupt_records() const { return impl_->corrupt_at_open; }
 
 Result<JobMeta> JobRunner::run(Frontend& frontend, const std::atomic<bool>* stop,
                                const std::atomic<bool>* cancel) {
   Impl& m = *impl_;
+  if (!m.journal) return Status(Code::invalid_argument, "a job runs once per JobRunner::open");
   m.frontend = &frontend;
+  // The journal and the output close when run() returns, even while late
+  // callbacks keep the state alive: the job can be opened again at once.
+  struct Close {
+    Impl& m;
+    ~Close() {
+      std::lock_guard<std::mutex> lock(m.mu);
+      m.stopping = true;
+      m.journal.reset();
+      m.output.reset();
+    }
+  } close{m};
   if (m.meta.status == JobStatus::completed || m.meta.status == JobStatus::cancelled) return m.meta;
   const auto interval = std::chrono::duration<double>(m.options.snapshot_interval_s);
   auto stop_all = [&](Status why) -> Status {

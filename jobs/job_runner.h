@@ -72,6 +72,7 @@ class JobRunner {
   // status cancelling, the requests in flight are cancelled, then status
   // cancelled with what was finished in the output; a cancelled job does
   // not run again.
+  // Once per open(): the journal closes when it returns.
   Result<JobMeta> run(Frontend& frontend, const std::atomic<bool>* stop = nullptr,
                       const std::atomic<bool>* cancel = nullptr);
 
@@ -81,6 +82,9 @@ class JobRunner {
   std::string errors_path() const;
   // Lines left to run when open() returned (not done in the output).
   size_t remaining_at_open() const;
+  // Journal records that failed their checksum at open() (those requests
+  // start again from nothing).
+  uint64_t corrupt_records() const;
 
   struct Impl;
 
