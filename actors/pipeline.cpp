@@ -228,7 +228,16 @@ class MonoPipeline final : public Pipeline {
         ++cancelled_;
       }
       if (encoder_) encode(incoming, events);
+      // Resumes read their KV from the store first: a few per step, so that a
+      // restart with many requests in flight gets its first tokens at once.
+      constexpr int kResumesPerStep = 8;
+      int resumes = 0;
+      std::deque<Incoming> later;
       for (Incoming& r : incoming) {
+        if (r.resume && resumes++ >= kResumesPerStep) {
+          later.push_back(std::move(r));
+          continue;
+        }
         const uint64_t id = r.request.request_id;
         Status st = r.resume ? start_resume(r) : core_->submit(std::move(r.request));
         if (!st.ok()) {
@@ -238,6 +247,10 @@ class MonoPipeline final : public Pipeline {
           failed.error = st;
           events.push_back(std::move(failed));
         }
+      }
+      if (!later.empty()) {
+        std::lock_guard<std::mutex> lock(mu_);
+        inbox_.insert(inbox_.begin(), std::make_move_iterator(later.begin()), std::make_move_iterator(later.end()));
       }
       (void)core_->step(events);  // an engine error fails the running requests as events
       persist_new_blocks();
@@ -257,7 +270,7 @@ class MonoPipeline final : public Pipeline {
     std::vector<uint64_t> ids;
     for (Incoming& in : incoming) {
       GenerateRequest& r = in.request;
-      if (r.images.empty()) continue;
+      if (check_images_encoded(r).ok()) continue;  // none, or encoded before it waited for a later step
       groups.push_back(&r.images);
       ids.push_back(r.request_id);
     }

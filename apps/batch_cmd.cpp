@@ -154,7 +154,8 @@ int run_run_batch_command(CLI::App* cmd) {
   auto done = (*runner)->run(**pipeline, &g_batch_stop);
   if (tty) std::fprintf(stderr, "\n");
   if (!done.ok()) return fail(done.status());
-  std::fprintf(stderr, "cleave run-batch: %s\n", jobs::job_summary(*done).c_str());
+  std::fprintf(stderr, "cleave run-batch: %s | first new token %.3f s after start\n",
+               jobs::job_summary(*done).c_str(), (*runner)->first_token_seconds());
   std::printf("%s\n", jobs::batch_object_json(*done, "batch_" + done->input_fingerprint.substr(0, 24),
                                               done->input_path, done->output_path, (*runner)->errors_path())
                           .c_str());

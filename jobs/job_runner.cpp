@@ -88,6 +88,7 @@ struct JobRunner::Impl : std::enable_shared_from_this<JobRunner::Impl> {
   bool stopping = false;
   uint64_t next_id = 1;
   uint64_t generated_this_run = 0;
+  double first_token_s = -1;
 
   bool strip_leading_space(const LineWork& w) const {
     return input.lines[w.key].kind == server::RequestKind::chat &&
@@ -360,7 +361,8 @@ void JobRunner::Impl::on_event(const std::shared_ptr<LineWork>& w, int32_t i, co
         c.tokens.push_back(e.token);
         c.text += visible(e.text);
         if (e.has_logprobs) c.logprobs.push_back(e.logprobs);
-        ++generated_this_run;
+        if (generated_this_run++ == 0)
+          first_token_s = std::chrono::duration<double>(Clock::now() - started).count();
         w->dirty = true;
         return;
       case msg::StreamEvent::Kind::finished:
@@ -513,6 +515,10 @@ JobMeta JobRunner::meta() const { return impl_->meta; }
 std::string JobRunner::errors_path() const { return impl_->options.job_dir + "/input_errors.jsonl"; }
 size_t JobRunner::remaining_at_open() const { return impl_->remaining_at_open; }
 uint64_t JobRunner::corrupt_records() const { return impl_->corrupt_at_open; }
+double JobRunner::first_token_seconds() const {
+  std::lock_guard<std::mutex> lock(impl_->mu);
+  return impl_->first_token_s;
+}
 
 Result<JobMeta> JobRunner::run(Frontend& frontend, const std::atomic<bool>* stop,
                                const std::atomic<bool>* cancel) {

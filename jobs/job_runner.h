@@ -85,6 +85,8 @@ class JobRunner {
   // Journal records that failed their checksum at open() (those requests
   // start again from nothing).
   uint64_t corrupt_records() const;
+  // Seconds from open() to this run's first sampled token; -1 before it.
+  double first_token_seconds() const;
 
   struct Impl;
 
