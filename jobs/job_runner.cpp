@@ -287,7 +287,7 @@ Status JobRunner::Impl::start(uint64_t key, bool& busy) {
   {
     std::lock_guard<std::mutex> lock(mu);
     w->remaining = int32_t(submit.size());
-    active.emplace(key, w);
+    CLEAVE_CHECK(active.emplace(key, w).second);  // one LineWork per line, or it would be written twice
     if (w->remaining == 0) {
       complete(*w);
       return Status::Ok();
@@ -587,10 +587,11 @@ Result<JobMeta> JobRunner::run(Frontend& frontend, const std::atomic<bool>* stop
       }
       if (m.todo.empty() || in_flight >= size_t(m.options.max_in_flight)) break;
       bool busy = false;
-      Status st = m.start(m.todo.front(), busy);
+      const uint64_t key = m.todo.front();
+      m.todo.pop_front();  // started: it is active now (choices the front end refused wait for a retry)
+      Status st = m.start(key, busy);
       if (!st.ok()) return stop_all(st);
       if (busy) break;
-      m.todo.pop_front();
     }
     std::vector<ReadyLine> lines;
     bool finished = false;

@@ -21,10 +21,13 @@
           read-only: refused naming it; then room again: the same command
           finishes the job, each custom_id once, lines as the uninterrupted
           run's. Needs mount (root); exits 77 (skipped) where it is refused.
-  cluster: the job as a batch of the Batch API on a cluster head (router and
-          store; a prefill node and two decode nodes, tests/nodes/cluster.lua):
-          the head killed with SIGKILL and restarted 3 times, decode nodes
-          killed twice and restarted; the workers rejoin the restarted head by
+  cluster: the job as a batch of the Batch API on a cluster head
+          (examples/epd_3nodes.lua: an encoder node, the head with the router,
+          the store and a prefill, a node with two decoders; chats with and
+          without images and the shared system prompt): the head killed with
+          SIGKILL and restarted 3 times, the decode and the encoder node
+          killed and restarted once each (the requests that find no stage of
+          the kind wait and go on); the workers rejoin the restarted head by
           themselves; the batch's counts never go back; its output equals the
           uninterrupted one-process run's, each custom_id exactly once.
 
@@ -51,8 +54,10 @@ ap.add_argument("work")
 ap.add_argument("--requests", type=int, default=500)
 ap.add_argument("--kills", type=int, default=20)
 ap.add_argument("--topology", default="mono")
-ap.add_argument("--cluster-script", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "nodes",
-                                                         "cluster.lua"))
+ap.add_argument("--cluster-script", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..",
+                                                         "examples", "epd_3nodes.lua"))
+ap.add_argument("--head", default="prefill", help="the script's head node")
+ap.add_argument("--workers", default="encoder,decode", help="the script's other nodes")
 args = ap.parse_args()
 
 WORK = os.path.abspath(args.work)
@@ -91,8 +96,8 @@ def make_input(path, n, seed, chat_only=False):
     for i in range(n):
         cid = f"req-{i:04d}"
         kind = rng.random()
-        if chat_only:  # text chats (the cluster has no vision encoder)
-            kind = 0.4 + kind * 0.45
+        if chat_only:  # chats only: a batch has one endpoint
+            kind = 0.4 + kind * 0.6
         sampling = {}
         if rng.random() < 0.5:
             sampling["temperature"] = 0
@@ -276,8 +281,9 @@ if args.mode == "cluster":
 
     HEAD_PORT = free_port()
     BD = os.path.join(WORK, "batch-dir")
-    common = ["-m", MODEL, "-t", "1", "--topology", args.cluster_script, "--set", f"head_port={HEAD_PORT}",
-              "--set", "prefills=1", "--set", "decoders=2"]
+    common = ["-m", MODEL, "--mmproj", args.mmproj, "-t", "1", "--topology", args.cluster_script,
+              "--set", f"{args.head}_port={HEAD_PORT}"]
+    worker_names = args.workers.split(",")
     logs = []
 
     def spawn(name, extra):
@@ -288,7 +294,7 @@ if args.mode == "cluster":
 
     def start_head():
         for _ in range(50):  # the old head's port may take a moment to be free
-            h = spawn("head", ["--http-port", "0", "--batch-dir", BD, "-a", "batch-test"])
+            h = spawn(args.head, ["--http-port", "0", "--batch-dir", BD, "-a", "batch-test", "--media-path", MEDIA])
             line = h.stdout.readline()
             while line and "http://" not in line:
                 line = h.stdout.readline()
@@ -307,7 +313,7 @@ if args.mode == "cluster":
         return json.loads(call(base, "GET", f"/v1/batches/{bid}"))
 
     head, base = start_head()
-    workers = {n: spawn(n, []) for n in ("p0", "d0", "d1")}
+    workers = {n: spawn(n, []) for n in worker_names}
     boundary = "cleave-batch-boundary"
     with open(inp, "rb") as f:
         data = f.read()
@@ -319,7 +325,7 @@ if args.mode == "cluster":
     bid = json.loads(call(base, "POST", "/v1/batches", json.dumps(
         {"input_file_id": fid, "endpoint": "/v1/chat/completions", "completion_window": "24h"}).encode(),
         {"Content-Type": "application/json"}))["id"]
-    events = ["head", "d0", "head", "d1", "head"]  # 3 head kills, 2 worker kills
+    events = ["head", worker_names[-1], "head", worker_names[0], "head"]  # 3 head kills, 2 worker kills
     done_counts, last = [], 0
     rng = random.Random(2)
     t_end = time.time() + 600
