@@ -36,6 +36,8 @@ ap.add_argument("work")
 ap.add_argument("--requests", type=int, default=1000)
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--max-tokens", type=int, default=32)
+ap.add_argument("--resume-tokens", type=int, default=64, help="max_tokens of the resume job's requests")
+ap.add_argument("--resume-runs", type=int, default=2)
 ap.add_argument("--out", default="")
 args = ap.parse_args()
 
@@ -125,10 +127,10 @@ results["disk_write_bytes_s"] = disk_bandwidth()
 print(json.dumps(results, indent=1), flush=True)
 
 # Resume: long outputs so that every request is admitted and generating at the kill.
-long_tokens = 160
+long_tokens = args.resume_tokens
 _, bat_long = write_inputs(long_tokens)
 resume = {"warm": [], "cold": [], "warm_total": [], "cold_total": [], "resumed": []}
-for r in range(args.runs):
+for r in range(args.resume_runs):
     for mode in ("warm", "cold"):
         out, jd = os.path.join(W, f"res-{mode}{r}.jsonl"), os.path.join(W, f"res-{mode}{r}.job")
         cmd = [args.cleave, "run-batch", "-i", bat_long, "-o", out, "--job-dir", jd, *COMMON,
