@@ -15,7 +15,9 @@
           append protocol (CLEAVE_JOB_FAULT=STEP:N), then continued: nothing
           lost or doubled, lines equal to the uninterrupted run's.
   input:  a different input for the same job directory is refused naming both
-          fingerprints; duplicate custom_ids are refused before anything runs.
+          fingerprints; duplicate custom_ids are refused before anything runs;
+          on a terminal (a pty from script(1)) the run shows a progress bar,
+          without one it does not.
   disk:   the job directory on a small tmpfs: the disk fills up and the job
           stops with one line saying so (exit 1); the same directory mounted
           read-only: refused naming it; then room again: the same command
@@ -38,6 +40,7 @@ import base64
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -429,6 +432,17 @@ if args.mode == "input":
           f"duplicate custom_ids: exit {r.returncode}, {r.stderr.strip()}")
     check(not os.path.exists(os.path.join(WORK, "dup.out")), "duplicate custom_ids: an output was written")
     print("another input refused; duplicate custom_ids refused before anything ran")
+    # On a terminal (a pty from script(1)) the run shows a progress bar with
+    # the status line's figures; without one, no bar.
+    import shlex
+    tty_cmd = " ".join(shlex.quote(c) for c in batch_cmd(inp, os.path.join(WORK, "tty.jsonl"), os.path.join(WORK, "tty.job")))
+    r = run(["script", "-qec", tty_cmd, "/dev/null"])
+    bar = re.compile(r"\[[#.]{30}\] +\d+% status \w+: \d+/\d+ .* req/s .* tok/s \| ETA")
+    check(r.returncode == 0 and bar.search(r.stdout) and "] 100% status completed" in r.stdout,
+          f"no progress bar on a terminal: {r.stdout[-600:]!r}")
+    r = run(batch_cmd(inp, os.path.join(WORK, "notty.jsonl"), os.path.join(WORK, "notty.job")))
+    check(r.returncode == 0 and not bar.search(r.stderr), "a progress bar without a terminal")
+    print("a terminal shows the progress bar")
 
 print("FAILED" if failures else "OK", len(failures), "failure(s)")
 sys.exit(1 if failures else 0)
