@@ -5,7 +5,7 @@ its disk use sampled every second: the job directory's KV store (capped by
 output. Writes a CSV and a plot (matplotlib).
 
 usage: long_run.py CLEAVE VOCAB WORKDIR [--requests 20000] [--restart-every 120]
-       [--kv-disk-mib 64] [--plot docs/jobs/disk_use.png] [--csv out.csv]"""
+       [--kv-disk-mib 64] --csv out.csv [--plot docs/jobs/disk_use.png]"""
 import argparse
 import json
 import os
@@ -24,7 +24,7 @@ ap.add_argument("--requests", type=int, default=20000)
 ap.add_argument("--restart-every", type=float, default=120)
 ap.add_argument("--kv-disk-mib", type=int, default=64)
 ap.add_argument("--plot", default="")
-ap.add_argument("--csv", default="")
+ap.add_argument("--csv", required=True)
 args = ap.parse_args()
 
 W = os.path.abspath(args.work)
@@ -99,25 +99,13 @@ if args.csv:
         f.write("seconds,kv_bytes,journal_bytes,output_bytes,lines_done\n")
         for s in samples:
             f.write(",".join(str(x) for x in s) + "\n")
+if args.csv:
+    with open(args.csv + ".restarts.json", "w") as f:
+        json.dump(restarts, f)
 if args.plot:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(8, 4))
-    t = [s[0] for s in samples]
-    ax.plot(t, [s[1] / 2**20 for s in samples], label="KV store (RocksDB)")
-    ax.plot(t, [s[2] / 2**20 for s in samples], label="journal (RocksDB)")
-    ax.plot(t, [s[3] / 2**20 for s in samples], label="output file")
-    ax.axhline(args.kv_disk_mib, color="grey", linestyle=":", label=f"--kv-disk-mib {args.kv_disk_mib}")
-    for r in restarts:
-        ax.axvline(r, color="red", alpha=0.3)
-    ax.set_xlabel("seconds (red: kill -9 and restart)")
-    ax.set_ylabel("MiB on disk")
-    ax2 = ax.twinx()
-    ax2.plot(t, [s[4] for s in samples], color="black", alpha=0.4, label="lines done")
-    ax2.set_ylabel("lines done")
-    ax.legend(loc="upper left", fontsize=8)
-    ax.set_title(f"cleave run-batch: {args.requests} requests, killed every {args.restart_every:.0f} s")
-    fig.tight_layout()
+    # Debian's python3-matplotlib (setup.sh installs it) under /usr/bin/python3.
     os.makedirs(os.path.dirname(os.path.abspath(args.plot)), exist_ok=True)
-    fig.savefig(args.plot, dpi=100)
+    subprocess.run(["/usr/bin/python3", os.path.join(os.path.dirname(os.path.abspath(__file__)), "plot_disk_use.py"),
+                    args.csv, args.plot, "--kv-disk-mib", str(args.kv_disk_mib), "--restarts", args.csv + ".restarts.json",
+                    "--title", f"cleave run-batch: {args.requests} requests, kill -9 every {args.restart_every:.0f} s "
+                               f"({len(restarts)} restarts)"], check=True)
