@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
-#include <random>
 
 #include "jobs/batch_input.h"
 
@@ -16,16 +15,6 @@ namespace {
 
 using json = nlohmann::json;
 using server::ApiError;
-
-std::string new_batch_id() {
-  static std::mutex mu;
-  static std::mt19937_64 rng{std::random_device{}()};
-  std::lock_guard<std::mutex> lock(mu);
-  static const char* hex = "0123456789abcdef";
-  std::string id = "batch_";
-  for (int i = 0; i < 24; ++i) id.push_back(hex[rng() & 15]);
-  return id;
-}
 
 bool valid_batch_id(std::string_view id) {
   if (id.size() != 30 || id.substr(0, 6) != "batch_") return false;
@@ -170,7 +159,7 @@ void BatchService::Impl::handle(const server::HttpRequest& request, std::shared_
           return reply_error(out, route, ApiError::invalid("\"metadata\" values must be strings (keys up to 64, values up to 512 characters)", "metadata"));
     }
     auto b = std::make_shared<BatchState>();
-    b->id = new_batch_id();
+    b->id = "batch_" + random_hex(24);
     b->input_file_id = *input;
     b->endpoint = *endpoint;
     b->metadata = metadata;
@@ -178,8 +167,8 @@ void BatchService::Impl::handle(const server::HttpRequest& request, std::shared_
                         std::chrono::system_clock::now().time_since_epoch())
                         .count();
     b->meta.created_at = b->created_at;
-    b->output_file_id = "file-" + fingerprint_hex(b->id + "/output").substr(0, 24);
-    b->error_file_id = "file-" + fingerprint_hex(b->id + "/errors").substr(0, 24);
+    b->output_file_id = derived_file_id(b->id, "output");
+    b->error_file_id = derived_file_id(b->id, "errors");
     std::error_code ec;
     std::filesystem::create_directories(batch_dir(b->id), ec);
     if (ec) return reply_error(out, route, ApiError::internal("cannot create the batch's directory: " + ec.message()));

@@ -15,11 +15,6 @@ namespace {
 
 using json = nlohmann::json;
 
-// A batch's output and errors files: ids of the file form, from the batch id.
-std::string derived_file_id(const std::string& batch_id, const char* what) {
-  return "file-" + fingerprint_hex(batch_id + "/" + what).substr(0, 24);
-}
-
 bool terminal(JobStatus s) {
   return s == JobStatus::completed || s == JobStatus::failed || s == JobStatus::cancelled;
 }
@@ -31,6 +26,10 @@ int64_t unix_now() {
 }
 
 }  // namespace
+
+std::string derived_file_id(const std::string& batch_id, const char* what) {
+  return "file-" + fingerprint_hex(batch_id + "/" + what).substr(0, 24);
+}
 
 Status BatchService::Impl::save(const BatchState& b) const {
   json j = {{"id", b.id},

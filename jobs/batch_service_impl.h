@@ -17,6 +17,9 @@
 
 namespace cleave::jobs {
 
+// A batch's output and errors files: ids of the file form, from the batch id.
+std::string derived_file_id(const std::string& batch_id, const char* what);
+
 struct BatchState {
   std::string id, input_file_id, endpoint;
   nlohmann::json metadata;  // null or an object of strings

@@ -8,12 +8,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <mutex>
 #include <random>
 
 namespace cleave::jobs {
 namespace {
 
 using json = nlohmann::json;
+
+}  // namespace
 
 std::string random_hex(int digits) {
   static std::mutex mu;
@@ -25,7 +28,6 @@ std::string random_hex(int digits) {
   return out;
 }
 
-}  // namespace
 
 std::string FileObject::json() const {
   nlohmann::json o = {{"id", id},           {"object", "file"},   {"bytes", bytes}, {"created_at", created_at},

@@ -36,6 +36,9 @@ class FileStore {
   std::string dir_;
 };
 
+// `digits` random lowercase hex digits (ids of files and batches).
+std::string random_hex(int digits);
+
 // Reads a whole file; io_error naming it.
 Result<std::string> read_file_bytes(const std::string& path);
 // Writes bytes to path atomically (temporary name, fsync, rename).

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import time
 
+from bench_jobs_util import du
+
 ap = argparse.ArgumentParser()
 ap.add_argument("cleave")
 ap.add_argument("vocab")
@@ -68,17 +70,6 @@ def write_inputs(max_tokens):
                                 "body": {"prompt": p, "max_tokens": max_tokens, "temperature": 0,
                                          "ignore_eos": True}}) + "\n")
     return req, bat
-
-
-def du(path):
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
 
 
 def timed(cmd):

@@ -16,6 +16,8 @@ import subprocess
 import threading
 import time
 
+from bench_jobs_util import du
+
 ap = argparse.ArgumentParser()
 ap.add_argument("cleave")
 ap.add_argument("vocab")
@@ -46,17 +48,6 @@ with open(inp, "w") as f:
 out, job = os.path.join(W, "out.jsonl"), os.path.join(W, "out.job")
 cmd = [args.cleave, "run-batch", "-i", inp, "-o", out, "--job-dir", job, "-m", MODEL, "-t", str(os.cpu_count()),
        "--parallel", "32", "--kv-disk-mib", str(args.kv_disk_mib)]
-
-
-def du(path):
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                total += os.path.getsize(os.path.join(root, name))
-            except OSError:
-                pass
-    return total
 
 
 samples, restarts = [], []
