@@ -7,6 +7,7 @@
 
 #include <caf/io/all.hpp>
 
+#include <cstdio>
 #include <set>
 #include <thread>
 #include <unordered_map>
@@ -142,7 +143,10 @@ struct KvReceiverState {
     caf::actor_addr sender;
     caf::typed_response_promise<bool> done;
     Clock::time_point last_progress;
-    bool on_socket = false;  // the socket's own timeouts bound it, not the tick
+    // While the set-up requests (connect, kv_socket) run, their own timeouts
+    // bound the transfer, and on the data socket the socket's do; the stall
+    // tick watches chunks over CAF only.
+    bool watched = false;
   };
   std::shared_ptr<KvInbox> inbox;
   std::shared_ptr<KvStreamCounters> counters;
@@ -166,6 +170,9 @@ void end_transfer(kv_receiver_pointer self, uint64_t id, Result<std::vector<Bloc
     s.counters->blocks_received += result->size();
   } else {
     ++s.counters->transfers_failed;
+    // The stage reads the store instead; the line says why the stream failed.
+    std::fprintf(stderr, "cleave: the KV stream of request %llu failed (%s); reading the store\n",
+                 static_cast<unsigned long long>(id), result.status().to_string().c_str());
   }
   auto done = it->second.done;
   s.transfers.erase(it);
@@ -210,6 +217,10 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         s.transfers.emplace(id, std::move(t));
         self->monitor(from);
         auto start_chunks = [=] {
+          if (auto it = self->state.transfers.find(id); it != self->state.transfers.end()) {
+            it->second.watched = true;
+            it->second.last_progress = Clock::now();
+          }
           self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_pull_atom::value,
                         bytes, caf::actor_cast<kv_receiver_actor>(self))
               .then(
@@ -232,7 +243,6 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                     auto it = s.transfers.find(id);
                     if (it == s.transfers.end()) return;
                     if (where.empty()) return end_transfer(self, id, std::vector<BlockRecord>{});
-                    it->second.on_socket = true;
                     auto results = s.socket_results;
                     auto counters = s.counters;
                     auto me = caf::actor_cast<kv_receiver_actor>(self);
@@ -304,7 +314,7 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         const auto now = Clock::now();
         std::vector<uint64_t> stalled;
         for (auto& [id, t] : self->state.transfers)
-          if (!t.on_socket && now - t.last_progress > kKvStallTimeout) stalled.push_back(id);
+          if (t.watched && now - t.last_progress > kKvStallTimeout) stalled.push_back(id);
         for (uint64_t id : stalled)
           end_transfer(self, id, Status(Code::timed_out, "the KV stream of request " +
                                                              std::to_string(id) + " stalled"));
