@@ -492,8 +492,14 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
 
     be.rmsnorm(x, l.ffn_norm, n, dim, c.rms_eps, h);
-    if (c.n_experts == 0) ffn_dense(l, n);
-    else ffn_moe(l, n);
+    if (c.n_experts > 0) {
+      ffn_moe(l, li, n);
+    } else if (experts_) {
+      const ExpertWork w{0, n, h, tmp};
+      experts_->run(li, std::span<const ExpertWork>(&w, 1));
+    } else {
+      ffn_dense(l, n);
+    }
     for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
   }
 
@@ -513,20 +519,16 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
 
 // tmp = down(silu(gate h) * up h)
 void Engine::ffn_dense(const LlamaLayer& l, int64_t n) {
-  const int64_t ffn = config().ffn;
-  float* g = grow(gate_, n * ffn);
-  float* u = grow(up_, n * ffn);
-  backend_->matmul(l.gate, h_.data(), n, g);
-  backend_->matmul(l.up, h_.data(), n, u);
-  backend_->silu_mul(g, u, n * ffn, g);
-  backend_->matmul(l.down, g, n, tmp_.data());
+  compute_expert(*backend_, l, config().ffn, 0, h_.data(), n, gate_, up_, tmp_.data());
 }
 
 // tmp = sum_j w_j * expert_j(h), experts taken per row in gating order (most
-// weight first), so the sum's order is fixed for every row.
-void Engine::ffn_moe(const LlamaLayer& l, int64_t n) {
+// weight first), so the sum's order is fixed for every row. Each expert's
+// rows are gathered into one contiguous run of gx, all experts of the layer
+// computed (here or by the executor), then combined.
+void Engine::ffn_moe(const LlamaLayer& l, int32_t layer, int64_t n) {
   const LlamaConfig& c = config();
-  const int64_t dim = c.dim, ffn = c.ffn, k = c.n_experts_used;
+  const int64_t dim = c.dim, k = c.n_experts_used;
   float* rl = grow(router_logits_, n * c.n_experts);
   int32_t* eid = grow(expert_ids_, n * k);
   float* ew = grow(expert_w_, n * k);
@@ -534,13 +536,14 @@ void Engine::ffn_moe(const LlamaLayer& l, int64_t n) {
   backend_->matmul(l.router, h_.data(), n, rl);
   backend_->topk_gating(rl, n, c.n_experts, k, eid, ew);
 
-  float* gx = grow(gather_x_, n * dim);
-  float* gy = grow(gather_y_, n * dim);
-  float* g = grow(gate_, n * ffn);
-  float* u = grow(up_, n * ffn);
-  int32_t* slot = grow(gather_rows_, n);  // row*k + j of each gathered row
+  float* gx = grow(gather_x_, n * k * dim);
+  float* gy = grow(gather_y_, n * k * dim);
+  int32_t* slot = grow(gather_rows_, n * k);  // row*k + j of each gathered row
+  std::vector<ExpertWork>& work = expert_work_;
+  work.clear();
+  int64_t cnt = 0;
   for (int32_t e = 0; e < c.n_experts; ++e) {
-    int64_t cnt = 0;
+    const int64_t first = cnt;
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t j = 0; j < k; ++j) {
         if (eid[r * k + j] != e) continue;
@@ -548,14 +551,16 @@ void Engine::ffn_moe(const LlamaLayer& l, int64_t n) {
         slot[cnt++] = int32_t(r * k + j);
       }
     }
-    if (cnt == 0) continue;
-    backend_->matmul(l.gate_exps[e], gx, cnt, g);
-    backend_->matmul(l.up_exps[e], gx, cnt, u);
-    backend_->silu_mul(g, u, cnt * ffn, g);
-    backend_->matmul(l.down_exps[e], g, cnt, gy);
-    for (int64_t i = 0; i < cnt; ++i)
-      std::copy(gy + i * dim, gy + (i + 1) * dim, out + int64_t(slot[i]) * dim);
+    if (cnt > first) work.push_back(ExpertWork{e, cnt - first, gx + first * dim, gy + first * dim});
   }
+  if (experts_) {
+    experts_->run(layer, work);
+  } else {
+    for (const ExpertWork& w : work)
+      compute_expert(*backend_, l, c.ffn, w.expert, w.x, w.rows, gate_, up_, w.y);
+  }
+  for (int64_t i = 0; i < cnt; ++i)
+    std::copy(gy + i * dim, gy + (i + 1) * dim, out + int64_t(slot[i]) * dim);
   float* t = tmp_.data();
   for (int64_t r = 0; r < n; ++r) {
     for (int64_t d = 0; d < dim; ++d) {

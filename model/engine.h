@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "model/experts.h"
 #include "model/llama.h"
 #include "storage/block.h"
 #include "storage/block_pool.h"
@@ -144,6 +145,14 @@ class Engine {
   // published.
   Status forward(const std::vector<Item>& items, float* logits);
 
+  // The FFN of every layer goes to this executor (model/experts.h): each
+  // expert's gathered rows (a dense model's FFN as expert 0), combined here
+  // in the engine's order, so the bits are the same as without one. null
+  // (the default): the engine computes its experts itself.
+  void set_expert_executor(std::shared_ptr<ExpertExecutor> executor) {
+    experts_ = std::move(executor);
+  }
+
  private:
   Engine() = default;
   struct Sequence {
@@ -178,7 +187,7 @@ class Engine {
   float* block_data(int32_t block) const { return kv_.data + size_t(block) * kv_.block_elems(); }
   void copy_block(int32_t src, int32_t dst);
   void ffn_dense(const LlamaLayer& l, int64_t n);
-  void ffn_moe(const LlamaLayer& l, int64_t n);
+  void ffn_moe(const LlamaLayer& l, int32_t layer, int64_t n);
 
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Backend> backend_;
@@ -204,6 +213,8 @@ class Engine {
   std::vector<int32_t> expert_ids_;
   std::vector<float> expert_w_, router_logits_, moe_out_, gather_x_, gather_y_;
   std::vector<int32_t> gather_rows_;
+  std::vector<ExpertWork> expert_work_;
+  std::shared_ptr<ExpertExecutor> experts_;
 };
 
 }  // namespace cleave

@@ -1,0 +1,220 @@
+#include "model/experts.h"
+
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
+namespace cleave {
+
+namespace {
+
+float* grow(std::vector<float>& v, int64_t n) {
+  if (v.size() < size_t(n)) v.resize(size_t(n));
+  return v.data();
+}
+
+int32_t last_layer_of(const ExpertSet& s, const LlamaConfig& c) {
+  return s.last_layer < 0 ? c.n_layers - 1 : s.last_layer;
+}
+
+}  // namespace
+
+bool ExpertSet::holds(const LlamaConfig& c, int32_t layer, int32_t expert) const {
+  if (layer < first_layer || layer > last_layer_of(*this, c)) return false;
+  if (expert < 0 || expert >= experts_per_layer(c)) return false;
+  return experts.empty() || std::find(experts.begin(), experts.end(), expert) != experts.end();
+}
+
+Status ExpertSet::validate(const LlamaConfig& c) const {
+  const int32_t last = last_layer_of(*this, c);
+  if (first_layer < 0 || first_layer >= c.n_layers || last >= c.n_layers || last < first_layer)
+    return Status(Code::invalid_argument,
+                  "expert layers " + std::to_string(first_layer) + "-" + std::to_string(last) +
+                      " are not a range inside the model's " + std::to_string(c.n_layers) + " layers");
+  const int32_t n = experts_per_layer(c);
+  for (size_t i = 0; i < experts.size(); ++i) {
+    if (experts[i] < 0 || experts[i] >= n)
+      return Status(Code::invalid_argument,
+                    "expert " + std::to_string(experts[i]) + " is not one of the model's " +
+                        std::to_string(n) + (c.n_experts > 0 ? " experts" : " (a dense model's FFN is expert 0)"));
+    if (std::find(experts.begin(), experts.begin() + ptrdiff_t(i), experts[i]) !=
+        experts.begin() + ptrdiff_t(i))
+      return Status(Code::invalid_argument, "expert " + std::to_string(experts[i]) + " is listed twice");
+  }
+  return Status::Ok();
+}
+
+std::string ExpertSet::describe() const {
+  std::string s = "layers " + std::to_string(first_layer) + "-" +
+                  (last_layer < 0 ? std::string("last") : std::to_string(last_layer)) + ", experts ";
+  if (experts.empty()) return s + "all";
+  s += "{";
+  for (size_t i = 0; i < experts.size(); ++i) s += (i ? ", " : "") + std::to_string(experts[i]);
+  return s + "}";
+}
+
+Status check_expert_coverage(const LlamaConfig& c, std::span<const ExpertSet> sets) {
+  for (int32_t l = 0; l < c.n_layers; ++l)
+    for (int32_t e = 0; e < experts_per_layer(c); ++e) {
+      bool held = false;
+      for (const ExpertSet& s : sets) held = held || s.holds(c, l, e);
+      if (!held)
+        return Status(Code::not_found, "expert " + std::to_string(e) + " of layer " +
+                                           std::to_string(l) + " has no host");
+    }
+  return Status::Ok();
+}
+
+void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
+                    int64_t rows, std::vector<float>& g, std::vector<float>& u, float* y) {
+  if (rows == 0) return;
+  const bool moe = !l.gate_exps.empty();
+  const WeightView& wg = moe ? l.gate_exps[size_t(expert)] : l.gate;
+  const WeightView& wu = moe ? l.up_exps[size_t(expert)] : l.up;
+  const WeightView& wd = moe ? l.down_exps[size_t(expert)] : l.down;
+  float* gp = grow(g, rows * ffn);
+  float* up = grow(u, rows * ffn);
+  be.matmul(wg, x, rows, gp);
+  be.matmul(wu, x, rows, up);
+  be.silu_mul(gp, up, rows * ffn, gp);
+  be.matmul(wd, gp, rows, y);
+}
+
+// ---- ExpertHost ----
+
+Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const GgufFile> file,
+                                                       ExpertSet set, int32_t threads) {
+  if (threads < 1 || threads > 1024)
+    return Status(Code::invalid_argument,
+                  "expert host: threads = " + std::to_string(threads) + " must be in [1, 1024]");
+  auto model = LlamaModel::load(std::move(file));
+  if (!model.ok()) return model.status();
+  CLEAVE_RETURN_IF_ERROR(set.validate((*model)->config()));
+  std::unique_ptr<ExpertHost> h(new ExpertHost());
+  h->model_ = std::move(*model);
+  h->backend_ = make_cpu_backend(threads);
+  h->set_ = std::move(set);
+  return h;
+}
+
+Status ExpertHost::compute(int32_t layer, std::span<const ExpertWork> work) {
+  for (const ExpertWork& w : work)
+    if (!holds(layer, w.expert))
+      return Status(Code::invalid_argument, "expert " + std::to_string(w.expert) + " of layer " +
+                                                std::to_string(layer) + " is not held here (" +
+                                                set_.describe() + ")");
+  std::lock_guard<std::mutex> lock(mu_);
+  const auto t0 = std::chrono::steady_clock::now();
+  const LlamaLayer& l = model_->layer(layer);
+  for (const ExpertWork& w : work) {
+    compute_expert(*backend_, l, config().ffn, w.expert, w.x, w.rows, g_, u_, w.y);
+    stats_.rows += uint64_t(w.rows);
+  }
+  ++stats_.calls;
+  stats_.busy_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                 std::chrono::steady_clock::now() - t0)
+                                 .count());
+  return Status::Ok();
+}
+
+ExpertHost::Stats ExpertHost::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+// ---- ExpertPool ----
+
+Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const GgufFile> file,
+                                                       int32_t threads) {
+  auto fallback = ExpertHost::create(std::move(file), ExpertSet{}, threads);
+  if (!fallback.ok()) return fallback.status();
+  std::unique_ptr<ExpertPool> p(new ExpertPool());
+  const LlamaConfig& c = (*fallback)->config();
+  p->expert_rows_.assign(size_t(c.n_layers) * size_t(experts_per_layer(c)), 0);
+  p->fallback_ = std::move(*fallback);
+  return p;
+}
+
+ExpertPool::~ExpertPool() = default;
+
+int32_t ExpertPool::add_host(std::shared_ptr<ExpertHost> host) {
+  std::lock_guard<std::mutex> lock(mu_);
+  hosts_.push_back(Host{std::move(host), true, 0});
+  return int32_t(hosts_.size()) - 1;
+}
+
+int32_t ExpertPool::n_hosts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return int32_t(hosts_.size());
+}
+
+void ExpertPool::set_alive(int32_t host, bool alive) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (host >= 0 && size_t(host) < hosts_.size()) hosts_[size_t(host)].alive = alive;
+}
+
+int32_t ExpertPool::pick(int32_t layer, int32_t expert) const {
+  int32_t best = -1;
+  for (int32_t i = 0; i < int32_t(hosts_.size()); ++i) {
+    const Host& h = hosts_[size_t(i)];
+    if (!h.alive || !h.host->holds(layer, expert)) continue;
+    if (best < 0 || h.rows < hosts_[size_t(best)].rows) best = i;
+  }
+  return best;
+}
+
+void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
+  // Assign each piece (least loaded live holder; the load counts as it is
+  // assigned, so replicas share one layer's work too), then run each host's
+  // share on its own thread, the fallback's on this one.
+  std::vector<std::vector<ExpertWork>> share;
+  std::vector<ExpertWork> rest;
+  std::vector<std::shared_ptr<ExpertHost>> hosts;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    share.resize(hosts_.size());
+    const int32_t per_layer = experts_per_layer(fallback_->config());
+    for (const ExpertWork& w : work) {
+      if (w.rows == 0) continue;
+      expert_rows_[size_t(layer) * size_t(per_layer) + size_t(w.expert)] += uint64_t(w.rows);
+      const int32_t h = pick(layer, w.expert);
+      if (h < 0) {
+        rest.push_back(w);
+        fallback_rows_ += uint64_t(w.rows);
+        continue;
+      }
+      hosts_[size_t(h)].rows += uint64_t(w.rows);
+      share[size_t(h)].push_back(w);
+    }
+    for (const Host& h : hosts_) hosts.push_back(h.host);
+  }
+  std::vector<std::thread> threads;
+  std::vector<Status> results(share.size());
+  for (size_t h = 0; h < share.size(); ++h) {
+    if (share[h].empty()) continue;
+    threads.emplace_back([&, h] { results[h] = hosts[h]->compute(layer, share[h]); });
+  }
+  if (!rest.empty()) {
+    Status st = fallback_->compute(layer, rest);
+    (void)st;  // the fallback holds every expert
+  }
+  for (std::thread& t : threads) t.join();
+  // A host that refused its share (it cannot: pick checked holds) would
+  // leave rows unset; compute them here rather than return garbage.
+  for (size_t h = 0; h < share.size(); ++h)
+    if (!share[h].empty() && !results[h].ok()) {
+      Status st = fallback_->compute(layer, share[h]);
+      (void)st;
+    }
+}
+
+ExpertPool::Stats ExpertPool::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  Stats s;
+  for (const Host& h : hosts_) s.host_rows.push_back(h.rows);
+  s.fallback_rows = fallback_rows_;
+  s.expert_rows = expert_rows_;
+  return s;
+}
+
+}  // namespace cleave

@@ -1,0 +1,147 @@
+// The FFN of each layer as experts that need not run where attention runs
+// (attention/FFN disaggregation). A MoE layer has n_experts experts; a dense
+// layer has one, its FFN (expert 0). Expert e of layer l computes
+// down(silu(gate(x)) * up(x)) for the rows dispatched to it.
+//
+// The engine routes (gate, softmax, top-k, renormalisation), gathers each
+// expert's rows, hands one layer's work to an ExpertExecutor and combines
+// the outputs in its own order. The kernels are batch invariant, so a row's
+// expert output has the same bits whichever host computes it and whatever
+// rows come with it: any placement of experts, with or without replicas,
+// gives the monolithic engine's tokens and logits.
+//
+//   ExpertSet     which experts of which layers one host holds
+//   ExpertHost    computes the experts of its set (own backend and scratch)
+//   ExpertPool    an executor over hosts: each piece of work goes to the
+//                 least loaded live host holding its expert, hosts run in
+//                 parallel; an expert no live host holds is computed from
+//                 the model file by the pool itself (slower, same bits)
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+#include "kernels/backend.h"
+#include "model/gguf.h"
+#include "model/llama.h"
+
+namespace cleave {
+
+// Experts of a layer: n_experts for MoE, 1 (the FFN) for a dense model.
+inline int32_t experts_per_layer(const LlamaConfig& c) { return c.n_experts > 0 ? c.n_experts : 1; }
+
+struct ExpertSet {
+  int32_t first_layer = 0;
+  int32_t last_layer = -1;       // inclusive; -1: the model's last layer
+  std::vector<int32_t> experts;  // empty: every expert of those layers
+
+  bool holds(const LlamaConfig& c, int32_t layer, int32_t expert) const;
+  // invalid_argument naming the value: layers outside the model or first
+  // after last, an expert outside [0, experts_per_layer), a repeated expert.
+  Status validate(const LlamaConfig& c) const;
+  std::string describe() const;  // "layers 0-5, experts {0, 1}"
+};
+
+// not_found naming the first (layer, expert) that no set holds.
+Status check_expert_coverage(const LlamaConfig& c, std::span<const ExpertSet> sets);
+
+// One expert's rows of one layer: x is rows x dim, y receives rows x dim.
+struct ExpertWork {
+  int32_t expert = 0;
+  int64_t rows = 0;
+  const float* x = nullptr;
+  float* y = nullptr;
+};
+
+// Computes every piece of one layer's work. It must not fail: an executor
+// that cannot reach an expert's host computes the expert some other way,
+// since the engine is inside a forward pass (KV already written).
+class ExpertExecutor {
+ public:
+  virtual ~ExpertExecutor() = default;
+  virtual void run(int32_t layer, std::span<const ExpertWork> work) = 0;
+};
+
+// y = down(silu(gate x) * up x) of expert `expert` of layer l (the dense
+// FFN for a dense layer); g and u are scratch, grown as needed.
+void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
+                    int64_t rows, std::vector<float>& g, std::vector<float>& u, float* y);
+
+class ExpertHost {
+ public:
+  // Binds the model's tensors (views into the mapped file: the host reads
+  // only its experts' pages) and makes a CPU backend of `threads`.
+  static Result<std::unique_ptr<ExpertHost>> create(std::shared_ptr<const GgufFile> file,
+                                                    ExpertSet set, int32_t threads);
+
+  const ExpertSet& set() const { return set_; }
+  const LlamaConfig& config() const { return model_->config(); }
+  bool holds(int32_t layer, int32_t expert) const { return set_.holds(config(), layer, expert); }
+  // invalid_argument naming the expert when one piece is not held (nothing
+  // is computed then). One call at a time per host (serialised).
+  Status compute(int32_t layer, std::span<const ExpertWork> work);
+
+  struct Stats {
+    uint64_t calls = 0, rows = 0, busy_ns = 0;
+  };
+  Stats stats() const;
+
+ private:
+  ExpertHost() = default;
+  std::unique_ptr<LlamaModel> model_;
+  std::unique_ptr<Backend> backend_;
+  ExpertSet set_;
+  mutable std::mutex mu_;
+  std::vector<float> g_, u_;
+  Stats stats_;
+};
+
+class ExpertPool final : public ExpertExecutor {
+ public:
+  // The pool's own fallback computes any expert from `file` on `threads`.
+  static Result<std::unique_ptr<ExpertPool>> create(std::shared_ptr<const GgufFile> file,
+                                                    int32_t threads);
+  ~ExpertPool() override;
+
+  // A host of this model; returns its index. Hosts start alive.
+  int32_t add_host(std::shared_ptr<ExpertHost> host);
+  int32_t n_hosts() const;
+  // A host that is not alive gets no work (its experts go to replicas, else
+  // to the fallback) until it is alive again.
+  void set_alive(int32_t host, bool alive);
+
+  void run(int32_t layer, std::span<const ExpertWork> work) override;
+
+  struct Stats {
+    std::vector<uint64_t> host_rows;      // rows dispatched to each host
+    uint64_t fallback_rows = 0;           // rows no live host held
+    // rows routed to each expert: [layer * experts_per_layer + expert]
+    std::vector<uint64_t> expert_rows;
+  };
+  Stats stats() const;
+
+ private:
+  ExpertPool() = default;
+  struct Host {
+    std::shared_ptr<ExpertHost> host;
+    bool alive = true;
+    uint64_t rows = 0;
+  };
+  // The least loaded live host holding (layer, expert), or -1.
+  int32_t pick(int32_t layer, int32_t expert) const;
+
+  std::unique_ptr<ExpertHost> fallback_;
+  mutable std::mutex mu_;  // hosts_' alive flags and counters, stats
+  std::vector<Host> hosts_;
+  uint64_t fallback_rows_ = 0;
+  std::vector<uint64_t> expert_rows_;
+};
+
+}  // namespace cleave

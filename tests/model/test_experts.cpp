@@ -1,0 +1,236 @@
+// Attention/FFN disaggregation in the engine: the FFN experts computed by an
+// ExpertPool over hosts that each hold some of them give the engine's own
+// tokens and logits bit for bit, for any placement (1, 2, 4 hosts, layer
+// ranges, replicas, dead hosts, no host at all), on MoE and dense models.
+#include <doctest/doctest.h>
+
+#include <algorithm>
+
+#include "model/experts.h"
+#include "tests/model/model_fixtures.h"
+
+using namespace cleave;
+using namespace cleave::fixtures;
+
+namespace {
+
+ModelSpec moe8() {
+  ModelSpec s = small_dense();
+  s.n_layers = 3;
+  s.n_experts = 8;
+  s.n_experts_used = 2;
+  s.ffn = 96;
+  return s;
+}
+
+struct Run {
+  std::vector<std::vector<int32_t>> tokens;
+  std::vector<float> logits;  // every step's logits of every sequence
+};
+
+// Eight sequences prefilled in one batch, then decoded greedily together
+// for `steps` steps.
+Run run_batch(Engine& e, int steps = 6) {
+  const int32_t V = e.config().n_vocab;
+  const int n_seqs = 8;
+  std::vector<std::vector<int32_t>> prompts;
+  for (int i = 0; i < n_seqs; ++i) prompts.push_back(prompt_of(5 + 7 * i, 40 + i));
+  std::vector<int32_t> seqs;
+  for (int i = 0; i < n_seqs; ++i) {
+    auto s = e.open_sequence();
+    REQUIRE(s.ok());
+    seqs.push_back(*s);
+  }
+  Run r;
+  r.tokens.resize(n_seqs);
+  std::vector<float> lg(size_t(n_seqs) * V);
+  std::vector<Engine::Item> items;
+  for (int i = 0; i < n_seqs; ++i)
+    items.push_back({seqs[size_t(i)], prompts[size_t(i)].data(), int32_t(prompts[size_t(i)].size())});
+  std::vector<int32_t> next(n_seqs);
+  for (int step = 0; step <= steps; ++step) {
+    Status st = e.forward(items, lg.data());
+    REQUIRE_MESSAGE(st.ok(), st.to_string());
+    r.logits.insert(r.logits.end(), lg.begin(), lg.end());
+    items.clear();
+    for (int i = 0; i < n_seqs; ++i) {
+      const float* row = lg.data() + size_t(i) * V;
+      next[size_t(i)] = int32_t(std::max_element(row, row + V) - row);
+      r.tokens[size_t(i)].push_back(next[size_t(i)]);
+      items.push_back({seqs[size_t(i)], &next[size_t(i)], 1});
+    }
+  }
+  for (int32_t s : seqs) e.close_sequence(s);
+  return r;
+}
+
+std::shared_ptr<ExpertHost> host(const std::string& path, ExpertSet set, int threads = 1) {
+  auto h = ExpertHost::create(open_model(path), std::move(set), threads);
+  REQUIRE_MESSAGE(h.ok(), h.status().to_string());
+  return std::shared_ptr<ExpertHost>(std::move(*h));
+}
+
+std::shared_ptr<ExpertPool> pool_of(const std::string& path,
+                                    const std::vector<ExpertSet>& sets) {
+  auto p = ExpertPool::create(open_model(path), 1);
+  REQUIRE_MESSAGE(p.ok(), p.status().to_string());
+  std::shared_ptr<ExpertPool> pool(std::move(*p));
+  for (const ExpertSet& s : sets) pool->add_host(host(path, s));
+  return pool;
+}
+
+// The batch on a fresh engine whose experts the pool computes.
+Run run_on(const std::string& path, std::shared_ptr<ExpertPool> pool, int threads = 1) {
+  auto e = make_engine(path, threads, 8);
+  e->set_expert_executor(std::move(pool));
+  return run_batch(*e);
+}
+
+void check_same(const Run& got, const Run& want) {
+  CHECK(got.tokens == want.tokens);
+  CHECK(same_bits(got.logits, want.logits));
+}
+
+ExpertSet experts(std::vector<int32_t> ids, int32_t first = 0, int32_t last = -1) {
+  ExpertSet s;
+  s.first_layer = first;
+  s.last_layer = last;
+  s.experts = std::move(ids);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("experts: any placement over hosts gives the engine's tokens and logits bit for bit") {
+  const std::string path = model_path(moe8(), "moe8");
+  auto mono_engine = make_engine(path, 2, 8);
+  const Run mono = run_batch(*mono_engine);
+  struct Case {
+    const char* name;
+    std::vector<ExpertSet> sets;
+  };
+  const std::vector<Case> cases = {
+      {"1 host, all", {ExpertSet{}}},
+      {"2 hosts", {experts({0, 1, 2, 3}), experts({4, 5, 6, 7})}},
+      {"4 hosts", {experts({0, 4}), experts({1, 5}), experts({2, 6}), experts({3, 7})}},
+      {"layer ranges", {experts({}, 0, 0), experts({}, 1, 2)}},
+      {"replicas", {ExpertSet{}, ExpertSet{}, experts({0, 1})}},
+      {"uneven, interleaved", {experts({7}), experts({0, 2, 4, 6}), experts({1, 3, 5}), experts({7, 6})}},
+  };
+  for (const Case& c : cases) {
+    CAPTURE(c.name);
+    auto pool = pool_of(path, c.sets);
+    check_same(run_on(path, pool, 2), mono);
+    const ExpertPool::Stats st = pool->stats();
+    CHECK(st.fallback_rows == 0);
+    uint64_t routed = 0, dispatched = 0;
+    for (uint64_t r : st.expert_rows) routed += r;
+    for (uint64_t r : st.host_rows) dispatched += r;
+    // Every (row, chosen expert) of every layer went to a host: prompt rows
+    // plus 6 decode rows per sequence, top-2, 3 layers.
+    CHECK(routed == uint64_t((8 * 5 + 7 * 28) + 8 * 6) * 2 * 3);
+    CHECK(dispatched == routed);
+    for (uint64_t r : st.host_rows) CHECK(r > 0);  // every host took work
+  }
+}
+
+TEST_CASE("experts: replicas share the load; a dead host's experts go to a replica, then to the fallback") {
+  const std::string path = model_path(moe8(), "moe8");
+  auto mono_engine = make_engine(path, 1, 8);
+  const Run mono = run_batch(*mono_engine);
+
+  // Two full replicas: least-loaded picking keeps them within one piece.
+  auto pool = pool_of(path, {ExpertSet{}, ExpertSet{}});
+  auto e = make_engine(path, 1, 8);
+  e->set_expert_executor(pool);
+  Run got = run_batch(*e);
+  CHECK(same_bits(got.logits, mono.logits));
+  ExpertPool::Stats st = pool->stats();
+  REQUIRE(st.host_rows.size() == 2);
+  const uint64_t a = st.host_rows[0], b = st.host_rows[1];
+  CHECK(a > 0);
+  CHECK(b > 0);
+  // Greedy least-loaded picking keeps the two within the largest piece: one
+  // expert's rows of one layer, at most the prefill's 236 rows.
+  CHECK((a > b ? a - b : b - a) <= 236);
+
+  // Host 0 dies: host 1 takes everything.
+  pool->set_alive(0, false);
+  got = run_batch(*e);
+  CHECK(same_bits(got.logits, mono.logits));
+  ExpertPool::Stats st2 = pool->stats();
+  CHECK(st2.host_rows[0] == a);
+  CHECK(st2.host_rows[1] > b);
+  CHECK(st2.fallback_rows == 0);
+
+  // Both dead: the pool computes every expert itself, same bits.
+  pool->set_alive(1, false);
+  got = run_batch(*e);
+  CHECK(got.tokens == mono.tokens);
+  CHECK(same_bits(got.logits, mono.logits));
+  ExpertPool::Stats st3 = pool->stats();
+  CHECK(st3.host_rows == st2.host_rows);
+  CHECK(st3.fallback_rows > 0);
+
+  // Back alive: the hosts take work again.
+  pool->set_alive(0, true);
+  pool->set_alive(1, true);
+  got = run_batch(*e);
+  CHECK(same_bits(got.logits, mono.logits));
+  CHECK(pool->stats().fallback_rows == st3.fallback_rows);
+}
+
+TEST_CASE("experts: an expert with no host is computed by the pool, same bits") {
+  const std::string path = model_path(moe8(), "moe8");
+  auto mono_engine = make_engine(path, 1, 8);
+  const Run mono = run_batch(*mono_engine);
+  auto pool = pool_of(path, {experts({0, 1, 2}), experts({3, 4, 5})});  // 6 and 7: nobody
+  check_same(run_on(path, pool), mono);
+  const ExpertPool::Stats st = pool->stats();
+  uint64_t unplaced = 0;
+  for (int32_t l = 0; l < 3; ++l) unplaced += st.expert_rows[size_t(l) * 8 + 6] + st.expert_rows[size_t(l) * 8 + 7];
+  CHECK(unplaced > 0);
+  CHECK(st.fallback_rows == unplaced);
+}
+
+TEST_CASE("experts: a dense model's FFN is expert 0 and splits by layer the same way") {
+  const std::string path = model_path(small_dense(), "dense");
+  auto mono_engine = make_engine(path, 1, 8);
+  const Run mono = run_batch(*mono_engine);
+  auto pool = pool_of(path, {experts({0}, 0, 0), experts({}, 1, 1)});
+  check_same(run_on(path, pool), mono);
+  const ExpertPool::Stats st = pool->stats();
+  CHECK(st.host_rows[0] == st.host_rows[1]);  // every row through both layers
+  CHECK(st.host_rows[0] == uint64_t(8 * 5 + 7 * 28 + 8 * 6));
+}
+
+TEST_CASE("experts: sets are validated and coverage names the first expert without a host") {
+  const std::string path = model_path(moe8(), "moe8");
+  auto file = open_model(path);
+  auto model = LlamaModel::load(file);
+  REQUIRE(model.ok());
+  const LlamaConfig& c = (*model)->config();
+  CHECK(experts({8}).validate(c).message().find("expert 8 is not one of the model's 8 experts") !=
+        std::string::npos);
+  CHECK(experts({-1}).validate(c).code() == Code::invalid_argument);
+  CHECK(experts({2, 2}).validate(c).message().find("expert 2 is listed twice") != std::string::npos);
+  CHECK(experts({}, 2, 1).validate(c).code() == Code::invalid_argument);
+  CHECK(experts({}, 0, 3).validate(c).message().find("3 layers") != std::string::npos);
+  CHECK(experts({0, 7}, 0, 2).validate(c).ok());
+
+  std::vector<ExpertSet> sets = {experts({0, 1, 2, 3}), experts({4, 5, 6}, 0, 1), experts({4, 5, 6, 7}, 2, 2)};
+  Status cover = check_expert_coverage(c, sets);
+  CHECK(cover.code() == Code::not_found);
+  CHECK(cover.message() == "expert 7 of layer 0 has no host");
+  sets.push_back(experts({7}, 0, 1));
+  CHECK(check_expert_coverage(c, sets).ok());
+
+  // A host refuses work for an expert it does not hold, naming it.
+  auto h = host(path, experts({1}));
+  std::vector<float> x(64), y(64);
+  const ExpertWork w{3, 1, x.data(), y.data()};
+  Status st = h->compute(0, std::span<const ExpertWork>(&w, 1));
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("expert 3 of layer 0 is not held here") != std::string::npos);
+  CHECK(ExpertHost::create(file, experts({9}), 1).status().code() == Code::invalid_argument);
+}
