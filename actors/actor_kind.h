@@ -12,7 +12,7 @@
 
 namespace cleave {
 
-enum class ActorKind : uint8_t { prefill, decode, colocated, kv_store, vision_encoder };
+enum class ActorKind : uint8_t { prefill, decode, colocated, kv_store, vision_encoder, expert };
 
 struct ActorKindInfo {
   ActorKind kind;
@@ -22,16 +22,18 @@ struct ActorKindInfo {
   bool continues;   // takes hand-offs (requests whose first tokens ran elsewhere)
 };
 
-inline constexpr std::array<ActorKindInfo, 5> kActorKindTable = {{
+inline constexpr std::array<ActorKindInfo, 6> kActorKindTable = {{
     {ActorKind::prefill, "prefill", true, true, false},
     {ActorKind::decode, "decode", true, false, true},
     {ActorKind::colocated, "colocated", true, true, true},
     {ActorKind::kv_store, "kv_store", false, false, false},
     {ActorKind::vision_encoder, "vision_encoder", false, false, false},
+    {ActorKind::expert, "expert", false, false, false},  // FFN experts (model/experts.h)
 }};
 
 // Kinds the design names that later work implements: refused by the
-// topology loader with the list of the implemented ones.
+// topology loader with the list of the implemented ones. expert actors run
+// in one process (PipelineOptions::experts); scripts do not place them yet.
 inline constexpr std::array<const char*, 3> kPlannedActorKinds = {"attention", "expert", "stage"};
 
 inline const ActorKindInfo& actor_kind_info(ActorKind k) { return kActorKindTable[size_t(k)]; }
@@ -43,10 +45,17 @@ inline std::optional<ActorKind> parse_actor_kind(std::string_view name) {
   return std::nullopt;
 }
 
-// "prefill, decode, colocated, kv_store, vision_encoder"
+inline bool is_planned_actor_kind(std::string_view name) {
+  for (const char* p : kPlannedActorKinds)
+    if (name == p) return true;
+  return false;
+}
+
+// The kinds scripts may name: "prefill, decode, colocated, kv_store, vision_encoder"
 inline std::string actor_kind_list() {
   std::string s;
-  for (const ActorKindInfo& i : kActorKindTable) s += (s.empty() ? "" : ", ") + std::string(i.name);
+  for (const ActorKindInfo& i : kActorKindTable)
+    if (!is_planned_actor_kind(i.name)) s += (s.empty() ? "" : ", ") + std::string(i.name);
   return s;
 }
 

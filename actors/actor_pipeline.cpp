@@ -116,6 +116,11 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
     hs.groups = {{ActorKind::colocated, options.colocated_actors}};
   }
   if (options.mmproj) hs.groups.push_back({ActorKind::vision_encoder, options.vision_actors});
+  if (!options.experts.empty()) {
+    hs.groups.push_back({ActorKind::expert, int32_t(options.experts.size())});
+    hs.experts = options.experts;
+    hs.attention = true;
+  }
   hs.file = file;
   hs.tokenizer = tokenizer;
   hs.engine = options.engine;
@@ -125,6 +130,10 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
   auto hosted = make_hosted_actors(hs);
   if (!hosted.ok()) return hosted.status();
   Engine& engine = hosted->stages.front().second->engine();
+  if (!options.experts.empty()) {
+    Status covered = check_expert_coverage(engine.config(), options.experts);
+    if (!covered.ok()) return covered;
+  }
   auto store = make_kv_store(options.kv_tier0_bytes, options.kv_tier1_bytes, options.kv_dir,
                              engine.model_fingerprint(), engine.kv_layout(), options.kv_durable,
                              options.kv_disk_bytes);

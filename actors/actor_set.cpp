@@ -1,5 +1,6 @@
 #include "actors/actor_set.h"
 
+#include "actors/expert_dispatch.h"
 #include "schema/codec.h"
 
 namespace cleave::actors {
@@ -69,6 +70,17 @@ Attach attach_to_router(caf::actor_system& system, const router_actor& router) {
 
 Status ActorSet::spawn(HostedActors hosted, const std::string& name_prefix, const router_actor& router,
                        const kv_store_actor& kv, const KvStreamOptions& stream, const Attach& attach) {
+  // Expert actors first: the stages' executors need their handles.
+  std::vector<ExpertRef> refs;
+  for (size_t i = 0; i < hosted.experts.size(); ++i) {
+    auto& [set, host] = hosted.experts[i];
+    auto handle = spawn_expert(system_, std::move(host), name_prefix + "expert/" + std::to_string(i));
+    experts_.push_back(Expert{handle, set});
+    refs.push_back(ExpertRef{handle, set});
+  }
+  for (size_t i = 0; i < hosted.expert_fallbacks.size(); ++i)
+    hosted.stages[i].second->engine().set_expert_executor(
+        make_actor_expert_executor(system_, refs, std::move(hosted.expert_fallbacks[i])));
   for (auto& [kind, core] : hosted.stages) {
     auto handle = spawn_stage(system_, std::move(core), kind, router, kv, stream);
     stages_.push_back(Stage{kind, handle});
@@ -100,6 +112,7 @@ void ActorSet::collect_stats(std::vector<msg::Stats>& out) {
   caf::scoped_actor self{system_};
   for (auto& s : stages_) actors::collect_stats(self, s.handle, out);
   for (auto& e : encoders_) actors::collect_stats(self, e.handle, out);
+  for (auto& e : experts_) actors::collect_stats(self, e.handle, out);
 }
 
 Status ActorSet::kill(const std::string& kind, int32_t index) {
@@ -111,6 +124,9 @@ Status ActorSet::kill(const std::string& kind, int32_t index) {
   };
   if (kind == "vision_encoder") {
     if (index >= 0 && index < int32_t(encoders_.size()) && down(encoders_[size_t(index)]))
+      return Status::Ok();
+  } else if (kind == "expert") {
+    if (index >= 0 && index < int32_t(experts_.size()) && down(experts_[size_t(index)]))
       return Status::Ok();
   } else {
     int32_t n = 0;
@@ -141,15 +157,19 @@ Status ActorSet::send_raw(const std::string& kind, int32_t index, const Bytes& b
 }
 
 void ActorSet::stop() {
-  if (stages_.empty() && encoders_.empty() && services_.empty()) return;
+  if (stages_.empty() && encoders_.empty() && experts_.empty() && services_.empty()) return;
   {
     caf::scoped_actor self{system_};
     for (auto& s : stages_) self->send_exit(s.handle, caf::exit_reason::user_shutdown);
     for (auto& e : encoders_) self->send_exit(e.handle, caf::exit_reason::user_shutdown);
+    // After the stages: one in its last step may still dispatch to them
+    // (it then finds them gone and computes the rest itself).
+    for (auto& e : experts_) self->send_exit(e.handle, caf::exit_reason::user_shutdown);
     for (auto& a : services_) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   stages_.clear();
   encoders_.clear();
+  experts_.clear();
   services_.clear();
 }
 

@@ -42,11 +42,12 @@ class ActorSet {
   // Actors that go after the stages (router, store, join, watcher).
   void add_service(caf::actor service) { services_.push_back(std::move(service)); }
 
-  // Every live actor's counters (stages, then encoders).
+  // Every live actor's counters (stages, then encoders, then experts).
   void collect_stats(std::vector<msg::Stats>& out);
-  int32_t size() const { return int32_t(stages_.size() + encoders_.size()); }
+  int32_t size() const { return int32_t(stages_.size() + encoders_.size() + experts_.size()); }
 
-  // Tests: exit_reason::kill for actor `index` of `kind`.
+  // Tests: exit_reason::kill for actor `index` of `kind` (a stage kind,
+  // "vision_encoder" or "expert").
   Status kill(const std::string& kind, int32_t index);
   // Tests: bytes as the main message of actor `index` of `kind`.
   Status send_raw(const std::string& kind, int32_t index, const Bytes& bytes);
@@ -66,9 +67,15 @@ class ActorSet {
     vision_encoder_actor handle;
     bool killed = false;
   };
+  struct Expert {
+    expert_actor handle;
+    ExpertSet set;
+    bool killed = false;
+  };
   caf::actor_system& system_;
   std::vector<Stage> stages_;
   std::vector<Encoder> encoders_;
+  std::vector<Expert> experts_;
   std::vector<caf::actor> services_;
 };
 

@@ -42,6 +42,7 @@ namespace cleave {
 class StageCore;
 class TieredStore;
 class VisionEncoder;
+class ExpertHost;
 class EventSinks;
 struct ClusterSpec;
 
@@ -69,11 +70,15 @@ using encode_atom = caf::atom_constant<caf::atom("encode")>;
 using kv_socket_atom = caf::atom_constant<caf::atom("kv_socket")>;
 using kv_done_atom = caf::atom_constant<caf::atom("kv_done")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
+using expert_atom = caf::atom_constant<caf::atom("expert")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
 constexpr auto kStageTimeout = std::chrono::seconds(30);
 constexpr auto kClientTimeout = std::chrono::seconds(10);
+// An expert actor's answer to one layer's batch: past this the actor is
+// dropped and its pieces computed elsewhere.
+constexpr auto kExpertTimeout = std::chrono::seconds(5);
 constexpr auto kJoinTimeout = std::chrono::seconds(10);
 constexpr auto kTickInterval = std::chrono::milliseconds(200);
 // KV streams: a stream that makes no progress this long fails (the decoder
@@ -125,6 +130,12 @@ using stage_actor = caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<b
 using vision_encoder_actor = caf::typed_actor<caf::replies_to<encode_atom, Bytes>::with<Bytes>,
                                               caf::reacts_to<step_atom>,
                                               caf::replies_to<stats_atom>::with<Bytes>>;
+
+// expert: ExpertBatch (one layer's rows for experts this actor hosts) ->
+// ExpertBatch (the same pieces, the outputs), or a typed error (an expert
+// not hosted here, bad bytes).
+using expert_actor = caf::typed_actor<caf::replies_to<expert_atom, Bytes>::with<Bytes>,
+                                      caf::replies_to<stats_atom>::with<Bytes>>;
 
 // submit: GenerateRequest from the client (admission); resume: a Handoff
 // from the client (Frontend::resume: the request and the tokens an earlier
@@ -181,6 +192,11 @@ kv_receiver_actor spawn_kv_receiver_linked(caf::local_actor* stage, std::shared_
 // vision_encoder_actor.cpp; origin names it in events ("NODE/vision_encoder/0").
 vision_encoder_actor spawn_vision_encoder(caf::actor_system& system,
                                           std::shared_ptr<VisionEncoder> encoder, std::string origin);
+
+// expert_actor.cpp: an ExpertHost (detached: a stage blocks on its answers
+// inside Engine::forward, so experts must not wait for a scheduler worker).
+expert_actor spawn_expert(caf::actor_system& system, std::shared_ptr<ExpertHost> host,
+                          std::string name);
 
 // stage_actor.cpp: prefill, decode or colocated over a StageCore (detached:
 // Engine::forward blocks). Prefill stages stream KV through a kv_sender,

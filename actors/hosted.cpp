@@ -29,6 +29,18 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
       }
       continue;
     }
+    if (kind == ActorKind::expert) {
+      if (size_t(count) != spec.experts.size())
+        return Status(Code::invalid_argument, "expert actors: " + std::to_string(count) +
+                                                  " asked for, " + std::to_string(spec.experts.size()) +
+                                                  " expert sets given");
+      for (const ExpertSet& set : spec.experts) {
+        auto h = ExpertHost::create(spec.file, set, spec.engine.threads);
+        if (!h.ok()) return h.status();
+        out.experts.emplace_back(set, std::shared_ptr<ExpertHost>(std::move(h.value())));
+      }
+      continue;
+    }
     CLEAVE_CHECK(actor_kind_info(kind).stage);
     SchedulerOptions so = spec.scheduler;
     so.prefill_only = kind == ActorKind::prefill;
@@ -36,6 +48,11 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
       auto core = StageCore::create(spec.file, spec.tokenizer, spec.engine, so, base + std::to_string(i));
       if (!core.ok()) return core.status();
       out.stages.emplace_back(kind, std::shared_ptr<StageCore>(std::move(core.value())));
+      if (spec.attention) {
+        auto fallback = ExpertHost::create(spec.file, ExpertSet{}, spec.engine.threads);
+        if (!fallback.ok()) return fallback.status();
+        out.expert_fallbacks.push_back(std::move(fallback.value()));
+      }
     }
   }
   return out;

@@ -13,6 +13,7 @@
 #include "actors/stage_core.h"
 #include "common/status.h"
 #include "model/engine.h"
+#include "model/experts.h"
 #include "model/gguf.h"
 #include "model/scheduler.h"
 #include "model/tokenizer.h"
@@ -30,11 +31,21 @@ struct HostedSpec {
   SchedulerOptions scheduler;  // prefill_only is set for prefill stages
   std::shared_ptr<const GgufFile> mmproj;  // needed when a group is vision_encoder
   VisionEncoderOptions vision;             // n_embd is set from the model
+  // An expert group's actors: one per set, each an ExpertHost of those
+  // experts (its count must be experts.size()).
+  std::vector<ExpertSet> experts;
+  // The stages send each layer's FFN to expert actors (attention/FFN
+  // disaggregation): each gets a fallback host of every expert.
+  bool attention = false;
 };
 
 struct HostedActors {
   std::vector<std::pair<ActorKind, std::shared_ptr<StageCore>>> stages;
   std::vector<std::shared_ptr<VisionEncoder>> encoders;
+  std::vector<std::pair<ExpertSet, std::shared_ptr<ExpertHost>>> experts;
+  // With HostedSpec::attention, one per stage (same order): what a stage
+  // computes itself when no live expert actor hosts an expert.
+  std::vector<std::shared_ptr<ExpertHost>> expert_fallbacks;
 };
 
 // Stage cores and vision encoders for every group (kv_store groups are

@@ -29,6 +29,7 @@
 #include "frontend/frontend.h"
 #include "common/status.h"
 #include "model/engine.h"
+#include "model/experts.h"
 #include "model/gguf.h"
 #include "model/request.h"
 #include "model/scheduler.h"
@@ -76,6 +77,14 @@ struct PipelineOptions {
   size_t kv_disk_bytes = 0;
   // pd: how KV moves from prefill to decode actors (actors/kv_stream.h).
   KvStreamOptions kv_stream;
+  // Attention/FFN disaggregation (model/experts.h): each set is one expert
+  // host holding those experts (layer ranges, replicas allowed), and every
+  // stage sends each layer's FFN rows to them; together the sets must hold
+  // every expert of every layer (not_found naming the first they miss).
+  // colocated / pd: one expert actor per set (the stages become attention
+  // actors); mono: the hosts in process, without actors. Empty: each engine
+  // computes its FFN itself. Tokens and logits are the same either way.
+  std::vector<ExpertSet> experts;
   int32_t actor_threads = 0;     // CAF scheduler workers; 0: CAF's default
   // A request that makes no progress (no token, handoff or re-placement)
   // for this long fails with timed_out: the last guard against a hang.

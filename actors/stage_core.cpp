@@ -194,6 +194,8 @@ msg::Stats StageCore::stats() const {
       {"kv_blocks_total", uint64_t(engine_->total_blocks())},
       {"kv_blocks_used", uint64_t(engine_->total_blocks() - engine_->available_blocks())},
   };
+  if (const ExpertExecutor* experts = engine_->expert_executor())
+    for (auto& c : experts->counters()) s.counters.push_back(std::move(c));
   return s;
 }
 

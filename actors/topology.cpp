@@ -26,6 +26,7 @@
 namespace cleave {
 
 bool is_actor_kind(std::string_view kind) {
+  if (is_planned_actor_kind(kind)) return false;
   for (const ActorKindInfo& k : kActorKindTable)
     if (kind == k.name) return true;
   return false;
@@ -354,14 +355,14 @@ void read_actors(lua_State* L, int t, const char* what, RawNode* r) {
       raise(L, "%s: actors must map a kind to a count, e.g. actors = { decode = 2 } (got a %s key)",
             what, luaL_typename(L, -2));
     const char* kind = lua_tostring(L, -2);
+    // Static: a local std::string would leak when raise() longjmps past it.
+    static const std::string kinds = actor_kind_list();
+    for (const char* planned : kPlannedActorKinds)
+      if (std::strcmp(kind, planned) == 0)
+        raise(L, "%s: actor kind '%s' is not implemented yet (implemented: %s)", what, kind,
+              kinds.c_str());
     int k = kind_index(kind);
     if (k < 0) {
-      // Static: a local std::string would leak when raise() longjmps past it.
-      static const std::string kinds = actor_kind_list();
-      for (const char* planned : kPlannedActorKinds)
-        if (std::strcmp(kind, planned) == 0)
-          raise(L, "%s: actor kind '%s' is not implemented yet (implemented: %s)", what, kind,
-                kinds.c_str());
       if (const char* near = nearest(kind, kind_names()))
         raise(L, "%s: unknown actor kind '%s' (did you mean '%s'? expected one of %s)", what, kind,
               near, kinds.c_str());

@@ -152,6 +152,7 @@ class Engine {
   void set_expert_executor(std::shared_ptr<ExpertExecutor> executor) {
     experts_ = std::move(executor);
   }
+  const ExpertExecutor* expert_executor() const { return experts_.get(); }
 
  private:
   Engine() = default;

@@ -208,6 +208,13 @@ void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
     }
 }
 
+std::vector<std::pair<std::string, uint64_t>> ExpertPool::counters() const {
+  const Stats s = stats();
+  uint64_t rows = 0;
+  for (uint64_t r : s.host_rows) rows += r;
+  return {{"expert_rows", rows}, {"expert_fallback_rows", s.fallback_rows}};
+}
+
 ExpertPool::Stats ExpertPool::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   Stats s;

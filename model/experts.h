@@ -25,6 +25,7 @@
 #include <mutex>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "common/status.h"
@@ -49,6 +50,15 @@ struct ExpertSet {
   std::string describe() const;  // "layers 0-5, experts {0, 1}"
 };
 
+// Experts `ids` (empty: all) of layers first..last (-1: the last layer).
+inline ExpertSet expert_set(std::vector<int32_t> ids, int32_t first = 0, int32_t last = -1) {
+  ExpertSet s;
+  s.first_layer = first;
+  s.last_layer = last;
+  s.experts = std::move(ids);
+  return s;
+}
+
 // not_found naming the first (layer, expert) that no set holds.
 Status check_expert_coverage(const LlamaConfig& c, std::span<const ExpertSet> sets);
 
@@ -67,6 +77,8 @@ class ExpertExecutor {
  public:
   virtual ~ExpertExecutor() = default;
   virtual void run(int32_t layer, std::span<const ExpertWork> work) = 0;
+  // Counters for the stats of whoever runs the engine ("expert_rows", ...).
+  virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
 };
 
 // y = down(silu(gate x) * up x) of expert `expert` of layer l (the dense
@@ -118,6 +130,8 @@ class ExpertPool final : public ExpertExecutor {
   void set_alive(int32_t host, bool alive);
 
   void run(int32_t layer, std::span<const ExpertWork> work) override;
+  // expert_rows (dispatched to hosts), expert_fallback_rows.
+  std::vector<std::pair<std::string, uint64_t>> counters() const override;
 
   struct Stats {
     std::vector<uint64_t> host_rows;      // rows dispatched to each host

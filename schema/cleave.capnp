@@ -221,6 +221,22 @@ struct KvChunk {
   headers @7 :List(BlockHeader);
 }
 
+# Attention -> expert actor: one layer's rows for some of the experts it
+# hosts, each piece's rows one after the other in data; the reply is an
+# ExpertBatch of the same pieces with the experts' outputs.
+struct ExpertPiece {
+  expert @0 :Int32;
+  rows @1 :UInt32;
+}
+
+struct ExpertBatch {
+  layer @0 :Int32;
+  dim @1 :UInt32;         # floats per row
+  pieces @2 :List(ExpertPiece);
+  data @3 :Data;          # sum(rows) x dim floats, little endian
+  checksum @4 :UInt64;    # XXH3-64 of data
+}
+
 # The root of every encoded message: the union names its kind, so bytes of
 # one kind decoded as another are an error naming both.
 struct Envelope {
@@ -239,5 +255,6 @@ struct Envelope {
     kvChunk @11 :KvChunk;
     encodeRequest @12 :EncodeRequest;
     imageEmbeddings @13 :ImageEmbeddings;
+    expertBatch @14 :ExpertBatch;
   }
 }

@@ -28,9 +28,9 @@ constexpr const char* kKindNames[] = {"GenerateRequest", "StreamEvent",   "Hando
                                       "KvPut",           "KvAck",         "KvGet",
                                       "KvBlocks",        "Health",        "Stats",
                                       "KvPull",          "KvChunk",       "EncodeRequest",
-                                      "ImageEmbeddings"};
+                                      "ImageEmbeddings", "ExpertBatch"};
 constexpr size_t kNumKinds = sizeof(kKindNames) / sizeof(kKindNames[0]);
-static_assert(kNumKinds == size_t(Body::IMAGE_EMBEDDINGS) + 1, "a kind name per union member");
+static_assert(kNumKinds == size_t(Body::EXPERT_BATCH) + 1, "a kind name per union member");
 
 std::string kind_name(Body::Which which) {
   return size_t(which) < kNumKinds ? kKindNames[size_t(which)]
@@ -204,6 +204,18 @@ void put(wire::KvPull::Builder b, const msg::KvPull& m) {
   b.setWindow(m.window);
 }
 
+void put(wire::ExpertBatch::Builder b, const msg::ExpertBatch& m) {
+  b.setLayer(m.layer);
+  b.setDim(m.dim);
+  auto pieces = b.initPieces(unsigned(m.pieces.size()));
+  for (size_t i = 0; i < m.pieces.size(); ++i) {
+    pieces[unsigned(i)].setExpert(m.pieces[i].expert);
+    pieces[unsigned(i)].setRows(m.pieces[i].rows);
+  }
+  put_bytes(b, m.data);
+  b.setChecksum(m.checksum);
+}
+
 void put(wire::KvChunk::Builder b, const msg::KvChunk& m) {
   b.setRequestId(m.request_id);
   b.setSeq(m.seq);
@@ -357,6 +369,10 @@ uint64_t content(const msg::StreamEvent& e) {
          text_words(e.encode_origin) + logprobs;
 }
 uint64_t content(const msg::KvPull&) { return 0; }
+Words content(const msg::ExpertBatch& m) {
+  return Words{1 + uint64_t(m.pieces.size()) * struct_words<wire::ExpertPiece>(), 0} +
+         bytes_words(m.data);
+}
 Words content(const msg::KvChunk& m) {
   return bytes_words(m.data) + struct_list_words<wire::BlockHeader>(m.headers);
 }
@@ -536,6 +552,19 @@ void get(wire::KvPull::Reader r, msg::KvPull& m) {
   m.first_block = r.getFirstBlock();
   m.chunk_bytes = r.getChunkBytes();
   m.window = r.getWindow();
+}
+
+void get(wire::ExpertBatch::Reader r, msg::ExpertBatch& m) {
+  m.layer = r.getLayer();
+  m.dim = r.getDim();
+  for (auto p : bounded(r.getPieces(), kMaxListEntries, "pieces"))
+    m.pieces.push_back(msg::ExpertPiece{p.getExpert(), p.getRows()});
+  auto data = r.getData();
+  if (data.size() > kMaxExpertBytes)
+    throw TooLong{"data: " + std::to_string(data.size()) + " bytes, limit " +
+                  std::to_string(kMaxExpertBytes)};
+  m.data.assign(data.begin(), data.end());
+  m.checksum = r.getChecksum();
 }
 
 void get(wire::KvChunk::Reader r, msg::KvChunk& m) {
@@ -822,6 +851,25 @@ Status validate(const msg::Health& m) {
   return check_non_negative("running", m.running);
 }
 
+Status validate(const msg::ExpertBatch& m) {
+  CLEAVE_RETURN_IF_ERROR(check_non_negative("layer", m.layer));
+  if (m.dim < 1 || m.dim > kMaxExpertDim)
+    return invalid("dim = " + std::to_string(m.dim) + " is outside [1, " +
+                   std::to_string(kMaxExpertDim) + "]");
+  uint64_t rows = 0;
+  for (const msg::ExpertPiece& p : m.pieces) {
+    CLEAVE_RETURN_IF_ERROR(check_non_negative("expert", p.expert));
+    rows += p.rows;  // at most kMaxListEntries * 2^32: no overflow
+  }
+  if (rows * m.dim * sizeof(float) != m.data.size())
+    return invalid(std::to_string(rows) + " rows of " + std::to_string(m.dim) + " floats need " +
+                   std::to_string(rows * m.dim * sizeof(float)) + " bytes, data has " +
+                   std::to_string(m.data.size()));
+  if (checksum_bytes(m.data.data(), m.data.size()) != m.checksum)
+    return Status(Code::corruption, "the rows' checksum does not match");
+  return Status::Ok();
+}
+
 Status validate(const msg::Stats& m) {
   CLEAVE_RETURN_IF_ERROR(check_string("actor", m.actor));
   for (const auto& c : m.counters) CLEAVE_RETURN_IF_ERROR(check_string("counter name", c.first));
@@ -853,6 +901,7 @@ CLEAVE_MEMBER(msg::KvPull, KV_PULL, KvPull)
 CLEAVE_MEMBER(msg::KvChunk, KV_CHUNK, KvChunk)
 CLEAVE_MEMBER(msg::EncodeRequest, ENCODE_REQUEST, EncodeRequest)
 CLEAVE_MEMBER(msg::ImageEmbeddings, IMAGE_EMBEDDINGS, ImageEmbeddings)
+CLEAVE_MEMBER(msg::ExpertBatch, EXPERT_BATCH, ExpertBatch)
 #undef CLEAVE_MEMBER
 
 // Reading encode(m) back: the root pointer, the envelope, the member and
@@ -966,6 +1015,7 @@ CLEAVE_CODEC(msg::KvPull)
 CLEAVE_CODEC(msg::KvChunk)
 CLEAVE_CODEC(msg::EncodeRequest)
 CLEAVE_CODEC(msg::ImageEmbeddings)
+CLEAVE_CODEC(msg::ExpertBatch)
 #undef CLEAVE_CODEC
 
 }  // namespace cleave::codec

@@ -53,6 +53,9 @@ constexpr int32_t kMaxKvWindow = 1024;
 constexpr size_t kMaxImages = 256;
 constexpr int32_t kMaxImageSide = 8192;
 constexpr size_t kMaxEmbeddingBytes = size_t(256) << 20;
+// Expert batches: floats per row, and the bytes of one batch's rows.
+constexpr uint32_t kMaxExpertDim = 1 << 16;
+constexpr size_t kMaxExpertBytes = size_t(256) << 20;
 
 // Reader limits, set explicitly per channel (Cap'n Proto's defaults are
 // 64 MiB and 64 levels).
@@ -81,6 +84,7 @@ Bytes encode(const msg::KvPull& m);
 Bytes encode(const msg::KvChunk& m);
 Bytes encode(const msg::EncodeRequest& m);
 Bytes encode(const msg::ImageEmbeddings& m);
+Bytes encode(const msg::ExpertBatch& m);
 
 // The traversal words a reader needs to decode encode(m): a Limits whose
 // traversal_words is at least this reads it back. decode() refuses
@@ -101,6 +105,7 @@ uint64_t traversal_words(const msg::KvPull& m);
 uint64_t traversal_words(const msg::KvChunk& m);
 uint64_t traversal_words(const msg::EncodeRequest& m);
 uint64_t traversal_words(const msg::ImageEmbeddings& m);
+uint64_t traversal_words(const msg::ExpertBatch& m);
 
 // data need not be aligned (it is copied into words when it is not).
 Status decode(const char* data, size_t size, GenerateRequest& out,
@@ -128,6 +133,8 @@ Status decode(const char* data, size_t size, msg::EncodeRequest& out,
               const Limits& limits = image_limits());
 Status decode(const char* data, size_t size, msg::ImageEmbeddings& out,
               const Limits& limits = image_limits());
+Status decode(const char* data, size_t size, msg::ExpertBatch& out,
+              const Limits& limits = kv_limits());
 
 template <class T>
 Status decode(const Bytes& bytes, T& out) {

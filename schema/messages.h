@@ -118,6 +118,22 @@ struct ImageEmbeddings {
   double seconds = 0;
 };
 
+// Attention <-> expert actor (model/experts.h): one layer's rows for some
+// experts, each piece's rows one after the other in data (floats); the
+// reply carries the same pieces with the outputs. checksum: XXH3-64 of data,
+// checked on decode.
+struct ExpertPiece {
+  int32_t expert = 0;
+  uint32_t rows = 0;
+};
+struct ExpertBatch {
+  int32_t layer = 0;
+  uint32_t dim = 0;
+  std::vector<ExpertPiece> pieces;
+  std::vector<uint8_t> data;
+  uint64_t checksum = 0;
+};
+
 struct Health {
   std::string actor;
   bool ok = true;

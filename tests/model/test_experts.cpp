@@ -91,14 +91,6 @@ void check_same(const Run& got, const Run& want) {
   CHECK(same_bits(got.logits, want.logits));
 }
 
-ExpertSet experts(std::vector<int32_t> ids, int32_t first = 0, int32_t last = -1) {
-  ExpertSet s;
-  s.first_layer = first;
-  s.last_layer = last;
-  s.experts = std::move(ids);
-  return s;
-}
-
 }  // namespace
 
 TEST_CASE("experts: any placement over hosts gives the engine's tokens and logits bit for bit") {
@@ -111,11 +103,11 @@ TEST_CASE("experts: any placement over hosts gives the engine's tokens and logit
   };
   const std::vector<Case> cases = {
       {"1 host, all", {ExpertSet{}}},
-      {"2 hosts", {experts({0, 1, 2, 3}), experts({4, 5, 6, 7})}},
-      {"4 hosts", {experts({0, 4}), experts({1, 5}), experts({2, 6}), experts({3, 7})}},
-      {"layer ranges", {experts({}, 0, 0), experts({}, 1, 2)}},
-      {"replicas", {ExpertSet{}, ExpertSet{}, experts({0, 1})}},
-      {"uneven, interleaved", {experts({7}), experts({0, 2, 4, 6}), experts({1, 3, 5}), experts({7, 6})}},
+      {"2 hosts", {expert_set({0, 1, 2, 3}), expert_set({4, 5, 6, 7})}},
+      {"4 hosts", {expert_set({0, 4}), expert_set({1, 5}), expert_set({2, 6}), expert_set({3, 7})}},
+      {"layer ranges", {expert_set({}, 0, 0), expert_set({}, 1, 2)}},
+      {"replicas", {ExpertSet{}, ExpertSet{}, expert_set({0, 1})}},
+      {"uneven, interleaved", {expert_set({7}), expert_set({0, 2, 4, 6}), expert_set({1, 3, 5}), expert_set({7, 6})}},
   };
   for (const Case& c : cases) {
     CAPTURE(c.name);
@@ -184,7 +176,7 @@ TEST_CASE("experts: an expert with no host is computed by the pool, same bits") 
   const std::string path = model_path(moe8(), "moe8");
   auto mono_engine = make_engine(path, 1, 8);
   const Run mono = run_batch(*mono_engine);
-  auto pool = pool_of(path, {experts({0, 1, 2}), experts({3, 4, 5})});  // 6 and 7: nobody
+  auto pool = pool_of(path, {expert_set({0, 1, 2}), expert_set({3, 4, 5})});  // 6 and 7: nobody
   check_same(run_on(path, pool), mono);
   const ExpertPool::Stats st = pool->stats();
   uint64_t unplaced = 0;
@@ -197,7 +189,7 @@ TEST_CASE("experts: a dense model's FFN is expert 0 and splits by layer the same
   const std::string path = model_path(small_dense(), "dense");
   auto mono_engine = make_engine(path, 1, 8);
   const Run mono = run_batch(*mono_engine);
-  auto pool = pool_of(path, {experts({0}, 0, 0), experts({}, 1, 1)});
+  auto pool = pool_of(path, {expert_set({0}, 0, 0), expert_set({}, 1, 1)});
   check_same(run_on(path, pool), mono);
   const ExpertPool::Stats st = pool->stats();
   CHECK(st.host_rows[0] == st.host_rows[1]);  // every row through both layers
@@ -210,27 +202,27 @@ TEST_CASE("experts: sets are validated and coverage names the first expert witho
   auto model = LlamaModel::load(file);
   REQUIRE(model.ok());
   const LlamaConfig& c = (*model)->config();
-  CHECK(experts({8}).validate(c).message().find("expert 8 is not one of the model's 8 experts") !=
+  CHECK(expert_set({8}).validate(c).message().find("expert 8 is not one of the model's 8 experts") !=
         std::string::npos);
-  CHECK(experts({-1}).validate(c).code() == Code::invalid_argument);
-  CHECK(experts({2, 2}).validate(c).message().find("expert 2 is listed twice") != std::string::npos);
-  CHECK(experts({}, 2, 1).validate(c).code() == Code::invalid_argument);
-  CHECK(experts({}, 0, 3).validate(c).message().find("3 layers") != std::string::npos);
-  CHECK(experts({0, 7}, 0, 2).validate(c).ok());
+  CHECK(expert_set({-1}).validate(c).code() == Code::invalid_argument);
+  CHECK(expert_set({2, 2}).validate(c).message().find("expert 2 is listed twice") != std::string::npos);
+  CHECK(expert_set({}, 2, 1).validate(c).code() == Code::invalid_argument);
+  CHECK(expert_set({}, 0, 3).validate(c).message().find("3 layers") != std::string::npos);
+  CHECK(expert_set({0, 7}, 0, 2).validate(c).ok());
 
-  std::vector<ExpertSet> sets = {experts({0, 1, 2, 3}), experts({4, 5, 6}, 0, 1), experts({4, 5, 6, 7}, 2, 2)};
+  std::vector<ExpertSet> sets = {expert_set({0, 1, 2, 3}), expert_set({4, 5, 6}, 0, 1), expert_set({4, 5, 6, 7}, 2, 2)};
   Status cover = check_expert_coverage(c, sets);
   CHECK(cover.code() == Code::not_found);
   CHECK(cover.message() == "expert 7 of layer 0 has no host");
-  sets.push_back(experts({7}, 0, 1));
+  sets.push_back(expert_set({7}, 0, 1));
   CHECK(check_expert_coverage(c, sets).ok());
 
   // A host refuses work for an expert it does not hold, naming it.
-  auto h = host(path, experts({1}));
+  auto h = host(path, expert_set({1}));
   std::vector<float> x(64), y(64);
   const ExpertWork w{3, 1, x.data(), y.data()};
   Status st = h->compute(0, std::span<const ExpertWork>(&w, 1));
   CHECK(st.code() == Code::invalid_argument);
   CHECK(st.message().find("expert 3 of layer 0 is not held here") != std::string::npos);
-  CHECK(ExpertHost::create(file, experts({9}), 1).status().code() == Code::invalid_argument);
+  CHECK(ExpertHost::create(file, expert_set({9}), 1).status().code() == Code::invalid_argument);
 }

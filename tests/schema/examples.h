@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <limits>
 #include <string>
 #include <vector>
@@ -202,6 +203,21 @@ inline msg::ImageEmbeddings image_embeddings() {
   m.images = {image(3, true), image(4, true)};
   m.origin = "vision_encoder/1";
   m.seconds = 0.0042;
+  return m;
+}
+
+// Layer 2: 3 rows for expert 5, 1 for expert 0, of 4 floats each.
+inline msg::ExpertBatch expert_batch() {
+  msg::ExpertBatch m;
+  m.layer = 2;
+  m.dim = 4;
+  m.pieces = {{5, 3}, {0, 1}};
+  std::vector<float> rows;
+  for (int i = 0; i < 16; ++i) rows.push_back(float(i) * 0.25f - 1.5f);
+  rows[3] = -0.0f;
+  m.data.resize(rows.size() * sizeof(float));
+  std::memcpy(m.data.data(), rows.data(), m.data.size());
+  m.checksum = checksum_bytes(m.data.data(), m.data.size());
   return m;
 }
 

@@ -151,12 +151,12 @@ auto all_examples() {
                          examples::kv_put(), examples::kv_ack(), examples::kv_get(),
                          examples::kv_blocks(), examples::health(), examples::stats(),
                          examples::kv_pull(), examples::kv_chunk(), examples::encode_request(),
-                         examples::image_embeddings());
+                         examples::image_embeddings(), examples::expert_batch());
 }
 const char* const kNames[] = {"GenerateRequest", "StreamEvent",   "Handoff",  "KvPut",
                               "KvAck",           "KvGet",         "KvBlocks", "Health",
                               "Stats",           "KvPull",        "KvChunk",  "EncodeRequest",
-                              "ImageEmbeddings"};
+                              "ImageEmbeddings", "ExpertBatch"};
 
 template <class F>
 void for_each_example(F&& f) {
@@ -656,4 +656,38 @@ TEST_CASE("codec: requests with images have their own reader limit") {
         Code::corruption);
   REQUIRE(codec::decode(bytes, out).ok());
   CHECK(out.images[0].image.rgb.size() == m.images[0].image.rgb.size());
+}
+
+TEST_CASE("codec: an expert batch round-trips bit for bit; bad sizes and checksums are refused") {
+  const msg::ExpertBatch m = examples::expert_batch();
+  const msg::ExpertBatch back = round_trip(m);
+  CHECK(back.layer == m.layer);
+  CHECK(back.dim == m.dim);
+  REQUIRE(back.pieces.size() == 2);
+  CHECK(back.pieces[0].expert == 5);
+  CHECK(back.pieces[0].rows == 3);
+  CHECK(back.pieces[1].expert == 0);
+  CHECK(back.data == m.data);  // -0.0 included
+  CHECK(back.checksum == m.checksum);
+
+  auto refused = [](msg::ExpertBatch bad) { return codec::decode_as<msg::ExpertBatch>(codec::encode(bad)).status(); };
+  msg::ExpertBatch flipped = m;
+  flipped.data[7] ^= 1;
+  Status st = refused(flipped);
+  CHECK(st.code() == Code::corruption);
+  CHECK(st.message().find("checksum") != std::string::npos);
+  msg::ExpertBatch short_rows = m;
+  short_rows.pieces[0].rows = 2;
+  st = refused(short_rows);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("3 rows of 4 floats need 48 bytes, data has 64") != std::string::npos);
+  msg::ExpertBatch no_dim = m;
+  no_dim.dim = 0;
+  CHECK(refused(no_dim).message().find("dim = 0") != std::string::npos);
+  msg::ExpertBatch neg = m;
+  neg.pieces[1].expert = -1;
+  CHECK(refused(neg).message().find("expert") != std::string::npos);
+  msg::ExpertBatch neg_layer = m;
+  neg_layer.layer = -3;
+  CHECK(refused(neg_layer).message().find("layer") != std::string::npos);
 }

@@ -34,6 +34,7 @@ int main(int argc, char** argv) {
       {"stats", encode(ex::stats())},             {"kv_pull", encode(ex::kv_pull())},
       {"kv_chunk", encode(ex::kv_chunk())},       {"encode_request", encode(ex::encode_request())},
       {"image_embeddings", encode(ex::image_embeddings())},
+      {"expert_batch", encode(ex::expert_batch())},
   };
   for (const auto& [name, bytes] : seeds) {
     if (!write(dir + "/seed_" + name, bytes)) {

@@ -1,0 +1,156 @@
+#include "actors/expert_dispatch.h"
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+
+#include "schema/codec.h"
+
+namespace cleave::actors {
+namespace {
+
+class ActorExpertExecutor final : public ExpertExecutor {
+ public:
+  ActorExpertExecutor(caf::actor_system& system, std::vector<ExpertRef> experts,
+                      std::shared_ptr<ExpertHost> fallback)
+      : system_(system), fallback_(std::move(fallback)) {
+    for (ExpertRef& r : experts) hosts_.push_back(Host{std::move(r), true, 0});
+  }
+
+  void run(int32_t layer, std::span<const ExpertWork> work) override {
+    const auto t0 = Clock::now();
+    std::vector<ExpertWork> todo(work.begin(), work.end());
+    // Each round sends every piece to a live host; the pieces of a host
+    // that failed go round again (to a replica, or at last the fallback).
+    while (!todo.empty()) {
+      std::vector<std::vector<ExpertWork>> share(hosts_.size());
+      std::vector<ExpertWork> rest;
+      for (const ExpertWork& w : todo) {
+        if (w.rows == 0) continue;
+        const int32_t h = pick(layer, w.expert);
+        if (h < 0) {
+          rest.push_back(w);
+          continue;
+        }
+        hosts_[size_t(h)].rows += uint64_t(w.rows);
+        share[size_t(h)].push_back(w);
+      }
+      todo.clear();
+      caf::scoped_actor self{system_};
+      using Handle = decltype(self->request(std::declval<expert_actor>(), kExpertTimeout,
+                                            expert_atom::value, std::declval<Bytes>()));
+      std::vector<std::pair<size_t, Handle>> sent;
+      for (size_t h = 0; h < share.size(); ++h) {
+        if (share[h].empty()) continue;
+        sent.emplace_back(h, self->request(hosts_[h].ref.handle, kExpertTimeout, expert_atom::value,
+                                           codec::encode(batch_of(layer, share[h]))));
+        ++dispatches_;
+      }
+      // The stage's own share meanwhile, while the actors compute theirs.
+      if (!rest.empty()) {
+        Status st = fallback_->compute(layer, rest);
+        CLEAVE_CHECK(st.ok());  // the fallback holds every expert
+        for (const ExpertWork& w : rest) fallback_rows_ += uint64_t(w.rows);
+      }
+      for (auto& [h, handle] : sent) {
+        Status st;
+        handle.receive([&](const Bytes& reply) { st = take_outputs(reply, layer, share[h]); },
+                       [&](caf::error& e) { st = from_error(e); });
+        if (st.ok()) continue;
+        hosts_[h].alive = false;
+        ++host_failures_;
+        todo.insert(todo.end(), share[h].begin(), share[h].end());
+      }
+    }
+    dispatch_ns_ += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    ++layers_;
+  }
+
+  std::vector<std::pair<std::string, uint64_t>> counters() const override {
+    uint64_t rows = 0, alive = 0;
+    for (const Host& h : hosts_) {
+      rows += h.rows;
+      alive += h.alive ? 1 : 0;
+    }
+    return {{"expert_rows", rows},
+            {"expert_fallback_rows", fallback_rows_},
+            {"expert_batches", dispatches_},
+            {"expert_host_failures", host_failures_},
+            {"expert_hosts_alive", alive},
+            {"expert_layers", layers_},
+            {"expert_layer_us", dispatch_ns_ / 1000}};
+  }
+
+ private:
+  struct Host {
+    ExpertRef ref;
+    bool alive = true;
+    uint64_t rows = 0;
+  };
+
+  int32_t pick(int32_t layer, int32_t expert) const {
+    int32_t best = -1;
+    const LlamaConfig& c = fallback_->config();
+    for (int32_t i = 0; i < int32_t(hosts_.size()); ++i) {
+      const Host& h = hosts_[size_t(i)];
+      if (!h.alive || !h.ref.set.holds(c, layer, expert)) continue;
+      if (best < 0 || h.rows < hosts_[size_t(best)].rows) best = i;
+    }
+    return best;
+  }
+
+  msg::ExpertBatch batch_of(int32_t layer, const std::vector<ExpertWork>& pieces) const {
+    const int64_t dim = fallback_->config().dim;
+    msg::ExpertBatch b;
+    b.layer = layer;
+    b.dim = uint32_t(dim);
+    size_t bytes = 0;
+    for (const ExpertWork& w : pieces) {
+      b.pieces.push_back(msg::ExpertPiece{w.expert, uint32_t(w.rows)});
+      bytes += size_t(w.rows * dim) * sizeof(float);
+    }
+    b.data.resize(bytes);
+    size_t at = 0;
+    for (const ExpertWork& w : pieces) {
+      const size_t n = size_t(w.rows * dim) * sizeof(float);
+      std::memcpy(b.data.data() + at, w.x, n);
+      at += n;
+    }
+    b.checksum = checksum_bytes(b.data.data(), b.data.size());
+    return b;
+  }
+
+  // The answer must carry the pieces that were sent (decode checked its
+  // size and checksum).
+  Status take_outputs(const Bytes& reply, int32_t layer, const std::vector<ExpertWork>& pieces) const {
+    auto b = codec::decode_as<msg::ExpertBatch>(reply);
+    if (!b.ok()) return b.status();
+    bool same = b->layer == layer && b->dim == uint32_t(fallback_->config().dim) &&
+                b->pieces.size() == pieces.size();
+    for (size_t i = 0; same && i < pieces.size(); ++i)
+      same = b->pieces[i].expert == pieces[i].expert && int64_t(b->pieces[i].rows) == pieces[i].rows;
+    if (!same) return Status(Code::invalid_argument, "an expert actor answered other pieces than it was sent");
+    size_t at = 0;
+    for (const ExpertWork& w : pieces) {
+      const size_t n = size_t(w.rows) * b->dim * sizeof(float);
+      std::memcpy(w.y, b->data.data() + at, n);
+      at += n;
+    }
+    return Status::Ok();
+  }
+
+  caf::actor_system& system_;
+  std::shared_ptr<ExpertHost> fallback_;
+  std::vector<Host> hosts_;  // touched only by the stage's thread (forward and stats)
+  uint64_t fallback_rows_ = 0, dispatches_ = 0, host_failures_ = 0, layers_ = 0, dispatch_ns_ = 0;
+};
+
+}  // namespace
+
+std::shared_ptr<ExpertExecutor> make_actor_expert_executor(caf::actor_system& system,
+                                                           std::vector<ExpertRef> experts,
+                                                           std::shared_ptr<ExpertHost> fallback) {
+  return std::make_shared<ActorExpertExecutor>(system, std::move(experts), std::move(fallback));
+}
+
+}  // namespace cleave::actors
