@@ -341,25 +341,6 @@ Status check_options(const PipelineOptions& o) {
 
 }  // namespace
 
-namespace {
-
-// mono's experts: the hosts in process, behind an ExpertPool.
-Result<std::shared_ptr<ExpertPool>> make_expert_pool(std::shared_ptr<const GgufFile> file,
-                                                     const PipelineOptions& options, const Engine& engine) {
-  for (const ExpertSet& set : options.experts) CLEAVE_RETURN_IF_ERROR(set.validate(engine.config()));
-  CLEAVE_RETURN_IF_ERROR(check_expert_coverage(engine.config(), options.experts));
-  auto pool = ExpertPool::create(file, options.engine.threads);
-  if (!pool.ok()) return pool.status();
-  for (const ExpertSet& set : options.experts) {
-    auto host = ExpertHost::create(file, set, options.engine.threads);
-    if (!host.ok()) return host.status();
-    (*pool)->add_host(std::move(host.value()));
-  }
-  return std::shared_ptr<ExpertPool>(std::move(pool.value()));
-}
-
-}  // namespace
-
 Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFile> file,
                                                    std::shared_ptr<const Tokenizer> tokenizer,
                                                    const PipelineOptions& options) {
@@ -374,9 +355,10 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
   auto core = StageCore::create(std::move(file), std::move(tokenizer), options.engine, so, "mono");
   if (!core.ok()) return core.status();
   if (!options.experts.empty()) {
-    auto pool = make_expert_pool(file_for_experts, options, (*core)->engine());
+    // mono's expert hosts run in process, behind an ExpertPool.
+    auto pool = ExpertPool::create(file_for_experts, options.experts, options.engine.threads);
     if (!pool.ok()) return pool.status();
-    (*core)->engine().set_expert_executor(std::move(pool.value()));
+    (*core)->engine().set_expert_executor(std::shared_ptr<ExpertPool>(std::move(pool.value())));
   }
   auto encoders = make_vision_encoders(options, (*core)->engine().config().dim);
   if (!encoders.ok()) return encoders.status();

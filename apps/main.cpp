@@ -19,6 +19,7 @@
 #include "actors/pipeline.h"
 #include "actors/topology.h"
 #include "apps/process_args.h"
+#include "apps/process_topology.h"
 #include "frontend/request_codec.h"
 #include "model/engine.h"
 #include "model/generate.h"
@@ -83,7 +84,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 // ---- generate ----------------------------------------------------------
 struct GenerateArgs {
   std::string model, prompt, prompt_ids, logits_path, topology = "mono";
-  std::string mmproj, requests, out;
+  std::string mmproj, requests, out, experts;
   std::vector<std::string> images;
   int32_t n_predict = 64, threads = 0, ctx = 0, ubatch = 512;
   int32_t prefill_actors = 1, decode_actors = 1, vision_actors = 1;
@@ -118,6 +119,7 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
   po.mmproj = std::move(mmproj);
   po.vision_actors = a.vision_actors;
   po.vision.threads = eo.threads;
+  po.experts = parse_experts_flag(a.experts);
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
 
   if (!a.json && !a.prompt.empty()) {
@@ -200,6 +202,9 @@ int run_generate(const GenerateArgs& a) {
   eo.context = a.ctx;
   std::unique_ptr<Engine> engine;  // the actor topologies make their own
   if (topology == Topology::mono) engine = unwrap(Engine::create(file, eo));
+  if (engine && !a.experts.empty())  // the hosts in process
+    engine->set_expert_executor(
+        std::shared_ptr<ExpertPool>(unwrap(ExpertPool::create(file, parse_experts_flag(a.experts), eo.threads))));
 
   std::shared_ptr<const Tokenizer> tok;
   auto t = Tokenizer::from_gguf(*file);
@@ -338,6 +343,7 @@ int run_generate_requests(const GenerateArgs& a) {
   po.engine.context = a.ctx;
   po.engine.max_seqs = int32_t(std::min<size_t>(requests.size(), 64));
   po.max_pending = 4096;
+  po.experts = parse_experts_flag(a.experts);
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
   const auto t1 = std::chrono::steady_clock::now();
   const std::vector<Completion> done = unwrap(pipeline->run(requests));
@@ -502,6 +508,7 @@ int main(int argc, char** argv) {
   gen->add_option("--vision-actors", g.vision_actors,
                   "vision_encoder actors (colocated, pd: E/P/D; with --mmproj)")
       ->check(CLI::Range(1, 64));
+  gen->add_option("--experts", g.experts, kExpertsHelp);
   gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
   gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
   gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");

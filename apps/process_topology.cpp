@@ -23,6 +23,18 @@ void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
   cmd->add_option("--max-pending", a.max_pending,
                   "requests admitted and not finished; beyond: busy (serve: 503 with Retry-After)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--experts", a.experts, kExpertsHelp);
+}
+
+std::vector<ExpertSet> parse_experts_flag(const std::string& spec) {
+  if (spec.empty()) return {};
+  auto sets = parse_expert_sets(spec);
+  if (!sets.ok()) {
+    std::string why = sets.status().message();
+    if (why.rfind("--experts: ", 0) == 0) why.erase(0, 11);  // ValidationError names the flag
+    throw CLI::ValidationError("--experts", why);
+  }
+  return std::move(sets.value());
 }
 
 void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& a, bool has_mmproj) {
@@ -35,6 +47,7 @@ void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& a, b
     throw CLI::ValidationError("--colocated-actors", "needs --topology colocated");
   if (given("--vision-actors") && (topology == Topology::mono || !has_mmproj))
     throw CLI::ValidationError("--vision-actors", "needs --mmproj and --topology colocated or pd");
+  if (given("--experts")) parse_experts_flag(a.experts);
 }
 
 PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
@@ -51,6 +64,7 @@ PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
   po.mmproj = std::move(mmproj);
   po.vision_actors = a.vision_actors;
   po.vision.threads = po.engine.threads;
+  po.experts = parse_experts_flag(a.experts);
   return po;
 }
 

@@ -16,7 +16,15 @@ struct ProcessTopologyArgs {
   int32_t threads = 0, ctx = 0, parallel = 8, ubatch = 512;
   int32_t prefill_actors = 1, decode_actors = 1, colocated_actors = 1, vision_actors = 1;
   int32_t max_pending = 1024;
+  std::string experts;  // --experts: FFN expert hosts (model/experts.h's spelling)
 };
+
+inline constexpr const char* kExpertsHelp =
+    "attention/FFN disaggregation: the FFN experts on their own hosts (expert actors in colocated "
+    "and pd, in-process hosts in mono); sets separated by ';', each EXPERTS[@LAYERS], e.g. "
+    "'0-3;4-7', 'all;all' (replicas), 'all@0-5;all@6-11'; a dense model's FFN is expert 0";
+// --experts' sets ({} for ""); CLI::ValidationError naming the flag for a bad spelling.
+std::vector<ExpertSet> parse_experts_flag(const std::string& spec);
 
 void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& args);
 

@@ -80,6 +80,62 @@ void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t exper
   be.matmul(wd, gp, rows, y);
 }
 
+namespace {
+
+// A whole non-negative number of at most 9 digits, or -1.
+int32_t parse_index(const std::string& s) {
+  if (s.empty() || s.size() > 9 || s.find_first_not_of("0123456789") != std::string::npos) return -1;
+  return int32_t(std::stoi(s));
+}
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t at = 0;
+  for (;;) {
+    const size_t next = s.find(sep, at);
+    out.push_back(s.substr(at, next == std::string::npos ? std::string::npos : next - at));
+    if (next == std::string::npos) return out;
+    at = next + 1;
+  }
+}
+
+// "3" or "0-5" -> [first, last]; false when it is neither.
+bool parse_range(const std::string& s, int32_t& first, int32_t& last) {
+  const size_t dash = s.find('-');
+  first = parse_index(s.substr(0, dash));
+  last = dash == std::string::npos ? first : parse_index(s.substr(dash + 1));
+  return first >= 0 && last >= first;
+}
+
+}  // namespace
+
+Result<std::vector<ExpertSet>> parse_expert_sets(const std::string& spec) {
+  std::vector<ExpertSet> sets;
+  if (spec.empty()) return Status(Code::invalid_argument, "--experts: no expert sets");
+  for (const std::string& piece : split(spec, ';')) {
+    auto bad = [&](const std::string& why) {
+      return Status(Code::invalid_argument, "--experts: '" + piece + "': " + why);
+    };
+    ExpertSet set;
+    const size_t at = piece.find('@');
+    const std::string ids = piece.substr(0, at);
+    if (at != std::string::npos &&
+        !parse_range(piece.substr(at + 1), set.first_layer, set.last_layer))
+      return bad("layers must be L or L-L (first <= last)");
+    if (ids != "all") {
+      if (ids.empty()) return bad("no experts (give ids, ranges or all)");
+      for (const std::string& r : split(ids, ',')) {
+        int32_t first = 0, last = 0;
+        if (!parse_range(r, first, last) || last - first > 65535)
+          return bad("'" + r + "' is not an expert id or range (E or E-E)");
+        for (int32_t e = first; e <= last; ++e) set.experts.push_back(e);
+      }
+    }
+    sets.push_back(std::move(set));
+  }
+  return sets;
+}
+
 // ---- ExpertHost ----
 
 Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const GgufFile> file,
@@ -133,6 +189,22 @@ Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const Ggu
   p->expert_rows_.assign(size_t(c.n_layers) * size_t(experts_per_layer(c)), 0);
   p->fallback_ = std::move(*fallback);
   return p;
+}
+
+Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const GgufFile> file,
+                                                       const std::vector<ExpertSet>& sets,
+                                                       int32_t threads) {
+  auto pool = create(file, threads);
+  if (!pool.ok()) return pool.status();
+  const LlamaConfig& c = (*pool)->fallback_->config();
+  for (const ExpertSet& set : sets) CLEAVE_RETURN_IF_ERROR(set.validate(c));
+  CLEAVE_RETURN_IF_ERROR(check_expert_coverage(c, sets));
+  for (const ExpertSet& set : sets) {
+    auto host = ExpertHost::create(file, set, threads);
+    if (!host.ok()) return host.status();
+    (*pool)->add_host(std::move(host.value()));
+  }
+  return pool;
 }
 
 ExpertPool::~ExpertPool() = default;

@@ -62,6 +62,13 @@ inline ExpertSet expert_set(std::vector<int32_t> ids, int32_t first = 0, int32_t
 // not_found naming the first (layer, expert) that no set holds.
 Status check_expert_coverage(const LlamaConfig& c, std::span<const ExpertSet> sets);
 
+// The --experts spelling: sets separated by ';', each EXPERTS[@LAYERS];
+// EXPERTS is "all" or ids and ranges ("0-3,6"), LAYERS "L" or "L-L":
+// "0-3;4-7" (two hosts), "all;all" (replicas), "all@0-5;all@6-11" (by
+// layer). invalid_argument naming the piece it cannot read. Sizes against a
+// model are checked by ExpertSet::validate.
+Result<std::vector<ExpertSet>> parse_expert_sets(const std::string& spec);
+
 // One expert's rows of one layer: x is rows x dim, y receives rows x dim.
 struct ExpertWork {
   int32_t expert = 0;
@@ -120,6 +127,10 @@ class ExpertPool final : public ExpertExecutor {
   // The pool's own fallback computes any expert from `file` on `threads`.
   static Result<std::unique_ptr<ExpertPool>> create(std::shared_ptr<const GgufFile> file,
                                                     int32_t threads);
+  // A pool with one host per set: each set validated, then their coverage
+  // of every expert (check_expert_coverage's not_found).
+  static Result<std::unique_ptr<ExpertPool>> create(std::shared_ptr<const GgufFile> file,
+                                                    const std::vector<ExpertSet>& sets, int32_t threads);
   ~ExpertPool() override;
 
   // A host of this model; returns its index. Hosts start alive.

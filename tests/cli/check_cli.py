@@ -337,5 +337,44 @@ expect_error("node: a worker does not serve HTTP",
              ["node", "--topology", bad_topo, "--name", "w", "-m", model, "--http-port", "0"], 2,
              "--http-port", "only the head")
 
+# --experts: the FFN experts on their own hosts give mono's tokens and logits
+# hashes (generate --requests over every topology); bad sets are refused.
+moe = os.path.join(WORK, "cli-moe.gguf")
+rc, _, err = run("make-model", "--out", moe, "--vocab", VOCAB, "--dim", "64", "--layers", "3", "--heads", "4",
+                 "--kv-heads", "2", "--ffn", "64", "--experts", "8", "--experts-used", "2", "--ctx", "128")
+expect("make-model writes a MoE model", rc == 0, err)
+moe_req = os.path.join(WORK, "moe_requests.jsonl")
+with open(moe_req, "w") as f:
+    for i in range(24):
+        f.write(json.dumps({"id": i, "prompt_ids": [1] + [300 + 7 * j + i for j in range(3 + i)],
+                            "max_tokens": 8, "temperature": 0 if i % 2 else 0.9, "seed": i}) + "\n")
+moe_ref = os.path.join(WORK, "moe_mono.jsonl")
+rc, _, err = run("generate", "-m", moe, "--requests", moe_req, "--out", moe_ref, "-t", "1")
+ref = results(moe_ref)
+expect("generate --requests on the MoE model", rc == 0 and len(ref) == 24, err)
+for topo, spec in (("mono", "0-3;4-7"), ("colocated", "all;all;0,1"), ("pd", "0,4;1,5;2,6;3,7"),
+                   ("pd", "all@0;all@1-2")):
+    out_path = os.path.join(WORK, f"moe_{topo}.jsonl")
+    rc, _, err = run("generate", "-m", moe, "--requests", moe_req, "--out", out_path, "-t", "1",
+                     "--topology", topo, "--experts", spec)
+    expect(f"--experts '{spec}' on {topo} gives mono's tokens and logits hashes", rc == 0 and results(out_path) == ref,
+           err)
+rc, out1, err = run("generate", "-m", moe, "--prompt-ids", "1,300,301", "-n", "6", "--temp", "0", "--json",
+                    "--experts", "0-3;4-7")
+rc0, out0, _ = run("generate", "-m", moe, "--prompt-ids", "1,300,301", "-n", "6", "--temp", "0", "--json")
+expect("generate (one prompt) with --experts gives the same ids", rc == 0 and rc0 == 0 and
+       json.loads(out1)["generated_ids"] == json.loads(out0)["generated_ids"], err + out1 + out0)
+expect_error("--experts: a bad spelling names the piece", ["generate", "-m", moe, "--requests", moe_req, "--out",
+                                                           os.path.join(WORK, "x.jsonl"), "--experts", "0-3;x"],
+             2, "--experts", "'x'")
+expect_error("--experts: an expert without a host is named",
+             ["generate", "-m", moe, "--requests", moe_req, "--out", os.path.join(WORK, "x.jsonl"),
+              "--topology", "colocated", "--experts", "0-3;4-6"], 1, "expert 7 of layer 0 has no host")
+expect_error("--experts: an expert the model lacks is named",
+             ["generate", "-m", moe, "--prompt-ids", "1,2", "--experts", "0-8"], 1,
+             "expert 8 is not one of the model's 8 experts")
+expect_error("serve: --experts is checked before loading", ["serve", "-m", moe, "--experts", "all@3-1"], 2,
+             "--experts", "layers")
+
 print(f"cli: {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -226,3 +226,32 @@ TEST_CASE("experts: sets are validated and coverage names the first expert witho
   CHECK(st.message().find("expert 3 of layer 0 is not held here") != std::string::npos);
   CHECK(ExpertHost::create(file, expert_set({9}), 1).status().code() == Code::invalid_argument);
 }
+
+TEST_CASE("experts: the --experts spelling") {
+  auto sets = parse_expert_sets("0-3;4,6-7@1;all@0-2;all");
+  REQUIRE_MESSAGE(sets.ok(), sets.status().to_string());
+  REQUIRE(sets->size() == 4);
+  CHECK((*sets)[0].experts == std::vector<int32_t>{0, 1, 2, 3});
+  CHECK((*sets)[0].first_layer == 0);
+  CHECK((*sets)[0].last_layer == -1);
+  CHECK((*sets)[1].experts == std::vector<int32_t>{4, 6, 7});
+  CHECK((*sets)[1].first_layer == 1);
+  CHECK((*sets)[1].last_layer == 1);
+  CHECK((*sets)[2].experts.empty());
+  CHECK((*sets)[2].last_layer == 2);
+  CHECK((*sets)[3].experts.empty());
+  CHECK((*sets)[3].last_layer == -1);
+  for (const char* bad : {"", "0-3;", "x", "3-1", "0,,1", "all@", "all@2-1", "1@a", "-1", "0-999999"}) {
+    CAPTURE(bad);
+    auto r = parse_expert_sets(bad);
+    CHECK(r.status().code() == Code::invalid_argument);
+    CHECK(r.status().message().rfind("--experts", 0) == 0);
+  }
+  // Against a model: ids past its experts, and coverage, through the pool.
+  const std::string path = model_path(moe8(), "moe8");
+  auto pool = ExpertPool::create(open_model(path), *parse_expert_sets("0-3;4-6"), 1);
+  CHECK(pool.status().message() == "expert 7 of layer 0 has no host");
+  pool = ExpertPool::create(open_model(path), *parse_expert_sets("0-8"), 1);
+  CHECK(pool.status().message().find("expert 8 is not one of the model's 8 experts") != std::string::npos);
+  CHECK(ExpertPool::create(open_model(path), *parse_expert_sets("all@0-1;all@2"), 1).ok());
+}
