@@ -236,6 +236,7 @@ int32_t ExpertPool::pick(int32_t layer, int32_t expert) const {
 }
 
 void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
+  const auto t0 = std::chrono::steady_clock::now();
   // Assign each piece (least loaded live holder; the load counts as it is
   // assigned, so replicas share one layer's work too), then run each host's
   // share on its own thread, the fallback's on this one.
@@ -278,13 +279,23 @@ void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
       Status st = fallback_->compute(layer, share[h]);
       (void)st;
     }
+  const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - t0)
+                                   .count());
+  std::lock_guard<std::mutex> lock(mu_);
+  ++layers_;
+  layer_ns_ += ns;
 }
 
 std::vector<std::pair<std::string, uint64_t>> ExpertPool::counters() const {
   const Stats s = stats();
   uint64_t rows = 0;
   for (uint64_t r : s.host_rows) rows += r;
-  return {{"expert_rows", rows}, {"expert_fallback_rows", s.fallback_rows}};
+  std::lock_guard<std::mutex> lock(mu_);
+  return {{"expert_rows", rows},
+          {"expert_fallback_rows", s.fallback_rows},
+          {"expert_layers", layers_},
+          {"expert_layer_us", layer_ns_ / 1000}};
 }
 
 ExpertPool::Stats ExpertPool::stats() const {

@@ -141,7 +141,8 @@ class ExpertPool final : public ExpertExecutor {
   void set_alive(int32_t host, bool alive);
 
   void run(int32_t layer, std::span<const ExpertWork> work) override;
-  // expert_rows (dispatched to hosts), expert_fallback_rows.
+  // expert_rows (dispatched to hosts), expert_fallback_rows, expert_layers
+  // and expert_layer_us (the wall time of run(), summed).
   std::vector<std::pair<std::string, uint64_t>> counters() const override;
 
   struct Stats {
@@ -165,7 +166,7 @@ class ExpertPool final : public ExpertExecutor {
   std::unique_ptr<ExpertHost> fallback_;
   mutable std::mutex mu_;  // hosts_' alive flags and counters, stats
   std::vector<Host> hosts_;
-  uint64_t fallback_rows_ = 0;
+  uint64_t fallback_rows_ = 0, layers_ = 0, layer_ns_ = 0;
   std::vector<uint64_t> expert_rows_;
 };
 

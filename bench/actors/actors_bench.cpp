@@ -14,6 +14,11 @@
 //      load, images encoded inline before prefill (mono) against
 //      vision_encoder actors (E/P/D = pd + encoders, and colocated +
 //      encoders), beside FMA peak (the encoder is compute-bound).
+//   5. Attention/FFN disaggregation: decode tokens/s at batch 1, 8 and 32
+//      on the 100M MoE shape, the engine computing its experts against 2
+//      in-process expert hosts and 2 expert actors, beside the batch-1
+//      decode limit (weight bytes per token / read bandwidth), and the mean
+//      time of one layer's expert dispatch.
 //
 // Models are made on the spot (deterministic weights, the committed Llama-2
 // vocabulary). Prints a table, and JSON with --json.
@@ -32,6 +37,8 @@
 #include "actors/pipeline.h"
 #include "bench/limits.h"
 #include "kernels/backend.h"
+#include "model/experts.h"
+#include "model/llama.h"
 #include "model/make_model.h"
 #include "model/multimodal.h"
 
@@ -64,6 +71,7 @@ struct Trace {
   std::vector<double> ttft;  // seconds, per request
   std::map<uint64_t, double> ttft_of;  // by request id
   std::vector<double> tpot;  // seconds between consecutive tokens, all requests
+  std::vector<msg::Stats> stats;  // every actor's counters at the end
 };
 
 Trace run_load(const std::shared_ptr<const GgufFile>& file,
@@ -90,6 +98,8 @@ Trace run_load(const std::shared_ptr<const GgufFile>& file,
   if (!failure.ok()) die(failure);
   Trace t;
   t.wall_seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  lock.unlock();
+  t.stats = pipeline->stats();
   for (auto& [id, times] : arrivals) {
     t.tokens += int64_t(times.size());
     if (!times.empty()) t.ttft.push_back(std::chrono::duration<double>(times[0] - t0).count());
@@ -130,7 +140,7 @@ int main(int argc, char** argv) {
   app.add_option("-t,--threads", threads, "threads per engine");
   app.add_option("--steps", steps, "decode steps per request");
   app.add_flag("--json", json, "print JSON instead of tables");
-  app.add_option("--only", only, "run only this section (1-4; 0: all)")->check(CLI::Range(0, 4));
+  app.add_option("--only", only, "run only this section (1-5; 0: all)")->check(CLI::Range(0, 5));
   CLI11_PARSE(app, argc, argv);
 
   std::filesystem::create_directories(workdir);
@@ -322,6 +332,64 @@ int main(int argc, char** argv) {
           {"text_ttft_p90_ms", percentile(text_ttft, 90) * 1e3},
           {"wall_ms", t.wall_seconds * 1e3}, {"fma_peak_GFLOPs", peak},
           {"encode_gflop_per_image", clip_gflop}};
+    }
+  }
+  // 5. Attention/FFN disaggregation (100M MoE shape, F16, 16-token prompts):
+  // batch / median TPOT; the median of 3 runs and their range.
+  if (only == 0 || only == 5) {
+    ModelSpec spec;
+    spec.dim = 512, spec.n_layers = 6, spec.n_heads = 8, spec.n_kv_heads = 2, spec.ffn = 1024;
+    spec.n_experts = 8, spec.n_experts_used = 2, spec.context = 1024, spec.type = DType::F16;
+    spec.seed = 9;
+    const std::string path = workdir + "/bench-100m-moe-f16.gguf";
+    if (!std::filesystem::exists(path)) {
+      Status st = write_test_model(spec, vocab, path);
+      if (!st.ok()) die(st);
+    }
+    auto moe = unwrap(GgufFile::open(path));
+    const double limit = bw * 1e9 / double(unwrap(LlamaModel::load(moe))->weight_bytes_per_token());
+    std::printf("\n5. attention/FFN disaggregation, 100M MoE f16 (8 experts, top-2): decode tok/s, "
+                "%d threads per engine and per expert host; batch-1 decode limit %.1f tok/s "
+                "(read bandwidth %.1f GB/s)\n",
+                threads, limit, bw);
+    std::printf("%-30s %20s %20s %20s %18s\n", "where the experts run", "batch 1", "batch 8", "batch 32",
+                "layer dispatch us");
+    const std::vector<ExpertSet> two = {expert_set({0, 1, 2, 3}), expert_set({4, 5, 6, 7})};
+    struct Case {
+      const char* name;
+      Topology t;
+      std::vector<ExpertSet> experts;
+    };
+    for (const Case& c : {Case{"mono (the engine)", Topology::mono, {}},
+                          Case{"mono + 2 in-process hosts", Topology::mono, two},
+                          Case{"colocated (the engine)", Topology::colocated, {}},
+                          Case{"colocated + 2 expert actors", Topology::colocated, two}}) {
+      PipelineOptions o = base;
+      o.topology = c.t;
+      o.experts = c.experts;
+      std::printf("%-30s", c.name);
+      nlohmann::json row = {{"case", c.name}, {"decode_limit_tok_s", limit}, {"read_bandwidth_GBs", bw}};
+      double dispatch_us = 0;
+      for (int batch : {1, 8, 32}) {
+        std::vector<double> runs;
+        for (int rep = 0; rep < 3; ++rep) {
+          Trace t = run_load(moe, tok, o, uniform_requests(batch, 16, steps, n_vocab, 5000));
+          runs.push_back(batch / percentile(t.tpot, 50));
+          uint64_t us = 0, layers = 0;
+          for (const msg::Stats& s : t.stats) {
+            us += s.get("expert_layer_us");
+            layers += s.get("expert_layers");
+          }
+          if (layers > 0) dispatch_us = double(us) / double(layers);
+        }
+        std::sort(runs.begin(), runs.end());
+        std::printf(" %6.1f (%5.1f-%5.1f)", runs[1], runs[0], runs[2]);
+        std::fflush(stdout);
+        row["tok_s_batch_" + std::to_string(batch)] = {{"median", runs[1]}, {"min", runs[0]}, {"max", runs[2]}};
+      }
+      std::printf(" %18.1f\n", dispatch_us);
+      row["layer_dispatch_us_batch_32"] = dispatch_us;
+      out["expert_disaggregation"].push_back(row);
     }
   }
   if (json) std::cout << out.dump(2) << "\n";
