@@ -538,6 +538,8 @@ int main(int argc, char** argv) {
   make->add_option("--ffn", mk.spec.ffn);
   make->add_option("--experts", mk.spec.n_experts);
   make->add_option("--experts-used", mk.spec.n_experts_used);
+  make->add_option("--router-skew", mk.spec.router_skew,
+                   "MoE: favour low-numbered experts (router row e scaled by 1 + S (n-1-e)/(n-1)); 0: none");
   make->add_option("--ctx", mk.spec.context);
   make->add_option("--rope-base", mk.spec.rope_base);
   make->add_option("--rms-eps", mk.spec.rms_eps);

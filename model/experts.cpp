@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <functional>
 #include <thread>
 
 namespace cleave {
@@ -136,6 +139,17 @@ Result<std::vector<ExpertSet>> parse_expert_sets(const std::string& spec) {
   return sets;
 }
 
+double load_spread(const std::vector<uint64_t>& rows) {
+  if (rows.empty()) return 0;
+  double mean = 0;
+  for (uint64_t r : rows) mean += double(r);
+  mean /= double(rows.size());
+  if (mean == 0) return 0;
+  double var = 0;
+  for (uint64_t r : rows) var += (double(r) - mean) * (double(r) - mean);
+  return std::sqrt(var / double(rows.size())) / mean;
+}
+
 // ---- ExpertHost ----
 
 Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const GgufFile> file,
@@ -151,6 +165,22 @@ Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const Ggu
   h->backend_ = make_cpu_backend(threads);
   h->set_ = std::move(set);
   return h;
+}
+
+bool ExpertHost::holds(int32_t layer, int32_t expert) const {
+  if (set_.holds(config(), layer, expert)) return true;
+  std::lock_guard<std::mutex> lock(added_mu_);
+  return std::find(added_.begin(), added_.end(), std::pair{layer, expert}) != added_.end();
+}
+
+Status ExpertHost::add_expert(int32_t layer, int32_t expert) {
+  if (layer < 0 || layer >= config().n_layers || expert < 0 || expert >= experts_per_layer(config()))
+    return Status(Code::invalid_argument, "no expert " + std::to_string(expert) + " of layer " +
+                                              std::to_string(layer) + " in this model");
+  if (holds(layer, expert)) return Status::Ok();
+  std::lock_guard<std::mutex> lock(added_mu_);
+  added_.emplace_back(layer, expert);
+  return Status::Ok();
 }
 
 Status ExpertHost::compute(int32_t layer, std::span<const ExpertWork> work) {
@@ -179,6 +209,50 @@ ExpertHost::Stats ExpertHost::stats() const {
 }
 
 // ---- ExpertPool ----
+
+// A host's share of each layer runs on the host's own thread, started once:
+// a thread start per host and layer cost more than a batch-1 layer's experts.
+class ExpertPool::Worker {
+ public:
+  Worker() : thread_([this] { loop(); }) {}
+  ~Worker() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+  void post(std::function<void()> job) {
+    std::lock_guard<std::mutex> lock(mu_);
+    job_ = std::move(job);
+    cv_.notify_all();
+  }
+  void wait() {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return !job_; });
+  }
+
+ private:
+  void loop() {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || job_; });
+      if (stop_) return;
+      std::function<void()> job = job_;
+      lock.unlock();
+      job();
+      lock.lock();
+      job_ = nullptr;
+      cv_.notify_all();
+    }
+  }
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after the rest is set up
+};
 
 Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const GgufFile> file,
                                                        int32_t threads) {
@@ -211,7 +285,8 @@ ExpertPool::~ExpertPool() = default;
 
 int32_t ExpertPool::add_host(std::shared_ptr<ExpertHost> host) {
   std::lock_guard<std::mutex> lock(mu_);
-  hosts_.push_back(Host{std::move(host), true, 0});
+  hosts_.push_back(Host{std::move(host), true, 0, std::make_shared<Worker>()});
+  if (replication_) window_host_rows_.push_back(0);
   return int32_t(hosts_.size()) - 1;
 }
 
@@ -243,6 +318,7 @@ void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
   std::vector<std::vector<ExpertWork>> share;
   std::vector<ExpertWork> rest;
   std::vector<std::shared_ptr<ExpertHost>> hosts;
+  std::vector<std::shared_ptr<Worker>> workers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     share.resize(hosts_.size());
@@ -258,20 +334,28 @@ void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
       }
       hosts_[size_t(h)].rows += uint64_t(w.rows);
       share[size_t(h)].push_back(w);
+      if (replication_) {
+        window_host_rows_[size_t(h)] += uint64_t(w.rows);
+        window_expert_rows_[size_t(layer) * size_t(per_layer) + size_t(w.expert)] += uint64_t(w.rows);
+      }
     }
-    for (const Host& h : hosts_) hosts.push_back(h.host);
+    if (replication_ && ++window_runs_ >= window_) maybe_replicate();
+    for (const Host& h : hosts_) {
+      hosts.push_back(h.host);
+      workers.push_back(h.worker);
+    }
   }
-  std::vector<std::thread> threads;
   std::vector<Status> results(share.size());
   for (size_t h = 0; h < share.size(); ++h) {
     if (share[h].empty()) continue;
-    threads.emplace_back([&, h] { results[h] = hosts[h]->compute(layer, share[h]); });
+    workers[h]->post([&, h] { results[h] = hosts[h]->compute(layer, share[h]); });
   }
   if (!rest.empty()) {
     Status st = fallback_->compute(layer, rest);
     (void)st;  // the fallback holds every expert
   }
-  for (std::thread& t : threads) t.join();
+  for (size_t h = 0; h < share.size(); ++h)
+    if (!share[h].empty()) workers[h]->wait();
   // A host that refused its share (it cannot: pick checked holds) would
   // leave rows unset; compute them here rather than return garbage.
   for (size_t h = 0; h < share.size(); ++h)
@@ -285,6 +369,35 @@ void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
   std::lock_guard<std::mutex> lock(mu_);
   ++layers_;
   layer_ns_ += ns;
+}
+
+void ExpertPool::set_replication(const ReplicationPolicy& policy, int32_t window) {
+  std::lock_guard<std::mutex> lock(mu_);
+  replication_ = policy;
+  window_ = std::max(1, window);
+  window_runs_ = 0;
+  window_host_rows_.assign(hosts_.size(), 0);
+  window_expert_rows_.assign(expert_rows_.size(), 0);
+}
+
+void ExpertPool::maybe_replicate() {
+  // Over the live hosts only: a dead host neither gives nor takes replicas.
+  std::vector<int32_t> live;
+  std::vector<uint64_t> rows;
+  for (int32_t h = 0; h < int32_t(hosts_.size()); ++h)
+    if (hosts_[size_t(h)].alive && size_t(h) < window_host_rows_.size()) {
+      live.push_back(h);
+      rows.push_back(window_host_rows_[size_t(h)]);
+    }
+  const LlamaConfig& c = fallback_->config();
+  auto holds = [&](int32_t i, int32_t l, int32_t e) { return hosts_[size_t(live[size_t(i)])].host->holds(l, e); };
+  if (auto move = replication_->pick(holds, rows, window_expert_rows_, c.n_layers, experts_per_layer(c))) {
+    if (hosts_[size_t(live[size_t(move->host)])].host->add_expert(move->layer, move->expert).ok())
+      ++replicas_added_;
+  }
+  window_runs_ = 0;
+  window_host_rows_.assign(hosts_.size(), 0);
+  window_expert_rows_.assign(expert_rows_.size(), 0);
 }
 
 std::vector<std::pair<std::string, uint64_t>> ExpertPool::counters() const {
@@ -303,6 +416,7 @@ ExpertPool::Stats ExpertPool::stats() const {
   Stats s;
   for (const Host& h : hosts_) s.host_rows.push_back(h.rows);
   s.fallback_rows = fallback_rows_;
+  s.replicas_added = replicas_added_;
   s.expert_rows = expert_rows_;
   return s;
 }

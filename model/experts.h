@@ -23,6 +23,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -30,6 +31,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "model/expert_balance.h"
 #include "model/gguf.h"
 #include "model/llama.h"
 
@@ -102,7 +104,12 @@ class ExpertHost {
 
   const ExpertSet& set() const { return set_; }
   const LlamaConfig& config() const { return model_->config(); }
-  bool holds(int32_t layer, int32_t expert) const { return set_.holds(config(), layer, expert); }
+  // Its set, plus the replicas added since.
+  bool holds(int32_t layer, int32_t expert) const;
+  // Holds expert `expert` of `layer` from now on too (a replica: the host
+  // maps the whole model, so this only widens what it accepts).
+  // invalid_argument for an expert or layer the model lacks.
+  Status add_expert(int32_t layer, int32_t expert);
   // invalid_argument naming the expert when one piece is not held (nothing
   // is computed then). One call at a time per host (serialised).
   Status compute(int32_t layer, std::span<const ExpertWork> work);
@@ -117,6 +124,8 @@ class ExpertHost {
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Backend> backend_;
   ExpertSet set_;
+  mutable std::mutex added_mu_;
+  std::vector<std::pair<int32_t, int32_t>> added_;  // (layer, expert) replicas
   mutable std::mutex mu_;
   std::vector<float> g_, u_;
   Stats stats_;
@@ -139,7 +148,12 @@ class ExpertPool final : public ExpertExecutor {
   // A host that is not alive gets no work (its experts go to replicas, else
   // to the fallback) until it is alive again.
   void set_alive(int32_t host, bool alive);
+  // Hot-expert replication (model/expert_balance.h): every `window` layer
+  // runs the policy looks at the rows of that window and may add one
+  // replica to a host. Off by default.
+  void set_replication(const ReplicationPolicy& policy, int32_t window);
 
+  // One call at a time (one engine per pool).
   void run(int32_t layer, std::span<const ExpertWork> work) override;
   // expert_rows (dispatched to hosts), expert_fallback_rows, expert_layers
   // and expert_layer_us (the wall time of run(), summed).
@@ -148,6 +162,7 @@ class ExpertPool final : public ExpertExecutor {
   struct Stats {
     std::vector<uint64_t> host_rows;      // rows dispatched to each host
     uint64_t fallback_rows = 0;           // rows no live host held
+    uint64_t replicas_added = 0;          // by the replication policy
     // rows routed to each expert: [layer * experts_per_layer + expert]
     std::vector<uint64_t> expert_rows;
   };
@@ -155,10 +170,12 @@ class ExpertPool final : public ExpertExecutor {
 
  private:
   ExpertPool() = default;
+  class Worker;  // a host's persistent thread (experts.cpp)
   struct Host {
     std::shared_ptr<ExpertHost> host;
     bool alive = true;
     uint64_t rows = 0;
+    std::shared_ptr<Worker> worker;
   };
   // The least loaded live host holding (layer, expert), or -1.
   int32_t pick(int32_t layer, int32_t expert) const;
@@ -168,6 +185,12 @@ class ExpertPool final : public ExpertExecutor {
   std::vector<Host> hosts_;
   uint64_t fallback_rows_ = 0, layers_ = 0, layer_ns_ = 0;
   std::vector<uint64_t> expert_rows_;
+  // Replication: the policy, its window and the rows seen in it.
+  std::optional<ReplicationPolicy> replication_;
+  int32_t window_ = 0, window_runs_ = 0;
+  std::vector<uint64_t> window_host_rows_, window_expert_rows_;
+  uint64_t replicas_added_ = 0;
+  void maybe_replicate();  // under mu_
 };
 
 }  // namespace cleave

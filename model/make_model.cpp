@@ -48,8 +48,9 @@ struct Gen {
   GgufWriter& w;
   std::vector<float> row;
 
+  // row_scale: a factor per row (rows = product of ne[1..]), or empty.
   Status add(const std::string& name, DType type, std::vector<int64_t> ne, float scale,
-             float bias = 0.f) {
+             float bias = 0.f, const std::vector<float>& row_scale = {}) {
     int64_t cols = ne[0];
     int64_t rows = 1;
     for (size_t d = 1; d < ne.size(); ++d) rows *= ne[d];
@@ -61,6 +62,7 @@ struct Gen {
       for (int64_t c = 0; c < cols; ++c) {
         state += kGamma;
         row[c] = bias + scale * to_uniform(mix64(state));
+        if (!row_scale.empty()) row[c] *= row_scale[size_t(r)];
       }
       uint8_t* out = data.data() + static_cast<size_t>(r) * rb;
       switch (type) {
@@ -139,6 +141,10 @@ Status validate_spec(const ModelSpec& s) {
     return bad("n_experts_used", std::to_string(s.n_experts_used),
                ("must be in 1..n_experts " + std::to_string(s.n_experts)).c_str());
   }
+  if (!(std::isfinite(s.router_skew) && s.router_skew >= 0 && s.router_skew <= 100))
+    return bad("router_skew", std::to_string(s.router_skew), "must be in [0, 100]");
+  if (s.router_skew > 0 && s.n_experts == 0)
+    return bad("router_skew", std::to_string(s.router_skew), "needs a MoE model (experts > 0)");
   if (!(std::isfinite(s.rope_base) && s.rope_base > 0)) {
     return bad("rope_base", std::to_string(s.rope_base), "must be positive and finite");
   }
@@ -227,7 +233,11 @@ Status write_test_model(const ModelSpec& spec, const std::string& vocab_path,
       CLEAVE_RETURN_IF_ERROR(g.add(p + "ffn_down.weight", t, {ffn, dim}, fan_ffn));
     } else {
       const int64_t ne = spec.n_experts;
-      CLEAVE_RETURN_IF_ERROR(g.add(p + "ffn_gate_inp.weight", DType::F32, {dim, ne}, fan_dim));
+      std::vector<float> skew;
+      if (spec.router_skew > 0)
+        for (int64_t e = 0; e < ne; ++e)
+          skew.push_back(1.f + spec.router_skew * float(ne - 1 - e) / float(std::max<int64_t>(ne - 1, 1)));
+      CLEAVE_RETURN_IF_ERROR(g.add(p + "ffn_gate_inp.weight", DType::F32, {dim, ne}, fan_dim, 0.f, skew));
       CLEAVE_RETURN_IF_ERROR(g.add(p + "ffn_gate_exps.weight", t, {dim, ffn, ne}, fan_dim));
       CLEAVE_RETURN_IF_ERROR(g.add(p + "ffn_up_exps.weight", t, {dim, ffn, ne}, fan_dim));
       CLEAVE_RETURN_IF_ERROR(g.add(p + "ffn_down_exps.weight", t, {ffn, dim, ne}, fan_ffn));

@@ -12,6 +12,10 @@
 // Values are computed in float32 and then stored in spec.type (F16/BF16
 // round to nearest even, Q8_0 quantised row by row as ggml does); 1-D norm
 // weights and the MoE router (ffn_gate_inp) are always F32.
+// router_skew S > 0 scales router row e (expert e's logits) by
+// 1 + S * (n_experts - 1 - e) / (n_experts - 1): a logit of larger spread
+// reaches the top-k more often, so low-numbered experts are routed more
+// tokens (a skewed load, for expert balancing). 0: every row alike.
 #pragma once
 
 #include <cstdint>
@@ -25,6 +29,7 @@ namespace cleave {
 struct ModelSpec {
   int32_t dim = 288, n_layers = 6, n_heads = 6, n_kv_heads = 6, ffn = 768;
   int32_t n_experts = 0, n_experts_used = 0;  // 0 = dense
+  float router_skew = 0;  // MoE only: see above
   int32_t context = 2048;
   float rope_base = 10000.f, rms_eps = 1e-5f;
   bool tied_output = false;  // no output.weight when true

@@ -392,6 +392,78 @@ int main(int argc, char** argv) {
       out["expert_disaggregation"].push_back(row);
     }
   }
+  // 5b. Expert balance on a skewed router (router_skew 4: expert 0's logits
+  // spread 5x expert 7's): 4 in-process hosts of 2 experts each, 32
+  // sequences decoding together straight on the engine; the spread
+  // (std dev / mean) of rows and busy time over the hosts, without and with
+  // hot-expert replication (max spread 0.1, a decision every 6 layer runs).
+  if (only == 0 || only == 5) {
+    ModelSpec spec;
+    spec.dim = 512, spec.n_layers = 6, spec.n_heads = 8, spec.n_kv_heads = 2, spec.ffn = 1024;
+    spec.n_experts = 8, spec.n_experts_used = 2, spec.context = 1024, spec.type = DType::F16;
+    spec.seed = 9, spec.router_skew = 4;
+    const std::string path = workdir + "/bench-100m-moe-f16-skew4.gguf";
+    if (!std::filesystem::exists(path)) {
+      Status st = write_test_model(spec, vocab, path);
+      if (!st.ok()) die(st);
+    }
+    auto skewed = unwrap(GgufFile::open(path));
+    std::printf("\n5b. expert balance, 100M MoE f16 with router skew 4, 4 hosts x 2 experts, 32 sequences x %d "
+                "steps\n", steps);
+    std::printf("%-22s %12s %12s %10s %10s\n", "", "rows spread", "busy spread", "replicas", "tok/s");
+    for (bool replicate : {false, true}) {
+      EngineOptions eo;
+      eo.threads = threads;
+      eo.max_seqs = 32;
+      eo.context = 1024;
+      auto engine = unwrap(Engine::create(skewed, eo));
+      std::shared_ptr<ExpertPool> pool(unwrap(ExpertPool::create(skewed, threads)));
+      std::vector<std::shared_ptr<ExpertHost>> hosts;
+      for (int32_t h = 0; h < 4; ++h) {
+        hosts.emplace_back(unwrap(ExpertHost::create(skewed, expert_set({2 * h, 2 * h + 1}), threads)));
+        pool->add_host(hosts.back());
+      }
+      if (replicate) {
+        ReplicationPolicy policy;
+        policy.max_spread = 0.1;
+        pool->set_replication(policy, 6);
+      }
+      engine->set_expert_executor(pool);
+      std::vector<int32_t> seqs, next(32);
+      std::vector<std::vector<int32_t>> prompts;
+      std::vector<Engine::Item> items;
+      for (int i = 0; i < 32; ++i) {
+        seqs.push_back(unwrap(engine->open_sequence()));
+        prompts.push_back(uniform_requests(1, 16, 1, n_vocab, uint64_t(i))[0].prompt);
+        prompts.back()[0] = 1 + (i * 131) % (n_vocab - 1);
+      }
+      for (int i = 0; i < 32; ++i) items.push_back({seqs[size_t(i)], prompts[size_t(i)].data(), 16});
+      std::vector<float> logits(size_t(32) * size_t(n_vocab));
+      const auto t0 = Clock::now();
+      for (int step = 0; step <= steps; ++step) {
+        Status st = engine->forward(items, logits.data());
+        if (!st.ok()) die(st);
+        items.clear();
+        for (int i = 0; i < 32; ++i) {
+          const float* row = logits.data() + size_t(i) * size_t(n_vocab);
+          next[size_t(i)] = int32_t(std::max_element(row, row + n_vocab) - row);
+          items.push_back({seqs[size_t(i)], &next[size_t(i)], 1});
+        }
+      }
+      const double secs = std::chrono::duration<double>(Clock::now() - t0).count();
+      const ExpertPool::Stats st = pool->stats();
+      std::vector<uint64_t> busy;
+      for (const auto& h : hosts) busy.push_back(h->stats().busy_ns);
+      const double rows_spread = load_spread(st.host_rows), busy_spread = load_spread(busy);
+      std::printf("%-22s %11.1f%% %11.1f%% %10llu %10.1f\n", replicate ? "with replication" : "without",
+                  rows_spread * 100, busy_spread * 100, static_cast<unsigned long long>(st.replicas_added),
+                  32.0 * steps / secs);
+      out["expert_balance"].push_back({{"replication", replicate}, {"rows_spread", rows_spread},
+                                       {"busy_spread", busy_spread},
+                                       {"replicas_added", st.replicas_added},
+                                       {"tok_s", 32.0 * steps / secs}});
+    }
+  }
   if (json) std::cout << out.dump(2) << "\n";
   return 0;
 }

@@ -373,6 +373,16 @@ expect_error("--experts: an expert without a host is named",
 expect_error("--experts: an expert the model lacks is named",
              ["generate", "-m", moe, "--prompt-ids", "1,2", "--experts", "0-8"], 1,
              "expert 8 is not one of the model's 8 experts")
+expect_error("make-model: --router-skew needs experts",
+             ["make-model", "--out", os.path.join(WORK, "x.gguf"), "--vocab", VOCAB, "--router-skew", "2"], 1,
+             "router_skew", "needs a MoE model")
+skewed = os.path.join(WORK, "cli-moe-skewed.gguf")
+rc, _, err = run("make-model", "--out", skewed, "--vocab", VOCAB, "--dim", "64", "--layers", "3", "--heads", "4",
+                 "--kv-heads", "2", "--ffn", "64", "--experts", "8", "--experts-used", "2", "--ctx", "128",
+                 "--router-skew", "4")
+with open(moe, "rb") as f1, open(skewed, "rb") as f2:
+    differs = f1.read() != f2.read()
+expect("make-model --router-skew changes the router and only with experts", rc == 0 and differs, err)
 expect_error("serve: --experts is checked before loading", ["serve", "-m", moe, "--experts", "all@3-1"], 2,
              "--experts", "layers")
 

@@ -80,10 +80,10 @@ std::shared_ptr<ExpertPool> pool_of(const std::string& path,
 }
 
 // The batch on a fresh engine whose experts the pool computes.
-Run run_on(const std::string& path, std::shared_ptr<ExpertPool> pool, int threads = 1) {
+Run run_on(const std::string& path, std::shared_ptr<ExpertPool> pool, int threads = 1, int steps = 6) {
   auto e = make_engine(path, threads, 8);
   e->set_expert_executor(std::move(pool));
-  return run_batch(*e);
+  return run_batch(*e, steps);
 }
 
 void check_same(const Run& got, const Run& want) {
@@ -254,4 +254,76 @@ TEST_CASE("experts: the --experts spelling") {
   pool = ExpertPool::create(open_model(path), *parse_expert_sets("0-8"), 1);
   CHECK(pool.status().message().find("expert 8 is not one of the model's 8 experts") != std::string::npos);
   CHECK(ExpertPool::create(open_model(path), *parse_expert_sets("all@0-1;all@2"), 1).ok());
+}
+
+TEST_CASE("experts: the replication policy on tables") {
+  CHECK(load_spread({}) == 0);
+  CHECK(load_spread({5, 5}) == 0);
+  CHECK(load_spread({3, 1}) == doctest::Approx(0.5));
+  // One layer of 4 experts: host 0 holds 0 and 1, host 1 holds 2 and 3.
+  auto holds = [](int32_t h, int32_t, int32_t e) { return h == 0 ? e < 2 : e >= 2; };
+  ReplicationPolicy p;
+  auto move = p.pick(holds, {120, 20}, {100, 20, 10, 10}, 1, 4);
+  REQUIRE(move.has_value());  // expert 0's 100 rows close the gap of 100
+  CHECK(move->host == 1);
+  CHECK(move->layer == 0);
+  CHECK(move->expert == 0);
+  CHECK_FALSE(p.pick(holds, {60, 40}, {50, 10, 20, 20}, 1, 4).has_value());  // spread 0.2: fine
+  p.max_spread = 0.1;
+  move = p.pick(holds, {60, 40}, {50, 10, 20, 20}, 1, 4);
+  REQUIRE(move.has_value());  // 50 rows would widen the gap of 20: expert 1 (10) narrows it
+  CHECK(move->expert == 1);
+  CHECK_FALSE(p.pick(holds, {60, 40}, {50, 0, 20, 20}, 1, 4).has_value());  // nothing that helps
+  // Layers count: expert 1 of layer 1 is the hot one.
+  auto two_layers = [](int32_t h, int32_t, int32_t e) { return h == 0 ? e < 2 : e >= 2; };
+  move = p.pick(two_layers, {200, 20}, {10, 10, 10, 10, 10, 170, 10, 0}, 2, 4);
+  REQUIRE(move.has_value());
+  CHECK(move->layer == 1);
+  CHECK(move->expert == 1);
+}
+
+TEST_CASE("experts: a skewed router, balanced by replication, never changes a token") {
+  ModelSpec skewed = moe8();
+  skewed.router_skew = 4;
+  const std::string path = model_path(skewed, "moe8-skewed");
+  const std::string flat = model_path(moe8(), "moe8");
+  auto mono_engine = make_engine(path, 1, 8);
+  const Run mono = run_batch(*mono_engine, 12);
+  const std::vector<ExpertSet> pairs = {expert_set({0, 1}), expert_set({2, 3}), expert_set({4, 5}),
+                                        expert_set({6, 7})};
+
+  // The skew: experts 0 and 1 take far more rows than 6 and 7; the flat model's don't.
+  auto share_of = [](const ExpertPool::Stats& st, std::vector<int32_t> experts) {
+    uint64_t part = 0, all = 0;
+    for (size_t i = 0; i < st.expert_rows.size(); ++i) {
+      all += st.expert_rows[i];
+      if (std::find(experts.begin(), experts.end(), int32_t(i % 8)) != experts.end()) part += st.expert_rows[i];
+    }
+    return double(part) / double(all);
+  };
+  auto flat_pool = pool_of(flat, pairs);
+  run_on(flat, flat_pool);
+  auto plain = pool_of(path, pairs);
+  check_same(run_on(path, plain, 1, 12), mono);
+  const ExpertPool::Stats before = plain->stats();
+  const ExpertPool::Stats flat_stats = flat_pool->stats();
+  CHECK(share_of(before, {0, 1}) > 2.5 * share_of(before, {6, 7}));        // 37 % against 12 % here
+  CHECK(share_of(flat_stats, {0, 1}) < 1.5 * share_of(flat_stats, {6, 7}));  // 28 % against 23 %
+  CHECK(share_of(before, {0, 1}) > share_of(flat_stats, {0, 1}) + 0.05);
+  const double spread_before = load_spread(before.host_rows);
+
+  auto balanced = pool_of(path, pairs);
+  ReplicationPolicy policy;
+  policy.max_spread = 0.1;
+  balanced->set_replication(policy, 3);
+  auto e = make_engine(path, 1, 8);
+  e->set_expert_executor(balanced);
+  check_same(run_batch(*e, 12), mono);
+  check_same(run_batch(*e, 12), mono);  // a second batch on the replicas
+  const ExpertPool::Stats after = balanced->stats();
+  CHECK(after.replicas_added > 0);
+  CHECK(after.fallback_rows == 0);
+  MESSAGE("host rows spread: " << spread_before << " without replication, " << load_spread(after.host_rows)
+                               << " with " << after.replicas_added << " replicas");
+  CHECK(load_spread(after.host_rows) < spread_before);
 }
