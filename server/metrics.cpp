@@ -387,6 +387,17 @@ ServerMetrics::ServerMetrics()
       stage_step_seconds_(registry_.counter(
           "cleave_stage_step_seconds_total",
           "Wall time of engine steps in seconds, by stage.", {"stage"})),
+      expert_fallback_rows_(registry_.counter(
+          "cleave_expert_fallback_rows_total",
+          "FFN rows an attention stage computed itself: no live expert actor hosted their expert.")),
+      expert_host_failures_(registry_.counter(
+          "cleave_expert_host_failures_total",
+          "Expert actors an attention stage dropped (gone, timed out or a bad answer).")),
+      expert_rows_(registry_.counter("cleave_expert_rows_total",
+                                     "Rows an expert actor computed, by expert host.", {"host"})),
+      expert_busy_seconds_(registry_.counter("cleave_expert_busy_seconds_total",
+                                             "Time an expert actor spent computing, by expert host.",
+                                             {"host"})),
       actor_stat_(registry_.gauge(
           "cleave_actor_stat",
           "Every counter of every runtime actor as it reports it, by actor and counter name.",
@@ -500,6 +511,11 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
       mirror(kv_failures_, {"store_error"}, s, "kv_errors");
       mirror(stage_steps_, {s.actor}, s, "steps");
       mirror(stage_step_seconds_, {s.actor}, s, "step_us", 1e-6);
+      mirror(expert_fallback_rows_, {}, s, "expert_fallback_rows");
+      mirror(expert_host_failures_, {}, s, "expert_host_failures");
+    } else if (find(s, "busy_us") && find(s, "refused")) {  // an expert actor
+      mirror(expert_rows_, {s.actor}, s, "rows");
+      mirror(expert_busy_seconds_, {s.actor}, s, "busy_us", 1e-6);
     } else if (find(s, "encode_us")) {  // a vision encoder
       mirror(encoder_cache_hits_, {}, s, "cache_hits");
       mirror(stage_steps_, {s.actor}, s, "steps");

@@ -54,6 +54,12 @@
 //   cleave_stage_steps_total{stage}                        stage, encoder  steps
 //   cleave_stage_step_seconds_total{stage}                 stage    step_us / 1e6
 //                                                          encoder  encode_us / 1e6
+//   cleave_expert_fallback_rows_total                      stage  expert_fallback_rows (FFN rows an
+//                                                                 attention stage computed itself)
+//   cleave_expert_host_failures_total                      stage  expert_host_failures
+//   cleave_expert_rows_total{host}                         expert rows (an expert actor: it
+//                                                                 reports "busy_us" and "refused")
+//   cleave_expert_busy_seconds_total{host}                 expert busy_us / 1e6
 //   cleave_num_requests_running / _waiting                 stage  running / queue_depth
 //   cleave_actor_stat{actor,name}                          every  every counter as it is (gauge;
 //                                                                 the set of the latest call)
@@ -297,6 +303,10 @@ class ServerMetrics {
   prom::Counter& encoder_cache_hits_;
   prom::Counter& stage_steps_;
   prom::Counter& stage_step_seconds_;
+  prom::Counter& expert_fallback_rows_;
+  prom::Counter& expert_host_failures_;
+  prom::Counter& expert_rows_;
+  prom::Counter& expert_busy_seconds_;
   prom::Gauge& actor_stat_;
 
   // The server's own running/waiting, and whether an absolute value took over.

@@ -122,9 +122,12 @@ std::vector<msg::Stats> pd_stats(uint64_t scale) {
                          {"steps", 50 * scale},
                          {"kv_transfers_failed", 2 * scale},
                          {"kv_bytes_received", 4000 * scale},
-                         {"kv_blocks_received", 7 * scale}}),
+                         {"kv_blocks_received", 7 * scale},
+                         {"expert_fallback_rows", 12 * scale},
+                         {"expert_host_failures", 1 * scale}}),
       stats("vision_encoder/0",
             {{"steps", 6 * scale}, {"cache_hits", 5 * scale}, {"encode_us", 1500000 * scale}}),
+      stats("expert/0", {{"batches", 3 * scale}, {"refused", 0}, {"rows", 90 * scale}, {"busy_us", 500000 * scale}}),
   };
 }
 
@@ -385,6 +388,10 @@ TEST_CASE("server metrics: the runtime's actor counters map to their metrics") {
   CHECK(has_line(text, "cleave_stage_deaths_total 1"));
   CHECK(has_line(text, "cleave_replacements_total 2"));
   CHECK(has_line(text, "cleave_encoder_cache_hits_total 5"));
+  CHECK(has_line(text, "cleave_expert_fallback_rows_total 12"));
+  CHECK(has_line(text, "cleave_expert_host_failures_total 1"));
+  CHECK(has_line(text, "cleave_expert_rows_total{host=\"expert/0\"} 90"));
+  CHECK(has_line(text, "cleave_expert_busy_seconds_total{host=\"expert/0\"} 0.5"));
   CHECK(has_line(text, "cleave_stage_steps_total{stage=\"prefill/0\"} 30"));
   CHECK(has_line(text, "cleave_stage_steps_total{stage=\"decode/0\"} 50"));
   CHECK(has_line(text, "cleave_stage_steps_total{stage=\"vision_encoder/0\"} 6"));
