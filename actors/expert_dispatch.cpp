@@ -62,7 +62,9 @@ class ActorExpertExecutor final : public ExpertExecutor {
         todo.insert(todo.end(), share[h].begin(), share[h].end());
       }
     }
-    dispatch_ns_ += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+    dispatch_ns_ += ns;
+    times_.add(ns);
     ++layers_;
   }
 
@@ -78,7 +80,9 @@ class ActorExpertExecutor final : public ExpertExecutor {
             {"expert_host_failures", host_failures_},
             {"expert_hosts_alive", alive},
             {"expert_layers", layers_},
-            {"expert_layer_us", dispatch_ns_ / 1000}};
+            {"expert_layer_us", dispatch_ns_ / 1000},
+            {"expert_layer_p50_us", times_.percentile_us(50)},
+            {"expert_layer_p99_us", times_.percentile_us(99)}};
   }
 
  private:
@@ -143,6 +147,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
   std::shared_ptr<ExpertHost> fallback_;
   std::vector<Host> hosts_;  // touched only by the stage's thread (forward and stats)
   uint64_t fallback_rows_ = 0, dispatches_ = 0, host_failures_ = 0, layers_ = 0, dispatch_ns_ = 0;
+  LayerTimes times_;
 };
 
 }  // namespace

@@ -150,6 +150,24 @@ double load_spread(const std::vector<uint64_t>& rows) {
   return std::sqrt(var / double(rows.size())) / mean;
 }
 
+void LayerTimes::add(uint64_t ns) {
+  constexpr size_t kKeep = 4096;
+  if (ring_.size() < kKeep) {
+    ring_.push_back(ns);
+  } else {
+    ring_[next_] = ns;
+    next_ = (next_ + 1) % kKeep;
+  }
+}
+
+uint64_t LayerTimes::percentile_us(double p) const {
+  if (ring_.empty()) return 0;
+  std::vector<uint64_t> v = ring_;
+  const size_t i = std::min(v.size() - 1, size_t(p / 100.0 * double(v.size() - 1) + 0.5));
+  std::nth_element(v.begin(), v.begin() + ptrdiff_t(i), v.end());
+  return v[i] / 1000;
+}
+
 // ---- ExpertHost ----
 
 Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const GgufFile> file,
@@ -369,6 +387,7 @@ void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
   std::lock_guard<std::mutex> lock(mu_);
   ++layers_;
   layer_ns_ += ns;
+  layer_times_.add(ns);
 }
 
 void ExpertPool::set_replication(const ReplicationPolicy& policy, int32_t window) {
@@ -408,7 +427,9 @@ std::vector<std::pair<std::string, uint64_t>> ExpertPool::counters() const {
   return {{"expert_rows", rows},
           {"expert_fallback_rows", s.fallback_rows},
           {"expert_layers", layers_},
-          {"expert_layer_us", layer_ns_ / 1000}};
+          {"expert_layer_us", layer_ns_ / 1000},
+          {"expert_layer_p50_us", layer_times_.percentile_us(50)},
+          {"expert_layer_p99_us", layer_times_.percentile_us(99)}};
 }
 
 ExpertPool::Stats ExpertPool::stats() const {

@@ -90,6 +90,17 @@ class ExpertExecutor {
   virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
 };
 
+// The last 4096 durations of one layer's expert work, for percentiles
+// (not thread-safe: its owner serialises).
+class LayerTimes {
+ public:
+  void add(uint64_t ns);
+  uint64_t percentile_us(double p) const;  // 0 when empty
+ private:
+  std::vector<uint64_t> ring_;
+  size_t next_ = 0;
+};
+
 // y = down(silu(gate x) * up x) of expert `expert` of layer l (the dense
 // FFN for a dense layer); g and u are scratch, grown as needed.
 void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
@@ -155,8 +166,9 @@ class ExpertPool final : public ExpertExecutor {
 
   // One call at a time (one engine per pool).
   void run(int32_t layer, std::span<const ExpertWork> work) override;
-  // expert_rows (dispatched to hosts), expert_fallback_rows, expert_layers
-  // and expert_layer_us (the wall time of run(), summed).
+  // expert_rows (dispatched to hosts), expert_fallback_rows, expert_layers,
+  // expert_layer_us (the wall time of run(), summed) and its p50 / p99 over
+  // the last 4096 layers (expert_layer_p50_us, expert_layer_p99_us).
   std::vector<std::pair<std::string, uint64_t>> counters() const override;
 
   struct Stats {
@@ -184,6 +196,7 @@ class ExpertPool final : public ExpertExecutor {
   mutable std::mutex mu_;  // hosts_' alive flags and counters, stats
   std::vector<Host> hosts_;
   uint64_t fallback_rows_ = 0, layers_ = 0, layer_ns_ = 0;
+  LayerTimes layer_times_;
   std::vector<uint64_t> expert_rows_;
   // Replication: the policy, its window and the rows seen in it.
   std::optional<ReplicationPolicy> replication_;

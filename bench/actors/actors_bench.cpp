@@ -369,7 +369,7 @@ int main(int argc, char** argv) {
       o.experts = c.experts;
       std::printf("%-30s", c.name);
       nlohmann::json row = {{"case", c.name}, {"decode_limit_tok_s", limit}, {"read_bandwidth_GBs", bw}};
-      double dispatch_us = 0;
+      double dispatch_us = 0, p50_us = 0, p99_us = 0, p50_batch1 = 0, p99_batch1 = 0;
       for (int batch : {1, 8, 32}) {
         std::vector<double> runs;
         for (int rep = 0; rep < 3; ++rep) {
@@ -379,16 +379,24 @@ int main(int argc, char** argv) {
           for (const msg::Stats& s : t.stats) {
             us += s.get("expert_layer_us");
             layers += s.get("expert_layers");
+            if (s.get("expert_layers") > 0) {
+              p50_us = double(s.get("expert_layer_p50_us"));
+              p99_us = double(s.get("expert_layer_p99_us"));
+            }
           }
           if (layers > 0) dispatch_us = double(us) / double(layers);
         }
+        if (batch == 1) p50_batch1 = p50_us, p99_batch1 = p99_us;
         std::sort(runs.begin(), runs.end());
         std::printf(" %6.1f (%5.1f-%5.1f)", runs[1], runs[0], runs[2]);
         std::fflush(stdout);
         row["tok_s_batch_" + std::to_string(batch)] = {{"median", runs[1]}, {"min", runs[0]}, {"max", runs[2]}};
       }
-      std::printf(" %18.1f\n", dispatch_us);
+      std::printf(" %18.1f   p50/p99 us: batch 1 %.0f/%.0f, batch 32 %.0f/%.0f\n", dispatch_us, p50_batch1,
+                  p99_batch1, p50_us, p99_us);
       row["layer_dispatch_us_batch_32"] = dispatch_us;
+      row["layer_p50_us"] = {{"batch_1", p50_batch1}, {"batch_32", p50_us}};
+      row["layer_p99_us"] = {{"batch_1", p99_batch1}, {"batch_32", p99_us}};
       out["expert_disaggregation"].push_back(row);
     }
   }
