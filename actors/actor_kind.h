@@ -32,9 +32,10 @@ inline constexpr std::array<ActorKindInfo, 6> kActorKindTable = {{
 }};
 
 // Kinds the design names that later work implements: refused by the
-// topology loader with the list of the implemented ones. expert actors run
-// in one process (PipelineOptions::experts); scripts do not place them yet.
-inline constexpr std::array<const char*, 3> kPlannedActorKinds = {"attention", "expert", "stage"};
+// topology loader with the list of the implemented ones. ("attention" is a
+// role, not a kind: the stages are attention actors once a cluster hosts
+// expert actors; the loader says so.)
+inline constexpr std::array<const char*, 1> kPlannedActorKinds = {"stage"};
 
 inline const ActorKindInfo& actor_kind_info(ActorKind k) { return kActorKindTable[size_t(k)]; }
 inline const char* actor_kind_name(ActorKind k) { return actor_kind_info(k).name; }

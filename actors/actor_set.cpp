@@ -71,16 +71,19 @@ Attach attach_to_router(caf::actor_system& system, const router_actor& router) {
 Status ActorSet::spawn(HostedActors hosted, const std::string& name_prefix, const router_actor& router,
                        const kv_store_actor& kv, const KvStreamOptions& stream, const Attach& attach) {
   // Expert actors first: the stages' executors need their handles.
-  std::vector<ExpertRef> refs;
   for (size_t i = 0; i < hosted.experts.size(); ++i) {
     auto& [set, host] = hosted.experts[i];
     auto handle = spawn_expert(system_, std::move(host), name_prefix + "expert/" + std::to_string(i));
     experts_.push_back(Expert{handle, set});
-    refs.push_back(ExpertRef{handle, set});
+    directory_->add(ExpertRef{handle, set});
+    if (attach.expert) {
+      Status st = attach.expert(handle, set);
+      if (!st.ok()) return Status(st.code(), "attaching expert: " + st.message());
+    }
   }
   for (size_t i = 0; i < hosted.expert_fallbacks.size(); ++i)
     hosted.stages[i].second->engine().set_expert_executor(
-        make_actor_expert_executor(system_, refs, std::move(hosted.expert_fallbacks[i])));
+        make_actor_expert_executor(system_, directory_, std::move(hosted.expert_fallbacks[i])));
   for (auto& [kind, core] : hosted.stages) {
     auto handle = spawn_stage(system_, std::move(core), kind, router, kv, stream);
     stages_.push_back(Stage{kind, handle});

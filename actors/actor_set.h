@@ -17,20 +17,25 @@
 
 #include "actors/actor_types.h"
 #include "actors/event_sinks.h"
+#include "actors/expert_dispatch.h"
 #include "actors/hosted.h"
 
 namespace cleave::actors {
 
 // How a spawned actor joins the router: (kind name, handle) -> the answer.
+// expert: null in one process (the stages find their experts in the
+// set's directory).
 struct Attach {
   std::function<Status(const std::string&, const stage_actor&)> stage;
   std::function<Status(const vision_encoder_actor&)> encoder;
+  std::function<Status(const expert_actor&, const ExpertSet&)> expert;
 };
 Attach attach_to_router(caf::actor_system& system, const router_actor& router);
 
 class ActorSet {
  public:
-  explicit ActorSet(caf::actor_system& system) : system_(system) {}
+  explicit ActorSet(caf::actor_system& system)
+      : system_(system), directory_(std::make_shared<ExpertDirectory>()) {}
   ActorSet(const ActorSet&) = delete;
   ActorSet& operator=(const ActorSet&) = delete;
   ~ActorSet() { stop(); }
@@ -39,6 +44,9 @@ class ActorSet {
   // each; the first failed attach is returned.
   Status spawn(HostedActors hosted, const std::string& name_prefix, const router_actor& router,
                const kv_store_actor& kv, const KvStreamOptions& stream, const Attach& attach);
+  // The expert actors this process's attention stages dispatch to: the
+  // set's own, and on a node those the head reports (spawn_expert_directory).
+  const std::shared_ptr<ExpertDirectory>& expert_directory() const { return directory_; }
   // Actors that go after the stages (router, store, join, watcher).
   void add_service(caf::actor service) { services_.push_back(std::move(service)); }
 
@@ -77,6 +85,7 @@ class ActorSet {
   std::vector<Encoder> encoders_;
   std::vector<Expert> experts_;
   std::vector<caf::actor> services_;
+  std::shared_ptr<ExpertDirectory> directory_;
 };
 
 // Registers the callback, then hands the request to the router (admission:

@@ -71,6 +71,8 @@ using kv_socket_atom = caf::atom_constant<caf::atom("kv_socket")>;
 using kv_done_atom = caf::atom_constant<caf::atom("kv_done")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using expert_atom = caf::atom_constant<caf::atom("expert")>;
+using expert_host_atom = caf::atom_constant<caf::atom("exhost")>;
+using expert_watch_atom = caf::atom_constant<caf::atom("exwatch")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -155,11 +157,23 @@ using router_actor =
 // What a head publishes (node.cpp). join: (secret, node name) -> the router
 // and kv_store handles, or an error naming why the node is refused. attach:
 // (secret, node name, kind, actor) -> the router's answer.
+// A node's list of the cluster's expert actors (actors/expert_dispatch.h):
+// host (an expert actor, its ExpertSet::spec) adds one.
+using expert_directory_actor =
+    caf::typed_actor<caf::reacts_to<expert_host_atom, expert_actor, std::string>>;
+
+// The head's door. join (secret, node) -> the router and the store; attach
+// (secret, node, kind, handle) a stage, encoder or expert actor (an expert
+// with its ExpertSet::spec); watch (secret, directory): the head sends the
+// directory every expert actor attached so far and each one that attaches
+// later.
 using join_actor = caf::typed_actor<
     caf::replies_to<join_atom, std::string, std::string>::with<router_actor, kv_store_actor>,
     caf::replies_to<attach_atom, std::string, std::string, std::string, stage_actor>::with<bool>,
     caf::replies_to<attach_atom, std::string, std::string, std::string,
-                    vision_encoder_actor>::with<bool>>;
+                    vision_encoder_actor>::with<bool>,
+    caf::replies_to<attach_atom, std::string, std::string, expert_actor, std::string>::with<bool>,
+    caf::replies_to<expert_watch_atom, std::string, expert_directory_actor>::with<bool>>;
 
 // ---- Status <-> caf::error (actor_set.cpp) ----
 caf::error to_error(const Status& st);

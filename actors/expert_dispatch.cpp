@@ -1,24 +1,60 @@
 #include "actors/expert_dispatch.h"
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <mutex>
 
 #include "schema/codec.h"
 
 namespace cleave::actors {
+
+void ExpertDirectory::add(ExpertRef ref) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const ExpertRef& r : refs_)
+    if (r.handle == ref.handle) return;
+  refs_.push_back(std::move(ref));
+  size_.store(refs_.size(), std::memory_order_release);
+}
+
+std::vector<ExpertRef> ExpertDirectory::since(size_t from) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (from >= refs_.size()) return {};
+  return std::vector<ExpertRef>(refs_.begin() + ptrdiff_t(from), refs_.end());
+}
+
+expert_directory_actor spawn_expert_directory(caf::actor_system& system,
+                                              std::shared_ptr<ExpertDirectory> directory) {
+  return system.spawn(
+      [](expert_directory_actor::pointer, std::shared_ptr<ExpertDirectory> dir)
+          -> expert_directory_actor::behavior_type {
+        return {[dir](expert_host_atom, const expert_actor& handle, const std::string& spec) {
+          auto sets = parse_expert_sets(spec);
+          if (!sets.ok() || sets->size() != 1) {
+            std::fprintf(stderr, "cleave: an expert actor with the unreadable set '%s' was skipped\n",
+                         spec.substr(0, 64).c_str());
+            return;
+          }
+          dir->add(ExpertRef{handle, sets->front()});
+        }};
+      },
+      std::move(directory));
+}
+
 namespace {
 
 class ActorExpertExecutor final : public ExpertExecutor {
  public:
-  ActorExpertExecutor(caf::actor_system& system, std::vector<ExpertRef> experts,
+  ActorExpertExecutor(caf::actor_system& system, std::shared_ptr<const ExpertDirectory> directory,
                       std::shared_ptr<ExpertHost> fallback)
-      : system_(system), fallback_(std::move(fallback)) {
-    for (ExpertRef& r : experts) hosts_.push_back(Host{std::move(r), true, 0});
-  }
+      : system_(system), directory_(std::move(directory)), fallback_(std::move(fallback)) {}
 
   void run(int32_t layer, std::span<const ExpertWork> work) override {
     const auto t0 = Clock::now();
+    if (directory_->size() > seen_) {  // hosts that attached since the last layer
+      for (ExpertRef& r : directory_->since(seen_)) hosts_.push_back(Host{std::move(r), true, 0});
+      seen_ = hosts_.size();
+    }
     std::vector<ExpertWork> todo(work.begin(), work.end());
     // Each round sends every piece to a live host; the pieces of a host
     // that failed go round again (to a replica, or at last the fallback).
@@ -144,6 +180,8 @@ class ActorExpertExecutor final : public ExpertExecutor {
   }
 
   caf::actor_system& system_;
+  std::shared_ptr<const ExpertDirectory> directory_;
+  size_t seen_ = 0;  // directory entries already in hosts_
   std::shared_ptr<ExpertHost> fallback_;
   std::vector<Host> hosts_;  // touched only by the stage's thread (forward and stats)
   uint64_t fallback_rows_ = 0, dispatches_ = 0, host_failures_ = 0, layers_ = 0, dispatch_ns_ = 0;
@@ -153,7 +191,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
 }  // namespace
 
 std::shared_ptr<ExpertExecutor> make_actor_expert_executor(caf::actor_system& system,
-                                                           std::vector<ExpertRef> experts,
+                                                           std::shared_ptr<const ExpertDirectory> experts,
                                                            std::shared_ptr<ExpertHost> fallback) {
   return std::make_shared<ActorExpertExecutor>(system, std::move(experts), std::move(fallback));
 }

@@ -8,7 +8,9 @@
 // the same bits.
 #pragma once
 
+#include <atomic>
 #include <memory>
+#include <mutex>
 #include <vector>
 
 #include "actors/actor_types.h"
@@ -21,8 +23,32 @@ struct ExpertRef {
   ExpertSet set;
 };
 
+// The expert actors a process's stages may dispatch to: its own and, on a
+// cluster node, those the head reports as they attach (a node that joins
+// late, or again after a restart). Only grows: each executor finds out for
+// itself which hosts failed. Thread-safe: the directory actor adds while
+// stages read.
+class ExpertDirectory {
+ public:
+  // Ignored when that actor is listed already.
+  void add(ExpertRef ref);
+  size_t size() const { return size_.load(std::memory_order_acquire); }
+  // Entries [from, size()).
+  std::vector<ExpertRef> since(size_t from) const;
+
+ private:
+  mutable std::mutex mu_;
+  std::vector<ExpertRef> refs_;
+  std::atomic<size_t> size_{0};
+};
+
 std::shared_ptr<ExpertExecutor> make_actor_expert_executor(caf::actor_system& system,
-                                                           std::vector<ExpertRef> experts,
+                                                           std::shared_ptr<const ExpertDirectory> experts,
                                                            std::shared_ptr<ExpertHost> fallback);
+
+// The actor through which the head fills a node's directory (parses each
+// set's spec; a spec it cannot read is logged and skipped).
+expert_directory_actor spawn_expert_directory(caf::actor_system& system,
+                                              std::shared_ptr<ExpertDirectory> directory);
 
 }  // namespace cleave::actors

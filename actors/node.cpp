@@ -16,6 +16,7 @@
 
 #include "actors/actor_set.h"
 #include "kernels/backend.h"
+#include "model/llama.h"
 
 namespace cleave {
 
@@ -80,16 +81,30 @@ struct JoinState {
     std::string node, kind;
   };
   std::vector<Watched> watched;
+  struct Expert {
+    expert_actor handle;
+    std::string spec, node;
+  };
+  std::vector<Expert> experts;                       // attached and alive
+  std::vector<expert_directory_actor> directories;  // told of every expert
+  std::shared_ptr<std::atomic<int32_t>> experts_alive;
   static inline const char* name = "cleave.join";
 };
 using join_pointer = join_actor::stateful_pointer<JoinState>;
 
 join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> secret,
-                                  router_actor router, kv_store_actor kv) {
+                                  router_actor router, kv_store_actor kv,
+                                  std::shared_ptr<std::atomic<int32_t>> experts_alive) {
   self->state.secret = std::move(secret);
   self->state.router = router;
   self->state.kv = kv;
+  self->state.experts_alive = std::move(experts_alive);
   self->set_down_handler([=](caf::down_msg& dm) {
+    auto& st = self->state;
+    std::erase_if(st.directories, [&](const expert_directory_actor& d) { return d.address() == dm.source; });
+    const size_t before = st.experts.size();
+    std::erase_if(st.experts, [&](const JoinState::Expert& e) { return e.handle.address() == dm.source; });
+    if (st.experts.size() != before) st.experts_alive->store(int32_t(st.experts.size()));
     auto& w = self->state.watched;
     for (auto it = w.begin(); it != w.end(); ++it) {
       if (it->addr != dm.source) continue;
@@ -142,6 +157,32 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
           vision_encoder_actor encoder) -> caf::result<bool> {
         return attach(secret, node, kind, encoder, kind == "vision_encoder");
       },
+      // An expert actor: every node's directory hears of it (the stages
+      // dispatch to it from their next layer on).
+      [=](attach_atom, const std::string& secret, const std::string& node, expert_actor expert,
+          const std::string& spec) -> caf::result<bool> {
+        if (!admitted(secret)) {
+          log_line("refused node " + printable(node) + ": wrong cluster secret");
+          return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        }
+        auto& st = self->state;
+        self->monitor(expert);
+        st.watched.push_back({expert.address(), printable(node), "expert"});
+        st.experts.push_back({expert, spec, printable(node)});
+        st.experts_alive->store(int32_t(st.experts.size()));
+        for (const auto& d : st.directories) self->send(d, expert_host_atom::value, expert, spec);
+        log_line("cleave node head: node " + printable(node) + " hosts an expert actor (" +
+                 printable(spec) + ")");
+        return true;
+      },
+      [=](expert_watch_atom, const std::string& secret, expert_directory_actor directory) -> caf::result<bool> {
+        if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        auto& st = self->state;
+        self->monitor(directory);
+        st.directories.push_back(directory);
+        for (const auto& e : st.experts) self->send(directory, expert_host_atom::value, e.handle, e.spec);
+        return true;
+      },
   };
 }
 
@@ -156,6 +197,8 @@ void configure_node_impl(caf::actor_system_config& config, const ClusterSpec& sp
   config.add_message_type<kv_sender_actor>("cleave.kv_sender_actor");
   config.add_message_type<kv_receiver_actor>("cleave.kv_receiver_actor");
   config.add_message_type<vision_encoder_actor>("cleave.vision_encoder_actor");
+  config.add_message_type<expert_actor>("cleave.expert_actor");
+  config.add_message_type<expert_directory_actor>("cleave.expert_directory_actor");
   auto span = [](double s) { return caf::timespan(std::chrono::nanoseconds(int64_t(s * 1e9))); };
   config.set("middleman.heartbeat-interval", span(spec.heartbeat_interval_s));
   config.set("middleman.connection-timeout", span(spec.connection_timeout_s));
@@ -185,7 +228,11 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
       return Status(Code::invalid_argument, "node '" + node.name + "' hosts vision_encoder actors (line " +
                                                 std::to_string(g.line) + "): give it --mmproj");
     hs.groups.push_back({*kind, g.count});
+    if (*kind == ActorKind::expert) hs.experts.assign(size_t(g.count), node.experts);
   }
+  // With expert actors anywhere in the cluster, every stage is an attention
+  // actor: it sends each layer's FFN to them.
+  hs.attention = o.spec.count("expert") > 0;
   hs.name_prefix = node.name + "/";
   hs.file = o.file;
   hs.tokenizer = o.tokenizer;
@@ -201,6 +248,14 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
 // Attaches through the head's join actor, with the secret.
 Attach attach_through(caf::actor_system& system, const join_actor& join, const std::string& secret,
                       const std::string& node) {
+  auto call_expert = [&system, join, secret, node](const expert_actor& h, const ExpertSet& set) {
+    caf::scoped_actor self{system};
+    Status st;
+    self->request(join, kJoinTimeout, attach_atom::value, secret, node, h, set.spec())
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok()) return Status(st.code(), "the head: " + st.message());
+    return st;
+  };
   auto call = [&system, join, secret, node](const std::string& kind, auto&& handle) {
     caf::scoped_actor self{system};
     Status st;
@@ -212,7 +267,31 @@ Attach attach_through(caf::actor_system& system, const join_actor& join, const s
   Attach a;
   a.stage = [call](const std::string& kind, const stage_actor& h) { return call(kind, h); };
   a.encoder = [call](const vision_encoder_actor& h) { return call("vision_encoder", h); };
+  a.expert = call_expert;
   return a;
+}
+
+// A node whose stages are attention actors learns of the cluster's expert
+// actors through the head (they attach in any order, and again after a
+// restart).
+Status watch_experts(caf::actor_system& system, const join_actor& join, const std::string& secret,
+                     ActorSet& actors) {
+  auto directory = spawn_expert_directory(system, actors.expert_directory());
+  actors.add_service(caf::actor_cast<caf::actor>(directory));
+  caf::scoped_actor self{system};
+  Status st;
+  self->request(join, kJoinTimeout, expert_watch_atom::value, secret, directory)
+      .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+  if (!st.ok()) return Status(st.code(), "watching the expert actors at the head: " + st.message());
+  return st;
+}
+
+// Every node checks the expert placement against its model at start.
+Status check_node_experts(const NodeOptions& o) {
+  if (o.spec.count("expert") == 0) return Status::Ok();
+  auto model = LlamaModel::load(o.file);
+  if (!model.ok()) return model.status();
+  return check_topology_experts(o.spec, (*model)->config());
 }
 
 class HeadNode final : public Node {
@@ -268,7 +347,7 @@ class HeadNode final : public Node {
     rc.request_timeout_s = options_.spec.request_timeout_s;
     rc.placement = options_.spec.placement;
     router_ = spawn_router(*system_, rc, sinks_, kv_);
-    join_ = system_->spawn(join_fn, options_.secret, router_, kv_);
+    join_ = system_->spawn(join_fn, options_.secret, router_, kv_, experts_alive_);
     // Stopped after the stages: join, router, store.
     actors_->add_service(caf::actor_cast<caf::actor>(join_));
     actors_->add_service(caf::actor_cast<caf::actor>(router_));
@@ -284,8 +363,11 @@ class HeadNode final : public Node {
     stream.node_address = address();
     // The head's own actors attach through the join actor too, so it logs
     // which node lost what.
-    return actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
-                          attach_through(*system_, join_, options_.secret.value_or(""), me_.name));
+    const bool attention = !hosted->expert_fallbacks.empty();
+    CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
+                                          attach_through(*system_, join_, options_.secret.value_or(""), me_.name)));
+    if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, options_.secret.value_or(""), *actors_));
+    return Status::Ok();
   }
 
   bool is_head() const override { return true; }
@@ -296,7 +378,7 @@ class HeadNode final : public Node {
     for (const msg::Stats& s : stats())
       if (s.actor == "router")
         return int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated") +
-                       s.get("alive_vision_encoder"));
+                       s.get("alive_vision_encoder")) + experts_alive_->load();
     return 0;
   }
 
@@ -330,6 +412,7 @@ class HeadNode final : public Node {
   std::unique_ptr<ActorSet> actors_;
   uint16_t port_ = 0;
   int32_t context_ = 0, n_vocab_ = 0, n_embd_ = 0;
+  std::shared_ptr<std::atomic<int32_t>> experts_alive_ = std::make_shared<std::atomic<int32_t>>(0);
 };
 
 class WorkerNode final : public Node {
@@ -407,8 +490,11 @@ class WorkerNode final : public Node {
         },
         router_, head_lost_);
     actors_->add_service(watcher);
-    return actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
-                          attach_through(*system_, join_, secret, me_.name));
+    const bool attention = !hosted->expert_fallbacks.empty();
+    CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
+                                          attach_through(*system_, join_, secret, me_.name)));
+    if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, secret, *actors_));
+    return Status::Ok();
   }
 
   bool is_head() const override { return false; }
@@ -462,6 +548,7 @@ Result<std::unique_ptr<Node>> Node::start(const NodeOptions& options) {
     return Status(Code::invalid_argument, "no node '" + options.name + "' in the topology (nodes: " + names + ")");
   }
   if (auto policy = make_placement_policy(options.spec.placement); !policy.ok()) return policy.status();
+  CLEAVE_RETURN_IF_ERROR(check_node_experts(options));
   if (me->head) {
     auto node = std::make_unique<HeadNode>(options, *me);
     Status st = node->start();

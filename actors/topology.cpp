@@ -10,6 +10,7 @@
 #include "actors/topology.h"
 
 #include "actors/actor_kind.h"
+#include "actors/topology_internal.h"
 
 #include <lua.hpp>
 
@@ -58,17 +59,43 @@ int32_t ClusterSpec::count(const std::string& kind) const {
   return n;
 }
 
+namespace topology_detail {
+
+std::string format_bytes(uint64_t b) {
+  const char* units[] = {"TiB", "GiB", "MiB", "KiB"};
+  for (int i = 0; i < 4; ++i) {
+    uint64_t unit = uint64_t(1) << (40 - 10 * i);
+    if (b >= unit && b % unit == 0) return std::to_string(b / unit) + " " + units[i];
+  }
+  return std::to_string(b) + " B";
+}
+
+std::string format_seconds(double s) {
+  std::ostringstream o;
+  o << s << " s";
+  return o.str();
+}
+
+}  // namespace topology_detail
+
 namespace {
 
+using topology_detail::check_cluster;
+using topology_detail::format_bytes;
+using topology_detail::format_seconds;
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
 constexpr int kNumKinds = int(kActorKindTable.size());
 constexpr int kKvStore = int(ActorKind::kv_store);
 
-constexpr const char* kNodeFields[] = {"name",  "host", "port",   "threads",
-                                       "device", "head", "actors", "kv"};
-constexpr const char* kNodeFieldList = "name, host, port, threads, device, head, actors, kv";
+constexpr const char* kNodeFields[] = {"name", "host",   "port", "threads", "device",
+                                       "head", "actors", "kv",   "expert"};
+constexpr const char* kNodeFieldList = "name, host, port, threads, device, head, actors, kv, expert";
+constexpr const char* kExpertFields[] = {"experts", "layers"};
+constexpr int kExpert = int(ActorKind::expert);
+constexpr lua_Integer kMaxExpertIds = 4096;  // ids in one expert{} list
+constexpr lua_Integer kMaxLayer = 1 << 20;
 constexpr const char* kKvFields[] = {"tier0", "tier1", "dir"};
 constexpr const char* kKvFieldList = "tier0, tier1, dir";
 constexpr const char* kClusterFields[] = {"router",          "max_pending",
@@ -343,7 +370,9 @@ struct RawNode {
   size_t kv_dir_len = 0;
   lua_Integer port = 0, threads = 0, tier0 = 0, tier1 = 0;
   lua_Integer counts[kNumKinds] = {};
-  bool head = false, has_kv = false;
+  lua_Integer expert_ids[kMaxExpertIds] = {};
+  lua_Integer n_expert_ids = 0, first_layer = 0, last_layer = -1;
+  bool head = false, has_kv = false, has_expert = false;
   int line = 0;
 };
 
@@ -355,6 +384,9 @@ void read_actors(lua_State* L, int t, const char* what, RawNode* r) {
       raise(L, "%s: actors must map a kind to a count, e.g. actors = { decode = 2 } (got a %s key)",
             what, luaL_typename(L, -2));
     const char* kind = lua_tostring(L, -2);
+    if (std::strcmp(kind, "attention") == 0)
+      raise(L, "%s: actor kind 'attention': prefill, decode and colocated actors are the attention "
+               "actors once the cluster hosts expert actors; name one of those", what);
     // Static: a local std::string would leak when raise() longjmps past it.
     static const std::string kinds = actor_kind_list();
     for (const char* planned : kPlannedActorKinds)
@@ -409,6 +441,69 @@ void read_kv(lua_State* L, int t, const char* what, RawNode* r) {
     r->kv_dir = dir;  // stays pushed: the stack anchors it
   }
   r->has_kv = true;
+}
+
+// An array of integers at t (a plain sequence 1..n, nothing else).
+lua_Integer read_int_array(lua_State* L, int t, const char* what, const char* key, lua_Integer* out,
+                           lua_Integer max_n) {
+  check_plain_table(L, t, what);
+  const lua_Integer n = lua_Integer(lua_rawlen(L, t));
+  lua_Integer keys = 0;
+  lua_pushnil(L);
+  while (lua_next(L, t)) {
+    lua_pop(L, 1);
+    ++keys;
+  }
+  if (keys != n) raise(L, "%s: %s must be a list of integers like {0, 1, 2}", what, key);
+  if (n > max_n) raise(L, "%s: %s lists %I values, more than %I", what, key, n, max_n);
+  for (lua_Integer i = 1; i <= n; ++i) {
+    lua_rawgeti(L, t, i);
+    int is_int = 0;
+    const lua_Integer v = lua_tointegerx(L, -1, &is_int);
+    if (lua_type(L, -1) != LUA_TNUMBER || !is_int)
+      raise(L, "%s: %s[%I] must be an integer, got %s", what, key, i, luaL_typename(L, -1));
+    out[i - 1] = v;
+    lua_pop(L, 1);
+  }
+  return n;
+}
+
+// expert = { experts = {0, 1, 2, 3}, layers = {0, 5} }: what each of the
+// node's expert actors hosts (experts left out: all; layers left out: all).
+void read_expert(lua_State* L, int t, const char* what, RawNode* r) {
+  const char* ewhat = "expert{}";
+  check_plain_table(L, t, ewhat);
+  check_fields(L, t, ewhat, kExpertFields, "experts, layers");
+  int type = raw_field(L, t, "experts");
+  if (type == LUA_TTABLE) {
+    r->n_expert_ids = read_int_array(L, lua_gettop(L), what, "expert.experts", r->expert_ids, kMaxExpertIds);
+    if (r->n_expert_ids == 0)
+      raise(L, "%s: expert.experts is empty (leave it out to host every expert)", what);
+    for (lua_Integer i = 0; i < r->n_expert_ids; ++i) {
+      if (r->expert_ids[i] < 0 || r->expert_ids[i] > 65535)
+        raise(L, "%s: expert id %I is out of range 0..65535", what, r->expert_ids[i]);
+      for (lua_Integer j = 0; j < i; ++j)
+        if (r->expert_ids[j] == r->expert_ids[i])
+          raise(L, "%s: expert %I is listed twice in expert.experts", what, r->expert_ids[i]);
+    }
+  } else if (type != LUA_TNIL) {
+    raise(L, "%s: expert.experts must be a list like {0, 1}, got %s", what, lua_typename(L, type));
+  }
+  lua_pop(L, 1);
+  type = raw_field(L, t, "layers");
+  if (type == LUA_TTABLE) {
+    lua_Integer range[2] = {0, 0};
+    if (read_int_array(L, lua_gettop(L), what, "expert.layers", range, 2) != 2)
+      raise(L, "%s: expert.layers must be {first, last}, e.g. {0, 5}", what);
+    if (range[0] < 0 || range[1] < range[0] || range[1] > kMaxLayer)
+      raise(L, "%s: expert.layers {%I, %I} is not a range (0 <= first <= last)", what, range[0], range[1]);
+    r->first_layer = range[0];
+    r->last_layer = range[1];
+  } else if (type != LUA_TNIL) {
+    raise(L, "%s: expert.layers must be {first, last}, got %s", what, lua_typename(L, type));
+  }
+  lua_pop(L, 1);
+  r->has_expert = true;
 }
 
 // node { name = "d0", host = "10.0.0.2", port = 7001, threads = 8,
@@ -468,6 +563,14 @@ int lua_node(lua_State* L) {
   else if (type != LUA_TNIL)
     raise(L, "%s: field 'kv' must be a table like { tier0 = 64*MiB }, got %s", what,
           lua_typename(L, type));
+  type = raw_field(L, 1, "expert");
+  if (type == LUA_TTABLE)
+    read_expert(L, lua_gettop(L), what, &r);
+  else if (type != LUA_TNIL)
+    raise(L, "%s: field 'expert' must be a table like { experts = {0, 1} }, got %s", what,
+          lua_typename(L, type));
+  if (r.has_expert && r.counts[kExpert] == 0)
+    raise(L, "%s: expert{} is set but the node has no expert actor (add expert = 1 to actors)", what);
   if (r.has_kv && r.counts[kKvStore] == 0)
     raise(L, "%s: kv{} is set but the node has no kv_store actor (add kv_store = 1 to actors)",
           what);
@@ -487,6 +590,9 @@ int lua_node(lua_State* L) {
   n.kv_tier0_bytes = uint64_t(r.tier0);
   n.kv_tier1_bytes = uint64_t(r.tier1);
   n.kv_dir.assign(r.kv_dir, r.kv_dir_len);
+  n.experts.first_layer = int32_t(r.first_layer);
+  n.experts.last_layer = int32_t(r.last_layer);
+  n.experts.experts.assign(r.expert_ids, r.expert_ids + r.n_expert_ids);
   n.line = r.line;
   return 0;
 }
@@ -759,21 +865,6 @@ std::string one_line(std::string s) {
   return s;
 }
 
-std::string format_bytes(uint64_t b) {
-  const char* units[] = {"TiB", "GiB", "MiB", "KiB"};
-  for (int i = 0; i < 4; ++i) {
-    uint64_t unit = uint64_t(1) << (40 - 10 * i);
-    if (b >= unit && b % unit == 0) return std::to_string(b / unit) + " " + units[i];
-  }
-  return std::to_string(b) + " B";
-}
-
-std::string format_seconds(double s) {
-  std::ostringstream o;
-  o << s << " s";
-  return o.str();
-}
-
 // The Status for a failed setup, load or run; the message names the script
 // line where one is known.
 Status script_error(lua_State* L, const Sandbox& sb, int status, const std::string& display) {
@@ -832,96 +923,6 @@ Status run_script(lua_State* L, Sandbox& sb, const std::string& script,
   return Status::Ok();
 }
 
-// The checks that need every node.
-Status check_cluster(const ClusterSpec& c, const std::string& display) {
-  auto at = [&](int line, const std::string& msg) {
-    return Status(Code::invalid_argument, display + ":" + std::to_string(line) + ": " + msg);
-  };
-  if (c.nodes.empty())
-    return Status(Code::invalid_argument,
-                  display + ": no node declared (add node { name = \"head\", head = true, ... })");
-  std::map<std::string, const NodeSpec*> names, addresses;
-  const NodeSpec* head = nullptr;
-  for (const NodeSpec& n : c.nodes) {
-    auto [it, fresh] = names.emplace(n.name, &n);
-    if (!fresh)
-      return at(n.line, "duplicate node name '" + n.name + "' (first declared at line " +
-                            std::to_string(it->second->line) + ")");
-    if (n.port != 0) {
-      std::string address = n.host + ":" + std::to_string(n.port);
-      auto [a, fresh_address] = addresses.emplace(address, &n);
-      if (!fresh_address)
-        return at(n.line, "duplicate address " + address + ": node '" + n.name +
-                              "' and node '" + a->second->name + "' (line " +
-                              std::to_string(a->second->line) + ")");
-    }
-    if (n.head) {
-      if (head != nullptr)
-        return at(n.line, "two head nodes: '" + n.name + "' and '" + head->name + "' (line " +
-                              std::to_string(head->line) + "); mark exactly one head = true");
-      head = &n;
-    }
-  }
-  if (head == nullptr)
-    return at(c.nodes.front().line,
-              "no head node: mark exactly one node head = true (it hosts the router)");
-  for (const NodeSpec& n : c.nodes)
-    if (!n.head && n.count("kv_store") > 0)
-      return at(n.line, "node '" + n.name + "' is not the head: a kv_store on a worker is not "
-                        "implemented yet (the head's store serves the cluster; give kv_store and kv{} "
-                        "to the head)");
-
-  auto first_with = [&](const char* kind) -> const NodeSpec* {
-    for (const NodeSpec& n : c.nodes)
-      if (n.count(kind) > 0) return &n;
-    return nullptr;
-  };
-  const int32_t prefill = c.count("prefill"), decode = c.count("decode");
-  const int32_t colocated = c.count("colocated");
-  if (prefill + decode + colocated == 0)
-    return at(head->line,
-              "no actor serves requests: add prefill and decode, or colocated, to some node");
-  if (decode > 0 && prefill + colocated == 0)
-    return at(first_with("decode")->line,
-              "decode actors but no prefill or colocated actor in the cluster (P/D needs both)");
-  if (prefill > 0 && decode + colocated == 0)
-    return at(first_with("prefill")->line,
-              "prefill actors but no decode or colocated actor in the cluster (P/D needs both)");
-  return Status::Ok();
-}
-
-std::string router_text(const PlacementConfig& p) {
-  if (p.policy != "kv_aware") return p.policy;
-  char buf[96];
-  std::snprintf(buf, sizeof buf, "kv_aware (prefill_weight %g, decode_weight %g)", p.prefill_weight,
-                p.decode_weight);
-  return buf;
-}
-
-std::string address_of(const NodeSpec& n) {
-  bool v6 = n.host.find(':') != std::string::npos;
-  return (v6 ? "[" + n.host + "]" : n.host) + ":" + std::to_string(n.port);
-}
-
-std::string actors_of(const NodeSpec& n) {
-  std::string s;
-  for (const ActorGroupSpec& a : n.actors)
-    s += (s.empty() ? "" : ", ") + a.kind + " " + std::to_string(a.count);
-  return s.empty() ? "-" : s;
-}
-
-std::string totals_of(const ClusterSpec& c, int32_t* total) {
-  std::string s;
-  *total = 0;
-  for (const ActorKindInfo& k : kActorKindTable) {
-    const char* kind = k.name;
-    int32_t n = c.count(kind);
-    *total += n;
-    if (n > 0) s += (s.empty() ? "" : ", ") + std::string(kind) + " " + std::to_string(n);
-  }
-  return s;
-}
-
 }  // namespace
 
 Result<ClusterSpec> load_topology_string(const std::string& script, const std::string& chunkname,
@@ -970,54 +971,6 @@ Result<ClusterSpec> load_topology_file(const std::string& path,
     return Status(Code::invalid_argument, "topology file '" + path + "' is larger than " +
                                               format_bytes(kMaxScriptBytes));
   return load_topology_string(text, path, args, limits);
-}
-
-std::string topology_summary(const ClusterSpec& c) {
-  int32_t total = 0;
-  std::string kinds = totals_of(c, &total);
-  std::string s = std::to_string(c.nodes.size()) + (c.nodes.size() == 1 ? " node, " : " nodes, ") +
-                  std::to_string(total) + (total == 1 ? " actor" : " actors");
-  if (!kinds.empty()) s += " (" + kinds + ")";
-  for (const NodeSpec& n : c.nodes)
-    if (n.head) s += ", head '" + n.name + "' at " + address_of(n);
-  return s + ", router " + router_text(c.placement);
-}
-
-std::string placement_table(const ClusterSpec& c) {
-  std::vector<std::vector<std::string>> rows = {
-      {"node", "address", "role", "threads", "device", "actors", "kv tier0", "kv tier1", "kv dir"}};
-  for (const NodeSpec& n : c.nodes) {
-    const bool kv = n.count("kv_store") > 0;
-    auto tier = [&](uint64_t bytes) {
-      return !kv ? std::string("-") : bytes == 0 ? std::string("default") : format_bytes(bytes);
-    };
-    rows.push_back({n.name, address_of(n), n.head ? "head" : "worker",
-                    n.threads == 0 ? "default" : std::to_string(n.threads), n.device, actors_of(n),
-                    tier(n.kv_tier0_bytes), tier(n.kv_tier1_bytes),
-                    !kv ? "-" : n.kv_dir.empty() ? "none" : n.kv_dir});
-  }
-  std::vector<size_t> width(rows[0].size(), 0);
-  for (const auto& row : rows)
-    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
-
-  std::string out = "cluster: router " + router_text(c.placement) + ", max_pending " +
-                    std::to_string(c.max_pending) + ", request timeout " +
-                    format_seconds(c.request_timeout_s) + ", heartbeat " +
-                    format_seconds(c.heartbeat_interval_s) + ", connection timeout " +
-                    format_seconds(c.connection_timeout_s) + ", secret from " +
-                    (c.secret_file.empty() ? "$" + c.secret_env : "file " + c.secret_file) +
-                    "\n\n";
-  for (const auto& row : rows) {
-    std::string line;
-    for (size_t i = 0; i < row.size(); ++i)
-      line += row[i] + (i + 1 < row.size() ? std::string(width[i] - row[i].size() + 2, ' ') : "");
-    out += line + "\n";
-  }
-  int32_t total = 0;
-  std::string kinds = totals_of(c, &total);
-  out += "\ntotal: " + std::to_string(c.nodes.size()) + " nodes, " + std::to_string(total) +
-         " actors" + (kinds.empty() ? "" : " (" + kinds + ")") + "\n";
-  return out;
 }
 
 }  // namespace cleave

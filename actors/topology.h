@@ -17,6 +17,7 @@
 
 #include "actors/placement.h"
 #include "common/status.h"
+#include "model/experts.h"
 
 namespace cleave {
 
@@ -41,6 +42,9 @@ struct NodeSpec {
   std::vector<ActorGroupSpec> actors;  // in kActorKindTable order, one group per kind
   uint64_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;  // per kv_store; 0 = default
   std::string kv_dir;           // RocksDB dir of that node's kv_store ("" = none)
+  // What each of the node's expert actors hosts: expert = { experts = {...},
+  // layers = {first, last} }; the default hosts every expert of every layer.
+  ExpertSet experts;
   int32_t line = 0;             // script line that declared it (for errors)
 
   int32_t count(const std::string& kind) const;
@@ -83,6 +87,12 @@ Result<ClusterSpec> load_topology_file(const std::string& path,
 Result<ClusterSpec> load_topology_string(const std::string& script, const std::string& chunkname,
                                          const std::map<std::string, std::string>& args = {},
                                          const TopologyLimits& limits = {});
+
+// The expert placement against the model: every node's expert set fits it
+// (invalid_argument naming the node), and every expert of every layer has a
+// host (invalid_argument naming the expert and layer). Ok when no node hosts
+// expert actors. `cleave topology check -m` and every node at start run it.
+Status check_topology_experts(const ClusterSpec& spec, const LlamaConfig& model);
 
 // A human table: node, host:port, role, threads, device, actors, kv tiers;
 // the cluster settings above it and the actor totals below.

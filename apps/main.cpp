@@ -438,10 +438,11 @@ int run_make_model(MakeArgs a) {
 }
 
 // ---- topology -------------------------------------------------------------
-//   cleave topology check FILE [--set key=value]...   "ok: 3 nodes, ..." or one error line
-//   cleave topology show FILE [--set key=value]...    the placement table
+//   cleave topology check FILE [--set key=value]... [-m MODEL]   "ok: 3 nodes, ..." or one error line
+//   cleave topology show FILE [--set key=value]... [-m MODEL]    the placement table
+// With -m, the expert placement is checked against that model too.
 struct TopologyArgs {
-  std::string path;
+  std::string path, model;
   std::vector<std::string> sets;
   CLI::App *check = nullptr, *show = nullptr;
 };
@@ -454,6 +455,9 @@ CLI::App* add_topology_command(CLI::App& app, TopologyArgs& t) {
   for (CLI::App* sub : {t.check, t.show}) {
     sub->add_option("file", t.path, "topology script (.lua)")->required()->check(CLI::ExistingFile);
     sub->add_option("--set", t.sets, "key=value for the script's args table (repeatable)");
+    sub->add_option("-m,--model", t.model,
+                    "GGUF model: also check that every expert of every layer has a host")
+        ->check(CLI::ExistingFile);
   }
   return topo;
 }
@@ -467,6 +471,10 @@ int run_topology(const TopologyArgs& t) {
     args[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   ClusterSpec spec = unwrap(load_topology_file(t.path, args));
+  if (!t.model.empty()) {
+    auto model = unwrap(LlamaModel::load(unwrap(GgufFile::open(t.model))));
+    if (Status st = check_topology_experts(spec, model->config()); !st.ok()) fail(st);
+  }
   if (*t.show)
     std::fputs(placement_table(spec).c_str(), stdout);
   else

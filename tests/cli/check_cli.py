@@ -253,12 +253,16 @@ expect_error("topology: --set value of the wrong type",
 # Every setting has effect or is refused: kinds not implemented yet, a
 # device the node cannot run on, request flags that --requests would ignore,
 # JSONL fields nobody reads.
-for kind in ("attention", "expert", "stage"):
+for kind in ("stage",):
     with open(bad_topo, "w") as f:
         f.write("node { name = 'h', head = true, actors = { colocated = 1, %s = 2 } }\n" % kind)
     expect_error("topology: " + kind + " is refused", ["topology", "check", bad_topo], 1, "bad_topo.lua:1:",
                  "actor kind '%s' is not implemented yet" % kind,
-                 "prefill, decode, colocated, kv_store, vision_encoder")
+                 "prefill, decode, colocated, kv_store, vision_encoder, expert")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1, attention = 2 } }\n")
+expect_error("topology: attention is a role, not a kind", ["topology", "check", bad_topo], 1, "bad_topo.lua:1:",
+             "actor kind 'attention': prefill, decode and colocated actors are the attention actors")
 with open(bad_topo, "w") as f:
     f.write("node { name = 'h', head = true, device = 'cuda:3', actors = { colocated = 1 } }\n")
 rc, out, err = run("node", "--topology", bad_topo, "--name", "h", "-m", model)
@@ -376,6 +380,45 @@ expect_error("--experts: an expert the model lacks is named",
 expect_error("make-model: --router-skew needs experts",
              ["make-model", "--out", os.path.join(WORK, "x.gguf"), "--vocab", VOCAB, "--router-skew", "2"], 1,
              "router_skew", "needs a MoE model")
+# Topology scripts place experts: `topology check -m` checks the placement
+# against the model, naming an expert without a host; the nodes refuse it too.
+ex_topo = os.path.join(examples, "experts_3nodes.lua")
+rc, out, err = run("topology", "check", ex_topo, "-m", moe)
+expect("topology check -m: the example places every expert", rc == 0 and "expert 2" in out, out + err)
+rc, out, err = run("topology", "show", ex_topo, "--set", "replicas=true")
+expect("topology show: each expert node's set", rc == 0 and out.count("expert 1 (layers 0-last, experts all)") == 2,
+       out + err)
+rc, out, err = run("topology", "show", ex_topo)
+expect("topology show: the halves", rc == 0 and "experts {0, 1, 2, 3}" in out and "experts {4, 5, 6, 7}" in out,
+       out + err)
+expect_error("topology check -m: an expert the script leaves unplaced is named",
+             ["topology", "check", ex_topo, "-m", moe, "--set", "experts=7"], 1,
+             "expert 7 of layer 0 has no host")
+expect_error("topology check -m: more experts than the model has",
+             ["topology", "check", ex_topo, "-m", moe, "--set", "experts=10"], 1,
+             "node 'ex1'", "expert 8 is not one of the model's 8 experts")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1, expert = 1 },\n"
+            "       expert = { experts = {0, 1}, layers = {1, 2} } }\n")
+expect_error("topology check -m: layers left without their experts",
+             ["topology", "check", bad_topo, "-m", moe], 1, "expert 0 of layer 0 has no host")
+rc, _, err = run("node", "--topology", bad_topo, "--name", "h", "-m", moe)
+expect("node: a head whose script leaves experts unplaced refuses to start",
+       rc == 1 and "expert 0 of layer 0 has no host" in err, err)
+for script, needle in (
+        ("expert = { experts = {0, 0} }", "expert 0 is listed twice"),
+        ("expert = { experts = {} }", "expert.experts is empty"),
+        ("expert = { experts = {0, 'x'} }", "expert.experts[2] must be an integer"),
+        ("expert = { layers = {3, 1} }", "expert.layers {3, 1} is not a range"),
+        ("expert = { layers = {1} }", "expert.layers must be {first, last}"),
+        ("expert = { layer = {1, 2} }", "unknown field 'layer' (did you mean 'layers'?")):
+    with open(bad_topo, "w") as f:
+        f.write("node { name = 'h', head = true, actors = { colocated = 1, expert = 1 }, %s }\n" % script)
+    expect_error("topology: " + needle, ["topology", "check", bad_topo], 1, "bad_topo.lua:1:", needle)
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1 }, expert = { experts = {0} } }\n")
+expect_error("topology: expert{} without expert actors", ["topology", "check", bad_topo], 1,
+             "expert{} is set but the node has no expert actor")
 skewed = os.path.join(WORK, "cli-moe-skewed.gguf")
 rc, _, err = run("make-model", "--out", skewed, "--vocab", VOCAB, "--dim", "64", "--layers", "3", "--heads", "4",
                  "--kv-heads", "2", "--ffn", "64", "--experts", "8", "--experts-used", "2", "--ctx", "128",

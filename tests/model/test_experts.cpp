@@ -241,7 +241,22 @@ TEST_CASE("experts: the --experts spelling") {
   CHECK((*sets)[2].last_layer == 2);
   CHECK((*sets)[3].experts.empty());
   CHECK((*sets)[3].last_layer == -1);
-  for (const char* bad : {"", "0-3;", "x", "3-1", "0,,1", "all@", "all@2-1", "1@a", "-1", "0-999999"}) {
+  // "L-": from L to the last layer; spec() spells a set so that it reads back the same.
+  auto open_end = parse_expert_sets("all@2-");
+  REQUIRE(open_end.ok());
+  CHECK((*open_end)[0].first_layer == 2);
+  CHECK((*open_end)[0].last_layer == -1);
+  for (const ExpertSet& s : {expert_set({}), expert_set({0, 5, 2}, 1, 3), expert_set({7}, 2, -1),
+                             expert_set({}, 0, 0)}) {
+    auto back = parse_expert_sets(s.spec());
+    REQUIRE_MESSAGE(back.ok(), s.spec());
+    REQUIRE(back->size() == 1);
+    CHECK((*back)[0].experts == s.experts);
+    CHECK((*back)[0].first_layer == s.first_layer);
+    CHECK((*back)[0].last_layer == s.last_layer);
+  }
+  CHECK(expert_set({0, 5}, 1, 3).spec() == "0,5@1-3");
+  for (const char* bad : {"", "0-3;", "x", "3-1", "0,,1", "all@", "all@2-1", "1@a", "-1", "0-999999", "2-@1"}) {
     CAPTURE(bad);
     auto r = parse_expert_sets(bad);
     CHECK(r.status().code() == Code::invalid_argument);

@@ -1,0 +1,70 @@
+// The checks of a whole cluster that the loader runs once every node is
+// declared.
+#include <map>
+
+#include "actors/topology_internal.h"
+
+namespace cleave {
+namespace topology_detail {
+
+// The checks that need every node.
+Status check_cluster(const ClusterSpec& c, const std::string& display) {
+  auto at = [&](int line, const std::string& msg) {
+    return Status(Code::invalid_argument, display + ":" + std::to_string(line) + ": " + msg);
+  };
+  if (c.nodes.empty())
+    return Status(Code::invalid_argument,
+                  display + ": no node declared (add node { name = \"head\", head = true, ... })");
+  std::map<std::string, const NodeSpec*> names, addresses;
+  const NodeSpec* head = nullptr;
+  for (const NodeSpec& n : c.nodes) {
+    auto [it, fresh] = names.emplace(n.name, &n);
+    if (!fresh)
+      return at(n.line, "duplicate node name '" + n.name + "' (first declared at line " +
+                            std::to_string(it->second->line) + ")");
+    if (n.port != 0) {
+      std::string address = n.host + ":" + std::to_string(n.port);
+      auto [a, fresh_address] = addresses.emplace(address, &n);
+      if (!fresh_address)
+        return at(n.line, "duplicate address " + address + ": node '" + n.name +
+                              "' and node '" + a->second->name + "' (line " +
+                              std::to_string(a->second->line) + ")");
+    }
+    if (n.head) {
+      if (head != nullptr)
+        return at(n.line, "two head nodes: '" + n.name + "' and '" + head->name + "' (line " +
+                              std::to_string(head->line) + "); mark exactly one head = true");
+      head = &n;
+    }
+  }
+  if (head == nullptr)
+    return at(c.nodes.front().line,
+              "no head node: mark exactly one node head = true (it hosts the router)");
+  for (const NodeSpec& n : c.nodes)
+    if (!n.head && n.count("kv_store") > 0)
+      return at(n.line, "node '" + n.name + "' is not the head: a kv_store on a worker is not "
+                        "implemented yet (the head's store serves the cluster; give kv_store and kv{} "
+                        "to the head)");
+
+  auto first_with = [&](const char* kind) -> const NodeSpec* {
+    for (const NodeSpec& n : c.nodes)
+      if (n.count(kind) > 0) return &n;
+    return nullptr;
+  };
+  const int32_t prefill = c.count("prefill"), decode = c.count("decode");
+  const int32_t colocated = c.count("colocated");
+  if (prefill + decode + colocated == 0)
+    return at(head->line,
+              "no actor serves requests: add prefill and decode, or colocated, to some node");
+  if (decode > 0 && prefill + colocated == 0)
+    return at(first_with("decode")->line,
+              "decode actors but no prefill or colocated actor in the cluster (P/D needs both)");
+  if (prefill > 0 && decode + colocated == 0)
+    return at(first_with("prefill")->line,
+              "prefill actors but no decode or colocated actor in the cluster (P/D needs both)");
+  return Status::Ok();
+}
+
+}  // namespace topology_detail
+
+}  // namespace cleave

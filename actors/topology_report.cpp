@@ -1,0 +1,100 @@
+// What `cleave topology check` and `show` print.
+#include <algorithm>
+#include <sstream>
+#include <vector>
+
+#include "actors/actor_kind.h"
+#include "actors/topology_internal.h"
+
+namespace cleave {
+
+namespace {
+
+using topology_detail::format_bytes;
+using topology_detail::format_seconds;
+
+std::string router_text(const PlacementConfig& p) {
+  if (p.policy != "kv_aware") return p.policy;
+  char buf[96];
+  std::snprintf(buf, sizeof buf, "kv_aware (prefill_weight %g, decode_weight %g)", p.prefill_weight,
+                p.decode_weight);
+  return buf;
+}
+
+std::string address_of(const NodeSpec& n) {
+  bool v6 = n.host.find(':') != std::string::npos;
+  return (v6 ? "[" + n.host + "]" : n.host) + ":" + std::to_string(n.port);
+}
+
+std::string actors_of(const NodeSpec& n) {
+  std::string s;
+  for (const ActorGroupSpec& a : n.actors) {
+    s += (s.empty() ? "" : ", ") + a.kind + " " + std::to_string(a.count);
+    if (a.kind == "expert") s += " (" + n.experts.describe() + ")";
+  }
+  return s.empty() ? "-" : s;
+}
+
+std::string totals_of(const ClusterSpec& c, int32_t* total) {
+  std::string s;
+  *total = 0;
+  for (const ActorKindInfo& k : kActorKindTable) {
+    const char* kind = k.name;
+    int32_t n = c.count(kind);
+    *total += n;
+    if (n > 0) s += (s.empty() ? "" : ", ") + std::string(kind) + " " + std::to_string(n);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::string topology_summary(const ClusterSpec& c) {
+  int32_t total = 0;
+  std::string kinds = totals_of(c, &total);
+  std::string s = std::to_string(c.nodes.size()) + (c.nodes.size() == 1 ? " node, " : " nodes, ") +
+                  std::to_string(total) + (total == 1 ? " actor" : " actors");
+  if (!kinds.empty()) s += " (" + kinds + ")";
+  for (const NodeSpec& n : c.nodes)
+    if (n.head) s += ", head '" + n.name + "' at " + address_of(n);
+  return s + ", router " + router_text(c.placement);
+}
+
+std::string placement_table(const ClusterSpec& c) {
+  std::vector<std::vector<std::string>> rows = {
+      {"node", "address", "role", "threads", "device", "actors", "kv tier0", "kv tier1", "kv dir"}};
+  for (const NodeSpec& n : c.nodes) {
+    const bool kv = n.count("kv_store") > 0;
+    auto tier = [&](uint64_t bytes) {
+      return !kv ? std::string("-") : bytes == 0 ? std::string("default") : format_bytes(bytes);
+    };
+    rows.push_back({n.name, address_of(n), n.head ? "head" : "worker",
+                    n.threads == 0 ? "default" : std::to_string(n.threads), n.device, actors_of(n),
+                    tier(n.kv_tier0_bytes), tier(n.kv_tier1_bytes),
+                    !kv ? "-" : n.kv_dir.empty() ? "none" : n.kv_dir});
+  }
+  std::vector<size_t> width(rows[0].size(), 0);
+  for (const auto& row : rows)
+    for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
+
+  std::string out = "cluster: router " + router_text(c.placement) + ", max_pending " +
+                    std::to_string(c.max_pending) + ", request timeout " +
+                    format_seconds(c.request_timeout_s) + ", heartbeat " +
+                    format_seconds(c.heartbeat_interval_s) + ", connection timeout " +
+                    format_seconds(c.connection_timeout_s) + ", secret from " +
+                    (c.secret_file.empty() ? "$" + c.secret_env : "file " + c.secret_file) +
+                    "\n\n";
+  for (const auto& row : rows) {
+    std::string line;
+    for (size_t i = 0; i < row.size(); ++i)
+      line += row[i] + (i + 1 < row.size() ? std::string(width[i] - row[i].size() + 2, ' ') : "");
+    out += line + "\n";
+  }
+  int32_t total = 0;
+  std::string kinds = totals_of(c, &total);
+  out += "\ntotal: " + std::to_string(c.nodes.size()) + " nodes, " + std::to_string(total) +
+         " actors" + (kinds.empty() ? "" : " (" + kinds + ")") + "\n";
+  return out;
+}
+
+}  // namespace cleave

@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""Attention/FFN disaggregation across processes (examples/experts_3nodes.lua):
+the head "attn" (router, KV store, attention actors) and two expert nodes
+"ex0" and "ex1", real processes on loopback. 120 mixed greedy and sampled
+requests give the one-process run's tokens, text and per-step logits hashes
+(`cleave generate --requests`, mono), with every expert row computed on the
+expert nodes (none by the attention actor's fallback): half the experts on
+each node, then every expert on both (replicas); then kill -9 of ex0 under
+load with replicas: every request still finishes with the mono bits.
+
+usage: check_experts.py CLEAVE VOCAB WORKDIR"""
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+CLEAVE, VOCAB, WORK = sys.argv[1:4]
+ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+TOPOLOGY = os.path.join(ROOT, "examples", "experts_3nodes.lua")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from node_process import NodeProcess, expect, failures, stop_all  # noqa: E402
+
+os.makedirs(WORK, exist_ok=True)
+MODEL = os.path.join(WORK, "moe.gguf")
+p = subprocess.run([CLEAVE, "make-model", "--out", MODEL, "--vocab", VOCAB, "--dim", "64", "--layers", "3",
+                    "--heads", "4", "--kv-heads", "2", "--ffn", "64", "--experts", "8", "--experts-used", "2",
+                    "--ctx", "256"], capture_output=True, text=True, timeout=120)
+expect("make-model", p.returncode == 0, p.stderr)
+
+
+def write_requests(path, n, max_tokens):
+    with open(path, "w") as f:
+        for i in range(n):
+            f.write(json.dumps({"id": i, "prompt_ids": [1] + [300 + 7 * j + i for j in range(3 + i % 40)],
+                                "max_tokens": max_tokens, "temperature": 0 if i % 2 else 0.9, "seed": i,
+                                "repeat_penalty": 1.1 if i % 3 == 0 else 1.0}) + "\n")
+
+
+def results(path):
+    try:
+        with open(path) as f:
+            return {j["id"]: {k: j.get(k) for k in ("tokens", "text", "logits_hash", "finish_reason")}
+                    for j in (json.loads(l) for l in f if l.strip())}
+    except (OSError, ValueError):
+        return {}
+
+
+def stats_of(err, actor):
+    m = re.search(r"stats " + re.escape(actor) + r" (.*)", err)
+    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())} if m else {}
+
+
+def mono(req):
+    out = req + ".mono"
+    p = subprocess.run([CLEAVE, "generate", "-m", MODEL, "--requests", req, "--out", out, "-t", "1"],
+                       capture_output=True, text=True, timeout=300)
+    expect("mono run of " + os.path.basename(req), p.returncode == 0, p.stderr)
+    return results(out)
+
+
+def cluster(tag, req, out, sets):
+    head = NodeProcess([CLEAVE, "node", "--topology", TOPOLOGY, "--name", "attn", "-m", MODEL, "-t", "1",
+                        "--requests", req, "--out", out, "--wait-stages", "3", *sets],
+                       os.path.join(WORK, tag + "attn.err"))
+    m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
+    expect(tag + "head prints its port", m is not None, head.stderr())
+    port = m.group(2) if m else "1"
+    workers = {}
+    for name in ("ex0", "ex1"):
+        workers[name] = NodeProcess([CLEAVE, "node", "--topology", TOPOLOGY, "--name", name, "-m", MODEL, "-t", "1",
+                                     "--set", f"attn_port={port}", "--join-timeout", "20", *sets],
+                                    os.path.join(WORK, tag + name + ".err"))
+    return head, workers
+
+
+try:
+    req = os.path.join(WORK, "requests.jsonl")
+    write_requests(req, 120, 8)
+    ref = mono(req)
+    for tag, sets in (("halves_", []), ("replicas_", ["--set", "replicas=true"])):
+        out = os.path.join(WORK, tag + "out.jsonl")
+        head, workers = cluster(tag, req, out, sets)
+        rc = head.wait(300)
+        err = head.stderr()
+        got = results(out)
+        expect(f"{tag}1 attention + 2 expert nodes: 120 requests give mono's tokens, text and logits hashes",
+               rc == 0 and len(got) == 120 and got == ref, f"rc={rc} {err[-2000:]}")
+        s = stats_of(err, "attn/colocated/0")
+        expect(f"{tag}every expert row ran on the expert nodes",
+               s.get("expert_rows", 0) > 0 and s.get("expert_fallback_rows", 1) == 0 and
+               s.get("expert_hosts_alive") == 2 and s.get("expert_host_failures") == 0, s)
+        stop_all()
+
+    # kill -9 of an expert node under load, with replicas: the other takes over.
+    long_req = os.path.join(WORK, "long.jsonl")
+    write_requests(long_req, 40, 48)
+    long_ref = mono(long_req)
+    out = os.path.join(WORK, "kill_out.jsonl")
+    head, workers = cluster("kill_", long_req, out, ["--set", "replicas=true"])
+    submitted = head.wait_line(r"submitted", timeout=60) is not None
+    time.sleep(0.3)
+    workers["ex0"].proc.send_signal(signal.SIGKILL)
+    rc = head.wait(300)
+    err = head.stderr()
+    got = results(out)
+    expect("kill -9 of ex0 under load: every request finishes with mono's bits",
+           submitted and rc == 0 and len(got) == 40 and got == long_ref, f"rc={rc} {err[-2000:]}")
+    s = stats_of(err, "attn/colocated/0")
+    expect("kill -9 of ex0: the attention actor dropped it and ex1 took its rows",
+           s.get("expert_host_failures", 0) >= 1 and s.get("expert_hosts_alive") == 1, s)
+finally:
+    stop_all()
+
+print("FAILED: " + ", ".join(failures) if failures else "all expert node checks passed")
+sys.exit(1 if failures else 0)
