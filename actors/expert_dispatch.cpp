@@ -3,6 +3,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <mutex>
 
 #include "schema/codec.h"
@@ -49,59 +50,39 @@ class ActorExpertExecutor final : public ExpertExecutor {
                       std::shared_ptr<ExpertHost> fallback)
       : system_(system), directory_(std::move(directory)), fallback_(std::move(fallback)) {}
 
-  void run(int32_t layer, std::span<const ExpertWork> work) override {
-    const auto t0 = Clock::now();
+  void run(int32_t layer, std::span<const ExpertWork> work) override { finish(start(layer, work)); }
+
+  // Sends every piece to a live host and returns: the actors compute while
+  // the stage goes on (micro-batch ping-pong); finish() takes the answers.
+  uint64_t start(int32_t layer, std::span<const ExpertWork> work) override {
     if (directory_->size() > seen_) {  // hosts that attached since the last layer
       for (ExpertRef& r : directory_->since(seen_)) hosts_.push_back(Host{std::move(r), true, 0});
       seen_ = hosts_.size();
     }
-    std::vector<ExpertWork> todo(work.begin(), work.end());
-    // Each round sends every piece to a live host; the pieces of a host
-    // that failed go round again (to a replica, or at last the fallback).
-    while (!todo.empty()) {
-      std::vector<std::vector<ExpertWork>> share(hosts_.size());
-      std::vector<ExpertWork> rest;
-      for (const ExpertWork& w : todo) {
-        if (w.rows == 0) continue;
-        const int32_t h = pick(layer, w.expert);
-        if (h < 0) {
-          rest.push_back(w);
-          continue;
-        }
-        hosts_[size_t(h)].rows += uint64_t(w.rows);
-        share[size_t(h)].push_back(w);
+    pending_.push_back(send(layer, std::vector<ExpertWork>(work.begin(), work.end())));
+    pending_.back().ticket = next_ticket_++;
+    return pending_.back().ticket;
+  }
+
+  // The stage's own share (experts no live actor hosts), then the actors'
+  // answers; the pieces of a host that failed go round again, to a replica
+  // or at last the fallback, so the layer always completes.
+  void finish(uint64_t ticket) override {
+    while (!pending_.empty() && pending_.front().ticket <= ticket) {
+      Round& r = pending_.front();
+      const int32_t layer = r.layer;
+      const auto t0 = r.t0;
+      std::vector<ExpertWork> todo = collect(r);
+      while (!todo.empty()) {
+        Round again = send(layer, std::move(todo));
+        todo = collect(again);
       }
-      todo.clear();
-      caf::scoped_actor self{system_};
-      using Handle = decltype(self->request(std::declval<expert_actor>(), kExpertTimeout,
-                                            expert_atom::value, std::declval<Bytes>()));
-      std::vector<std::pair<size_t, Handle>> sent;
-      for (size_t h = 0; h < share.size(); ++h) {
-        if (share[h].empty()) continue;
-        sent.emplace_back(h, self->request(hosts_[h].ref.handle, kExpertTimeout, expert_atom::value,
-                                           codec::encode(batch_of(layer, share[h]))));
-        ++dispatches_;
-      }
-      // The stage's own share meanwhile, while the actors compute theirs.
-      if (!rest.empty()) {
-        Status st = fallback_->compute(layer, rest);
-        CLEAVE_CHECK(st.ok());  // the fallback holds every expert
-        for (const ExpertWork& w : rest) fallback_rows_ += uint64_t(w.rows);
-      }
-      for (auto& [h, handle] : sent) {
-        Status st;
-        handle.receive([&](const Bytes& reply) { st = take_outputs(reply, layer, share[h]); },
-                       [&](caf::error& e) { st = from_error(e); });
-        if (st.ok()) continue;
-        hosts_[h].alive = false;
-        ++host_failures_;
-        todo.insert(todo.end(), share[h].begin(), share[h].end());
-      }
+      pending_.pop_front();
+      const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
+      dispatch_ns_ += ns;
+      times_.add(ns);
+      ++layers_;
     }
-    const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t0).count());
-    dispatch_ns_ += ns;
-    times_.add(ns);
-    ++layers_;
   }
 
   std::vector<std::pair<std::string, uint64_t>> counters() const override {
@@ -127,6 +108,66 @@ class ActorExpertExecutor final : public ExpertExecutor {
     bool alive = true;
     uint64_t rows = 0;
   };
+
+  using Handle = decltype(std::declval<caf::scoped_actor&>()->request(
+      std::declval<expert_actor>(), kExpertTimeout, expert_atom::value, std::declval<Bytes>()));
+  // One round of a layer's work: the batches sent (each host's share) and
+  // the pieces no live host holds.
+  struct Round {
+    uint64_t ticket = 0;
+    int32_t layer = 0;
+    Clock::time_point t0;
+    std::unique_ptr<caf::scoped_actor> self;  // the answers come to its mailbox
+    std::vector<std::vector<ExpertWork>> share;
+    std::vector<ExpertWork> rest;
+    std::vector<std::pair<size_t, Handle>> sent;
+  };
+
+  Round send(int32_t layer, std::vector<ExpertWork> todo) {
+    Round r;
+    r.layer = layer;
+    r.t0 = Clock::now();
+    r.share.resize(hosts_.size());
+    for (const ExpertWork& w : todo) {
+      if (w.rows == 0) continue;
+      const int32_t h = pick(layer, w.expert);
+      if (h < 0) {
+        r.rest.push_back(w);
+        continue;
+      }
+      hosts_[size_t(h)].rows += uint64_t(w.rows);
+      r.share[size_t(h)].push_back(w);
+    }
+    r.self = std::make_unique<caf::scoped_actor>(system_);
+    for (size_t h = 0; h < r.share.size(); ++h) {
+      if (r.share[h].empty()) continue;
+      r.sent.emplace_back(h, (*r.self)->request(hosts_[h].ref.handle, kExpertTimeout, expert_atom::value,
+                                                codec::encode(batch_of(layer, r.share[h]))));
+      ++dispatches_;
+    }
+    return r;
+  }
+
+  // Computes the round's rest, takes its answers; returns the pieces of the
+  // hosts that failed (now marked dead).
+  std::vector<ExpertWork> collect(Round& r) {
+    if (!r.rest.empty()) {
+      Status st = fallback_->compute(r.layer, r.rest);
+      CLEAVE_CHECK(st.ok());  // the fallback holds every expert
+      for (const ExpertWork& w : r.rest) fallback_rows_ += uint64_t(w.rows);
+    }
+    std::vector<ExpertWork> failed;
+    for (auto& [h, handle] : r.sent) {
+      Status st;
+      handle.receive([&](const Bytes& reply) { st = take_outputs(reply, r.layer, r.share[h]); },
+                     [&](caf::error& e) { st = from_error(e); });
+      if (st.ok()) continue;
+      if (hosts_[h].alive) ++host_failures_;
+      hosts_[h].alive = false;
+      failed.insert(failed.end(), r.share[h].begin(), r.share[h].end());
+    }
+    return failed;
+  }
 
   int32_t pick(int32_t layer, int32_t expert) const {
     int32_t best = -1;
@@ -184,6 +225,8 @@ class ActorExpertExecutor final : public ExpertExecutor {
   size_t seen_ = 0;  // directory entries already in hosts_
   std::shared_ptr<ExpertHost> fallback_;
   std::vector<Host> hosts_;  // touched only by the stage's thread (forward and stats)
+  std::deque<Round> pending_;  // started layers, oldest first
+  uint64_t next_ticket_ = 1;
   uint64_t fallback_rows_ = 0, dispatches_ = 0, host_failures_ = 0, layers_ = 0, dispatch_ns_ = 0;
   LayerTimes times_;
 };

@@ -92,6 +92,8 @@ struct GenerateArgs {
   bool json = false, ignore_eos = false, no_bos = false;
   std::string request_flags_given;  // flags that set one request's fields, as given
   bool prefill_actors_given = false, decode_actors_given = false, vision_actors_given = false;
+  int32_t expert_micro_batches = 1;
+  bool expert_micro_batches_given = false;
 };
 
 // Flags that only a topology reads are refused elsewhere, naming them.
@@ -103,6 +105,8 @@ void check_topology_flags(const GenerateArgs& a, Topology topology) {
     throw CLI::ValidationError("--vision-actors", "needs --topology colocated or pd (mono encodes inline)");
   if (a.vision_actors_given && a.mmproj.empty())
     throw CLI::ValidationError("--vision-actors", "needs --mmproj");
+  if (a.expert_micro_batches_given && a.experts.empty())
+    throw CLI::ValidationError("--expert-micro-batches", kExpertMicroBatchesNeeds);
 }
 
 // The same request through an actor topology: text streams as token events
@@ -200,6 +204,7 @@ int run_generate(const GenerateArgs& a) {
   EngineOptions eo;
   eo.threads = a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
   eo.context = a.ctx;
+  eo.expert_micro_batches = a.expert_micro_batches;
   std::unique_ptr<Engine> engine;  // the actor topologies make their own
   if (topology == Topology::mono) engine = unwrap(Engine::create(file, eo));
   if (engine && !a.experts.empty())  // the hosts in process
@@ -342,6 +347,7 @@ int run_generate_requests(const GenerateArgs& a) {
   po.engine.threads = threads;
   po.engine.context = a.ctx;
   po.engine.max_seqs = int32_t(std::min<size_t>(requests.size(), 64));
+  po.engine.expert_micro_batches = a.expert_micro_batches;
   po.max_pending = 4096;
   po.experts = parse_experts_flag(a.experts);
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
@@ -517,6 +523,8 @@ int main(int argc, char** argv) {
                   "vision_encoder actors (colocated, pd: E/P/D; with --mmproj)")
       ->check(CLI::Range(1, 64));
   gen->add_option("--experts", g.experts, kExpertsHelp);
+  gen->add_option("--expert-micro-batches", g.expert_micro_batches, kExpertMicroBatchesHelp)
+      ->check(CLI::Range(1, 64));
   gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
   gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
   gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");
@@ -587,6 +595,7 @@ int main(int argc, char** argv) {
     if (gen->get_option(flag)->count() > 0)
       g.request_flags_given += (g.request_flags_given.empty() ? "" : ", ") + std::string(flag);
   g.prefill_actors_given = gen->get_option("--prefill-actors")->count() > 0;
+  g.expert_micro_batches_given = gen->get_option("--expert-micro-batches")->count() > 0;
   g.decode_actors_given = gen->get_option("--decode-actors")->count() > 0;
   g.vision_actors_given = gen->get_option("--vision-actors")->count() > 0;
   try {

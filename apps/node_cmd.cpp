@@ -23,6 +23,7 @@
 #include "actors/node.h"
 #include "apps/http_options.h"
 #include "apps/process_args.h"
+#include "apps/process_topology.h"
 #include "actors/topology.h"
 #include "frontend/request_codec.h"
 #include "model/clip.h"
@@ -37,7 +38,7 @@ namespace {
 struct NodeArgs {
   std::string topology, name, model, mmproj, requests, out;
   std::vector<std::string> sets;
-  int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8;
+  int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8, expert_micro_batches = 1;
   double join_timeout_s = 30, wait_timeout_s = 60;
   bool no_rejoin = false;
   uint32_t kv_chunk_bytes = kDefaultKvChunkBytes;
@@ -149,6 +150,8 @@ CLI::App* add_node_command(CLI::App& app) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("-c,--ctx-size", g_args.ctx, "context size (0: the model's)")->check(CLI::Range(0, 1 << 24));
   cmd->add_option("--max-seqs", g_args.max_seqs, "sequences per stage engine")->check(CLI::Range(1, 4096));
+  cmd->add_option("--expert-micro-batches", g_args.expert_micro_batches, cleave::kExpertMicroBatchesHelp)
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--join-timeout", g_args.join_timeout_s, "worker: seconds to keep trying the head")
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--no-rejoin", g_args.no_rejoin,
@@ -197,6 +200,13 @@ int run_node_command() {
     throw CLI::ValidationError("--no-rejoin", "only workers rejoin; '" + a.name + "' is the head");
   if (http && !a.requests.empty())
     throw CLI::ValidationError("--http-port", "serves until stopped; it does not go with --requests");
+  if (g_node_cmd->get_option("--expert-micro-batches")->count() > 0) {
+    if (o.spec.count("expert") == 0)
+      throw CLI::ValidationError("--expert-micro-batches", "needs expert actors in the topology script");
+    if (me && me->count("prefill") + me->count("decode") + me->count("colocated") == 0)
+      throw CLI::ValidationError("--expert-micro-batches",
+                                 "'" + a.name + "' has no prefill, decode or colocated actors (the attention side)");
+  }
   o.file = unwrap(GgufFile::open(a.model));
   auto tok = Tokenizer::from_gguf(*o.file);
   if (tok.ok()) o.tokenizer = std::move(*tok);
@@ -217,6 +227,7 @@ int run_node_command() {
   o.engine.threads = a.threads;
   o.engine.context = a.ctx;
   o.engine.max_seqs = a.max_seqs;
+  o.engine.expert_micro_batches = a.expert_micro_batches;
   o.secret = unwrap(read_cluster_secret(o.spec));
   o.join_timeout_s = a.join_timeout_s;
   o.kv_stream.chunk_bytes = a.kv_chunk_bytes;

@@ -24,6 +24,8 @@ void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
                   "requests admitted and not finished; beyond: busy (serve: 503 with Retry-After)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--experts", a.experts, kExpertsHelp);
+  cmd->add_option("--expert-micro-batches", a.expert_micro_batches, kExpertMicroBatchesHelp)
+      ->check(CLI::Range(1, 64));
 }
 
 std::vector<ExpertSet> parse_experts_flag(const std::string& spec) {
@@ -48,6 +50,8 @@ void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& a, b
   if (given("--vision-actors") && (topology == Topology::mono || !has_mmproj))
     throw CLI::ValidationError("--vision-actors", "needs --mmproj and --topology colocated or pd");
   if (given("--experts")) parse_experts_flag(a.experts);
+  if (given("--expert-micro-batches") && a.experts.empty())
+    throw CLI::ValidationError("--expert-micro-batches", kExpertMicroBatchesNeeds);
 }
 
 PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
@@ -59,6 +63,7 @@ PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
   po.colocated_actors = a.colocated_actors;
   po.engine.threads = a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
   po.engine.context = a.ctx;
+  po.engine.expert_micro_batches = a.expert_micro_batches;
   po.engine.max_seqs = a.parallel;
   po.max_pending = a.max_pending;
   po.mmproj = std::move(mmproj);

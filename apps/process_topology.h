@@ -17,12 +17,17 @@ struct ProcessTopologyArgs {
   int32_t prefill_actors = 1, decode_actors = 1, colocated_actors = 1, vision_actors = 1;
   int32_t max_pending = 1024;
   std::string experts;  // --experts: FFN expert hosts (model/experts.h's spelling)
+  int32_t expert_micro_batches = 1;
 };
 
 inline constexpr const char* kExpertsHelp =
     "attention/FFN disaggregation: the FFN experts on their own hosts (expert actors in colocated "
     "and pd, in-process hosts in mono); sets separated by ';', each EXPERTS[@LAYERS], e.g. "
     "'0-3;4-7', 'all;all' (replicas), 'all@0-5;all@6-11'; a dense model's FFN is expert 0";
+inline constexpr const char* kExpertMicroBatchesHelp =
+    "micro-batch ping-pong: each step's rows go through a layer in this many groups, so attention on "
+    "one overlaps the expert hosts' FFN of another (same tokens for any value)";
+inline constexpr const char* kExpertMicroBatchesNeeds = "needs expert hosts (--experts)";
 // --experts' sets ({} for ""); CLI::ValidationError naming the flag for a bad spelling.
 std::vector<ExpertSet> parse_experts_flag(const std::string& spec);
 

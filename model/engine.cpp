@@ -37,6 +37,10 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
                                               " must be in [1, 1024]");
   if (o.context < 0 || o.max_seqs < 1 || o.block_size < 1)
     return Status(Code::invalid_argument, "engine: context, max_seqs and block_size must be positive");
+  if (o.expert_micro_batches < 1 || o.expert_micro_batches > 64)
+    return Status(Code::invalid_argument, "engine: expert_micro_batches = " +
+                                              std::to_string(o.expert_micro_batches) +
+                                              " must be in [1, 64]");
   if (o.kv_blocks < 0)
     return Status(Code::invalid_argument,
                   "engine: kv_blocks = " + std::to_string(o.kv_blocks) + " must not be negative");
@@ -459,12 +463,12 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
                 kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
   float* x = grow(x_, n * dim);
   float* h = grow(h_, n * dim);
-  float* q = grow(q_, n * q_dim);
-  float* k = grow(k_, n * kv_dim);
-  float* v = grow(v_, n * kv_dim);
-  float* att = grow(att_, n * q_dim);
-  float* tmp = grow(tmp_, n * dim);
-  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  // The layers' scratch (attend() and the FFN groups take their rows).
+  grow(q_, n * q_dim);
+  grow(k_, n * kv_dim);
+  grow(v_, n * kv_dim);
+  grow(att_, n * q_dim);
+  grow(tmp_, n * dim);
 
   be.embed(model_->token_embd(), ids, n, x);
   // Image rows: the item's embeddings replace the placeholders' rows.
@@ -478,30 +482,27 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
       src += dim;
     }
   }
+  // Micro-batch ping-pong: with an expert executor the rows go in m
+  // groups, and while the experts compute one group's FFN of a layer the
+  // next group's attention runs here. Each row's bits do not depend on the
+  // rows beside it, and the groups run each layer in row order (a row
+  // attends only to positions before it), so any m gives the same bits.
+  const int64_t mb = experts_ ? std::min<int64_t>(options_.expert_micro_batches, n) : 1;
+  if (int64_t(groups_.size()) < mb) groups_.resize(size_t(mb));
+  for (int64_t g = 0; g < mb; ++g) {
+    groups_[size_t(g)].r0 = n * g / mb;
+    groups_[size_t(g)].n = n * (g + 1) / mb - n * g / mb;
+  }
   for (int32_t li = 0; li < c.n_layers; ++li) {
     const LlamaLayer& l = model_->layer(li);
-    be.rmsnorm(x, l.attn_norm, n, dim, c.rms_eps, h);
-    be.matmul(l.wq, h, n, q);
-    be.matmul(l.wk, h, n, k);
-    be.matmul(l.wv, h, n, v);
-    be.rope(q, n, c.n_heads, c.head_dim, pos, c.rope_base);
-    be.rope(k, n, c.n_kv_heads, c.head_dim, pos, c.rope_base);
-    be.kv_write(kv_, li, k, v, rows, n);
-    be.attention(kv_, li, q, rows, n, c.n_heads, scale, att);
-    be.matmul(l.wo, att, n, tmp);
-    for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
-
-    be.rmsnorm(x, l.ffn_norm, n, dim, c.rms_eps, h);
-    if (c.n_experts > 0) {
-      ffn_moe(l, li, n);
-    } else if (experts_) {
-      const ExpertWork w{0, n, h, tmp};
-      experts_->run(li, std::span<const ExpertWork>(&w, 1));
-    } else {
-      ffn_dense(l, n);
+    for (int64_t g = 0; g < mb; ++g) {
+      FfnGroup& grp = groups_[size_t(g)];
+      if (li > 0) ffn_finish(grp);
+      attend(l, li, grp.r0, grp.n);
+      ffn_start(l, li, grp);
     }
-    for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
   }
+  for (int64_t g = 0; g < mb; ++g) ffn_finish(groups_[size_t(g)]);
 
   // Logits only for each item's last token.
   const int64_t m = int64_t(items.size());
@@ -517,58 +518,110 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
   return Status::Ok();
 }
 
-// tmp = down(silu(gate h) * up h)
-void Engine::ffn_dense(const LlamaLayer& l, int64_t n) {
-  compute_expert(*backend_, l, config().ffn, 0, h_.data(), n, gate_, up_, tmp_.data());
+// Rows [r0, r0 + n) of layer li up to the FFN: x += attention(x), then
+// h = ffn_norm(x).
+void Engine::attend(const LlamaLayer& l, int32_t li, int64_t r0, int64_t n) {
+  const LlamaConfig& c = config();
+  Backend& be = *backend_;
+  const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
+                kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
+  float* x = x_.data() + r0 * dim;
+  float* h = h_.data() + r0 * dim;
+  float* q = q_.data() + r0 * q_dim;
+  float* k = k_.data() + r0 * kv_dim;
+  float* v = v_.data() + r0 * kv_dim;
+  float* att = att_.data() + r0 * q_dim;
+  float* tmp = tmp_.data() + r0 * dim;
+  const int32_t* pos = positions_.data() + r0;
+  const AttnRow* rows = rows_.data() + r0;
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  be.rmsnorm(x, l.attn_norm, n, dim, c.rms_eps, h);
+  be.matmul(l.wq, h, n, q);
+  be.matmul(l.wk, h, n, k);
+  be.matmul(l.wv, h, n, v);
+  be.rope(q, n, c.n_heads, c.head_dim, pos, c.rope_base);
+  be.rope(k, n, c.n_kv_heads, c.head_dim, pos, c.rope_base);
+  be.kv_write(kv_, li, k, v, rows, n);
+  be.attention(kv_, li, q, rows, n, c.n_heads, scale, att);
+  be.matmul(l.wo, att, n, tmp);
+  for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
+  be.rmsnorm(x, l.ffn_norm, n, dim, c.rms_eps, h);
 }
 
-// tmp = sum_j w_j * expert_j(h), experts taken per row in gating order (most
-// weight first), so the sum's order is fixed for every row. Each expert's
-// rows are gathered into one contiguous run of gx, all experts of the layer
-// computed (here or by the executor), then combined.
-void Engine::ffn_moe(const LlamaLayer& l, int32_t layer, int64_t n) {
+// The group's FFN input is h (rows r0..): routes it (MoE: gate, softmax,
+// top-k, renormalisation) and gathers each expert's rows into one run of
+// gx, then computes the experts here, or starts them on the executor.
+void Engine::ffn_start(const LlamaLayer& l, int32_t layer, FfnGroup& g) {
   const LlamaConfig& c = config();
-  const int64_t dim = c.dim, k = c.n_experts_used;
-  float* rl = grow(router_logits_, n * c.n_experts);
-  int32_t* eid = grow(expert_ids_, n * k);
-  float* ew = grow(expert_w_, n * k);
-  float* out = grow(moe_out_, n * k * dim);  // row-major [row][j][dim]
-  backend_->matmul(l.router, h_.data(), n, rl);
+  const int64_t dim = c.dim, n = g.n;
+  const float* h = h_.data() + g.r0 * dim;
+  float* tmp = tmp_.data() + g.r0 * dim;
+  g.work.clear();
+  g.started = true;
+  if (c.n_experts == 0) {  // dense: the FFN is expert 0, straight into tmp
+    g.work.push_back(ExpertWork{0, n, h, tmp});
+    if (experts_) g.ticket = experts_->start(layer, g.work);
+    else compute_expert(*backend_, l, c.ffn, 0, h, n, gate_, up_, tmp);
+    return;
+  }
+  const int64_t k = c.n_experts_used;
+  float* rl = grow(g.router_logits, n * c.n_experts);
+  int32_t* eid = grow(g.expert_ids, n * k);
+  float* ew = grow(g.expert_w, n * k);
+  backend_->matmul(l.router, h, n, rl);
   backend_->topk_gating(rl, n, c.n_experts, k, eid, ew);
-
-  float* gx = grow(gather_x_, n * k * dim);
-  float* gy = grow(gather_y_, n * k * dim);
-  int32_t* slot = grow(gather_rows_, n * k);  // row*k + j of each gathered row
-  std::vector<ExpertWork>& work = expert_work_;
-  work.clear();
+  float* gx = grow(g.gather_x, n * k * dim);
+  float* gy = grow(g.gather_y, n * k * dim);
+  int32_t* slot = grow(g.gather_rows, n * k);  // row*k + j of each gathered row
   int64_t cnt = 0;
   for (int32_t e = 0; e < c.n_experts; ++e) {
     const int64_t first = cnt;
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t j = 0; j < k; ++j) {
         if (eid[r * k + j] != e) continue;
-        std::copy(h_.data() + r * dim, h_.data() + (r + 1) * dim, gx + cnt * dim);
+        std::copy(h + r * dim, h + (r + 1) * dim, gx + cnt * dim);
         slot[cnt++] = int32_t(r * k + j);
       }
     }
-    if (cnt > first) work.push_back(ExpertWork{e, cnt - first, gx + first * dim, gy + first * dim});
+    if (cnt > first) g.work.push_back(ExpertWork{e, cnt - first, gx + first * dim, gy + first * dim});
   }
+  g.gathered = cnt;
   if (experts_) {
-    experts_->run(layer, work);
+    g.ticket = experts_->start(layer, g.work);
   } else {
-    for (const ExpertWork& w : work)
+    for (const ExpertWork& w : g.work)
       compute_expert(*backend_, l, c.ffn, w.expert, w.x, w.rows, gate_, up_, w.y);
   }
-  for (int64_t i = 0; i < cnt; ++i)
-    std::copy(gy + i * dim, gy + (i + 1) * dim, out + int64_t(slot[i]) * dim);
-  float* t = tmp_.data();
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t d = 0; d < dim; ++d) {
-      float acc = 0.f;
-      for (int64_t j = 0; j < k; ++j) acc += ew[r * k + j] * out[(r * k + j) * dim + d];
-      t[r * dim + d] = acc;
+}
+
+// Waits for the group's experts, combines them (MoE: tmp = sum_j w_j *
+// expert_j(h), experts taken per row in gating order, most weight first,
+// so the sum's order is fixed for every row) and adds the FFN to x.
+void Engine::ffn_finish(FfnGroup& g) {
+  if (!g.started) return;
+  g.started = false;
+  const LlamaConfig& c = config();
+  const int64_t dim = c.dim, n = g.n;
+  if (experts_) experts_->finish(g.ticket);
+  float* tmp = tmp_.data() + g.r0 * dim;
+  if (c.n_experts > 0) {
+    const int64_t k = c.n_experts_used;
+    float* out = grow(g.moe_out, n * k * dim);  // row-major [row][j][dim]
+    const float* gy = g.gather_y.data();
+    const int32_t* slot = g.gather_rows.data();
+    const float* ew = g.expert_w.data();
+    for (int64_t i = 0; i < g.gathered; ++i)
+      std::copy(gy + i * dim, gy + (i + 1) * dim, out + int64_t(slot[i]) * dim);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t d = 0; d < dim; ++d) {
+        float acc = 0.f;
+        for (int64_t j = 0; j < k; ++j) acc += ew[r * k + j] * out[(r * k + j) * dim + d];
+        tmp[r * dim + d] = acc;
+      }
     }
   }
+  float* x = x_.data() + g.r0 * dim;
+  for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
 }
 
 }  // namespace cleave

@@ -43,6 +43,12 @@ struct EngineOptions {
   // it. Cached blocks no sequence holds are evicted least recently used
   // first when the pool runs out.
   bool prefix_cache = true;
+  // Micro-batch ping-pong with an expert executor (set_expert_executor): a
+  // forward() batch goes through each layer in this many groups of rows,
+  // so attention on one overlaps the experts on another. Same bits for
+  // any value; 1..64 (invalid_argument otherwise); no effect without an
+  // executor.
+  int32_t expert_micro_batches = 1;
 };
 
 class Engine {
@@ -187,8 +193,20 @@ class Engine {
   size_t block_bytes() const { return layout_.block_bytes(); }
   float* block_data(int32_t block) const { return kv_.data + size_t(block) * kv_.block_elems(); }
   void copy_block(int32_t src, int32_t dst);
-  void ffn_dense(const LlamaLayer& l, int64_t n);
-  void ffn_moe(const LlamaLayer& l, int32_t layer, int64_t n);
+  // One micro-batch's FFN of the current layer, from ffn_start() (routed,
+  // gathered, started on the executor) to ffn_finish() (combined into x).
+  struct FfnGroup {
+    int64_t r0 = 0, n = 0;  // its rows of the forward() batch
+    bool started = false;
+    uint64_t ticket = 0;
+    int64_t gathered = 0;   // rows in gather_x (n * experts used)
+    std::vector<int32_t> expert_ids, gather_rows;
+    std::vector<float> expert_w, router_logits, moe_out, gather_x, gather_y;
+    std::vector<ExpertWork> work;
+  };
+  void attend(const LlamaLayer& l, int32_t li, int64_t r0, int64_t n);
+  void ffn_start(const LlamaLayer& l, int32_t layer, FfnGroup& g);
+  void ffn_finish(FfnGroup& g);
 
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Backend> backend_;
@@ -210,11 +228,7 @@ class Engine {
   std::vector<float> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_, logits_rows_;
   std::vector<int32_t> positions_, token_ids_;
   std::vector<AttnRow> rows_;
-  // MoE scratch.
-  std::vector<int32_t> expert_ids_;
-  std::vector<float> expert_w_, router_logits_, moe_out_, gather_x_, gather_y_;
-  std::vector<int32_t> gather_rows_;
-  std::vector<ExpertWork> expert_work_;
+  std::vector<FfnGroup> groups_;  // FFN scratch, one per micro-batch
   std::shared_ptr<ExpertExecutor> experts_;
 };
 

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <deque>
 #include <functional>
 #include <thread>
 
@@ -135,33 +136,38 @@ class ExpertPool::Worker {
     cv_.notify_all();
     thread_.join();
   }
-  void post(std::function<void()> job) {
+  // Queues a job (jobs run in order); returns its number for wait().
+  uint64_t post(std::function<void()> job) {
     std::lock_guard<std::mutex> lock(mu_);
-    job_ = std::move(job);
+    jobs_.push_back(std::move(job));
     cv_.notify_all();
+    return ++posted_;
   }
-  void wait() {
+  // Returns when job `job` (and every one before it) has run.
+  void wait(uint64_t job) {
     std::unique_lock<std::mutex> lock(mu_);
-    cv_.wait(lock, [&] { return !job_; });
+    cv_.wait(lock, [&] { return done_ >= job; });
   }
 
  private:
   void loop() {
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
-      cv_.wait(lock, [&] { return stop_ || job_; });
+      cv_.wait(lock, [&] { return stop_ || !jobs_.empty(); });
       if (stop_) return;
-      std::function<void()> job = job_;
+      std::function<void()> job = std::move(jobs_.front());
+      jobs_.pop_front();
       lock.unlock();
       job();
       lock.lock();
-      job_ = nullptr;
+      ++done_;
       cv_.notify_all();
     }
   }
   std::mutex mu_;
   std::condition_variable cv_;
-  std::function<void()> job_;
+  std::deque<std::function<void()>> jobs_;
+  uint64_t posted_ = 0, done_ = 0;
   bool stop_ = false;
   std::thread thread_;  // last: starts after the rest is set up
 };
@@ -222,30 +228,31 @@ int32_t ExpertPool::pick(int32_t layer, int32_t expert) const {
   return best;
 }
 
-void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
-  const auto t0 = std::chrono::steady_clock::now();
+void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) { finish(start(layer, work)); }
+
+uint64_t ExpertPool::start(int32_t layer, std::span<const ExpertWork> work) {
   // Assign each piece (least loaded live holder; the load counts as it is
-  // assigned, so replicas share one layer's work too), then run each host's
-  // share on its own thread, the fallback's on this one.
-  std::vector<std::vector<ExpertWork>> share;
-  std::vector<ExpertWork> rest;
-  std::vector<std::shared_ptr<ExpertHost>> hosts;
-  std::vector<std::shared_ptr<Worker>> workers;
+  // assigned, so replicas share one layer's work too), then post each
+  // host's share to its own thread; finish() computes the fallback's rest.
+  Pending p;
+  p.ticket = next_ticket_++;
+  p.layer = layer;
+  p.t0 = std::chrono::steady_clock::now();
   {
     std::lock_guard<std::mutex> lock(mu_);
-    share.resize(hosts_.size());
+    p.share.resize(hosts_.size());
     const int32_t per_layer = experts_per_layer(fallback_->config());
     for (const ExpertWork& w : work) {
       if (w.rows == 0) continue;
       expert_rows_[size_t(layer) * size_t(per_layer) + size_t(w.expert)] += uint64_t(w.rows);
       const int32_t h = pick(layer, w.expert);
       if (h < 0) {
-        rest.push_back(w);
+        p.rest.push_back(w);
         fallback_rows_ += uint64_t(w.rows);
         continue;
       }
       hosts_[size_t(h)].rows += uint64_t(w.rows);
-      share[size_t(h)].push_back(w);
+      p.share[size_t(h)].push_back(w);
       if (replication_) {
         window_host_rows_[size_t(h)] += uint64_t(w.rows);
         window_expert_rows_[size_t(layer) * size_t(per_layer) + size_t(w.expert)] += uint64_t(w.rows);
@@ -253,35 +260,51 @@ void ExpertPool::run(int32_t layer, std::span<const ExpertWork> work) {
     }
     if (replication_ && ++window_runs_ >= window_) maybe_replicate();
     for (const Host& h : hosts_) {
-      hosts.push_back(h.host);
-      workers.push_back(h.worker);
+      p.hosts.push_back(h.host);
+      p.workers.push_back(h.worker);
     }
   }
-  std::vector<Status> results(share.size());
-  for (size_t h = 0; h < share.size(); ++h) {
-    if (share[h].empty()) continue;
-    workers[h]->post([&, h] { results[h] = hosts[h]->compute(layer, share[h]); });
+  p.results = std::make_shared<std::vector<Status>>(p.share.size());
+  p.jobs.assign(p.share.size(), 0);
+  pending_.push_back(std::move(p));
+  // Posted from its place in the deque: the jobs read the share there
+  // (a deque's elements stay put when others are added or removed at the ends).
+  Pending& q = pending_.back();
+  for (size_t h = 0; h < q.share.size(); ++h) {
+    if (q.share[h].empty()) continue;
+    const std::vector<ExpertWork>* piece = &q.share[h];
+    ExpertHost* host = q.hosts[h].get();
+    auto results = q.results;
+    q.jobs[h] = q.workers[h]->post([=] { (*results)[h] = host->compute(layer, *piece); });
   }
-  if (!rest.empty()) {
-    Status st = fallback_->compute(layer, rest);
-    (void)st;  // the fallback holds every expert
-  }
-  for (size_t h = 0; h < share.size(); ++h)
-    if (!share[h].empty()) workers[h]->wait();
-  // A host that refused its share (it cannot: pick checked holds) would
-  // leave rows unset; compute them here rather than return garbage.
-  for (size_t h = 0; h < share.size(); ++h)
-    if (!share[h].empty() && !results[h].ok()) {
-      Status st = fallback_->compute(layer, share[h]);
-      (void)st;
+  return q.ticket;
+}
+
+void ExpertPool::finish(uint64_t ticket) {
+  while (!pending_.empty() && pending_.front().ticket <= ticket) {
+    Pending& p = pending_.front();
+    if (!p.rest.empty()) {
+      Status st = fallback_->compute(p.layer, p.rest);
+      (void)st;  // the fallback holds every expert
     }
-  const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                   std::chrono::steady_clock::now() - t0)
-                                   .count());
-  std::lock_guard<std::mutex> lock(mu_);
-  ++layers_;
-  layer_ns_ += ns;
-  layer_times_.add(ns);
+    for (size_t h = 0; h < p.share.size(); ++h)
+      if (!p.share[h].empty()) p.workers[h]->wait(p.jobs[h]);
+    // A host that refused its share (it cannot: pick checked holds) would
+    // leave rows unset; compute them here rather than return garbage.
+    for (size_t h = 0; h < p.share.size(); ++h)
+      if (!p.share[h].empty() && !(*p.results)[h].ok()) {
+        Status st = fallback_->compute(p.layer, p.share[h]);
+        (void)st;
+      }
+    const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now() - p.t0)
+                                     .count());
+    pending_.pop_front();
+    std::lock_guard<std::mutex> lock(mu_);
+    ++layers_;
+    layer_ns_ += ns;
+    layer_times_.add(ns);
+  }
 }
 
 void ExpertPool::set_replication(const ReplicationPolicy& policy, int32_t window) {

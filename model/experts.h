@@ -19,6 +19,8 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
+#include <deque>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -53,6 +55,16 @@ class ExpertExecutor {
  public:
   virtual ~ExpertExecutor() = default;
   virtual void run(int32_t layer, std::span<const ExpertWork> work) = 0;
+  // Split form for micro-batch ping-pong: start() hands one layer's work
+  // to wherever it is computed and returns at once when that is elsewhere;
+  // finish() returns when every y of it is written. Tickets finish in the
+  // order they started; the work's buffers stay valid until then. The
+  // default computes at start().
+  virtual uint64_t start(int32_t layer, std::span<const ExpertWork> work) {
+    run(layer, work);
+    return 0;
+  }
+  virtual void finish(uint64_t ticket) { (void)ticket; }
   // Counters for the stats of whoever runs the engine ("expert_rows", ...).
   virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
 };
@@ -131,8 +143,10 @@ class ExpertPool final : public ExpertExecutor {
   // replica to a host. Off by default.
   void set_replication(const ReplicationPolicy& policy, int32_t window);
 
-  // One call at a time (one engine per pool).
+  // One engine per pool: run() or start()/finish() from its thread only.
   void run(int32_t layer, std::span<const ExpertWork> work) override;
+  uint64_t start(int32_t layer, std::span<const ExpertWork> work) override;
+  void finish(uint64_t ticket) override;
   // expert_rows (dispatched to hosts), expert_fallback_rows, expert_layers,
   // expert_layer_us (the wall time of run(), summed) and its p50 / p99 over
   // the last 4096 layers (expert_layer_p50_us, expert_layer_p99_us).
@@ -158,6 +172,21 @@ class ExpertPool final : public ExpertExecutor {
   };
   // The least loaded live host holding (layer, expert), or -1.
   int32_t pick(int32_t layer, int32_t expert) const;
+  // One started layer: each host's share (posted to its worker as job
+  // `job`), the fallback's rest.
+  struct Pending {
+    uint64_t ticket = 0;
+    int32_t layer = 0;
+    std::chrono::steady_clock::time_point t0;
+    std::vector<std::vector<ExpertWork>> share;
+    std::vector<ExpertWork> rest;
+    std::vector<std::shared_ptr<ExpertHost>> hosts;
+    std::vector<std::shared_ptr<Worker>> workers;
+    std::vector<uint64_t> jobs;
+    std::shared_ptr<std::vector<Status>> results;  // written by the workers
+  };
+  std::deque<Pending> pending_;  // engine thread only
+  uint64_t next_ticket_ = 1;
 
   std::unique_ptr<ExpertHost> fallback_;
   mutable std::mutex mu_;  // hosts_' alive flags and counters, stats

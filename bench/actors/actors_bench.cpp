@@ -134,13 +134,19 @@ int main(int argc, char** argv) {
   int threads = int(std::max(1u, std::thread::hardware_concurrency()));
   int steps = 64;
   int only = 0;
-  bool json = false;
+  bool json = false, limits = false;
+  std::string limits_model;
   app.add_option("--workdir", workdir, "where the test model is written");
   app.add_option("--vocab", vocab, "GGUF vocabulary for the test model");
   app.add_option("-t,--threads", threads, "threads per engine");
   app.add_option("--steps", steps, "decode steps per request");
   app.add_flag("--json", json, "print JSON instead of tables");
   app.add_option("--only", only, "run only this section (1-5; 0: all)")->check(CLI::Range(0, 5));
+  app.add_flag("--limits", limits,
+               "print the read bandwidth and FMA peak of -t threads as JSON and exit (for the scripts "
+               "that measure processes, e.g. experts_nodes.py)");
+  app.add_option("--limits-model", limits_model, "with --limits: also the weight bytes one token reads of this GGUF")
+      ->check(CLI::ExistingFile);
   CLI11_PARSE(app, argc, argv);
 
   std::filesystem::create_directories(workdir);
@@ -196,6 +202,14 @@ int main(int argc, char** argv) {
   const Isa isa = detect_isa();
   const double bw = bench::read_bandwidth(512ull << 20, threads, 10);
   const double peak = isa == Isa::scalar ? 0 : bench::fma_peak_gflops(isa, threads);
+  if (limits) {
+    nlohmann::json l = {{"read_bandwidth_GBs", bw}, {"fma_peak_GFLOPs", peak}, {"threads", threads}};
+    if (!limits_model.empty())
+      l["weight_bytes_per_token"] =
+          unwrap(LlamaModel::load(unwrap(GgufFile::open(limits_model))))->weight_bytes_per_token();
+    std::printf("%s\n", l.dump().c_str());
+    return 0;
+  }
   if (only == 0 || only == 2) {
   std::printf("\n2. continuous batching, colocated actor: generated tokens/s (%d threads: "
               "read bandwidth %.1f GB/s, FP32 FMA peak %.1f GFLOP/s)\n",
@@ -359,16 +373,21 @@ int main(int argc, char** argv) {
       const char* name;
       Topology t;
       std::vector<ExpertSet> experts;
+      int32_t micro_batches = 1;
     };
     for (const Case& c : {Case{"mono (the engine)", Topology::mono, {}},
                           Case{"mono + 2 in-process hosts", Topology::mono, two},
+                          Case{"mono + 2 hosts, 2 micro-batches", Topology::mono, two, 2},
                           Case{"colocated (the engine)", Topology::colocated, {}},
-                          Case{"colocated + 2 expert actors", Topology::colocated, two}}) {
+                          Case{"colocated + 2 expert actors", Topology::colocated, two},
+                          Case{"colocated + 2 actors, 2 micro-b.", Topology::colocated, two, 2}}) {
       PipelineOptions o = base;
       o.topology = c.t;
       o.experts = c.experts;
+      o.engine.expert_micro_batches = c.micro_batches;
       std::printf("%-30s", c.name);
-      nlohmann::json row = {{"case", c.name}, {"decode_limit_tok_s", limit}, {"read_bandwidth_GBs", bw}};
+      nlohmann::json row = {{"case", c.name}, {"expert_micro_batches", c.micro_batches},
+                            {"decode_limit_tok_s", limit}, {"read_bandwidth_GBs", bw}};
       double dispatch_us = 0, p50_us = 0, p99_us = 0, p50_batch1 = 0, p99_batch1 = 0;
       for (int batch : {1, 8, 32}) {
         std::vector<double> runs;

@@ -27,8 +27,9 @@ ModelSpec moe8() {
   return s;
 }
 
-PipelineOptions with_experts(PipelineOptions o, std::vector<ExpertSet> sets) {
+PipelineOptions with_experts(PipelineOptions o, std::vector<ExpertSet> sets, int32_t micro_batches = 1) {
   o.experts = std::move(sets);
+  o.engine.expert_micro_batches = micro_batches;
   return o;
 }
 
@@ -66,6 +67,14 @@ TEST_CASE("experts: attention stages over expert actors give mono's tokens and l
        with_experts(base_options(Topology::colocated, 0, 0, 2), {ExpertSet{}, ExpertSet{}, expert_set({0, 1})}), 3},
       {"colocated 1 + layer ranges",
        with_experts(base_options(Topology::colocated), {expert_set({}, 0, 0), expert_set({}, 1, 2)}), 2},
+      // Micro-batch ping-pong: several groups' layers in flight at once.
+      {"mono, 2 hosts in process, 4 micro-batches",
+       with_experts(base_options(Topology::mono), {expert_set({0, 1, 2, 3}), expert_set({4, 5, 6, 7})}, 4), 0},
+      {"colocated 2 + 2 expert actors, 2 micro-batches",
+       with_experts(base_options(Topology::colocated, 0, 0, 2), {expert_set({0, 1, 2, 3}), expert_set({4, 5, 6, 7})}, 2),
+       2},
+      {"pd 1+2 + replicas, 3 micro-batches",
+       with_experts(base_options(Topology::pd, 1, 2), {ExpertSet{}, ExpertSet{}}, 3), 2},
   };
   for (const Case& c : cases) {
     CAPTURE(c.what);
@@ -105,24 +114,27 @@ TEST_CASE("experts: killed expert actors: replicas take over, then the stages co
   const Model& m = model(moe8());
   const auto requests = long_requests(m, 40, 42000);
   const auto ref = mono_reference(m, requests);
-  auto p = make_pipeline(m, with_experts(base_options(Topology::colocated, 0, 0, 2), {ExpertSet{}, ExpertSet{}}));
-  Collector col;
-  for (const GenerateRequest& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
-  REQUIRE(col.wait_tokens(200, std::chrono::seconds(60)));
-  REQUIRE(hooks(*p).kill_actor("expert", 0).ok());
-  REQUIRE(col.wait_tokens(500, std::chrono::seconds(60)));
-  const uint64_t fallback_before = stage_sum(p->stats(), "expert_fallback_rows");
-  REQUIRE(hooks(*p).kill_actor("expert", 1).ok());
-  REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(120)));
-  std::vector<Completion> got;
-  for (const GenerateRequest& r : requests) got.push_back(col.done[r.request_id]);
-  check_identical(ref, got, "colocated 2, both expert actors killed under load");
-  const auto stats = p->stats();
-  CHECK(stage_sum(stats, "expert_host_failures") >= 2);  // each stage found both gone
-  CHECK(fallback_before == 0);                           // the replica took expert/0's share
-  CHECK(stage_sum(stats, "expert_fallback_rows") > 0);   // then the stages computed
-  CHECK(stage_sum(stats, "expert_hosts_alive") == 0);
-  CHECK(find_stats(stats, "router")->get("failures") == 0);
+  for (int32_t micro : {1, 2}) {  // with 2, a layer of each group is in flight when the actor dies
+    CAPTURE(micro);
+    auto p = make_pipeline(m, with_experts(base_options(Topology::colocated, 0, 0, 2), {ExpertSet{}, ExpertSet{}}, micro));
+    Collector col;
+    for (const GenerateRequest& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
+    REQUIRE(col.wait_tokens(200, std::chrono::seconds(60)));
+    REQUIRE(hooks(*p).kill_actor("expert", 0).ok());
+    REQUIRE(col.wait_tokens(500, std::chrono::seconds(60)));
+    const uint64_t fallback_before = stage_sum(p->stats(), "expert_fallback_rows");
+    REQUIRE(hooks(*p).kill_actor("expert", 1).ok());
+    REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(120)));
+    std::vector<Completion> got;
+    for (const GenerateRequest& r : requests) got.push_back(col.done[r.request_id]);
+    check_identical(ref, got, "colocated 2, both expert actors killed under load");
+    const auto stats = p->stats();
+    CHECK(stage_sum(stats, "expert_host_failures") >= 2);  // each stage found both gone
+    CHECK(fallback_before == 0);                           // the replica took expert/0's share
+    CHECK(stage_sum(stats, "expert_fallback_rows") > 0);   // then the stages computed
+    CHECK(stage_sum(stats, "expert_hosts_alive") == 0);
+    CHECK(find_stats(stats, "router")->get("failures") == 0);
+  }
 }
 
 TEST_CASE("experts: sets that leave an expert without a host, or name one the model lacks, are refused") {

@@ -363,6 +363,20 @@ for topo, spec in (("mono", "0-3;4-7"), ("colocated", "all;all;0,1"), ("pd", "0,
                      "--topology", topo, "--experts", spec)
     expect(f"--experts '{spec}' on {topo} gives mono's tokens and logits hashes", rc == 0 and results(out_path) == ref,
            err)
+# Micro-batch ping-pong: any number of groups gives the same bits.
+for topo, spec, micro in (("mono", "0-3;4-7", "3"), ("colocated", "all;all", "2"), ("pd", "0-3;4-7", "5")):
+    out_path = os.path.join(WORK, f"moe_{topo}_micro.jsonl")
+    rc, _, err = run("generate", "-m", moe, "--requests", moe_req, "--out", out_path, "-t", "1",
+                     "--topology", topo, "--experts", spec, "--expert-micro-batches", micro)
+    expect(f"--expert-micro-batches {micro} on {topo} gives mono's tokens and logits hashes",
+           rc == 0 and results(out_path) == ref, err)
+expect_error("--expert-micro-batches needs --experts",
+             ["generate", "-m", moe, "--prompt-ids", "1,2", "--expert-micro-batches", "2"], 2,
+             "--expert-micro-batches", "needs expert hosts")
+expect_error("--expert-micro-batches: out of range", ["generate", "-m", moe, "--prompt-ids", "1,2", "--experts", "all",
+                                                       "--expert-micro-batches", "0"], 2, "--expert-micro-batches")
+expect_error("serve: --expert-micro-batches needs --experts",
+             ["serve", "-m", moe, "--expert-micro-batches", "2"], 2, "--expert-micro-batches", "needs expert hosts")
 rc, out1, err = run("generate", "-m", moe, "--prompt-ids", "1,300,301", "-n", "6", "--temp", "0", "--json",
                     "--experts", "0-3;4-7")
 rc0, out0, _ = run("generate", "-m", moe, "--prompt-ids", "1,300,301", "-n", "6", "--temp", "0", "--json")
@@ -405,6 +419,14 @@ expect_error("topology check -m: layers left without their experts",
 rc, _, err = run("node", "--topology", bad_topo, "--name", "h", "-m", moe)
 expect("node: a head whose script leaves experts unplaced refuses to start",
        rc == 1 and "expert 0 of layer 0 has no host" in err, err)
+expect_error("node: --expert-micro-batches on an expert node (no attention side)",
+             ["node", "--topology", ex_topo, "--name", "ex0", "-m", moe, "--expert-micro-batches", "2"], 2,
+             "--expert-micro-batches", "'ex0' has no prefill, decode or colocated actors")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1 } }\n")
+expect_error("node: --expert-micro-batches in a cluster without experts",
+             ["node", "--topology", bad_topo, "--name", "h", "-m", moe, "--expert-micro-batches", "2"], 2,
+             "--expert-micro-batches", "needs expert actors in the topology script")
 for script, needle in (
         ("expert = { experts = {0, 0} }", "expert 0 is listed twice"),
         ("expert = { experts = {} }", "expert.experts is empty"),

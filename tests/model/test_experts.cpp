@@ -196,6 +196,78 @@ TEST_CASE("experts: a dense model's FFN is expert 0 and splits by layer the same
   CHECK(st.host_rows[0] == uint64_t(8 * 5 + 7 * 28 + 8 * 6));
 }
 
+namespace {
+
+// Computes each started layer only at finish(), logging the calls, so a
+// test sees how many layers were in flight at once.
+class DeferredExecutor final : public ExpertExecutor {
+ public:
+  explicit DeferredExecutor(std::shared_ptr<ExpertPool> pool) : pool_(std::move(pool)) {}
+  void run(int32_t layer, std::span<const ExpertWork> work) override { finish(start(layer, work)); }
+  uint64_t start(int32_t layer, std::span<const ExpertWork> work) override {
+    started_.push_back({++next_, layer, std::vector<ExpertWork>(work.begin(), work.end())});
+    max_in_flight = std::max(max_in_flight, started_.size());
+    ++starts;
+    return next_;
+  }
+  void finish(uint64_t ticket) override {
+    while (!started_.empty() && started_.front().ticket <= ticket) {
+      pool_->run(started_.front().layer, started_.front().work);
+      started_.erase(started_.begin());
+    }
+  }
+  size_t max_in_flight = 0, starts = 0;
+
+ private:
+  struct Started {
+    uint64_t ticket;
+    int32_t layer;
+    std::vector<ExpertWork> work;
+  };
+  std::shared_ptr<ExpertPool> pool_;
+  std::vector<Started> started_;
+  uint64_t next_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("experts: micro-batch ping-pong keeps m layers in flight and the engine's bits for any m") {
+  for (const char* kind : {"moe8", "dense"}) {
+    CAPTURE(kind);
+    const std::string path = std::string(kind) == "moe8" ? model_path(moe8(), "moe8") : model_path(small_dense(), "dense");
+    auto mono_engine = make_engine(path, 1, 8);
+    const Run mono = run_batch(*mono_engine);
+    for (int32_t m : {1, 2, 3, 8, 64}) {
+      CAPTURE(m);
+      EngineOptions o;
+      o.max_seqs = 8;
+      o.expert_micro_batches = m;
+      // The pool's own start/finish (hosts on their threads)...
+      auto e = make_engine(path, o);
+      auto pool = pool_of(path, {expert_set({}, 0, 0), ExpertSet{}});
+      e->set_expert_executor(pool);
+      check_same(run_batch(*e), mono);
+      CHECK(pool->stats().fallback_rows == 0);
+      // ...and an executor that computes nothing before finish(): the
+      // engine must keep every group's buffers until then. The prefill
+      // (236 rows) has m groups in flight; decode steps have 8 rows.
+      auto e2 = make_engine(path, o);
+      auto deferred = std::make_shared<DeferredExecutor>(pool_of(path, {ExpertSet{}}));
+      e2->set_expert_executor(deferred);
+      check_same(run_batch(*e2), mono);
+      CHECK(deferred->max_in_flight == size_t(m));
+      // Per layer, min(m, rows) groups: the prefill, then 6 decode steps.
+      const int32_t layers = e2->config().n_layers;
+      CHECK(deferred->starts == size_t(layers * (std::min(m, 236) + 6 * std::min(m, 8))));
+    }
+  }
+  EngineOptions bad;
+  bad.expert_micro_batches = 0;
+  auto e = Engine::create(open_model(model_path(moe8(), "moe8")), bad);
+  REQUIRE(!e.ok());
+  CHECK(e.status().message().find("expert_micro_batches = 0") != std::string::npos);
+}
+
 TEST_CASE("experts: sets are validated and coverage names the first expert without a host") {
   const std::string path = model_path(moe8(), "moe8");
   auto file = open_model(path);

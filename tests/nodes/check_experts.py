@@ -5,8 +5,10 @@ the head "attn" (router, KV store, attention actors) and two expert nodes
 requests give the one-process run's tokens, text and per-step logits hashes
 (`cleave generate --requests`, mono), with every expert row computed on the
 expert nodes (none by the attention actor's fallback): half the experts on
-each node, then every expert on both (replicas); then kill -9 of ex0 under
-load with replicas: every request still finishes with the mono bits.
+each node, then every expert on both (replicas, with 2 micro-batches); then kill -9 of ex0 under
+load with replicas: every request still finishes with the mono bits; then
+SIGSTOP of an expert node under load, with replicas (the other takes over)
+and without (the attention actor computes its experts itself).
 
 usage: check_experts.py CLEAVE VOCAB WORKDIR"""
 import json
@@ -61,9 +63,9 @@ def mono(req):
     return results(out)
 
 
-def cluster(tag, req, out, sets):
+def cluster(tag, req, out, sets, head_flags=()):
     head = NodeProcess([CLEAVE, "node", "--topology", TOPOLOGY, "--name", "attn", "-m", MODEL, "-t", "1",
-                        "--requests", req, "--out", out, "--wait-stages", "3", *sets],
+                        "--requests", req, "--out", out, "--wait-stages", "3", *sets, *head_flags],
                        os.path.join(WORK, tag + "attn.err"))
     m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
     expect(tag + "head prints its port", m is not None, head.stderr())
@@ -80,9 +82,11 @@ try:
     req = os.path.join(WORK, "requests.jsonl")
     write_requests(req, 120, 8)
     ref = mono(req)
-    for tag, sets in (("halves_", []), ("replicas_", ["--set", "replicas=true"])):
+    # replicas_ with micro-batch ping-pong: 2 groups' layers in flight.
+    for tag, sets, head_flags in (("halves_", [], []),
+                                  ("replicas_", ["--set", "replicas=true"], ["--expert-micro-batches", "2"])):
         out = os.path.join(WORK, tag + "out.jsonl")
-        head, workers = cluster(tag, req, out, sets)
+        head, workers = cluster(tag, req, out, sets, head_flags)
         rc = head.wait(300)
         err = head.stderr()
         got = results(out)
@@ -111,6 +115,36 @@ try:
     s = stats_of(err, "attn/colocated/0")
     expect("kill -9 of ex0: the attention actor dropped it and ex1 took its rows",
            s.get("expert_host_failures", 0) >= 1 and s.get("expert_hosts_alive") == 1, s)
+    stop_all()
+
+    # SIGSTOP of an expert node under load: its connection stays open and it
+    # never answers, so only the dispatch timeout can tell. With replicas
+    # the other node takes its rows; without (halves), the attention actor
+    # computes its experts from the model file. No request fails or hangs.
+    for tag, sets, victim in (("stop_replicas_", ["--set", "replicas=true"], "ex0"), ("stop_halves_", [], "ex1")):
+        out = os.path.join(WORK, tag + "out.jsonl")
+        head, workers = cluster(tag, long_req, out, sets)
+        submitted = head.wait_line(r"submitted", timeout=60) is not None
+        time.sleep(0.3)
+        workers[victim].proc.send_signal(signal.SIGSTOP)
+        t0 = time.monotonic()
+        rc = head.wait(300)
+        took = time.monotonic() - t0
+        workers[victim].proc.send_signal(signal.SIGCONT)
+        err = head.stderr()
+        got = results(out)
+        expect(f"{tag}SIGSTOP of {victim} under load: every request finishes with mono's bits",
+               submitted and rc == 0 and len(got) == 40 and got == long_ref, f"rc={rc} {err[-2000:]}")
+        s = stats_of(err, "attn/colocated/0")
+        expect(f"{tag}SIGSTOP of {victim}: dropped after the dispatch timeout ({took:.1f} s to finish)",
+               s.get("expert_host_failures", 0) >= 1 and s.get("expert_hosts_alive") == 1, s)
+        if tag == "stop_halves_":
+            expect("stop_halves_the attention actor computed the stopped node's experts",
+                   s.get("expert_fallback_rows", 0) > 0, s)
+        else:
+            expect("stop_replicas_the replica took every row (no fallback)",
+                   s.get("expert_fallback_rows", 1) == 0, s)
+        stop_all()
 finally:
     stop_all()
 

@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""Attention/FFN disaggregation across processes: decode tok/s at batch 1, 8
+and 32 on the 100M MoE shape (F16: dim 512, 6 layers, 8 experts, top-2, ffn
+1024), one process against 1 attention + 2 expert processes
+(examples/experts_3nodes.lua, half the experts on each), with and without
+micro-batch ping-pong; the per-layer expert round trip p50 / p99 the
+attention actor measures (expert_layer_p50_us / p99_us: send, compute on
+the expert nodes, answer); the attention node's peak resident memory
+against the one process. Every setup must give the one process's tokens.
+
+Decode tok/s = batch / median TPOT, TPOT = (total - ttft) / (tokens - 1)
+per request; each cell is the median of --reps runs with their range. The
+limits are measured in the same run (cleave_actors_bench --limits, before
+and after; the better kept): read bandwidth, and the batch-1 decode limit
+= weight bytes one token reads / bandwidth.
+
+usage: experts_nodes.py CLEAVE ACTORS_BENCH VOCAB WORKDIR [--reps 3] [--steps 64] [--json FILE]"""
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+ap = argparse.ArgumentParser()
+ap.add_argument("cleave")
+ap.add_argument("actors_bench")
+ap.add_argument("vocab")
+ap.add_argument("work")
+ap.add_argument("--reps", type=int, default=3)
+ap.add_argument("--steps", type=int, default=64)
+ap.add_argument("--batches", default="1,8,32")
+ap.add_argument("--json")
+a = ap.parse_args()
+EXAMPLES = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
+os.makedirs(a.work, exist_ok=True)
+
+model = os.path.join(a.work, "experts-100m-moe-f16.gguf")
+if not os.path.exists(model):
+    subprocess.run([a.cleave, "make-model", "--out", model, "--vocab", a.vocab, "--dim", "512", "--layers", "6",
+                    "--heads", "8", "--kv-heads", "2", "--ffn", "1024", "--experts", "8", "--experts-used", "2",
+                    "--ctx", "1024", "--type", "f16"], check=True, capture_output=True, timeout=600)
+
+
+def limits():
+    p = subprocess.run([a.actors_bench, "--limits", "-t", "1", "--limits-model", model, "--workdir", a.work],
+                       capture_output=True, text=True, timeout=600, check=True)
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def requests(batch):
+    path = os.path.join(a.work, f"batch{batch}.jsonl")
+    with open(path, "w") as f:
+        for i in range(batch):
+            f.write(json.dumps({"id": i + 1, "prompt_ids": [1] + [300 + 11 * j + 97 * i for j in range(15)],
+                                "max_tokens": a.steps, "temperature": 0, "ignore_eos": True}) + "\n")
+    return path
+
+
+class Peak:
+    """Peak VmHWM / RssAnon / RssFile of a process, polled every 20 ms."""
+
+    def __init__(self, pid):
+        self.pid, self.hwm, self.anon, self.file = pid, 0, 0, 0
+        self.stop = False
+        self.t = threading.Thread(target=self.loop, daemon=True)
+        self.t.start()
+
+    def loop(self):
+        while not self.stop:
+            try:
+                with open(f"/proc/{self.pid}/status") as f:
+                    kv = dict(l.split(":", 1) for l in f if ":" in l)
+                kb = lambda k: int(kv.get(k, "0 kB").split()[0])  # noqa: E731
+                self.hwm = max(self.hwm, kb("VmHWM"))
+                self.anon = max(self.anon, kb("RssAnon"))
+                self.file = max(self.file, kb("RssFile"))
+            except (OSError, ValueError):
+                return
+            time.sleep(0.02)
+
+    def done(self):
+        self.stop = True
+        self.t.join()
+        return {"hwm_mib": self.hwm / 1024, "anon_mib": self.anon / 1024, "file_mib": self.file / 1024}
+
+
+def run(name, script, head, workers, req, sets=(), head_flags=()):
+    out = os.path.join(a.work, name + ".out.jsonl")
+    topo = os.path.join(EXAMPLES, script)
+    common = ["--topology", topo, "-m", model, "-t", "1", "--max-seqs", "32", *sets]
+    h = subprocess.Popen([a.cleave, "node", "--name", head, *common, "--requests", req, "--out", out,
+                          "--wait-stages", str(1 + len(workers)), *head_flags],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    peak = Peak(h.pid)
+    m = re.search(r"listening on [0-9.]+:(\d+)", h.stdout.readline())
+    ws = [subprocess.Popen([a.cleave, "node", "--name", w, *common, "--set", f"{head}_port={m.group(1)}"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for w in workers]
+    _, err = h.communicate(timeout=1800)
+    mem = peak.done()
+    for w in ws:
+        w.wait(timeout=30)
+    if h.returncode != 0:
+        sys.exit(f"{name}: head exited {h.returncode}: {err[-2000:]}")
+    results = {r["id"]: r for r in (json.loads(l) for l in open(out))}
+    stats = {}
+    for line in err.splitlines():
+        s = re.match(r".*stats (\S+/colocated/0) (.*)", line)
+        if s:
+            stats = {k: int(v) for k, v in (kv.split("=") for kv in s.group(2).split())}
+    return results, stats, mem
+
+
+def median_range(v):
+    v = sorted(v)
+    return {"median": v[len(v) // 2], "min": v[0], "max": v[-1]}
+
+
+lim0 = limits()
+setups = (("one process (colocated)", "one_process.lua", "head", [], (), ()),
+          ("1 attention + 2 expert processes", "experts_3nodes.lua", "attn", ["ex0", "ex1"], (), ()),
+          ("  same, 2 micro-batches", "experts_3nodes.lua", "attn", ["ex0", "ex1"], (),
+           ("--expert-micro-batches", "2")))
+rows = []
+ref = {}
+for batch in (int(b) for b in a.batches.split(",")):
+    req = requests(batch)
+    for name, script, head, workers, sets, head_flags in setups:
+        tok_s, p50, p99, mems = [], [], [], []
+        for rep in range(a.reps):
+            results, stats, mem = run(re.sub(r"\W+", "_", name.strip()) + f"_b{batch}", script, head, workers, req,
+                                      sets, head_flags)
+            bad = [i for i, r in results.items() if "error" in r]
+            if bad or len(results) != batch:
+                sys.exit(f"{name}: requests failed or missing: {bad[:5]}")
+            for i, r in results.items():
+                if ref.setdefault((batch, i), r["tokens"]) != r["tokens"]:
+                    sys.exit(f"{name}, batch {batch}: request {i} gave other tokens than the one process")
+            tpot = sorted((r["total_ms"] - r["ttft_ms"]) / (len(r["tokens"]) - 1) for r in results.values())
+            tok_s.append(batch / (tpot[len(tpot) // 2] / 1e3))
+            if workers:
+                if stats.get("expert_fallback_rows", 1) != 0 or stats.get("expert_rows", 0) == 0:
+                    sys.exit(f"{name}: the expert rows did not all run on the expert nodes: {stats}")
+                p50.append(stats["expert_layer_p50_us"])
+                p99.append(stats["expert_layer_p99_us"])
+            mems.append(mem)
+        row = {"setup": name.strip(), "batch": batch, "tok_s": median_range(tok_s),
+               "peak_rss_mib": median_range([m["hwm_mib"] for m in mems]),
+               "rss_anon_mib": median_range([m["anon_mib"] for m in mems]),
+               "rss_file_mib": median_range([m["file_mib"] for m in mems])}
+        if p50:
+            row["layer_round_trip_p50_us"] = median_range(p50)
+            row["layer_round_trip_p99_us"] = median_range(p99)
+        rows.append(row)
+        t = row["tok_s"]
+        rt = (f"  round trip p50 {row['layer_round_trip_p50_us']['median'] / 1e3:.2f} ms, "
+              f"p99 {row['layer_round_trip_p99_us']['median'] / 1e3:.2f} ms") if p50 else ""
+        print(f"batch {batch:2d}  {name:34s} {t['median']:7.1f} tok/s ({t['min']:.1f}-{t['max']:.1f})  "
+              f"head RSS peak {row['peak_rss_mib']['median']:.0f} MiB (anon {row['rss_anon_mib']['median']:.0f}, "
+              f"file {row['rss_file_mib']['median']:.0f}){rt}", flush=True)
+lim1 = limits()
+bw = max(lim0["read_bandwidth_GBs"], lim1["read_bandwidth_GBs"])
+limit = bw * 1e9 / lim0["weight_bytes_per_token"]
+print(f"read bandwidth {bw:.1f} GB/s (before {lim0['read_bandwidth_GBs']:.1f}, after "
+      f"{lim1['read_bandwidth_GBs']:.1f}); batch-1 decode limit {limit:.1f} tok/s "
+      f"({lim0['weight_bytes_per_token'] / 1e6:.1f} MB of weights per token); identical tokens in every setup")
+if a.json:
+    with open(a.json, "w") as f:
+        json.dump({"rows": rows, "read_bandwidth_GBs": bw, "decode_limit_tok_s": limit}, f, indent=2)
