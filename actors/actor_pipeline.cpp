@@ -120,6 +120,7 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
     hs.groups.push_back({ActorKind::expert, int32_t(options.experts.size())});
     hs.experts = options.experts;
     hs.attention = true;
+    hs.expert_replication = options.expert_replication;
   }
   hs.file = file;
   hs.tokenizer = tokenizer;

@@ -83,7 +83,9 @@ Status ActorSet::spawn(HostedActors hosted, const std::string& name_prefix, cons
   }
   for (size_t i = 0; i < hosted.expert_fallbacks.size(); ++i)
     hosted.stages[i].second->engine().set_expert_executor(
-        make_actor_expert_executor(system_, directory_, std::move(hosted.expert_fallbacks[i])));
+        make_actor_expert_executor(system_, directory_, std::move(hosted.expert_fallbacks[i]),
+                                   hosted.expert_replication ? std::optional<ReplicationPolicy>(ReplicationPolicy{})
+                                                             : std::nullopt));
   for (auto& [kind, core] : hosted.stages) {
     auto handle = spawn_stage(system_, std::move(core), kind, router, kv, stream);
     stages_.push_back(Stage{kind, handle});

@@ -73,6 +73,7 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using expert_atom = caf::atom_constant<caf::atom("expert")>;
 using expert_host_atom = caf::atom_constant<caf::atom("exhost")>;
 using expert_watch_atom = caf::atom_constant<caf::atom("exwatch")>;
+using expert_add_atom = caf::atom_constant<caf::atom("exadd")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -135,8 +136,11 @@ using vision_encoder_actor = caf::typed_actor<caf::replies_to<encode_atom, Bytes
 
 // expert: ExpertBatch (one layer's rows for experts this actor hosts) ->
 // ExpertBatch (the same pieces, the outputs), or a typed error (an expert
-// not hosted here, bad bytes).
+// not hosted here, bad bytes). expert_add: (layer, expert) is hosted here
+// from now on too (a replica added at run time), or a typed error for one
+// the model lacks.
 using expert_actor = caf::typed_actor<caf::replies_to<expert_atom, Bytes>::with<Bytes>,
+                                      caf::replies_to<expert_add_atom, int32_t, int32_t>::with<bool>,
                                       caf::replies_to<stats_atom>::with<Bytes>>;
 
 // submit: GenerateRequest from the client (admission); resume: a Handoff

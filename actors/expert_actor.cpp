@@ -11,7 +11,7 @@ namespace {
 struct ExpertActorState {
   std::shared_ptr<ExpertHost> host;
   std::string origin;  // "NODE/expert/0": names its stats
-  uint64_t batches = 0, refused = 0;
+  uint64_t batches = 0, refused = 0, replicas = 0;
   static inline const char* name = "cleave.expert";
 };
 using expert_pointer = expert_actor::stateful_pointer<ExpertActorState>;
@@ -60,11 +60,18 @@ expert_actor::behavior_type expert_fn(expert_pointer self, std::shared_ptr<Exper
         ++s.batches;
         return codec::encode(out.value());
       },
+      [=](expert_add_atom, int32_t layer, int32_t expert) -> caf::result<bool> {
+        Status st = self->state.host->add_expert(layer, expert);
+        if (!st.ok()) return to_error(st);
+        ++self->state.replicas;
+        return true;
+      },
       [=](stats_atom) -> Bytes {
         auto& s = self->state;
         const ExpertHost::Stats h = s.host->stats();
         return encode_stats(s.origin, {{"batches", s.batches},
                                      {"refused", s.refused},
+                                     {"replicas_added", s.replicas},
                                      {"rows", h.rows},
                                      {"busy_us", h.busy_ns / 1000}});
       },

@@ -1,5 +1,6 @@
 #include "actors/expert_dispatch.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -47,8 +48,14 @@ namespace {
 class ActorExpertExecutor final : public ExpertExecutor {
  public:
   ActorExpertExecutor(caf::actor_system& system, std::shared_ptr<const ExpertDirectory> directory,
-                      std::shared_ptr<ExpertHost> fallback)
-      : system_(system), directory_(std::move(directory)), fallback_(std::move(fallback)) {}
+                      std::shared_ptr<ExpertHost> fallback, std::optional<ReplicationPolicy> replication)
+      : system_(system), directory_(std::move(directory)), fallback_(std::move(fallback)),
+        replication_(replication) {
+    const LlamaConfig& c = fallback_->config();
+    per_layer_ = experts_per_layer(c);
+    routed_.assign(size_t(c.n_layers) * size_t(per_layer_), 0);
+    window_expert_rows_.assign(routed_.size(), 0);
+  }
 
   void run(int32_t layer, std::span<const ExpertWork> work) override { finish(start(layer, work)); }
 
@@ -56,12 +63,20 @@ class ActorExpertExecutor final : public ExpertExecutor {
   // the stage goes on (micro-batch ping-pong); finish() takes the answers.
   uint64_t start(int32_t layer, std::span<const ExpertWork> work) override {
     if (directory_->size() > seen_) {  // hosts that attached since the last layer
-      for (ExpertRef& r : directory_->since(seen_)) hosts_.push_back(Host{std::move(r), true, 0});
+      for (ExpertRef& r : directory_->since(seen_)) hosts_.push_back(Host{std::move(r), true, 0, {}});
       seen_ = hosts_.size();
+      window_host_rows_.resize(hosts_.size(), 0);
+    }
+    for (const ExpertWork& w : work) {
+      routed_[size_t(layer) * size_t(per_layer_) + size_t(w.expert)] += uint64_t(w.rows);
+      window_expert_rows_[size_t(layer) * size_t(per_layer_) + size_t(w.expert)] += uint64_t(w.rows);
     }
     pending_.push_back(send(layer, std::vector<ExpertWork>(work.begin(), work.end())));
     pending_.back().ticket = next_ticket_++;
-    return pending_.back().ticket;
+    const uint64_t ticket = pending_.back().ticket;
+    // Once per model step (n_layers layer runs) the policy may add a replica.
+    if (replication_ && ++window_runs_ >= fallback_->config().n_layers) maybe_replicate();
+    return ticket;
   }
 
   // The stage's own share (experts no live actor hosts), then the actors'
@@ -91,7 +106,8 @@ class ActorExpertExecutor final : public ExpertExecutor {
       rows += h.rows;
       alive += h.alive ? 1 : 0;
     }
-    return {{"expert_rows", rows},
+    std::vector<std::pair<std::string, uint64_t>> out = {
+            {"expert_rows", rows},
             {"expert_fallback_rows", fallback_rows_},
             {"expert_batches", dispatches_},
             {"expert_host_failures", host_failures_},
@@ -99,7 +115,10 @@ class ActorExpertExecutor final : public ExpertExecutor {
             {"expert_layers", layers_},
             {"expert_layer_us", dispatch_ns_ / 1000},
             {"expert_layer_p50_us", times_.percentile_us(50)},
-            {"expert_layer_p99_us", times_.percentile_us(99)}};
+            {"expert_layer_p99_us", times_.percentile_us(99)},
+            {"expert_replicas_added", replicas_added_}};
+    append_routed_counters(out, routed_, per_layer_);
+    return out;
   }
 
  private:
@@ -107,7 +126,41 @@ class ActorExpertExecutor final : public ExpertExecutor {
     ExpertRef ref;
     bool alive = true;
     uint64_t rows = 0;
+    std::vector<std::pair<int32_t, int32_t>> added;  // replicas (layer, expert) it took
+    bool holds(const LlamaConfig& c, int32_t layer, int32_t expert) const {
+      return ref.set.holds(c, layer, expert) ||
+             std::find(added.begin(), added.end(), std::make_pair(layer, expert)) != added.end();
+    }
   };
+
+  // Hot-expert replication over the live actors (model/expert_balance.h):
+  // the actor the policy names is asked to host one more expert; once it
+  // says yes, this executor shares that expert's rows with it.
+  void maybe_replicate() {
+    std::vector<int32_t> live;
+    std::vector<uint64_t> rows;
+    for (int32_t h = 0; h < int32_t(hosts_.size()); ++h)
+      if (hosts_[size_t(h)].alive) {
+        live.push_back(h);
+        rows.push_back(window_host_rows_[size_t(h)]);
+      }
+    const LlamaConfig& c = fallback_->config();
+    auto holds = [&](int32_t i, int32_t l, int32_t e) { return hosts_[size_t(live[size_t(i)])].holds(c, l, e); };
+    if (auto move = replication_->pick(holds, rows, window_expert_rows_, c.n_layers, per_layer_)) {
+      Host& h = hosts_[size_t(live[size_t(move->host)])];
+      caf::scoped_actor self{system_};
+      bool added = false;
+      self->request(h.ref.handle, kExpertTimeout, expert_add_atom::value, move->layer, move->expert)
+          .receive([&](bool ok) { added = ok; }, [&](caf::error&) {});
+      if (added) {  // else the host's next batch tells whether it is gone
+        h.added.emplace_back(move->layer, move->expert);
+        ++replicas_added_;
+      }
+    }
+    window_runs_ = 0;
+    window_host_rows_.assign(hosts_.size(), 0);
+    window_expert_rows_.assign(routed_.size(), 0);
+  }
 
   using Handle = decltype(std::declval<caf::scoped_actor&>()->request(
       std::declval<expert_actor>(), kExpertTimeout, expert_atom::value, std::declval<Bytes>()));
@@ -136,6 +189,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
         continue;
       }
       hosts_[size_t(h)].rows += uint64_t(w.rows);
+      window_host_rows_[size_t(h)] += uint64_t(w.rows);
       r.share[size_t(h)].push_back(w);
     }
     r.self = std::make_unique<caf::scoped_actor>(system_);
@@ -174,7 +228,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
     const LlamaConfig& c = fallback_->config();
     for (int32_t i = 0; i < int32_t(hosts_.size()); ++i) {
       const Host& h = hosts_[size_t(i)];
-      if (!h.alive || !h.ref.set.holds(c, layer, expert)) continue;
+      if (!h.alive || !h.holds(c, layer, expert)) continue;
       if (best < 0 || h.rows < hosts_[size_t(best)].rows) best = i;
     }
     return best;
@@ -227,6 +281,13 @@ class ActorExpertExecutor final : public ExpertExecutor {
   std::vector<Host> hosts_;  // touched only by the stage's thread (forward and stats)
   std::deque<Round> pending_;  // started layers, oldest first
   uint64_t next_ticket_ = 1;
+  int32_t per_layer_ = 1;
+  std::vector<uint64_t> routed_;  // rows routed to [layer * per_layer + expert]
+  // Replication: the policy and what its current window saw.
+  std::optional<ReplicationPolicy> replication_;
+  int32_t window_runs_ = 0;
+  std::vector<uint64_t> window_host_rows_, window_expert_rows_;
+  uint64_t replicas_added_ = 0;
   uint64_t fallback_rows_ = 0, dispatches_ = 0, host_failures_ = 0, layers_ = 0, dispatch_ns_ = 0;
   LayerTimes times_;
 };
@@ -235,8 +296,9 @@ class ActorExpertExecutor final : public ExpertExecutor {
 
 std::shared_ptr<ExpertExecutor> make_actor_expert_executor(caf::actor_system& system,
                                                            std::shared_ptr<const ExpertDirectory> experts,
-                                                           std::shared_ptr<ExpertHost> fallback) {
-  return std::make_shared<ActorExpertExecutor>(system, std::move(experts), std::move(fallback));
+                                                           std::shared_ptr<ExpertHost> fallback,
+                                                           std::optional<ReplicationPolicy> replication) {
+  return std::make_shared<ActorExpertExecutor>(system, std::move(experts), std::move(fallback), replication);
 }
 
 }  // namespace cleave::actors

@@ -11,6 +11,7 @@
 #include <atomic>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "actors/actor_types.h"
@@ -42,9 +43,13 @@ class ExpertDirectory {
   std::atomic<size_t> size_{0};
 };
 
+// With `replication`, once per model step the policy may ask one actor to
+// host a hot expert too (expert_add); the executor then shares that
+// expert's rows with it.
 std::shared_ptr<ExpertExecutor> make_actor_expert_executor(caf::actor_system& system,
                                                            std::shared_ptr<const ExpertDirectory> experts,
-                                                           std::shared_ptr<ExpertHost> fallback);
+                                                           std::shared_ptr<ExpertHost> fallback,
+                                                           std::optional<ReplicationPolicy> replication = std::nullopt);
 
 // The actor through which the head fills a node's directory (parses each
 // set's spec; a spec it cannot read is logged and skipped).

@@ -55,6 +55,7 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
       }
     }
   }
+  out.expert_replication = spec.expert_replication;
   return out;
 }
 

@@ -37,6 +37,9 @@ struct HostedSpec {
   // The stages send each layer's FFN to expert actors (attention/FFN
   // disaggregation): each gets a fallback host of every expert.
   bool attention = false;
+  // Their executors replicate hot experts across the expert actors
+  // (PipelineOptions::expert_replication).
+  bool expert_replication = false;
 };
 
 struct HostedActors {
@@ -46,6 +49,7 @@ struct HostedActors {
   // With HostedSpec::attention, one per stage (same order): what a stage
   // computes itself when no live expert actor hosts an expert.
   std::vector<std::shared_ptr<ExpertHost>> expert_fallbacks;
+  bool expert_replication = false;  // HostedSpec's
 };
 
 // Stage cores and vision encoders for every group (kv_store groups are

@@ -233,6 +233,7 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
   // With expert actors anywhere in the cluster, every stage is an attention
   // actor: it sends each layer's FFN to them.
   hs.attention = o.spec.count("expert") > 0;
+  hs.expert_replication = o.expert_replication;
   hs.name_prefix = node.name + "/";
   hs.file = o.file;
   hs.tokenizer = o.tokenizer;

@@ -43,6 +43,9 @@ struct NodeOptions {
   std::optional<std::string> secret;
   double join_timeout_s = 30;  // worker: keep trying to reach the head this long
   KvStreamOptions kv_stream;   // how prefill stages move KV to decoders
+  // Attention stages replicate hot experts across the cluster's expert
+  // actors (PipelineOptions::expert_replication).
+  bool expert_replication = false;
 };
 
 class Node : public Frontend {

@@ -333,6 +333,8 @@ Status check_options(const PipelineOptions& o) {
   if (o.mmproj && o.topology != Topology::mono && (o.vision_actors < 1 || o.vision_actors > 64))
     return bad("vision_actors", o.vision_actors);
   if (auto policy = make_placement_policy(o.placement); !policy.ok()) return policy.status();
+  if (o.expert_replication && o.experts.empty())
+    return Status(Code::invalid_argument, "expert_replication needs experts (expert hosts to replicate onto)");
   if (o.actor_threads < 0)
     return Status(Code::invalid_argument, "actor_threads must not be negative, got " +
                                               std::to_string(o.actor_threads));
@@ -358,6 +360,8 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
     // mono's expert hosts run in process, behind an ExpertPool.
     auto pool = ExpertPool::create(file_for_experts, options.experts, options.engine.threads);
     if (!pool.ok()) return pool.status();
+    if (options.expert_replication)
+      (*pool)->set_replication(ReplicationPolicy{}, (*core)->engine().config().n_layers);
     (*core)->engine().set_expert_executor(std::shared_ptr<ExpertPool>(std::move(pool.value())));
   }
   auto encoders = make_vision_encoders(options, (*core)->engine().config().dim);

@@ -85,6 +85,12 @@ struct PipelineOptions {
   // actors); mono: the hosts in process, without actors. Empty: each engine
   // computes its FFN itself. Tokens and logits are the same either way.
   std::vector<ExpertSet> experts;
+  // Hot-expert replication (model/expert_balance.h, the default
+  // ReplicationPolicy): once per model step, when the hosts' rows spread
+  // over the policy's max, the most loaded host's best expert is copied to
+  // the least loaded one. Needs experts (invalid_argument otherwise).
+  // Never changes a token.
+  bool expert_replication = false;
   int32_t actor_threads = 0;     // CAF scheduler workers; 0: CAF's default
   // A request that makes no progress (no token, handoff or re-placement)
   // for this long fails with timed_out: the last guard against a hang.

@@ -93,7 +93,7 @@ struct GenerateArgs {
   std::string request_flags_given;  // flags that set one request's fields, as given
   bool prefill_actors_given = false, decode_actors_given = false, vision_actors_given = false;
   int32_t expert_micro_batches = 1;
-  bool expert_micro_batches_given = false;
+  bool expert_micro_batches_given = false, enable_eplb = false;
 };
 
 // Flags that only a topology reads are refused elsewhere, naming them.
@@ -107,6 +107,7 @@ void check_topology_flags(const GenerateArgs& a, Topology topology) {
     throw CLI::ValidationError("--vision-actors", "needs --mmproj");
   if (a.expert_micro_batches_given && a.experts.empty())
     throw CLI::ValidationError("--expert-micro-batches", kExpertMicroBatchesNeeds);
+  if (a.enable_eplb && a.experts.empty()) throw CLI::ValidationError("--enable-eplb", kExpertMicroBatchesNeeds);
 }
 
 // The same request through an actor topology: text streams as token events
@@ -124,6 +125,7 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
   po.vision_actors = a.vision_actors;
   po.vision.threads = eo.threads;
   po.experts = parse_experts_flag(a.experts);
+  po.expert_replication = a.enable_eplb;
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
 
   if (!a.json && !a.prompt.empty()) {
@@ -207,9 +209,11 @@ int run_generate(const GenerateArgs& a) {
   eo.expert_micro_batches = a.expert_micro_batches;
   std::unique_ptr<Engine> engine;  // the actor topologies make their own
   if (topology == Topology::mono) engine = unwrap(Engine::create(file, eo));
-  if (engine && !a.experts.empty())  // the hosts in process
-    engine->set_expert_executor(
-        std::shared_ptr<ExpertPool>(unwrap(ExpertPool::create(file, parse_experts_flag(a.experts), eo.threads))));
+  if (engine && !a.experts.empty()) {  // the hosts in process
+    std::shared_ptr<ExpertPool> pool = unwrap(ExpertPool::create(file, parse_experts_flag(a.experts), eo.threads));
+    if (a.enable_eplb) pool->set_replication(ReplicationPolicy{}, engine->config().n_layers);
+    engine->set_expert_executor(std::move(pool));
+  }
 
   std::shared_ptr<const Tokenizer> tok;
   auto t = Tokenizer::from_gguf(*file);
@@ -348,6 +352,7 @@ int run_generate_requests(const GenerateArgs& a) {
   po.engine.context = a.ctx;
   po.engine.max_seqs = int32_t(std::min<size_t>(requests.size(), 64));
   po.engine.expert_micro_batches = a.expert_micro_batches;
+  po.expert_replication = a.enable_eplb;
   po.max_pending = 4096;
   po.experts = parse_experts_flag(a.experts);
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
@@ -525,6 +530,7 @@ int main(int argc, char** argv) {
   gen->add_option("--experts", g.experts, kExpertsHelp);
   gen->add_option("--expert-micro-batches", g.expert_micro_batches, kExpertMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
+  gen->add_flag("--enable-eplb", g.enable_eplb, kEnableEplbHelp);
   gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
   gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
   gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");

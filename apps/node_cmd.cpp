@@ -40,7 +40,7 @@ struct NodeArgs {
   std::vector<std::string> sets;
   int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8, expert_micro_batches = 1;
   double join_timeout_s = 30, wait_timeout_s = 60;
-  bool no_rejoin = false;
+  bool no_rejoin = false, enable_eplb = false;
   uint32_t kv_chunk_bytes = kDefaultKvChunkBytes;
   int32_t kv_window = kDefaultKvWindow;
   bool kv_via_store = false;
@@ -152,6 +152,7 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_option("--max-seqs", g_args.max_seqs, "sequences per stage engine")->check(CLI::Range(1, 4096));
   cmd->add_option("--expert-micro-batches", g_args.expert_micro_batches, cleave::kExpertMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
+  cmd->add_flag("--enable-eplb", g_args.enable_eplb, cleave::kEnableEplbHelp);
   cmd->add_option("--join-timeout", g_args.join_timeout_s, "worker: seconds to keep trying the head")
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--no-rejoin", g_args.no_rejoin,
@@ -200,12 +201,12 @@ int run_node_command() {
     throw CLI::ValidationError("--no-rejoin", "only workers rejoin; '" + a.name + "' is the head");
   if (http && !a.requests.empty())
     throw CLI::ValidationError("--http-port", "serves until stopped; it does not go with --requests");
-  if (g_node_cmd->get_option("--expert-micro-batches")->count() > 0) {
-    if (o.spec.count("expert") == 0)
-      throw CLI::ValidationError("--expert-micro-batches", "needs expert actors in the topology script");
+  // The expert flags act on the attention side of a cluster with experts.
+  for (const char* flag : {"--expert-micro-batches", "--enable-eplb"}) {
+    if (g_node_cmd->get_option(flag)->count() == 0) continue;
+    if (o.spec.count("expert") == 0) throw CLI::ValidationError(flag, "needs expert actors in the topology script");
     if (me && me->count("prefill") + me->count("decode") + me->count("colocated") == 0)
-      throw CLI::ValidationError("--expert-micro-batches",
-                                 "'" + a.name + "' has no prefill, decode or colocated actors (the attention side)");
+      throw CLI::ValidationError(flag, "'" + a.name + "' has no prefill, decode or colocated actors (the attention side)");
   }
   o.file = unwrap(GgufFile::open(a.model));
   auto tok = Tokenizer::from_gguf(*o.file);
@@ -228,6 +229,7 @@ int run_node_command() {
   o.engine.context = a.ctx;
   o.engine.max_seqs = a.max_seqs;
   o.engine.expert_micro_batches = a.expert_micro_batches;
+  o.expert_replication = a.enable_eplb;
   o.secret = unwrap(read_cluster_secret(o.spec));
   o.join_timeout_s = a.join_timeout_s;
   o.kv_stream.chunk_bytes = a.kv_chunk_bytes;

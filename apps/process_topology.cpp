@@ -26,6 +26,7 @@ void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
   cmd->add_option("--experts", a.experts, kExpertsHelp);
   cmd->add_option("--expert-micro-batches", a.expert_micro_batches, kExpertMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
+  cmd->add_flag("--enable-eplb", a.enable_eplb, kEnableEplbHelp);
 }
 
 std::vector<ExpertSet> parse_experts_flag(const std::string& spec) {
@@ -52,6 +53,7 @@ void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& a, b
   if (given("--experts")) parse_experts_flag(a.experts);
   if (given("--expert-micro-batches") && a.experts.empty())
     throw CLI::ValidationError("--expert-micro-batches", kExpertMicroBatchesNeeds);
+  if (a.enable_eplb && a.experts.empty()) throw CLI::ValidationError("--enable-eplb", kExpertMicroBatchesNeeds);
 }
 
 PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
@@ -64,6 +66,7 @@ PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
   po.engine.threads = a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
   po.engine.context = a.ctx;
   po.engine.expert_micro_batches = a.expert_micro_batches;
+  po.expert_replication = a.enable_eplb;
   po.engine.max_seqs = a.parallel;
   po.max_pending = a.max_pending;
   po.mmproj = std::move(mmproj);

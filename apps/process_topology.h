@@ -18,6 +18,7 @@ struct ProcessTopologyArgs {
   int32_t max_pending = 1024;
   std::string experts;  // --experts: FFN expert hosts (model/experts.h's spelling)
   int32_t expert_micro_batches = 1;
+  bool enable_eplb = false;
 };
 
 inline constexpr const char* kExpertsHelp =
@@ -28,6 +29,9 @@ inline constexpr const char* kExpertMicroBatchesHelp =
     "micro-batch ping-pong: each step's rows go through a layer in this many groups, so attention on "
     "one overlaps the expert hosts' FFN of another (same tokens for any value)";
 inline constexpr const char* kExpertMicroBatchesNeeds = "needs expert hosts (--experts)";
+inline constexpr const char* kEnableEplbHelp =
+    "expert load balancing (vLLM's spelling): once per model step, when the expert hosts' rows spread "
+    "over 25 %, copy the most loaded host's best expert onto the least loaded one (same tokens)";
 // --experts' sets ({} for ""); CLI::ValidationError naming the flag for a bad spelling.
 std::vector<ExpertSet> parse_experts_flag(const std::string& spec);
 

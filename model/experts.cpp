@@ -121,6 +121,15 @@ ExpertHost::Stats ExpertHost::stats() const {
   return stats_;
 }
 
+void append_routed_counters(std::vector<std::pair<std::string, uint64_t>>& out,
+                            const std::vector<uint64_t>& rows, int32_t per_layer) {
+  for (size_t i = 0; i < rows.size(); ++i)
+    if (rows[i] > 0)
+      out.emplace_back("expert_routed_rows_" + std::to_string(i / size_t(per_layer)) + "_" +
+                           std::to_string(i % size_t(per_layer)),
+                       rows[i]);
+}
+
 // ---- ExpertPool ----
 
 // A host's share of each layer runs on the host's own thread, started once:
@@ -341,12 +350,16 @@ std::vector<std::pair<std::string, uint64_t>> ExpertPool::counters() const {
   uint64_t rows = 0;
   for (uint64_t r : s.host_rows) rows += r;
   std::lock_guard<std::mutex> lock(mu_);
-  return {{"expert_rows", rows},
-          {"expert_fallback_rows", s.fallback_rows},
-          {"expert_layers", layers_},
-          {"expert_layer_us", layer_ns_ / 1000},
-          {"expert_layer_p50_us", layer_times_.percentile_us(50)},
-          {"expert_layer_p99_us", layer_times_.percentile_us(99)}};
+  std::vector<std::pair<std::string, uint64_t>> out = {
+      {"expert_rows", rows},
+      {"expert_fallback_rows", s.fallback_rows},
+      {"expert_layers", layers_},
+      {"expert_layer_us", layer_ns_ / 1000},
+      {"expert_layer_p50_us", layer_times_.percentile_us(50)},
+      {"expert_layer_p99_us", layer_times_.percentile_us(99)},
+      {"expert_replicas_added", s.replicas_added}};
+  append_routed_counters(out, s.expert_rows, experts_per_layer(fallback_->config()));
+  return out;
 }
 
 ExpertPool::Stats ExpertPool::stats() const {

@@ -69,6 +69,11 @@ class ExpertExecutor {
   virtual std::vector<std::pair<std::string, uint64_t>> counters() const { return {}; }
 };
 
+// expert_routed_rows_L_E = rows[L * per_layer + E] for each nonzero entry:
+// the per-(layer, expert) routing counts in an executor's counters.
+void append_routed_counters(std::vector<std::pair<std::string, uint64_t>>& out,
+                            const std::vector<uint64_t>& rows, int32_t per_layer);
+
 // The last 4096 durations of one layer's expert work, for percentiles
 // (not thread-safe: its owner serialises).
 class LayerTimes {

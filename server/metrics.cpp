@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "common/status.h"
+#include "model/expert_balance.h"
 
 namespace cleave::server {
 
@@ -398,6 +399,18 @@ ServerMetrics::ServerMetrics()
       expert_busy_seconds_(registry_.counter("cleave_expert_busy_seconds_total",
                                              "Time an expert actor spent computing, by expert host.",
                                              {"host"})),
+      expert_routed_rows_(registry_.counter("cleave_expert_routed_rows_total",
+                                            "Rows the router sent to each expert, by layer and expert.",
+                                            {"layer", "expert"})),
+      expert_replicas_added_(registry_.counter(
+          "cleave_expert_replicas_added_total",
+          "Expert replicas the hot-expert replication (--enable-eplb) added at run time.")),
+      expert_rows_spread_(registry_.gauge(
+          "cleave_expert_host_rows_spread",
+          "Standard deviation over mean of the rows each expert actor computed (0: even).")),
+      expert_busy_spread_(registry_.gauge(
+          "cleave_expert_host_busy_spread",
+          "Standard deviation over mean of each expert actor's busy time (0: even).")),
       actor_stat_(registry_.gauge(
           "cleave_actor_stat",
           "Every counter of every runtime actor as it reports it, by actor and counter name.",
@@ -495,6 +508,7 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
   };
   int64_t running = 0, waiting = 0;
   bool any_stage = false;
+  std::vector<uint64_t> host_rows, host_busy;  // the expert actors', for the spread
   for (const msg::Stats& s : stats) {
     for (const auto& [name, v] : s.counters) raw.push_back({{s.actor, name}, double(v)});
     if (auto r = find(s, "running")) {  // a stage (StageCore)
@@ -513,9 +527,19 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
       mirror(stage_step_seconds_, {s.actor}, s, "step_us", 1e-6);
       mirror(expert_fallback_rows_, {}, s, "expert_fallback_rows");
       mirror(expert_host_failures_, {}, s, "expert_host_failures");
+      mirror(expert_replicas_added_, {}, s, "expert_replicas_added");
+      for (const auto& [name, value] : s.counters) {  // expert_routed_rows_L_E
+        constexpr std::string_view prefix = "expert_routed_rows_";
+        if (name.rfind(prefix, 0) != 0) continue;
+        const size_t sep = name.find('_', prefix.size());
+        if (sep == std::string::npos) continue;
+        mirror(expert_routed_rows_, {name.substr(prefix.size(), sep - prefix.size()), name.substr(sep + 1)}, s, name);
+      }
     } else if (find(s, "busy_us") && find(s, "refused")) {  // an expert actor
       mirror(expert_rows_, {s.actor}, s, "rows");
       mirror(expert_busy_seconds_, {s.actor}, s, "busy_us", 1e-6);
+      host_rows.push_back(find(s, "rows").value_or(0));
+      host_busy.push_back(find(s, "busy_us").value_or(0));
     } else if (find(s, "encode_us")) {  // a vision encoder
       mirror(encoder_cache_hits_, {}, s, "cache_hits");
       mirror(stage_steps_, {s.actor}, s, "steps");
@@ -540,6 +564,10 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
   }
   for (const auto& [k, total] : totals) k.first->labels(k.second).set(total);
   actor_stat_.replace_all(raw);
+  if (!host_rows.empty()) {
+    expert_rows_spread_.set(load_spread(host_rows));
+    expert_busy_spread_.set(load_spread(host_busy));
+  }
   if (any_stage) {
     std::lock_guard<std::mutex> view(view_mu_);
     running_external_ = waiting_external_ = true;

@@ -60,6 +60,11 @@
 //   cleave_expert_rows_total{host}                         expert rows (an expert actor: it
 //                                                                 reports "busy_us" and "refused")
 //   cleave_expert_busy_seconds_total{host}                 expert busy_us / 1e6
+//   cleave_expert_routed_rows_total{layer,expert}          stage  expert_routed_rows_L_E (rows the
+//                                                                 router sent to that expert)
+//   cleave_expert_replicas_added_total                     stage  expert_replicas_added
+//   cleave_expert_host_rows_spread / _busy_spread          expert stddev / mean over the expert
+//                                                                 actors of rows / busy_us (gauges)
 //   cleave_num_requests_running / _waiting                 stage  running / queue_depth
 //   cleave_actor_stat{actor,name}                          every  every counter as it is (gauge;
 //                                                                 the set of the latest call)
@@ -307,6 +312,10 @@ class ServerMetrics {
   prom::Counter& expert_host_failures_;
   prom::Counter& expert_rows_;
   prom::Counter& expert_busy_seconds_;
+  prom::Counter& expert_routed_rows_;
+  prom::Counter& expert_replicas_added_;
+  prom::Gauge& expert_rows_spread_;
+  prom::Gauge& expert_busy_spread_;
   prom::Gauge& actor_stat_;
 
   // The server's own running/waiting, and whether an absolute value took over.

@@ -5,7 +5,8 @@ and 32 on the 100M MoE shape (F16: dim 512, 6 layers, 8 experts, top-2, ffn
 (examples/experts_3nodes.lua, half the experts on each), with and without
 micro-batch ping-pong; the per-layer expert round trip p50 / p99 the
 attention actor measures (expert_layer_p50_us / p99_us: send, compute on
-the expert nodes, answer); the attention node's peak resident memory
+the expert nodes, answer) beside a loopback TCP echo of one host's bytes;
+the attention node's peak resident memory
 against the one process. Every setup must give the one process's tokens.
 
 Decode tok/s = batch / median TPOT, TPOT = (total - ttft) / (tokens - 1)
@@ -19,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -48,6 +50,42 @@ def limits():
     p = subprocess.run([a.actors_bench, "--limits", "-t", "1", "--limits-model", model, "--workdir", a.work],
                        capture_output=True, text=True, timeout=600, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def tcp_round_trip_us(nbytes, reps=300):
+    """Median round trip of nbytes each way over loopback TCP (a Python echo
+    peer, TCP_NODELAY): the transport's floor for one host's layer batch."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(1)
+
+    def echo():
+        c, _ = srv.accept()
+        c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for _ in range(reps):
+            got = 0
+            while got < nbytes:
+                got += len(c.recv(nbytes - got))
+            c.sendall(b"y" * nbytes)
+        c.close()
+
+    t = threading.Thread(target=echo, daemon=True)
+    t.start()
+    c = socket.create_connection(srv.getsockname())
+    c.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    payload = b"x" * nbytes
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        c.sendall(payload)
+        got = 0
+        while got < nbytes:
+            got += len(c.recv(nbytes - got))
+        times.append((time.perf_counter() - t0) * 1e6)
+    c.close()
+    t.join()
+    srv.close()
+    return sorted(times)[len(times) // 2]
 
 
 def requests(batch):
@@ -153,10 +191,13 @@ for batch in (int(b) for b in a.batches.split(",")):
         if p50:
             row["layer_round_trip_p50_us"] = median_range(p50)
             row["layer_round_trip_p99_us"] = median_range(p99)
+            # Each host gets about batch x top-2 / 2 rows of 512 floats per layer.
+            row["tcp_echo_us_same_bytes"] = tcp_round_trip_us(batch * 512 * 4)
         rows.append(row)
         t = row["tok_s"]
-        rt = (f"  round trip p50 {row['layer_round_trip_p50_us']['median'] / 1e3:.2f} ms, "
-              f"p99 {row['layer_round_trip_p99_us']['median'] / 1e3:.2f} ms") if p50 else ""
+        rt = (f"  layer round trip p50 {row['layer_round_trip_p50_us']['median'] / 1e3:.2f} ms, "
+              f"p99 {row['layer_round_trip_p99_us']['median'] / 1e3:.2f} ms (TCP echo of "
+              f"{batch * 2} KiB: {row['tcp_echo_us_same_bytes'] / 1e3:.3f} ms)") if p50 else ""
         print(f"batch {batch:2d}  {name:34s} {t['median']:7.1f} tok/s ({t['min']:.1f}-{t['max']:.1f})  "
               f"head RSS peak {row['peak_rss_mib']['median']:.0f} MiB (anon {row['rss_anon_mib']['median']:.0f}, "
               f"file {row['rss_file_mib']['median']:.0f}){rt}", flush=True)

@@ -137,6 +137,53 @@ TEST_CASE("experts: killed expert actors: replicas take over, then the stages co
   }
 }
 
+TEST_CASE("experts: hot-expert replication across expert actors evens their rows and never changes a token") {
+  ModelSpec skewed = moe8();
+  skewed.router_skew = 4;  // low-numbered experts win the top-2 more often
+  skewed.name = "actors-moe8-skew";
+  const Model& m = model(skewed);
+  const auto requests = long_requests(m, 32, 43000);
+  const auto ref = mono_reference(m, requests);
+  const std::vector<ExpertSet> four = {expert_set({0, 1}), expert_set({2, 3}), expert_set({4, 5}),
+                                       expert_set({6, 7})};
+  double spread[2] = {0, 0};
+  for (bool replicate : {false, true}) {
+    CAPTURE(replicate);
+    PipelineOptions o = with_experts(base_options(Topology::colocated), four);
+    o.expert_replication = replicate;
+    auto p = make_pipeline(m, o);
+    check_identical(ref, run_all(*p, requests), replicate ? "replication on" : "replication off");
+    const auto stats = p->stats();
+    std::vector<uint64_t> rows;
+    for (int i = 0; i < 4; ++i) rows.push_back(find_stats(stats, "expert/" + std::to_string(i))->get("rows"));
+    spread[replicate] = load_spread(rows);
+    const uint64_t added = stage_sum(stats, "expert_replicas_added");
+    CHECK(sum_counter(stats, "expert/", "replicas_added") == added);  // each one the actor accepted
+    if (replicate) CHECK(added > 0);
+    else CHECK(added == 0);
+    // The per-(layer, expert) routing counts add up to the rows dispatched.
+    uint64_t routed = 0;
+    for (const auto& st : stats)
+      if (st.actor.find("colocated/") != std::string::npos)
+        for (const auto& [name, v] : st.counters)
+          if (name.rfind("expert_routed_rows_", 0) == 0) routed += v;
+    CHECK(routed == stage_sum(stats, "expert_rows"));
+    CHECK(stage_sum(stats, "expert_fallback_rows") == 0);
+  }
+  MESSAGE("expert actor rows spread: " << spread[0] << " without replication, " << spread[1] << " with");
+  CHECK(spread[0] > 0.25);  // the skew shows
+  CHECK(spread[1] < spread[0] / 2);
+}
+
+TEST_CASE("experts: expert_replication needs experts") {
+  const Model& m = model(moe8());
+  PipelineOptions o = base_options(Topology::colocated);
+  o.expert_replication = true;
+  auto p = Pipeline::create(m.file, m.tokenizer, o);
+  CHECK(p.status().code() == Code::invalid_argument);
+  CHECK(p.status().message().find("expert_replication needs experts") != std::string::npos);
+}
+
 TEST_CASE("experts: sets that leave an expert without a host, or name one the model lacks, are refused") {
   const Model& m = model(moe8());
   for (Topology t : {Topology::mono, Topology::colocated, Topology::pd}) {

@@ -370,6 +370,14 @@ for topo, spec, micro in (("mono", "0-3;4-7", "3"), ("colocated", "all;all", "2"
                      "--topology", topo, "--experts", spec, "--expert-micro-batches", micro)
     expect(f"--expert-micro-batches {micro} on {topo} gives mono's tokens and logits hashes",
            rc == 0 and results(out_path) == ref, err)
+# Hot-expert replication (--enable-eplb): replicas added at run time, same bits.
+for topo in ("mono", "colocated"):
+    out_path = os.path.join(WORK, f"moe_{topo}_eplb.jsonl")
+    rc, _, err = run("generate", "-m", moe, "--requests", moe_req, "--out", out_path, "-t", "1",
+                     "--topology", topo, "--experts", "0,1;2,3;4,5;6,7", "--enable-eplb")
+    expect(f"--enable-eplb on {topo} gives mono's tokens and logits hashes", rc == 0 and results(out_path) == ref, err)
+expect_error("--enable-eplb needs --experts", ["generate", "-m", moe, "--prompt-ids", "1,2", "--enable-eplb"], 2,
+             "--enable-eplb", "needs expert hosts")
 expect_error("--expert-micro-batches needs --experts",
              ["generate", "-m", moe, "--prompt-ids", "1,2", "--expert-micro-batches", "2"], 2,
              "--expert-micro-batches", "needs expert hosts")
@@ -422,6 +430,9 @@ expect("node: a head whose script leaves experts unplaced refuses to start",
 expect_error("node: --expert-micro-batches on an expert node (no attention side)",
              ["node", "--topology", ex_topo, "--name", "ex0", "-m", moe, "--expert-micro-batches", "2"], 2,
              "--expert-micro-batches", "'ex0' has no prefill, decode or colocated actors")
+expect_error("node: --enable-eplb on an expert node (no attention side)",
+             ["node", "--topology", ex_topo, "--name", "ex1", "-m", moe, "--enable-eplb"], 2,
+             "--enable-eplb", "'ex1' has no prefill, decode or colocated actors")
 with open(bad_topo, "w") as f:
     f.write("node { name = 'h', head = true, actors = { colocated = 1 } }\n")
 expect_error("node: --expert-micro-batches in a cluster without experts",

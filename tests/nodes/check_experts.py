@@ -29,7 +29,7 @@ os.makedirs(WORK, exist_ok=True)
 MODEL = os.path.join(WORK, "moe.gguf")
 p = subprocess.run([CLEAVE, "make-model", "--out", MODEL, "--vocab", VOCAB, "--dim", "64", "--layers", "3",
                     "--heads", "4", "--kv-heads", "2", "--ffn", "64", "--experts", "8", "--experts-used", "2",
-                    "--ctx", "256"], capture_output=True, text=True, timeout=120)
+                    "--ctx", "256", "--router-skew", "4"], capture_output=True, text=True, timeout=120)
 expect("make-model", p.returncode == 0, p.stderr)
 
 
@@ -83,7 +83,9 @@ try:
     write_requests(req, 120, 8)
     ref = mono(req)
     # replicas_ with micro-batch ping-pong: 2 groups' layers in flight.
-    for tag, sets, head_flags in (("halves_", [], []),
+    # halves_ with hot-expert replication: the skewed router loads ex0 (experts
+    # 0-3) most, so replicas go to ex1 across processes.
+    for tag, sets, head_flags in (("halves_", [], ["--enable-eplb"]),
                                   ("replicas_", ["--set", "replicas=true"], ["--expert-micro-batches", "2"])):
         out = os.path.join(WORK, tag + "out.jsonl")
         head, workers = cluster(tag, req, out, sets, head_flags)
@@ -96,6 +98,9 @@ try:
         expect(f"{tag}every expert row ran on the expert nodes",
                s.get("expert_rows", 0) > 0 and s.get("expert_fallback_rows", 1) == 0 and
                s.get("expert_hosts_alive") == 2 and s.get("expert_host_failures") == 0, s)
+        if tag == "halves_":
+            # Counted once the expert actor (in its own process) said yes.
+            expect("halves_--enable-eplb added replicas across processes", s.get("expert_replicas_added", 0) >= 1, s)
         stop_all()
 
     # kill -9 of an expert node under load, with replicas: the other takes over.

@@ -124,10 +124,14 @@ std::vector<msg::Stats> pd_stats(uint64_t scale) {
                          {"kv_bytes_received", 4000 * scale},
                          {"kv_blocks_received", 7 * scale},
                          {"expert_fallback_rows", 12 * scale},
-                         {"expert_host_failures", 1 * scale}}),
+                         {"expert_host_failures", 1 * scale},
+                         {"expert_replicas_added", 2 * scale},
+                         {"expert_routed_rows_0_3", 40 * scale},
+                         {"expert_routed_rows_11_0", 7 * scale}}),
       stats("vision_encoder/0",
             {{"steps", 6 * scale}, {"cache_hits", 5 * scale}, {"encode_us", 1500000 * scale}}),
       stats("expert/0", {{"batches", 3 * scale}, {"refused", 0}, {"rows", 90 * scale}, {"busy_us", 500000 * scale}}),
+      stats("expert/1", {{"batches", 1 * scale}, {"refused", 0}, {"rows", 30 * scale}, {"busy_us", 1500000 * scale}}),
   };
 }
 
@@ -392,6 +396,12 @@ TEST_CASE("server metrics: the runtime's actor counters map to their metrics") {
   CHECK(has_line(text, "cleave_expert_host_failures_total 1"));
   CHECK(has_line(text, "cleave_expert_rows_total{host=\"expert/0\"} 90"));
   CHECK(has_line(text, "cleave_expert_busy_seconds_total{host=\"expert/0\"} 0.5"));
+  CHECK(has_line(text, "cleave_expert_routed_rows_total{layer=\"0\",expert=\"3\"} 40"));
+  CHECK(has_line(text, "cleave_expert_routed_rows_total{layer=\"11\",expert=\"0\"} 7"));
+  CHECK(has_line(text, "cleave_expert_replicas_added_total 2"));
+  // rows 90 and 30, busy 0.5 s and 1.5 s: each spreads 50 % around its mean.
+  CHECK(has_line(text, "cleave_expert_host_rows_spread 0.5"));
+  CHECK(has_line(text, "cleave_expert_host_busy_spread 0.5"));
   CHECK(has_line(text, "cleave_stage_steps_total{stage=\"prefill/0\"} 30"));
   CHECK(has_line(text, "cleave_stage_steps_total{stage=\"decode/0\"} 50"));
   CHECK(has_line(text, "cleave_stage_steps_total{stage=\"vision_encoder/0\"} 6"));
