@@ -71,13 +71,20 @@ Attach attach_to_router(caf::actor_system& system, const router_actor& router) {
 Status ActorSet::spawn(HostedActors hosted, const std::string& name_prefix, const router_actor& router,
                        const kv_store_actor& kv, const KvStreamOptions& stream, const Attach& attach) {
   // Expert actors first: the stages' executors need their handles.
+  if (!hosted.experts.empty() && !hosted.expert_socket_host.empty()) {
+    std::vector<std::shared_ptr<ExpertHost>> hosts;
+    for (const auto& e : hosted.experts) hosts.push_back(e.second);
+    auto server = ExpertSocketServer::listen(hosted.expert_socket_host, std::move(hosts));
+    if (!server.ok()) return server.status();
+    expert_socket_ = std::move(server.value());
+  }
   for (size_t i = 0; i < hosted.experts.size(); ++i) {
     auto& [set, host] = hosted.experts[i];
     auto handle = spawn_expert(system_, std::move(host), name_prefix + "expert/" + std::to_string(i));
     experts_.push_back(Expert{handle, set});
-    directory_->add(ExpertRef{handle, set});
+    directory_->add(ExpertRef{handle, set, ""});  // this process's stages: messages
     if (attach.expert) {
-      Status st = attach.expert(handle, set);
+      Status st = attach.expert(handle, set, expert_socket_ ? expert_socket_->endpoint(i) : "");
       if (!st.ok()) return Status(st.code(), "attaching expert: " + st.message());
     }
   }
@@ -162,7 +169,7 @@ Status ActorSet::send_raw(const std::string& kind, int32_t index, const Bytes& b
 }
 
 void ActorSet::stop() {
-  if (stages_.empty() && encoders_.empty() && experts_.empty() && services_.empty()) return;
+  if (stages_.empty() && encoders_.empty() && experts_.empty() && services_.empty() && !expert_socket_) return;
   {
     caf::scoped_actor self{system_};
     for (auto& s : stages_) self->send_exit(s.handle, caf::exit_reason::user_shutdown);
@@ -176,6 +183,7 @@ void ActorSet::stop() {
   encoders_.clear();
   experts_.clear();
   services_.clear();
+  expert_socket_.reset();  // closes its connections: other processes' stages drop these hosts
 }
 
 Status submit_to_router(caf::actor_system& system, const router_actor& router, EventSinks& sinks,

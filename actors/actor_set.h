@@ -18,6 +18,7 @@
 #include "actors/actor_types.h"
 #include "actors/event_sinks.h"
 #include "actors/expert_dispatch.h"
+#include "actors/expert_socket.h"
 #include "actors/hosted.h"
 
 namespace cleave::actors {
@@ -28,7 +29,9 @@ namespace cleave::actors {
 struct Attach {
   std::function<Status(const std::string&, const stage_actor&)> stage;
   std::function<Status(const vision_encoder_actor&)> encoder;
-  std::function<Status(const expert_actor&, const ExpertSet&)> expert;
+  // endpoint: where other processes send its batches (actors/expert_socket.h),
+  // "" in process.
+  std::function<Status(const expert_actor&, const ExpertSet&, const std::string& endpoint)> expert;
 };
 Attach attach_to_router(caf::actor_system& system, const router_actor& router);
 
@@ -86,6 +89,7 @@ class ActorSet {
   std::vector<Expert> experts_;
   std::vector<caf::actor> services_;
   std::shared_ptr<ExpertDirectory> directory_;
+  std::unique_ptr<ExpertSocketServer> expert_socket_;  // HostedActors::expert_socket_host
 };
 
 // Registers the callback, then hands the request to the router (admission:

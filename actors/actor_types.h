@@ -164,7 +164,7 @@ using router_actor =
 // A node's list of the cluster's expert actors (actors/expert_dispatch.h):
 // host (an expert actor, its ExpertSet::spec) adds one.
 using expert_directory_actor =
-    caf::typed_actor<caf::reacts_to<expert_host_atom, expert_actor, std::string>>;
+    caf::typed_actor<caf::reacts_to<expert_host_atom, expert_actor, std::string, std::string>>;
 
 // The head's door. join (secret, node) -> the router and the store; attach
 // (secret, node, kind, handle) a stage, encoder or expert actor (an expert
@@ -176,7 +176,7 @@ using join_actor = caf::typed_actor<
     caf::replies_to<attach_atom, std::string, std::string, std::string, stage_actor>::with<bool>,
     caf::replies_to<attach_atom, std::string, std::string, std::string,
                     vision_encoder_actor>::with<bool>,
-    caf::replies_to<attach_atom, std::string, std::string, expert_actor, std::string>::with<bool>,
+    caf::replies_to<attach_atom, std::string, std::string, expert_actor, std::string, std::string>::with<bool>,
     caf::replies_to<expert_watch_atom, std::string, expert_directory_actor>::with<bool>>;
 
 // ---- Status <-> caf::error (actor_set.cpp) ----

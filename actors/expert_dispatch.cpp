@@ -7,6 +7,7 @@
 #include <deque>
 #include <mutex>
 
+#include "actors/expert_socket.h"
 #include "schema/codec.h"
 
 namespace cleave::actors {
@@ -30,14 +31,15 @@ expert_directory_actor spawn_expert_directory(caf::actor_system& system,
   return system.spawn(
       [](expert_directory_actor::pointer, std::shared_ptr<ExpertDirectory> dir)
           -> expert_directory_actor::behavior_type {
-        return {[dir](expert_host_atom, const expert_actor& handle, const std::string& spec) {
+        return {[dir](expert_host_atom, const expert_actor& handle, const std::string& spec,
+                      const std::string& endpoint) {
           auto sets = parse_expert_sets(spec);
           if (!sets.ok() || sets->size() != 1) {
             std::fprintf(stderr, "cleave: an expert actor with the unreadable set '%s' was skipped\n",
                          spec.substr(0, 64).c_str());
             return;
           }
-          dir->add(ExpertRef{handle, sets->front()});
+          dir->add(ExpertRef{handle, sets->front(), endpoint});
         }};
       },
       std::move(directory));
@@ -63,7 +65,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
   // the stage goes on (micro-batch ping-pong); finish() takes the answers.
   uint64_t start(int32_t layer, std::span<const ExpertWork> work) override {
     if (directory_->size() > seen_) {  // hosts that attached since the last layer
-      for (ExpertRef& r : directory_->since(seen_)) hosts_.push_back(Host{std::move(r), true, 0, {}});
+      for (ExpertRef& r : directory_->since(seen_)) hosts_.push_back(Host{std::move(r), true, 0, {}, nullptr});
       seen_ = hosts_.size();
       window_host_rows_.resize(hosts_.size(), 0);
     }
@@ -71,7 +73,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
       routed_[size_t(layer) * size_t(per_layer_) + size_t(w.expert)] += uint64_t(w.rows);
       window_expert_rows_[size_t(layer) * size_t(per_layer_) + size_t(w.expert)] += uint64_t(w.rows);
     }
-    pending_.push_back(send(layer, std::vector<ExpertWork>(work.begin(), work.end())));
+    pending_.push_back(send(layer, std::vector<ExpertWork>(work.begin(), work.end()), /*sockets=*/true));
     pending_.back().ticket = next_ticket_++;
     const uint64_t ticket = pending_.back().ticket;
     // Once per model step (n_layers layer runs) the policy may add a replica.
@@ -89,7 +91,9 @@ class ActorExpertExecutor final : public ExpertExecutor {
       const auto t0 = r.t0;
       std::vector<ExpertWork> todo = collect(r);
       while (!todo.empty()) {
-        Round again = send(layer, std::move(todo));
+        // As messages: a socket's answers come in its send order, and later
+        // layers' batches may be queued on it already.
+        Round again = send(layer, std::move(todo), /*sockets=*/false);
         todo = collect(again);
       }
       pending_.pop_front();
@@ -110,6 +114,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
             {"expert_rows", rows},
             {"expert_fallback_rows", fallback_rows_},
             {"expert_batches", dispatches_},
+            {"expert_socket_batches", socket_batches_},
             {"expert_host_failures", host_failures_},
             {"expert_hosts_alive", alive},
             {"expert_layers", layers_},
@@ -127,6 +132,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
     bool alive = true;
     uint64_t rows = 0;
     std::vector<std::pair<int32_t, int32_t>> added;  // replicas (layer, expert) it took
+    std::shared_ptr<ExpertSocketClient> sock;         // another process's host: its data socket
     bool holds(const LlamaConfig& c, int32_t layer, int32_t expert) const {
       return ref.set.holds(c, layer, expert) ||
              std::find(added.begin(), added.end(), std::make_pair(layer, expert)) != added.end();
@@ -174,9 +180,25 @@ class ActorExpertExecutor final : public ExpertExecutor {
     std::vector<std::vector<ExpertWork>> share;
     std::vector<ExpertWork> rest;
     std::vector<std::pair<size_t, Handle>> sent;
+    std::vector<size_t> on_socket;  // hosts whose batch went on their data socket, in send order
+    std::vector<size_t> failed;     // hosts whose data socket failed at send
   };
 
-  Round send(int32_t layer, std::vector<ExpertWork> todo) {
+  // The host's data socket, connected on first use; null when it has none
+  // (in process) or it cannot be reached.
+  ExpertSocketClient* socket_of(Host& h) {
+    if (h.ref.endpoint.empty()) return nullptr;
+    if (!h.sock) {
+      auto c = ExpertSocketClient::connect(h.ref.endpoint, kExpertTimeout);
+      if (!c.ok()) return nullptr;
+      h.sock = std::move(c.value());
+    }
+    return h.sock.get();
+  }
+
+  // sockets: a host with a data socket gets its batch there (else, and for
+  // the rounds that retry a failed host's pieces, as a CAF message).
+  Round send(int32_t layer, std::vector<ExpertWork> todo, bool sockets) {
     Round r;
     r.layer = layer;
     r.t0 = Clock::now();
@@ -195,9 +217,20 @@ class ActorExpertExecutor final : public ExpertExecutor {
     r.self = std::make_unique<caf::scoped_actor>(system_);
     for (size_t h = 0; h < r.share.size(); ++h) {
       if (r.share[h].empty()) continue;
-      r.sent.emplace_back(h, (*r.self)->request(hosts_[h].ref.handle, kExpertTimeout, expert_atom::value,
-                                                codec::encode(batch_of(layer, r.share[h]))));
       ++dispatches_;
+      Host& host = hosts_[h];
+      if (sockets && !host.ref.endpoint.empty()) {
+        ExpertSocketClient* sock = socket_of(host);
+        if (sock && sock->send(codec::encode(batch_of(layer, r.share[h]))).ok()) {
+          r.on_socket.push_back(h);
+          ++socket_batches_;
+        } else {
+          r.failed.push_back(h);
+        }
+        continue;
+      }
+      r.sent.emplace_back(h, (*r.self)->request(host.ref.handle, kExpertTimeout, expert_atom::value,
+                                                codec::encode(batch_of(layer, r.share[h]))));
     }
     return r;
   }
@@ -211,14 +244,28 @@ class ActorExpertExecutor final : public ExpertExecutor {
       for (const ExpertWork& w : r.rest) fallback_rows_ += uint64_t(w.rows);
     }
     std::vector<ExpertWork> failed;
+    auto drop = [&](size_t h) {
+      if (hosts_[h].alive) ++host_failures_;
+      hosts_[h].alive = false;
+      hosts_[h].sock.reset();  // later rounds' answers on it fail at once
+      failed.insert(failed.end(), r.share[h].begin(), r.share[h].end());
+    };
+    for (size_t h : r.failed) drop(h);
+    for (size_t h : r.on_socket) {
+      Status st;
+      if (ExpertSocketClient* sock = hosts_[h].sock.get()) {
+        auto reply = sock->answer(r.t0 + kExpertTimeout);
+        st = reply.ok() ? take_outputs(reply.value(), r.layer, r.share[h]) : reply.status();
+      } else {
+        st = Status(Code::unavailable, "its data socket failed");
+      }
+      if (!st.ok()) drop(h);
+    }
     for (auto& [h, handle] : r.sent) {
       Status st;
       handle.receive([&](const Bytes& reply) { st = take_outputs(reply, r.layer, r.share[h]); },
                      [&](caf::error& e) { st = from_error(e); });
-      if (st.ok()) continue;
-      if (hosts_[h].alive) ++host_failures_;
-      hosts_[h].alive = false;
-      failed.insert(failed.end(), r.share[h].begin(), r.share[h].end());
+      if (!st.ok()) drop(h);
     }
     return failed;
   }
@@ -288,6 +335,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
   int32_t window_runs_ = 0;
   std::vector<uint64_t> window_host_rows_, window_expert_rows_;
   uint64_t replicas_added_ = 0;
+  uint64_t socket_batches_ = 0;
   uint64_t fallback_rows_ = 0, dispatches_ = 0, host_failures_ = 0, layers_ = 0, dispatch_ns_ = 0;
   LayerTimes times_;
 };

@@ -22,6 +22,9 @@ namespace cleave::actors {
 struct ExpertRef {
   expert_actor handle;
   ExpertSet set;
+  // Another process's actor: its batches go on this data socket
+  // (actors/expert_socket.h); "" in process: as messages.
+  std::string endpoint;
 };
 
 // The expert actors a process's stages may dispatch to: its own and, on a

@@ -50,6 +50,9 @@ struct HostedActors {
   // computes itself when no live expert actor hosts an expert.
   std::vector<std::shared_ptr<ExpertHost>> expert_fallbacks;
   bool expert_replication = false;  // HostedSpec's
+  // Set on a cluster node: the expert actors' batches from other processes
+  // come on a data socket listening there (actors/expert_socket.h).
+  std::string expert_socket_host;
 };
 
 // Stage cores and vision encoders for every group (kv_store groups are

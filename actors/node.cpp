@@ -83,7 +83,7 @@ struct JoinState {
   std::vector<Watched> watched;
   struct Expert {
     expert_actor handle;
-    std::string spec, node;
+    std::string spec, endpoint, node;
   };
   std::vector<Expert> experts;                       // attached and alive
   std::vector<expert_directory_actor> directories;  // told of every expert
@@ -160,7 +160,7 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
       // An expert actor: every node's directory hears of it (the stages
       // dispatch to it from their next layer on).
       [=](attach_atom, const std::string& secret, const std::string& node, expert_actor expert,
-          const std::string& spec) -> caf::result<bool> {
+          const std::string& spec, const std::string& endpoint) -> caf::result<bool> {
         if (!admitted(secret)) {
           log_line("refused node " + printable(node) + ": wrong cluster secret");
           return to_error(Status(Code::unavailable, "wrong cluster secret"));
@@ -168,9 +168,9 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
         auto& st = self->state;
         self->monitor(expert);
         st.watched.push_back({expert.address(), printable(node), "expert"});
-        st.experts.push_back({expert, spec, printable(node)});
+        st.experts.push_back({expert, spec, endpoint, printable(node)});
         st.experts_alive->store(int32_t(st.experts.size()));
-        for (const auto& d : st.directories) self->send(d, expert_host_atom::value, expert, spec);
+        for (const auto& d : st.directories) self->send(d, expert_host_atom::value, expert, spec, endpoint);
         log_line("cleave node head: node " + printable(node) + " hosts an expert actor (" +
                  printable(spec) + ")");
         return true;
@@ -180,7 +180,7 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
         auto& st = self->state;
         self->monitor(directory);
         st.directories.push_back(directory);
-        for (const auto& e : st.experts) self->send(directory, expert_host_atom::value, e.handle, e.spec);
+        for (const auto& e : st.experts) self->send(directory, expert_host_atom::value, e.handle, e.spec, e.endpoint);
         return true;
       },
   };
@@ -249,10 +249,11 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
 // Attaches through the head's join actor, with the secret.
 Attach attach_through(caf::actor_system& system, const join_actor& join, const std::string& secret,
                       const std::string& node) {
-  auto call_expert = [&system, join, secret, node](const expert_actor& h, const ExpertSet& set) {
+  auto call_expert = [&system, join, secret, node](const expert_actor& h, const ExpertSet& set,
+                                                  const std::string& endpoint) {
     caf::scoped_actor self{system};
     Status st;
-    self->request(join, kJoinTimeout, attach_atom::value, secret, node, h, set.spec())
+    self->request(join, kJoinTimeout, attach_atom::value, secret, node, h, set.spec(), endpoint)
         .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
     if (!st.ok()) return Status(st.code(), "the head: " + st.message());
     return st;
@@ -365,6 +366,7 @@ class HeadNode final : public Node {
     // The head's own actors attach through the join actor too, so it logs
     // which node lost what.
     const bool attention = !hosted->expert_fallbacks.empty();
+    hosted->expert_socket_host = me_.host;
     CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
                                           attach_through(*system_, join_, options_.secret.value_or(""), me_.name)));
     if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, options_.secret.value_or(""), *actors_));
@@ -492,6 +494,7 @@ class WorkerNode final : public Node {
         router_, head_lost_);
     actors_->add_service(watcher);
     const bool attention = !hosted->expert_fallbacks.empty();
+    hosted->expert_socket_host = me_.host;
     CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
                                           attach_through(*system_, join_, secret, me_.name)));
     if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, secret, *actors_));

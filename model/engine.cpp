@@ -28,6 +28,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   // Names the weights every KV block is made with; hashed once, before the
   // model takes the file.
   const uint64_t model_fp = checksum_bytes(file->data(), file->file_size());
+  file->release_resident_pages();  // keep only what this engine reads resident
   auto model = LlamaModel::load(std::move(file));
   if (!model.ok()) return model.status();
   const LlamaConfig& c = (*model)->config();

@@ -578,6 +578,10 @@ Result<std::shared_ptr<const GgufFile>> GgufFile::open(const std::string& path) 
   return std::shared_ptr<const GgufFile>(std::move(f));
 }
 
+void GgufFile::release_resident_pages() const {
+  if (mapping_) ::madvise(mapping_, size_, MADV_DONTNEED);  // advice: a failure changes nothing
+}
+
 GgufFile::~GgufFile() {
   if (mapping_) ::munmap(mapping_, size_);
 }

@@ -67,6 +67,12 @@ class GgufFile {
   uint64_t alignment() const { return alignment_; }
   size_t file_size() const { return size_; }
   const uint8_t* data() const { return base_; }  // the whole file image (file_size bytes)
+  // Over an mmap: gives this process's resident pages of the file back to
+  // the page cache (madvise MADV_DONTNEED; a later read faults them in
+  // again), so that after reading the whole file once (its fingerprint) a
+  // process keeps resident only the tensors it computes with: an attention
+  // node not its experts', an expert node only its own. A no-op in memory.
+  void release_resident_pages() const;
   uint64_t data_offset() const { return data_offset_; }
 
   const std::vector<GgufKv>& metadata() const { return kvs_; }

@@ -369,6 +369,10 @@ int main(int argc, char** argv) {
     std::printf("%-30s %20s %20s %20s %18s\n", "where the experts run", "batch 1", "batch 8", "batch 32",
                 "layer dispatch us");
     const std::vector<ExpertSet> two = {expert_set({0, 1, 2, 3}), expert_set({4, 5, 6, 7})};
+    // One host: attention and the experts each have a core of the two, so
+    // ping-pong has idle time to fill (with two hosts all three threads
+    // already share two cores).
+    const std::vector<ExpertSet> one = {ExpertSet{}};
     struct Case {
       const char* name;
       Topology t;
@@ -380,7 +384,11 @@ int main(int argc, char** argv) {
                           Case{"mono + 2 hosts, 2 micro-batches", Topology::mono, two, 2},
                           Case{"colocated (the engine)", Topology::colocated, {}},
                           Case{"colocated + 2 expert actors", Topology::colocated, two},
-                          Case{"colocated + 2 actors, 2 micro-b.", Topology::colocated, two, 2}}) {
+                          Case{"colocated + 2 actors, 2 micro-b.", Topology::colocated, two, 2},
+                          Case{"mono + 1 host", Topology::mono, one},
+                          Case{"mono + 1 host, 2 micro-batches", Topology::mono, one, 2},
+                          Case{"colocated + 1 expert actor", Topology::colocated, one},
+                          Case{"colocated + 1 actor, 2 micro-b.", Topology::colocated, one, 2}}) {
       PipelineOptions o = base;
       o.topology = c.t;
       o.experts = c.experts;

@@ -6,7 +6,8 @@ and 32 on the 100M MoE shape (F16: dim 512, 6 layers, 8 experts, top-2, ffn
 micro-batch ping-pong; the per-layer expert round trip p50 / p99 the
 attention actor measures (expert_layer_p50_us / p99_us: send, compute on
 the expert nodes, answer) beside a loopback TCP echo of one host's bytes;
-the attention node's peak resident memory
+the attention node's resident memory while serving (peak RssAnon and
+RssFile after the requests were submitted)
 against the one process. Every setup must give the one process's tokens.
 
 Decode tok/s = batch / median TPOT, TPOT = (total - ttft) / (tokens - 1)
@@ -98,11 +99,13 @@ def requests(batch):
 
 
 class Peak:
-    """Peak VmHWM / RssAnon / RssFile of a process, polled every 20 ms."""
+    """Peak VmHWM of a process, and the peak RssAnon / RssFile once serving
+    (after `serving` is set: the engines exist, the file's fingerprint pass
+    is over and its pages went back), polled every 20 ms."""
 
     def __init__(self, pid):
         self.pid, self.hwm, self.anon, self.file = pid, 0, 0, 0
-        self.stop = False
+        self.stop = self.serving = False
         self.t = threading.Thread(target=self.loop, daemon=True)
         self.t.start()
 
@@ -113,8 +116,9 @@ class Peak:
                     kv = dict(l.split(":", 1) for l in f if ":" in l)
                 kb = lambda k: int(kv.get(k, "0 kB").split()[0])  # noqa: E731
                 self.hwm = max(self.hwm, kb("VmHWM"))
-                self.anon = max(self.anon, kb("RssAnon"))
-                self.file = max(self.file, kb("RssFile"))
+                if self.serving:
+                    self.anon = max(self.anon, kb("RssAnon"))
+                    self.file = max(self.file, kb("RssFile"))
             except (OSError, ValueError):
                 return
             time.sleep(0.02)
@@ -136,9 +140,13 @@ def run(name, script, head, workers, req, sets=(), head_flags=()):
     m = re.search(r"listening on [0-9.]+:(\d+)", h.stdout.readline())
     ws = [subprocess.Popen([a.cleave, "node", "--name", w, *common, "--set", f"{head}_port={m.group(1)}"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for w in workers]
+    for line in h.stdout:
+        if "submitted" in line:
+            peak.serving = True
     _, err = h.communicate(timeout=1800)
     mem = peak.done()
-    for w in ws:
+    for w in ws:  # workers would wait to rejoin a restarted head
+        w.kill()
         w.wait(timeout=30)
     if h.returncode != 0:
         sys.exit(f"{name}: head exited {h.returncode}: {err[-2000:]}")
@@ -160,6 +168,11 @@ lim0 = limits()
 setups = (("one process (colocated)", "one_process.lua", "head", [], (), ()),
           ("1 attention + 2 expert processes", "experts_3nodes.lua", "attn", ["ex0", "ex1"], (), ()),
           ("  same, 2 micro-batches", "experts_3nodes.lua", "attn", ["ex0", "ex1"], (),
+           ("--expert-micro-batches", "2")),
+          # One expert process holding every expert: attention and experts
+          # each get one of the two cores, so ping-pong has idle time to fill.
+          ("1 attention + 1 expert process", "experts_3nodes.lua", "attn", ["ex0"], ("--set", "replicas=true"), ()),
+          ("  same, 2 micro-batches", "experts_3nodes.lua", "attn", ["ex0"], ("--set", "replicas=true"),
            ("--expert-micro-batches", "2")))
 rows = []
 ref = {}
@@ -185,7 +198,7 @@ for batch in (int(b) for b in a.batches.split(",")):
                 p99.append(stats["expert_layer_p99_us"])
             mems.append(mem)
         row = {"setup": name.strip(), "batch": batch, "tok_s": median_range(tok_s),
-               "peak_rss_mib": median_range([m["hwm_mib"] for m in mems]),
+               "vm_hwm_mib": median_range([m["hwm_mib"] for m in mems]),
                "rss_anon_mib": median_range([m["anon_mib"] for m in mems]),
                "rss_file_mib": median_range([m["file_mib"] for m in mems])}
         if p50:
@@ -199,8 +212,8 @@ for batch in (int(b) for b in a.batches.split(",")):
               f"p99 {row['layer_round_trip_p99_us']['median'] / 1e3:.2f} ms (TCP echo of "
               f"{batch * 2} KiB: {row['tcp_echo_us_same_bytes'] / 1e3:.3f} ms)") if p50 else ""
         print(f"batch {batch:2d}  {name:34s} {t['median']:7.1f} tok/s ({t['min']:.1f}-{t['max']:.1f})  "
-              f"head RSS peak {row['peak_rss_mib']['median']:.0f} MiB (anon {row['rss_anon_mib']['median']:.0f}, "
-              f"file {row['rss_file_mib']['median']:.0f}){rt}", flush=True)
+              f"head RSS serving: anon {row['rss_anon_mib']['median']:.0f} + file {row['rss_file_mib']['median']:.0f} MiB "
+              f"(VmHWM {row['vm_hwm_mib']['median']:.0f}){rt}", flush=True)
 lim1 = limits()
 bw = max(lim0["read_bandwidth_GBs"], lim1["read_bandwidth_GBs"])
 limit = bw * 1e9 / lim0["weight_bytes_per_token"]

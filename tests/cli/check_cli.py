@@ -370,6 +370,25 @@ for topo, spec, micro in (("mono", "0-3;4-7", "3"), ("colocated", "all;all", "2"
                      "--topology", topo, "--experts", spec, "--expert-micro-batches", micro)
     expect(f"--expert-micro-batches {micro} on {topo} gives mono's tokens and logits hashes",
            rc == 0 and results(out_path) == ref, err)
+# The trained shapes MoE LM (models/shapes, 4 experts, top-2): 100 mixed
+# requests through expert actors, with ping-pong and replication, give mono's bits.
+shapes_moe = os.path.join(os.path.dirname(VOCAB), "..", "shapes", "shapes-lm-moe-f32.gguf")
+shapes_req = os.path.join(WORK, "shapes_moe_requests.jsonl")
+with open(shapes_req, "w") as f:
+    for i in range(100):
+        f.write(json.dumps({"id": i, "prompt_ids": [1] + [3 + (13 * j + 7 * i) % 340 for j in range(2 + i % 30)],
+                            "max_tokens": 8, "temperature": 0 if i % 2 else 0.8, "seed": i}) + "\n")
+shapes_ref_path = os.path.join(WORK, "shapes_moe_mono.jsonl")
+rc, _, err = run("generate", "-m", shapes_moe, "--requests", shapes_req, "--out", shapes_ref_path, "-t", "1")
+shapes_ref = results(shapes_ref_path)
+expect("generate --requests on the shapes MoE LM", rc == 0 and len(shapes_ref) == 100, err)
+for topo, extra in (("colocated", ["--experts", "0,1;2,3", "--expert-micro-batches", "2", "--enable-eplb"]),
+                    ("pd", ["--experts", "all@0-1;all@2-3;all"])):
+    out_path = os.path.join(WORK, f"shapes_moe_{topo}.jsonl")
+    rc, _, err = run("generate", "-m", shapes_moe, "--requests", shapes_req, "--out", out_path, "-t", "1",
+                     "--topology", topo, *extra)
+    expect(f"shapes MoE LM, {topo} {' '.join(extra)}: mono's tokens and logits hashes",
+           rc == 0 and results(out_path) == shapes_ref, err)
 # Hot-expert replication (--enable-eplb): replicas added at run time, same bits.
 for topo in ("mono", "colocated"):
     out_path = os.path.join(WORK, f"moe_{topo}_eplb.jsonl")

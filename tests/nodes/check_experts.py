@@ -98,6 +98,8 @@ try:
         expect(f"{tag}every expert row ran on the expert nodes",
                s.get("expert_rows", 0) > 0 and s.get("expert_fallback_rows", 1) == 0 and
                s.get("expert_hosts_alive") == 2 and s.get("expert_host_failures") == 0, s)
+        expect(f"{tag}every batch went on the expert nodes' data sockets",
+               s.get("expert_batches", 0) > 0 and s.get("expert_socket_batches") == s.get("expert_batches"), s)
         if tag == "halves_":
             # Counted once the expert actor (in its own process) said yes.
             expect("halves_--enable-eplb added replicas across processes", s.get("expert_replicas_added", 0) >= 1, s)
