@@ -43,11 +43,13 @@ expert_actor::behavior_type expert_fn(expert_pointer self, std::shared_ptr<Exper
       [=](stats_atom) -> Bytes {
         auto& s = self->state;
         const ExpertHost::Stats h = s.host->stats();
-        return encode_stats(s.origin, {{"batches", s.batches},
-                                     {"refused", s.refused},
-                                     {"replicas_added", s.replicas},
-                                     {"rows", h.rows},
-                                     {"busy_us", h.busy_ns / 1000}});
+        std::vector<std::pair<std::string, uint64_t>> counters = {{"batches", s.batches},
+                                                                  {"refused", s.refused},
+                                                                  {"replicas_added", s.replicas},
+                                                                  {"rows", h.rows},
+                                                                  {"busy_us", h.busy_ns / 1000}};
+        append_expert_busy_counters(counters, h.expert_busy_ns, experts_per_layer(s.host->config()));
+        return encode_stats(s.origin, counters);
       },
   };
 }

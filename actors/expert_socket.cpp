@@ -8,6 +8,8 @@
 
 #include <cerrno>
 #include <cstring>
+#include <deque>
+#include <thread>
 
 #include "actors/socket_io.h"
 
@@ -40,7 +42,11 @@ void nodelay(int fd) {
 
 }  // namespace
 
-Result<Bytes> serve_expert_batch(ExpertHost& host, const Bytes& bytes) {
+namespace {
+
+// A decoded batch this host can compute: its model's width, a layer the
+// model has, experts the host holds.
+Result<msg::ExpertBatch> checked_batch(const ExpertHost& host, const Bytes& bytes) {
   auto in = codec::decode_as<msg::ExpertBatch>(bytes);
   if (!in.ok()) return in.status();
   const LlamaConfig& c = host.config();
@@ -50,29 +56,142 @@ Result<Bytes> serve_expert_batch(ExpertHost& host, const Bytes& bytes) {
   if (in->layer >= c.n_layers)
     return Status(Code::invalid_argument, "expert batch for layer " + std::to_string(in->layer) +
                                               " of a model with " + std::to_string(c.n_layers));
-  std::vector<float> x(in->data.size() / sizeof(float)), y(x.size());
-  if (!in->data.empty()) std::memcpy(x.data(), in->data.data(), in->data.size());
-  std::vector<ExpertWork> work;
-  size_t at = 0;
-  for (const msg::ExpertPiece& p : in->pieces) {
-    work.push_back(ExpertWork{p.expert, int64_t(p.rows), x.data() + at, y.data() + at});
-    at += size_t(p.rows) * in->dim;
-  }
-  CLEAVE_RETURN_IF_ERROR(host.compute(in->layer, work));
+  for (const msg::ExpertPiece& p : in->pieces)
+    if (!host.holds(int32_t(in->layer), p.expert))
+      return Status(Code::invalid_argument, "expert " + std::to_string(p.expert) + " of layer " +
+                                                std::to_string(in->layer) + " is not held here (" +
+                                                host.set().describe() + ")");
+  return in;
+}
+
+Bytes answer_of(const msg::ExpertBatch& in, const float* y) {
   msg::ExpertBatch out;
-  out.layer = in->layer;
-  out.dim = in->dim;
-  out.pieces = in->pieces;
-  out.data.resize(y.size() * sizeof(float));
-  if (!y.empty()) std::memcpy(out.data.data(), y.data(), out.data.size());
+  out.layer = in.layer;
+  out.dim = in.dim;
+  out.pieces = in.pieces;
+  out.data.resize(in.data.size());
+  if (!out.data.empty()) std::memcpy(out.data.data(), y, out.data.size());
   out.checksum = checksum_bytes(out.data.data(), out.data.size());
   return codec::encode(out);
+}
+
+// Batches of one layer as one: each expert's rows of every batch, in batch
+// order, in one piece; answers[i] for batches[i].
+Status compute_together(ExpertHost& host, const std::vector<const msg::ExpertBatch*>& batches,
+                        std::vector<Bytes>& answers) {
+  const int32_t layer = int32_t(batches.front()->layer);
+  const size_t dim = batches.front()->dim;
+  const int32_t n_experts = experts_per_layer(host.config());
+  // Where each piece's rows go in the merged x: per expert, batch order.
+  std::vector<std::vector<size_t>> at(batches.size());
+  std::vector<int64_t> expert_rows(size_t(n_experts), 0);
+  for (const msg::ExpertBatch* b : batches)
+    for (const msg::ExpertPiece& p : b->pieces) expert_rows[size_t(p.expert)] += p.rows;
+  std::vector<size_t> first(size_t(n_experts) + 1, 0);
+  for (int32_t e = 0; e < n_experts; ++e) first[size_t(e) + 1] = first[size_t(e)] + size_t(expert_rows[size_t(e)]);
+  std::vector<float> x(first.back() * dim), y(x.size());
+  std::vector<size_t> fill(first.begin(), first.end() - 1);
+  for (size_t i = 0; i < batches.size(); ++i) {
+    size_t src = 0;
+    for (const msg::ExpertPiece& p : batches[i]->pieces) {
+      size_t& row = fill[size_t(p.expert)];
+      at[i].push_back(row);
+      std::memcpy(x.data() + row * dim, batches[i]->data.data() + src * sizeof(float), p.rows * dim * sizeof(float));
+      row += p.rows;
+      src += p.rows * dim;
+    }
+  }
+  std::vector<ExpertWork> work;
+  for (int32_t e = 0; e < n_experts; ++e)
+    if (expert_rows[size_t(e)] > 0)
+      work.push_back(ExpertWork{e, expert_rows[size_t(e)], x.data() + first[size_t(e)] * dim,
+                                y.data() + first[size_t(e)] * dim});
+  CLEAVE_RETURN_IF_ERROR(host.compute(layer, work));
+  answers.clear();
+  for (size_t i = 0; i < batches.size(); ++i) {
+    std::vector<float> yi(batches[i]->data.size() / sizeof(float));
+    size_t dst = 0;
+    for (size_t k = 0; k < batches[i]->pieces.size(); ++k) {
+      const size_t rows = batches[i]->pieces[k].rows;
+      std::memcpy(yi.data() + dst, y.data() + at[i][k] * dim, rows * dim * sizeof(float));
+      dst += rows * dim;
+    }
+    answers.push_back(answer_of(*batches[i], yi.data()));
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<Bytes> serve_expert_batch(ExpertHost& host, const Bytes& bytes) {
+  auto in = checked_batch(host, bytes);
+  if (!in.ok()) return in.status();
+  std::vector<Bytes> answers;
+  CLEAVE_RETURN_IF_ERROR(compute_together(host, {&in.value()}, answers));
+  return std::move(answers.front());
+}
+
+// ---- server ----
+
+struct ExpertSocketServer::Job {
+  msg::ExpertBatch batch;
+  Result<Bytes> answer = Status(Code::aborted, "not computed");
+  bool done = false;
+};
+
+struct ExpertSocketServer::HostQueue {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<Job*> waiting;
+  bool busy = false;
+};
+
+// Leader and followers: the thread that finds its host idle computes its
+// job together with every job of the same layer queued by then; the others
+// wait for theirs to be done.
+void ExpertSocketServer::run(HostQueue& q, ExpertHost& host, Job& job) {
+  std::unique_lock<std::mutex> lock(q.mu);
+  q.waiting.push_back(&job);
+  while (!job.done) {
+    if (q.busy) {
+      q.cv.wait(lock);
+      continue;
+    }
+    q.busy = true;
+    if (gather_.count() > 0) {
+      lock.unlock();
+      std::this_thread::sleep_for(gather_);
+      lock.lock();
+    }
+    const auto layer = q.waiting.front()->batch.layer;
+    std::vector<Job*> take;
+    for (auto it = q.waiting.begin(); it != q.waiting.end();) {
+      if ((*it)->batch.layer != layer) {
+        ++it;
+        continue;
+      }
+      take.push_back(*it);
+      it = q.waiting.erase(it);
+    }
+    lock.unlock();
+    std::vector<const msg::ExpertBatch*> batches;
+    for (Job* j : take) batches.push_back(&j->batch);
+    std::vector<Bytes> answers;
+    Status st = compute_together(host, batches, answers);
+    for (size_t i = 0; i < take.size(); ++i) take[i]->answer = st.ok() ? Result<Bytes>(std::move(answers[i])) : st;
+    if (take.size() > 1) merged_ += take.size();
+    lock.lock();
+    for (Job* j : take) j->done = true;
+    q.busy = false;
+    q.cv.notify_all();
+  }
 }
 
 // ---- server ----
 
 Result<std::unique_ptr<ExpertSocketServer>> ExpertSocketServer::listen(
-    const std::string& host, std::vector<std::shared_ptr<ExpertHost>> hosts, std::chrono::milliseconds io_timeout) {
+    const std::string& host, std::vector<std::shared_ptr<ExpertHost>> hosts, std::chrono::milliseconds io_timeout,
+    std::chrono::milliseconds gather) {
   auto addr = resolve(host, 0);
   if (!addr.ok()) return addr.status();
   std::unique_ptr<ExpertSocketServer> s(new ExpertSocketServer());
@@ -80,6 +199,8 @@ Result<std::unique_ptr<ExpertSocketServer>> ExpertSocketServer::listen(
   s->token_ = random_token();
   s->io_timeout_ = io_timeout;
   s->hosts_ = std::move(hosts);
+  s->gather_ = gather;
+  for (size_t i = 0; i < s->hosts_.size(); ++i) s->queues_.push_back(std::make_unique<HostQueue>());
   s->listener_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (s->listener_ < 0) return io_status("expert data socket");
   const int one = 1;
@@ -153,6 +274,7 @@ void ExpertSocketServer::serve(int fd) {
       !same_token(hello.token, token_) || hello.index >= hosts_.size())
     return;  // closing is the answer: nothing about the token leaks
   ExpertHost& host = *hosts_[hello.index];
+  HostQueue& queue = *queues_[hello.index];
   Bytes in;
   while (!stop_) {
     pollfd p{fd, POLLIN, 0};
@@ -163,7 +285,15 @@ void ExpertSocketServer::serve(int fd) {
     if (ready < 0 || !recv_bytes(fd, &n, sizeof n, "expert batch").ok() || n > kMaxBatchBytes) return;
     in.resize(size_t(n));
     if (!recv_bytes(fd, in.data(), in.size(), "expert batch").ok()) return;
-    Result<Bytes> out = serve_expert_batch(host, in);
+    Result<Bytes> out = Status(Code::aborted, "");
+    if (auto batch = checked_batch(host, in); batch.ok()) {
+      Job job;
+      job.batch = std::move(batch.value());
+      run(queue, host, job);
+      out = std::move(job.answer);
+    } else {
+      out = batch.status();
+    }
     AnswerHeader h{0, 0, 0};
     std::string why;
     if (out.ok()) {

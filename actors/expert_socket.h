@@ -15,6 +15,11 @@
 // then sends batches and reads their answers in order: several may be in
 // flight (micro-batch ping-pong), each answered before the next is read.
 //
+// Batches of one layer that reach a host while it computes (from several
+// attention stages, each on its own connection) are computed together:
+// one matmul per expert over all their rows, then split back. The kernels
+// are batch invariant, so each answer has the bits it would have alone.
+//
 // Wire: hello "CEX1", 32 hex characters of token, u32 index; per batch u64
 // bytes and the codec's ExpertBatch (its XXH3-64 checksum inside); per
 // answer u32 status (0: ok, else a Code), u64 bytes and the answer's
@@ -22,6 +27,8 @@
 #pragma once
 
 #include <atomic>
+#include <condition_variable>
+#include <deque>
 #include <chrono>
 #include <cstdint>
 #include <list>
@@ -46,20 +53,30 @@ Result<Bytes> serve_expert_batch(ExpertHost& host, const Bytes& batch);
 
 class ExpertSocketServer {
  public:
+  // gather (tests): how long the first batch waits for others before its
+  // host computes; 0 in service (only batches that arrive while the host
+  // is busy are merged, so none waits for company).
   static Result<std::unique_ptr<ExpertSocketServer>> listen(
       const std::string& host, std::vector<std::shared_ptr<ExpertHost>> hosts,
-      std::chrono::milliseconds io_timeout = std::chrono::seconds(5));
+      std::chrono::milliseconds io_timeout = std::chrono::seconds(5),
+      std::chrono::milliseconds gather = std::chrono::milliseconds(0));
   ~ExpertSocketServer();  // closes the socket and every connection, joins the threads
 
   // What a stage needs to reach hosts[index].
   std::string endpoint(size_t index) const;
   uint64_t batches() const { return batches_.load(); }
   uint64_t refused() const { return refused_.load(); }
+  // Batches computed together with at least one other.
+  uint64_t merged() const { return merged_.load(); }
 
  private:
   ExpertSocketServer() = default;
   void accept_loop();
   void serve(int fd);
+  struct Job;
+  struct HostQueue;
+  // Computes job with whatever else of its layer is queued on its host.
+  void run(HostQueue& q, ExpertHost& host, Job& job);
   struct Connection {
     int fd = -1;
     std::thread thread;
@@ -70,9 +87,11 @@ class ExpertSocketServer {
   uint16_t port_ = 0;
   int listener_ = -1;
   std::chrono::milliseconds io_timeout_{5000};
+  std::chrono::milliseconds gather_{0};
   std::vector<std::shared_ptr<ExpertHost>> hosts_;
+  std::vector<std::unique_ptr<HostQueue>> queues_;  // one per host
   std::atomic<bool> stop_{false};
-  std::atomic<uint64_t> batches_{0}, refused_{0};
+  std::atomic<uint64_t> batches_{0}, refused_{0}, merged_{0};
   std::mutex mu_;  // connections_
   std::list<Connection> connections_;
   std::thread acceptor_;

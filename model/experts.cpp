@@ -103,16 +103,19 @@ Status ExpertHost::compute(int32_t layer, std::span<const ExpertWork> work) {
                                                 std::to_string(layer) + " is not held here (" +
                                                 set_.describe() + ")");
   std::lock_guard<std::mutex> lock(mu_);
-  const auto t0 = std::chrono::steady_clock::now();
   const LlamaLayer& l = model_->layer(layer);
+  const size_t per_layer = size_t(experts_per_layer(config()));
+  if (stats_.expert_busy_ns.empty()) stats_.expert_busy_ns.assign(size_t(config().n_layers) * per_layer, 0);
   for (const ExpertWork& w : work) {
+    const auto t0 = std::chrono::steady_clock::now();
     compute_expert(*backend_, l, config().ffn, w.expert, w.x, w.rows, g_, u_, w.y);
+    const uint64_t ns = uint64_t(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     stats_.rows += uint64_t(w.rows);
+    stats_.busy_ns += ns;
+    stats_.expert_busy_ns[size_t(layer) * per_layer + size_t(w.expert)] += ns;
   }
   ++stats_.calls;
-  stats_.busy_ns += uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                 std::chrono::steady_clock::now() - t0)
-                                 .count());
   return Status::Ok();
 }
 
@@ -128,6 +131,15 @@ void append_routed_counters(std::vector<std::pair<std::string, uint64_t>>& out,
       out.emplace_back("expert_routed_rows_" + std::to_string(i / size_t(per_layer)) + "_" +
                            std::to_string(i % size_t(per_layer)),
                        rows[i]);
+}
+
+void append_expert_busy_counters(std::vector<std::pair<std::string, uint64_t>>& out,
+                                 const std::vector<uint64_t>& busy_ns, int32_t per_layer) {
+  for (size_t i = 0; i < busy_ns.size(); ++i)
+    if (busy_ns[i] >= 1000)
+      out.emplace_back("busy_us_" + std::to_string(i / size_t(per_layer)) + "_" +
+                           std::to_string(i % size_t(per_layer)),
+                       busy_ns[i] / 1000);
 }
 
 // ---- ExpertPool ----

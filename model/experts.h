@@ -73,6 +73,10 @@ class ExpertExecutor {
 // the per-(layer, expert) routing counts in an executor's counters.
 void append_routed_counters(std::vector<std::pair<std::string, uint64_t>>& out,
                             const std::vector<uint64_t>& rows, int32_t per_layer);
+// busy_us_L_E = busy_ns[L * per_layer + E] / 1000 for each nonzero entry: an
+// expert host's compute time per (layer, expert).
+void append_expert_busy_counters(std::vector<std::pair<std::string, uint64_t>>& out,
+                                 const std::vector<uint64_t>& busy_ns, int32_t per_layer);
 
 // The last 4096 durations of one layer's expert work, for percentiles
 // (not thread-safe: its owner serialises).
@@ -111,6 +115,9 @@ class ExpertHost {
 
   struct Stats {
     uint64_t calls = 0, rows = 0, busy_ns = 0;
+    // Time computing each expert: [layer * experts_per_layer + expert]
+    // (empty before the first compute).
+    std::vector<uint64_t> expert_busy_ns;
   };
   Stats stats() const;
 

@@ -402,6 +402,9 @@ ServerMetrics::ServerMetrics()
       expert_routed_rows_(registry_.counter("cleave_expert_routed_rows_total",
                                             "Rows the router sent to each expert, by layer and expert.",
                                             {"layer", "expert"})),
+      expert_compute_seconds_(registry_.counter(
+          "cleave_expert_compute_seconds_total",
+          "Time the expert actors spent computing each expert, by layer and expert.", {"layer", "expert"})),
       expert_replicas_added_(registry_.counter(
           "cleave_expert_replicas_added_total",
           "Expert replicas the hot-expert replication (--enable-eplb) added at run time.")),
@@ -538,6 +541,14 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
     } else if (find(s, "busy_us") && find(s, "refused")) {  // an expert actor
       mirror(expert_rows_, {s.actor}, s, "rows");
       mirror(expert_busy_seconds_, {s.actor}, s, "busy_us", 1e-6);
+      for (const auto& [name, value] : s.counters) {  // busy_us_L_E
+        constexpr std::string_view prefix = "busy_us_";
+        if (name.rfind(prefix, 0) != 0) continue;
+        const size_t sep = name.find('_', prefix.size());
+        if (sep == std::string::npos) continue;
+        mirror(expert_compute_seconds_, {name.substr(prefix.size(), sep - prefix.size()), name.substr(sep + 1)}, s,
+               name, 1e-6);
+      }
       host_rows.push_back(find(s, "rows").value_or(0));
       host_busy.push_back(find(s, "busy_us").value_or(0));
     } else if (find(s, "encode_us")) {  // a vision encoder

@@ -62,6 +62,8 @@
 //   cleave_expert_busy_seconds_total{host}                 expert busy_us / 1e6
 //   cleave_expert_routed_rows_total{layer,expert}          stage  expert_routed_rows_L_E (rows the
 //                                                                 router sent to that expert)
+//   cleave_expert_compute_seconds_total{layer,expert}      expert busy_us_L_E / 1e6 (summed over
+//                                                                 the hosts of that expert)
 //   cleave_expert_replicas_added_total                     stage  expert_replicas_added
 //   cleave_expert_host_rows_spread / _busy_spread          expert stddev / mean over the expert
 //                                                                 actors of rows / busy_us (gauges)
@@ -313,6 +315,7 @@ class ServerMetrics {
   prom::Counter& expert_rows_;
   prom::Counter& expert_busy_seconds_;
   prom::Counter& expert_routed_rows_;
+  prom::Counter& expert_compute_seconds_;
   prom::Counter& expert_replicas_added_;
   prom::Gauge& expert_rows_spread_;
   prom::Gauge& expert_busy_spread_;

@@ -155,3 +155,30 @@ TEST_CASE("expert socket: a silent server times out at the deadline; a gone one 
   (void)(*c2)->send(codec::Bytes(64, 'x'));
   CHECK((*c2)->answer(in(5000)).status().code() == Code::unavailable);
 }
+
+TEST_CASE("expert socket: batches of one layer from several stages are computed together, same bits") {
+  const Model& m = model(moe4());
+  auto host = host_of(m, ExpertSet{});
+  // The first batch waits 200 ms for others (a test seam; 0 in service).
+  auto server = ExpertSocketServer::listen("127.0.0.1", {host}, std::chrono::seconds(5), std::chrono::milliseconds(200));
+  REQUIRE(server.ok());
+  const int32_t dim = host->config().dim;
+  auto reference = host_of(m, ExpertSet{});
+  std::vector<std::unique_ptr<ExpertSocketClient>> stages;
+  std::vector<msg::ExpertBatch> sent;
+  for (int i = 0; i < 3; ++i) {  // three stages, each its own connection, the same layer
+    auto c = ExpertSocketClient::connect((*server)->endpoint(0));
+    REQUIRE(c.ok());
+    stages.push_back(std::move(c.value()));
+    sent.push_back(batch_of(1, dim, {{i % 4, 2 + i}, {3, 1 + 2 * i}}, 0.5f * float(i)));
+  }
+  for (int i = 0; i < 3; ++i) REQUIRE(stages[size_t(i)]->send(codec::encode(sent[size_t(i)])).ok());
+  for (int i = 0; i < 3; ++i) {
+    auto got = stages[size_t(i)]->answer(in(5000));
+    REQUIRE_MESSAGE(got.ok(), got.status().to_string());
+    CHECK(got.value() == serve_expert_batch(*reference, codec::encode(sent[size_t(i)])).value());
+  }
+  CHECK((*server)->merged() == 3);
+  CHECK((*server)->batches() == 3);
+  CHECK(host->stats().calls == 1);  // one compute for the three
+}

@@ -89,6 +89,13 @@ TEST_CASE("experts: attention stages over expert actors give mono's tokens and l
       REQUIRE_MESSAGE(e, "expert/" << i);
       CHECK(e->get("rows") > 0);  // every host took work
       CHECK(e->get("refused") == 0);
+      // Its busy time per (layer, expert), within its total (each rounded down).
+      uint64_t per_expert = 0, entries = 0;
+      for (const auto& [name, v] : e->counters)
+        if (name.rfind("busy_us_", 0) == 0) per_expert += v, ++entries;
+      CHECK(entries > 0);
+      CHECK(per_expert <= e->get("busy_us"));
+      CHECK(per_expert + entries >= e->get("busy_us") * 9 / 10);
     }
     if (c.expert_actors > 0) CHECK(sum_counter(stats, "expert/", "rows") == stage_sum(stats, "expert_rows"));
   }

@@ -63,6 +63,9 @@ def mono(req):
     return results(out)
 
 
+head_port = ["1"]  # the latest cluster's head port
+
+
 def cluster(tag, req, out, sets, head_flags=()):
     head = NodeProcess([CLEAVE, "node", "--topology", TOPOLOGY, "--name", "attn", "-m", MODEL, "-t", "1",
                         "--requests", req, "--out", out, "--wait-stages", "3", *sets, *head_flags],
@@ -70,6 +73,7 @@ def cluster(tag, req, out, sets, head_flags=()):
     m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
     expect(tag + "head prints its port", m is not None, head.stderr())
     port = m.group(2) if m else "1"
+    head_port[0] = port
     workers = {}
     for name in ("ex0", "ex1"):
         workers[name] = NodeProcess([CLEAVE, "node", "--topology", TOPOLOGY, "--name", name, "-m", MODEL, "-t", "1",
@@ -152,6 +156,38 @@ try:
             expect("stop_replicas_the replica took every row (no fallback)",
                    s.get("expert_fallback_rows", 1) == 0, s)
         stop_all()
+    # An expert left without any host, until its node joins again: kill -9
+    # of ex1 (halves: no replica), the attention actor computes its experts,
+    # then ex1 starts again, attaches, and takes its experts' rows back.
+    rejoin_req = os.path.join(WORK, "rejoin.jsonl")
+    write_requests(rejoin_req, 40, 200)
+    rejoin_ref = mono(rejoin_req)
+    out = os.path.join(WORK, "rejoin_out.jsonl")
+    head, workers = cluster("rejoin_", rejoin_req, out, [])
+    submitted = head.wait_line(r"submitted", timeout=60) is not None
+    time.sleep(0.3)
+    workers["ex1"].proc.send_signal(signal.SIGKILL)
+    workers["ex1"].proc.wait()
+    again = NodeProcess([CLEAVE, "node", "--topology", TOPOLOGY, "--name", "ex1", "-m", MODEL, "-t", "1",
+                         "--set", f"attn_port={head_port[0]}", "--join-timeout", "20", "--no-rejoin"],
+                        os.path.join(WORK, "rejoin_ex1_again.err"))
+    rc = head.wait(300)
+    err = head.stderr()
+    got = results(out)
+    expect("rejoin: every request finishes with mono's bits", submitted and rc == 0 and got == rejoin_ref,
+           f"rc={rc} {err[-2000:]}")
+    s = stats_of(err, "attn/colocated/0")
+    expect("rejoin: the attention actor computed ex1's experts while it was gone, then had 2 hosts again",
+           s.get("expert_fallback_rows", 0) > 0 and s.get("expert_host_failures", 0) >= 1 and
+           s.get("expert_hosts_alive") == 2, s)
+    # The restarted ex1 prints its expert actor's counters when the head goes.
+    deadline = time.time() + 20
+    rows = None
+    while time.time() < deadline and rows is None:
+        m = re.search(r"stats ex1/expert/0 .*\brows=(\d+)", again.stderr())
+        rows = int(m.group(1)) if m else None
+        time.sleep(0.2)
+    expect("rejoin: the restarted ex1 computed rows again", rows is not None and rows > 0, again.stderr()[-2000:])
 finally:
     stop_all()
 

@@ -130,8 +130,10 @@ std::vector<msg::Stats> pd_stats(uint64_t scale) {
                          {"expert_routed_rows_11_0", 7 * scale}}),
       stats("vision_encoder/0",
             {{"steps", 6 * scale}, {"cache_hits", 5 * scale}, {"encode_us", 1500000 * scale}}),
-      stats("expert/0", {{"batches", 3 * scale}, {"refused", 0}, {"rows", 90 * scale}, {"busy_us", 500000 * scale}}),
-      stats("expert/1", {{"batches", 1 * scale}, {"refused", 0}, {"rows", 30 * scale}, {"busy_us", 1500000 * scale}}),
+      stats("expert/0", {{"batches", 3 * scale}, {"refused", 0}, {"rows", 90 * scale}, {"busy_us", 500000 * scale},
+                         {"busy_us_0_3", 250000 * scale}}),
+      stats("expert/1", {{"batches", 1 * scale}, {"refused", 0}, {"rows", 30 * scale}, {"busy_us", 1500000 * scale},
+                         {"busy_us_0_3", 500000 * scale}, {"busy_us_2_1", 1000000 * scale}}),
   };
 }
 
@@ -399,6 +401,9 @@ TEST_CASE("server metrics: the runtime's actor counters map to their metrics") {
   CHECK(has_line(text, "cleave_expert_routed_rows_total{layer=\"0\",expert=\"3\"} 40"));
   CHECK(has_line(text, "cleave_expert_routed_rows_total{layer=\"11\",expert=\"0\"} 7"));
   CHECK(has_line(text, "cleave_expert_replicas_added_total 2"));
+  // Expert 3 of layer 0 on both hosts: their times add up.
+  CHECK(has_line(text, "cleave_expert_compute_seconds_total{layer=\"0\",expert=\"3\"} 0.75"));
+  CHECK(has_line(text, "cleave_expert_compute_seconds_total{layer=\"2\",expert=\"1\"} 1"));
   // rows 90 and 30, busy 0.5 s and 1.5 s: each spreads 50 % around its mean.
   CHECK(has_line(text, "cleave_expert_host_rows_spread 0.5"));
   CHECK(has_line(text, "cleave_expert_host_busy_spread 0.5"));
