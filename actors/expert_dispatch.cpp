@@ -214,7 +214,6 @@ class ActorExpertExecutor final : public ExpertExecutor {
       window_host_rows_[size_t(h)] += uint64_t(w.rows);
       r.share[size_t(h)].push_back(w);
     }
-    r.self = std::make_unique<caf::scoped_actor>(system_);
     for (size_t h = 0; h < r.share.size(); ++h) {
       if (r.share[h].empty()) continue;
       ++dispatches_;
@@ -229,6 +228,7 @@ class ActorExpertExecutor final : public ExpertExecutor {
         }
         continue;
       }
+      if (!r.self) r.self = std::make_unique<caf::scoped_actor>(system_);  // only for messages
       r.sent.emplace_back(h, (*r.self)->request(host.ref.handle, kExpertTimeout, expert_atom::value,
                                                 codec::encode(batch_of(layer, r.share[h]))));
     }

@@ -56,21 +56,23 @@ Result<msg::ExpertBatch> checked_batch(const ExpertHost& host, const Bytes& byte
   if (in->layer >= c.n_layers)
     return Status(Code::invalid_argument, "expert batch for layer " + std::to_string(in->layer) +
                                               " of a model with " + std::to_string(c.n_layers));
-  for (const msg::ExpertPiece& p : in->pieces)
-    if (!host.holds(int32_t(in->layer), p.expert))
-      return Status(Code::invalid_argument, "expert " + std::to_string(p.expert) + " of layer " +
-                                                std::to_string(in->layer) + " is not held here (" +
-                                                host.set().describe() + ")");
+  for (const msg::ExpertPiece& p : in->pieces) CLEAVE_RETURN_IF_ERROR(host.require(int32_t(in->layer), p.expert));
   return in;
 }
 
-Bytes answer_of(const msg::ExpertBatch& in, const float* y) {
+// The answer to `in`: piece k's rows read from y at row at[k].
+Bytes answer_of(const msg::ExpertBatch& in, const float* y, const std::vector<size_t>& at) {
   msg::ExpertBatch out;
   out.layer = in.layer;
   out.dim = in.dim;
   out.pieces = in.pieces;
   out.data.resize(in.data.size());
-  if (!out.data.empty()) std::memcpy(out.data.data(), y, out.data.size());
+  size_t dst = 0;
+  for (size_t k = 0; k < in.pieces.size(); ++k) {
+    const size_t n = size_t(in.pieces[k].rows) * in.dim * sizeof(float);
+    std::memcpy(out.data.data() + dst, y + at[k] * in.dim, n);
+    dst += n;
+  }
   out.checksum = checksum_bytes(out.data.data(), out.data.size());
   return codec::encode(out);
 }
@@ -109,14 +111,7 @@ Status compute_together(ExpertHost& host, const std::vector<const msg::ExpertBat
   CLEAVE_RETURN_IF_ERROR(host.compute(layer, work));
   answers.clear();
   for (size_t i = 0; i < batches.size(); ++i) {
-    std::vector<float> yi(batches[i]->data.size() / sizeof(float));
-    size_t dst = 0;
-    for (size_t k = 0; k < batches[i]->pieces.size(); ++k) {
-      const size_t rows = batches[i]->pieces[k].rows;
-      std::memcpy(yi.data() + dst, y.data() + at[i][k] * dim, rows * dim * sizeof(float));
-      dst += rows * dim;
-    }
-    answers.push_back(answer_of(*batches[i], yi.data()));
+    answers.push_back(answer_of(*batches[i], y.data(), at[i]));
   }
   return Status::Ok();
 }

@@ -96,12 +96,14 @@ Status ExpertHost::add_expert(int32_t layer, int32_t expert) {
   return Status::Ok();
 }
 
+Status ExpertHost::require(int32_t layer, int32_t expert) const {
+  if (holds(layer, expert)) return Status::Ok();
+  return Status(Code::invalid_argument, "expert " + std::to_string(expert) + " of layer " + std::to_string(layer) +
+                                            " is not held here (" + set_.describe() + ")");
+}
+
 Status ExpertHost::compute(int32_t layer, std::span<const ExpertWork> work) {
-  for (const ExpertWork& w : work)
-    if (!holds(layer, w.expert))
-      return Status(Code::invalid_argument, "expert " + std::to_string(w.expert) + " of layer " +
-                                                std::to_string(layer) + " is not held here (" +
-                                                set_.describe() + ")");
+  for (const ExpertWork& w : work) CLEAVE_RETURN_IF_ERROR(require(layer, w.expert));
   std::lock_guard<std::mutex> lock(mu_);
   const LlamaLayer& l = model_->layer(layer);
   const size_t per_layer = size_t(experts_per_layer(config()));

@@ -105,6 +105,8 @@ class ExpertHost {
   const LlamaConfig& config() const { return model_->config(); }
   // Its set, plus the replicas added since.
   bool holds(int32_t layer, int32_t expert) const;
+  // invalid_argument naming the expert when it is not held.
+  Status require(int32_t layer, int32_t expert) const;
   // Holds expert `expert` of `layer` from now on too (a replica: the host
   // maps the whole model, so this only widens what it accepts).
   // invalid_argument for an expert or layer the model lacks.
