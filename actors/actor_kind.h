@@ -12,7 +12,7 @@
 
 namespace cleave {
 
-enum class ActorKind : uint8_t { prefill, decode, colocated, kv_store, vision_encoder, expert };
+enum class ActorKind : uint8_t { prefill, decode, colocated, kv_store, vision_encoder, expert, stage };
 
 struct ActorKindInfo {
   ActorKind kind;
@@ -22,20 +22,22 @@ struct ActorKindInfo {
   bool continues;   // takes hand-offs (requests whose first tokens ran elsewhere)
 };
 
-inline constexpr std::array<ActorKindInfo, 6> kActorKindTable = {{
+inline constexpr std::array<ActorKindInfo, 7> kActorKindTable = {{
     {ActorKind::prefill, "prefill", true, true, false},
     {ActorKind::decode, "decode", true, false, true},
     {ActorKind::colocated, "colocated", true, true, true},
     {ActorKind::kv_store, "kv_store", false, false, false},
     {ActorKind::vision_encoder, "vision_encoder", false, false, false},
     {ActorKind::expert, "expert", false, false, false},  // FFN experts (model/experts.h)
+    // A pipeline stage after the first: a range of layers (model/layer_stage.h).
+    {ActorKind::stage, "stage", false, false, false},
 }};
 
 // Kinds the design names that later work implements: refused by the
 // topology loader with the list of the implemented ones. ("attention" is a
 // role, not a kind: the stages are attention actors once a cluster hosts
 // expert actors; the loader says so.)
-inline constexpr std::array<const char*, 1> kPlannedActorKinds = {"stage"};
+inline constexpr std::array<const char*, 0> kPlannedActorKinds = {};
 
 inline const ActorKindInfo& actor_kind_info(ActorKind k) { return kActorKindTable[size_t(k)]; }
 inline const char* actor_kind_name(ActorKind k) { return actor_kind_info(k).name; }
@@ -52,7 +54,7 @@ inline bool is_planned_actor_kind(std::string_view name) {
   return false;
 }
 
-// The kinds scripts may name: "prefill, decode, colocated, kv_store, vision_encoder"
+// The kinds scripts may name: "prefill, decode, colocated, kv_store, vision_encoder, expert, stage"
 inline std::string actor_kind_list() {
   std::string s;
   for (const ActorKindInfo& i : kActorKindTable)

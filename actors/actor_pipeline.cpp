@@ -122,6 +122,10 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
     hs.attention = true;
     hs.expert_replication = options.expert_replication;
   }
+  if (!options.prefill_pipeline.empty()) hs.pipelines[ActorKind::prefill] = options.prefill_pipeline;
+  if (!options.decode_pipeline.empty()) hs.pipelines[ActorKind::decode] = options.decode_pipeline;
+  if (!options.colocated_pipeline.empty())
+    hs.pipelines[ActorKind::colocated] = options.colocated_pipeline;
   hs.file = file;
   hs.tokenizer = tokenizer;
   hs.engine = options.engine;

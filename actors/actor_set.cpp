@@ -93,8 +93,31 @@ Status ActorSet::spawn(HostedActors hosted, const std::string& name_prefix, cons
         make_actor_expert_executor(system_, directory_, std::move(hosted.expert_fallbacks[i]),
                                    hosted.expert_replication ? std::optional<ReplicationPolicy>(ReplicationPolicy{})
                                                              : std::nullopt));
-  for (auto& [kind, core] : hosted.stages) {
-    auto handle = spawn_stage(system_, std::move(core), kind, router, kv, stream);
+  for (size_t i = 0; i < hosted.remote_stages.size(); ++i) {
+    auto refs = spawn_pipeline({hosted.remote_stages[i]}, name_prefix);
+    if (!refs.ok()) return refs.status();
+    if (attach.pipeline_stage) {
+      Status st = attach.pipeline_stage(refs->front().handle, refs->front().layers);
+      if (!st.ok()) return Status(st.code(), "attaching stage: " + st.message());
+    }
+  }
+  for (size_t i = 0; i < hosted.stages.size(); ++i) {
+    auto& [kind, core] = hosted.stages[i];
+    std::vector<caf::actor> pipeline;
+    Engine& own = core->engine();
+    const bool local = i < hosted.pipeline_stages.size() && !hosted.pipeline_stages[i].empty();
+    if (local || (!own.stage_link() && own.own_layers().last + 1 < own.config().n_layers)) {
+      auto refs = local ? spawn_pipeline(std::move(hosted.pipeline_stages[i]), name_prefix)
+                        : find_pipeline(attach, own);
+      if (!refs.ok()) return refs.status();
+      for (const PipelineStageRef& r : *refs) pipeline.push_back(caf::actor_cast<caf::actor>(r.handle));
+      Engine& engine = core->engine();
+      auto link = make_actor_stage_link(system_, std::move(refs.value()), engine.config(),
+                                        engine.model_fingerprint());
+      if (!link.ok()) return link.status();
+      CLEAVE_RETURN_IF_ERROR(engine.set_stage_link(std::move(link.value())));
+    }
+    auto handle = spawn_stage(system_, std::move(core), kind, router, kv, stream, std::move(pipeline));
     stages_.push_back(Stage{kind, handle});
     Status st = attach.stage(actor_kind_name(kind), handle);
     if (!st.ok())
@@ -108,6 +131,56 @@ Status ActorSet::spawn(HostedActors hosted, const std::string& name_prefix, cons
     if (!st.ok()) return Status(st.code(), "attaching vision_encoder: " + st.message());
   }
   return Status::Ok();
+}
+
+Result<std::vector<PipelineStageRef>> ActorSet::find_pipeline(const Attach& attach,
+                                                              const Engine& engine) {
+  const LlamaConfig& c = engine.config();
+  if (!attach.pipeline_chain)
+    return Status(Code::invalid_argument, "a stage holding layers [0, " +
+                                              std::to_string(engine.own_layers().last) +
+                                              "] of " + std::to_string(c.n_layers) +
+                                              " has no later stages to hand its rows to");
+  auto chain = attach.pipeline_chain(engine.own_layers().last + 1, c.n_layers);
+  if (!chain.ok()) return chain.status();
+  const size_t layer_bytes =
+      size_t(2) * c.n_kv_heads * size_t(engine.options().block_size) * c.head_dim * sizeof(float);
+  std::vector<PipelineStageRef> refs;
+  caf::scoped_actor self{system_};
+  for (size_t k = 0; k < chain->size(); ++k) {
+    auto& [handle, layers] = (*chain)[k];
+    refs.push_back(PipelineStageRef{handle, layers, size_t(layers.count()) * layer_bytes});
+    // Each stage hands its rows to the next (set by the first stage's node).
+    caf::actor next = k + 1 < chain->size() ? caf::actor_cast<caf::actor>((*chain)[k + 1].first)
+                                            : caf::actor{};
+    Status st;
+    self->request(handle, kClientTimeout, next_atom::value, next)
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok())
+      return Status(st.code(), "wiring the stage holding " + layers.to_string() + ": " + st.message());
+  }
+  return refs;
+}
+
+Result<std::vector<PipelineStageRef>> ActorSet::spawn_pipeline(
+    std::vector<std::shared_ptr<LayerStage>> later, const std::string& name_prefix) {
+  std::vector<PipelineStageRef> refs(later.size());
+  caf::scoped_actor self{system_};
+  for (size_t k = later.size(); k-- > 0;) {
+    refs[k].layers = later[k]->layers();
+    refs[k].slice_bytes = later[k]->slice_bytes();
+    refs[k].handle = spawn_pipeline_stage(
+        system_, std::move(later[k]), name_prefix + "stage/" + std::to_string(pipeline_stages_.size()));
+    pipeline_stages_.push_back(PipelineStage{refs[k].handle});
+    if (k + 1 < refs.size()) {
+      Status st;
+      self->request(refs[k].handle, kClientTimeout, next_atom::value,
+                    caf::actor_cast<caf::actor>(refs[k + 1].handle))
+          .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+      if (!st.ok()) return st;
+    }
+  }
+  return refs;
 }
 
 void collect_stats(caf::scoped_actor& self, const caf::actor& handle, std::vector<msg::Stats>& out) {
@@ -125,6 +198,7 @@ void ActorSet::collect_stats(std::vector<msg::Stats>& out) {
   for (auto& s : stages_) actors::collect_stats(self, s.handle, out);
   for (auto& e : encoders_) actors::collect_stats(self, e.handle, out);
   for (auto& e : experts_) actors::collect_stats(self, e.handle, out);
+  for (auto& p : pipeline_stages_) actors::collect_stats(self, p.handle, out);
 }
 
 Status ActorSet::kill(const std::string& kind, int32_t index) {
@@ -139,6 +213,10 @@ Status ActorSet::kill(const std::string& kind, int32_t index) {
       return Status::Ok();
   } else if (kind == "expert") {
     if (index >= 0 && index < int32_t(experts_.size()) && down(experts_[size_t(index)]))
+      return Status::Ok();
+  } else if (kind == "stage") {
+    if (index >= 0 && index < int32_t(pipeline_stages_.size()) &&
+        down(pipeline_stages_[size_t(index)]))
       return Status::Ok();
   } else {
     int32_t n = 0;
@@ -169,7 +247,9 @@ Status ActorSet::send_raw(const std::string& kind, int32_t index, const Bytes& b
 }
 
 void ActorSet::stop() {
-  if (stages_.empty() && encoders_.empty() && experts_.empty() && services_.empty() && !expert_socket_) return;
+  if (stages_.empty() && encoders_.empty() && experts_.empty() && pipeline_stages_.empty() &&
+      services_.empty() && !expert_socket_)
+    return;
   {
     caf::scoped_actor self{system_};
     for (auto& s : stages_) self->send_exit(s.handle, caf::exit_reason::user_shutdown);
@@ -177,11 +257,13 @@ void ActorSet::stop() {
     // After the stages: one in its last step may still dispatch to them
     // (it then finds them gone and computes the rest itself).
     for (auto& e : experts_) self->send_exit(e.handle, caf::exit_reason::user_shutdown);
+    for (auto& p : pipeline_stages_) self->send_exit(p.handle, caf::exit_reason::user_shutdown);
     for (auto& a : services_) self->send_exit(a, caf::exit_reason::user_shutdown);
   }
   stages_.clear();
   encoders_.clear();
   experts_.clear();
+  pipeline_stages_.clear();
   services_.clear();
   expert_socket_.reset();  // closes its connections: other processes' stages drop these hosts
 }

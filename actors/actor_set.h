@@ -20,6 +20,7 @@
 #include "actors/expert_dispatch.h"
 #include "actors/expert_socket.h"
 #include "actors/hosted.h"
+#include "actors/stage_link.h"
 
 namespace cleave::actors {
 
@@ -32,6 +33,15 @@ struct Attach {
   // endpoint: where other processes send its batches (actors/expert_socket.h),
   // "" in process.
   std::function<Status(const expert_actor&, const ExpertSet&, const std::string& endpoint)> expert;
+  // A pipeline stage of another process's pipeline (HostedActors::
+  // remote_stages): null in one process.
+  std::function<Status(const pipeline_stage_actor&, LayerRange)> pipeline_stage;
+  // The later stages of a first stage's pipeline held by other processes,
+  // from layer `from` to the model's last layer n_layers - 1, in order:
+  // null in one process (the stages are spawned here).
+  std::function<Result<std::vector<std::pair<pipeline_stage_actor, LayerRange>>>(int32_t from,
+                                                                                 int32_t n_layers)>
+      pipeline_chain;
 };
 Attach attach_to_router(caf::actor_system& system, const router_actor& router);
 
@@ -55,10 +65,12 @@ class ActorSet {
 
   // Every live actor's counters (stages, then encoders, then experts).
   void collect_stats(std::vector<msg::Stats>& out);
-  int32_t size() const { return int32_t(stages_.size() + encoders_.size() + experts_.size()); }
+  int32_t size() const {
+    return int32_t(stages_.size() + encoders_.size() + experts_.size() + pipeline_stages_.size());
+  }
 
   // Tests: exit_reason::kill for actor `index` of `kind` (a stage kind,
-  // "vision_encoder" or "expert").
+  // "vision_encoder", "expert" or "stage").
   Status kill(const std::string& kind, int32_t index);
   // Tests: bytes as the main message of actor `index` of `kind`.
   Status send_raw(const std::string& kind, int32_t index, const Bytes& bytes);
@@ -83,10 +95,22 @@ class ActorSet {
     ExpertSet set;
     bool killed = false;
   };
+  struct PipelineStage {
+    pipeline_stage_actor handle;
+    bool killed = false;
+  };
+  // Spawns the later stages of one stage's pipeline, last first, each told
+  // its next; their refs in layer order.
+  Result<std::vector<PipelineStageRef>> spawn_pipeline(
+      std::vector<std::shared_ptr<LayerStage>> later, const std::string& name_prefix);
+  // The later stages of engine's pipeline that other processes hold, each
+  // told its next.
+  Result<std::vector<PipelineStageRef>> find_pipeline(const Attach& attach, const Engine& engine);
   caf::actor_system& system_;
   std::vector<Stage> stages_;
   std::vector<Encoder> encoders_;
   std::vector<Expert> experts_;
+  std::vector<PipelineStage> pipeline_stages_;
   std::vector<caf::actor> services_;
   std::shared_ptr<ExpertDirectory> directory_;
   std::unique_ptr<ExpertSocketServer> expert_socket_;  // HostedActors::expert_socket_host

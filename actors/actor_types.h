@@ -43,6 +43,7 @@ class StageCore;
 class TieredStore;
 class VisionEncoder;
 class ExpertHost;
+class LayerStage;
 class EventSinks;
 struct ClusterSpec;
 
@@ -74,6 +75,12 @@ using expert_atom = caf::atom_constant<caf::atom("expert")>;
 using expert_host_atom = caf::atom_constant<caf::atom("exhost")>;
 using expert_watch_atom = caf::atom_constant<caf::atom("exwatch")>;
 using expert_add_atom = caf::atom_constant<caf::atom("exadd")>;
+using layers_atom = caf::atom_constant<caf::atom("layers")>;
+using layers_out_atom = caf::atom_constant<caf::atom("layersout")>;
+using layers_err_atom = caf::atom_constant<caf::atom("layerserr")>;
+using stage_kv_atom = caf::atom_constant<caf::atom("stagekv")>;
+using next_atom = caf::atom_constant<caf::atom("next")>;
+using stage_find_atom = caf::atom_constant<caf::atom("stagefind")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -83,6 +90,9 @@ constexpr auto kClientTimeout = std::chrono::seconds(10);
 // dropped and its pieces computed elsewhere.
 constexpr auto kExpertTimeout = std::chrono::seconds(5);
 constexpr auto kJoinTimeout = std::chrono::seconds(10);
+// A pipeline micro-batch's answer from the last stage, and a stage's KV
+// call: the last guard (a stage that goes down is noticed at once).
+constexpr auto kPipelineTimeout = std::chrono::seconds(60);
 constexpr auto kTickInterval = std::chrono::milliseconds(200);
 // KV streams: a stream that makes no progress this long fails (the decoder
 // then reads the store); a whole fetch is bounded too; a prefill keeps a
@@ -143,6 +153,19 @@ using expert_actor = caf::typed_actor<caf::replies_to<expert_atom, Bytes>::with<
                                       caf::replies_to<expert_add_atom, int32_t, int32_t>::with<bool>,
                                       caf::replies_to<stats_atom>::with<Bytes>>;
 
+// A pipeline stage after the first (model/layer_stage.h). layers (ticket,
+// StageBatch, reply_to): runs the micro-batch through its layers and sends
+// it on to its next stage, or, the last, answers reply_to with
+// (layers_out, ticket, StageBatch of the logits); any failure answers
+// (layers_err, ticket, error) from the stage that failed. stage_kv:
+// StageBatch kv_read / kv_write / kv_copy -> StageBatch output. next: the
+// stage after it.
+using pipeline_stage_actor =
+    caf::typed_actor<caf::reacts_to<layers_atom, uint64_t, Bytes, caf::actor>,
+                     caf::replies_to<stage_kv_atom, Bytes>::with<Bytes>,
+                     caf::replies_to<next_atom, caf::actor>::with<bool>,
+                     caf::replies_to<stats_atom>::with<Bytes>>;
+
 // submit: GenerateRequest from the client (admission); resume: a Handoff
 // from the client (Frontend::resume: the request and the tokens an earlier
 // run generated); event: StreamEvent and handoff: Handoff from stages;
@@ -167,6 +190,9 @@ using expert_directory_actor =
     caf::typed_actor<caf::reacts_to<expert_host_atom, expert_actor, std::string, std::string>>;
 
 // The head's door. join (secret, node) -> the router and the store; attach
+// (secret, node, pipeline, first, last, stage) a later pipeline stage;
+// stage_find (secret, pipeline, first layer) -> that pipeline's stage from
+// that layer and its last layer (not_found until it has attached); attach
 // (secret, node, kind, handle) a stage, encoder or expert actor (an expert
 // with its ExpertSet::spec); watch (secret, directory): the head sends the
 // directory every expert actor attached so far and each one that attaches
@@ -177,7 +203,10 @@ using join_actor = caf::typed_actor<
     caf::replies_to<attach_atom, std::string, std::string, std::string,
                     vision_encoder_actor>::with<bool>,
     caf::replies_to<attach_atom, std::string, std::string, expert_actor, std::string, std::string>::with<bool>,
-    caf::replies_to<expert_watch_atom, std::string, expert_directory_actor>::with<bool>>;
+    caf::replies_to<expert_watch_atom, std::string, expert_directory_actor>::with<bool>,
+    caf::replies_to<attach_atom, std::string, std::string, std::string, int32_t, int32_t,
+                    pipeline_stage_actor>::with<bool>,
+    caf::replies_to<stage_find_atom, std::string, std::string, int32_t>::with<pipeline_stage_actor, int32_t>>;
 
 // ---- Status <-> caf::error (actor_set.cpp) ----
 caf::error to_error(const Status& st);
@@ -216,12 +245,21 @@ vision_encoder_actor spawn_vision_encoder(caf::actor_system& system,
 expert_actor spawn_expert(caf::actor_system& system, std::shared_ptr<ExpertHost> host,
                           std::string name);
 
+// pipeline_stage_actor.cpp: a LayerStage (detached: it computes in its
+// behaviour). name: "NODE/stage/0" in its stats.
+pipeline_stage_actor spawn_pipeline_stage(caf::actor_system& system,
+                                          std::shared_ptr<LayerStage> stage, std::string name);
+
 // stage_actor.cpp: prefill, decode or colocated over a StageCore (detached:
 // Engine::forward blocks). Prefill stages stream KV through a kv_sender,
 // the others receive through a kv_receiver; persist: send newly filled full
 // blocks to the store.
+// pipeline: the stages after this one's layers (its engine's link): it
+// monitors them, and when one goes down, or a forward pass finds the
+// pipeline broken, it exits, so the router re-places its requests.
 stage_actor spawn_stage(caf::actor_system& system, std::shared_ptr<StageCore> core, ActorKind kind,
-                        router_actor router, kv_store_actor kv, KvStreamOptions stream);
+                        router_actor router, kv_store_actor kv, KvStreamOptions stream,
+                        std::vector<caf::actor> pipeline = {});
 
 // router_actor.cpp.
 struct RouterConfig {

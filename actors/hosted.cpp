@@ -10,6 +10,34 @@
 
 namespace cleave {
 
+Result<std::unique_ptr<StageCore>> make_pipelined_core(std::shared_ptr<const GgufFile> file,
+                                                       std::shared_ptr<const Tokenizer> tokenizer,
+                                                       const EngineOptions& engine,
+                                                       const SchedulerOptions& scheduler,
+                                                       std::string name,
+                                                       const std::vector<LayerRange>& cut,
+                                                       std::vector<std::shared_ptr<LayerStage>>& later) {
+  later.clear();
+  EngineOptions eo = engine;
+  if (!cut.empty()) {
+    auto lm = LlamaModel::load(file);
+    if (!lm.ok()) return lm.status();
+    Status covered = check_cover(cut, (*lm)->config().n_layers);
+    if (!covered.ok()) return Status(covered.code(), "pipeline cut: " + covered.message());
+    eo.last_layer = cut.size() > 1 ? cut[0].last : -1;
+  }
+  auto core = StageCore::create(file, std::move(tokenizer), eo, scheduler, std::move(name));
+  if (!core.ok()) return core.status();
+  const Engine& e = (*core)->engine();
+  for (size_t i = 1; i < cut.size(); ++i) {
+    auto st = LayerStage::create(file, cut[i], e.total_blocks(), e.options().block_size,
+                                 engine.threads);
+    if (!st.ok()) return st.status();
+    later.push_back(std::move(st.value()));
+  }
+  return core;
+}
+
 Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
   HostedActors out;
   for (const auto& [kind, count] : spec.groups) {
@@ -41,13 +69,37 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
       }
       continue;
     }
+    if (kind == ActorKind::stage) {
+      auto lm = LlamaModel::load(spec.file);
+      if (!lm.ok()) return lm.status();
+      const int32_t pool = kv_pool_blocks(spec.engine, (*lm)->config());
+      if (size_t(count) != spec.stage_layers.size())
+        return Status(Code::invalid_argument, "stage actors: " + std::to_string(count) +
+                                                  " asked for, " +
+                                                  std::to_string(spec.stage_layers.size()) +
+                                                  " layer ranges given");
+      for (const LayerRange& r : spec.stage_layers) {
+        auto st = LayerStage::create(spec.file, r, pool,
+                                     spec.engine.block_size, spec.engine.threads);
+        if (!st.ok()) return st.status();
+        out.remote_stages.push_back(std::move(st.value()));
+      }
+      continue;
+    }
     CLEAVE_CHECK(actor_kind_info(kind).stage);
     SchedulerOptions so = spec.scheduler;
     so.prefill_only = kind == ActorKind::prefill;
+    auto cut = spec.pipelines.find(kind);
     for (int32_t i = 0; i < count; ++i) {
-      auto core = StageCore::create(spec.file, spec.tokenizer, spec.engine, so, base + std::to_string(i));
+      std::vector<std::shared_ptr<LayerStage>> later;
+      auto core = make_pipelined_core(spec.file, spec.tokenizer, spec.engine, so,
+                                      base + std::to_string(i),
+                                      cut == spec.pipelines.end() ? std::vector<LayerRange>{}
+                                                                  : cut->second,
+                                      later);
       if (!core.ok()) return core.status();
       out.stages.emplace_back(kind, std::shared_ptr<StageCore>(std::move(core.value())));
+      out.pipeline_stages.push_back(std::move(later));
       if (spec.attention) {
         auto fallback = ExpertHost::create(spec.file, ExpertSet{}, spec.engine.threads);
         if (!fallback.ok()) return fallback.status();

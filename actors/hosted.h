@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "model/engine.h"
 #include "model/experts.h"
 #include "model/gguf.h"
+#include "model/layer_stage.h"
 #include "model/scheduler.h"
 #include "model/tokenizer.h"
 #include "model/vision_encoder.h"
@@ -40,10 +42,21 @@ struct HostedSpec {
   // Their executors replicate hot experts across the expert actors
   // (PipelineOptions::expert_replication).
   bool expert_replication = false;
+  // Pipeline parallelism: the layer cut of each stage kind's pipelines
+  // (PipelineOptions::*_pipeline); a kind not listed holds the whole model.
+  std::map<ActorKind, std::vector<LayerRange>> pipelines;
+  // A stage group's actors (the later stages of other processes'
+  // pipelines): one per range.
+  std::vector<LayerRange> stage_layers;
 };
 
 struct HostedActors {
   std::vector<std::pair<ActorKind, std::shared_ptr<StageCore>>> stages;
+  // Per stage (same order): the later stages of its pipeline, whose
+  // actors this process runs (empty: its engine holds every layer).
+  std::vector<std::vector<std::shared_ptr<LayerStage>>> pipeline_stages;
+  // A stage group's: pipeline stages of other processes' pipelines.
+  std::vector<std::shared_ptr<LayerStage>> remote_stages;
   std::vector<std::shared_ptr<VisionEncoder>> encoders;
   std::vector<std::pair<ExpertSet, std::shared_ptr<ExpertHost>>> experts;
   // With HostedSpec::attention, one per stage (same order): what a stage
@@ -54,6 +67,17 @@ struct HostedActors {
   // come on a data socket listening there (actors/expert_socket.h).
   std::string expert_socket_host;
 };
+
+// A StageCore whose engine holds cut[0] (the whole model when cut is
+// empty), and in `later` the LayerStages of the other ranges, sized for its
+// KV pool. check_cover's errors for a cut that does not cover the model.
+Result<std::unique_ptr<StageCore>> make_pipelined_core(std::shared_ptr<const GgufFile> file,
+                                                       std::shared_ptr<const Tokenizer> tokenizer,
+                                                       const EngineOptions& engine,
+                                                       const SchedulerOptions& scheduler,
+                                                       std::string name,
+                                                       const std::vector<LayerRange>& cut,
+                                                       std::vector<std::shared_ptr<LayerStage>>& later);
 
 // Stage cores and vision encoders for every group (kv_store groups are
 // skipped: the store is made by make_kv_store). invalid_argument for a

@@ -7,6 +7,7 @@
 
 #include <caf/io/all.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -87,6 +88,12 @@ struct JoinState {
   };
   std::vector<Expert> experts;                       // attached and alive
   std::vector<expert_directory_actor> directories;  // told of every expert
+  struct PipelineStage {
+    std::string pipeline;
+    LayerRange layers;
+    pipeline_stage_actor handle;
+  };
+  std::vector<PipelineStage> pipeline_stages;  // attached and alive
   std::shared_ptr<std::atomic<int32_t>> experts_alive;
   static inline const char* name = "cleave.join";
 };
@@ -105,6 +112,8 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
     const size_t before = st.experts.size();
     std::erase_if(st.experts, [&](const JoinState::Expert& e) { return e.handle.address() == dm.source; });
     if (st.experts.size() != before) st.experts_alive->store(int32_t(st.experts.size()));
+    std::erase_if(st.pipeline_stages,
+                  [&](const JoinState::PipelineStage& p) { return p.handle.address() == dm.source; });
     auto& w = self->state.watched;
     for (auto it = w.begin(); it != w.end(); ++it) {
       if (it->addr != dm.source) continue;
@@ -175,6 +184,34 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
                  printable(spec) + ")");
         return true;
       },
+      // A later pipeline stage: found by its pipeline's first stage.
+      [=](attach_atom, const std::string& secret, const std::string& node, const std::string& pipeline,
+          int32_t first, int32_t last, pipeline_stage_actor stage) -> caf::result<bool> {
+        if (!admitted(secret)) {
+          log_line("refused node " + printable(node) + ": wrong cluster secret");
+          return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        }
+        auto& st = self->state;
+        self->monitor(stage);
+        st.watched.push_back({stage.address(), printable(node), "stage"});
+        std::erase_if(st.pipeline_stages, [&](const JoinState::PipelineStage& p) {
+          return p.pipeline == pipeline && p.layers.first == first;  // a restarted one replaces it
+        });
+        st.pipeline_stages.push_back({pipeline, LayerRange{first, last}, stage});
+        log_line("cleave node head: node " + printable(node) + " hosts pipeline '" +
+                 printable(pipeline) + "' layers " + LayerRange{first, last}.to_string());
+        return true;
+      },
+      [=](stage_find_atom, const std::string& secret, const std::string& pipeline,
+          int32_t first) -> caf::result<pipeline_stage_actor, int32_t> {
+        if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        for (const auto& p : self->state.pipeline_stages)
+          if (p.pipeline == pipeline && p.layers.first == first)
+            return caf::result<pipeline_stage_actor, int32_t>(p.handle, p.layers.last);
+        return to_error(Status(Code::not_found, "no stage of pipeline '" + printable(pipeline) +
+                                                    "' from layer " + std::to_string(first) +
+                                                    " has attached"));
+      },
       [=](expert_watch_atom, const std::string& secret, expert_directory_actor directory) -> caf::result<bool> {
         if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
         auto& st = self->state;
@@ -199,6 +236,7 @@ void configure_node_impl(caf::actor_system_config& config, const ClusterSpec& sp
   config.add_message_type<vision_encoder_actor>("cleave.vision_encoder_actor");
   config.add_message_type<expert_actor>("cleave.expert_actor");
   config.add_message_type<expert_directory_actor>("cleave.expert_directory_actor");
+  config.add_message_type<pipeline_stage_actor>("cleave.pipeline_stage_actor");
   auto span = [](double s) { return caf::timespan(std::chrono::nanoseconds(int64_t(s * 1e9))); };
   config.set("middleman.heartbeat-interval", span(spec.heartbeat_interval_s));
   config.set("middleman.connection-timeout", span(spec.connection_timeout_s));
@@ -229,6 +267,7 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
                                                 std::to_string(g.line) + "): give it --mmproj");
     hs.groups.push_back({*kind, g.count});
     if (*kind == ActorKind::expert) hs.experts.assign(size_t(g.count), node.experts);
+    if (*kind == ActorKind::stage) hs.stage_layers.assign(size_t(g.count), node.stage.layers);
   }
   // With expert actors anywhere in the cluster, every stage is an attention
   // actor: it sends each layer's FFN to them.
@@ -239,6 +278,9 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
   hs.tokenizer = o.tokenizer;
   hs.engine = o.engine;
   if (node.threads > 0) hs.engine.threads = node.threads;
+  // A pipeline's first stage: its one stage actor's engine holds the
+  // script's range; the later stages attach to the head from their nodes.
+  if (node.stage.set && node.count("stage") == 0) hs.engine.last_layer = node.stage.layers.last;
   hs.scheduler = o.scheduler;
   hs.mmproj = o.mmproj;
   hs.vision = o.vision;
@@ -248,7 +290,7 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
 
 // Attaches through the head's join actor, with the secret.
 Attach attach_through(caf::actor_system& system, const join_actor& join, const std::string& secret,
-                      const std::string& node) {
+                      const std::string& node, const std::string& pipeline, double timeout_s) {
   auto call_expert = [&system, join, secret, node](const expert_actor& h, const ExpertSet& set,
                                                   const std::string& endpoint) {
     caf::scoped_actor self{system};
@@ -270,6 +312,41 @@ Attach attach_through(caf::actor_system& system, const join_actor& join, const s
   a.stage = [call](const std::string& kind, const stage_actor& h) { return call(kind, h); };
   a.encoder = [call](const vision_encoder_actor& h) { return call("vision_encoder", h); };
   a.expert = call_expert;
+  a.pipeline_stage = [&system, join, secret, node, pipeline](const pipeline_stage_actor& h,
+                                                           LayerRange layers) {
+    caf::scoped_actor self{system};
+    Status st;
+    self->request(join, kJoinTimeout, attach_atom::value, secret, node, pipeline, layers.first,
+                  layers.last, h)
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok()) return Status(st.code(), "the head: " + st.message());
+    return st;
+  };
+  // Later stages start in any order: ask the head until each has attached.
+  a.pipeline_chain = [&system, join, secret, pipeline, timeout_s](int32_t from, int32_t n_layers)
+      -> Result<std::vector<std::pair<pipeline_stage_actor, LayerRange>>> {
+    std::vector<std::pair<pipeline_stage_actor, LayerRange>> chain;
+    const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1e3));
+    caf::scoped_actor self{system};
+    while (from < n_layers) {
+      Status st;
+      self->request(join, kJoinTimeout, stage_find_atom::value, secret, pipeline, from)
+          .receive(
+              [&](pipeline_stage_actor& h, int32_t last) {
+                chain.emplace_back(std::move(h), LayerRange{from, last});
+              },
+              [&](caf::error& e) { st = from_error(e); });
+      if (st.ok()) {
+        from = chain.back().second.last + 1;
+        continue;
+      }
+      if (st.code() != Code::not_found || Clock::now() >= deadline)
+        return Status(st.code(), "pipeline '" + pipeline + "': " + st.message() + " within " +
+                                     seconds_text(timeout_s));
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return chain;
+  };
   return a;
 }
 
@@ -290,9 +367,12 @@ Status watch_experts(caf::actor_system& system, const join_actor& join, const st
 
 // Every node checks the expert placement against its model at start.
 Status check_node_experts(const NodeOptions& o) {
-  if (o.spec.count("expert") == 0) return Status::Ok();
+  const bool pipelines = std::any_of(o.spec.nodes.begin(), o.spec.nodes.end(),
+                                     [](const NodeSpec& n) { return n.stage.set; });
+  if (o.spec.count("expert") == 0 && !pipelines) return Status::Ok();
   auto model = LlamaModel::load(o.file);
   if (!model.ok()) return model.status();
+  CLEAVE_RETURN_IF_ERROR(check_topology_pipelines(o.spec, &(*model)->config()));
   return check_topology_experts(o.spec, (*model)->config());
 }
 
@@ -368,7 +448,8 @@ class HeadNode final : public Node {
     const bool attention = !hosted->expert_fallbacks.empty();
     hosted->expert_socket_host = me_.host;
     CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
-                                          attach_through(*system_, join_, options_.secret.value_or(""), me_.name)));
+                                          attach_through(*system_, join_, options_.secret.value_or(""), me_.name,
+                                                         me_.stage.pipeline, options_.join_timeout_s)));
     if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, options_.secret.value_or(""), *actors_));
     return Status::Ok();
   }
@@ -496,7 +577,8 @@ class WorkerNode final : public Node {
     const bool attention = !hosted->expert_fallbacks.empty();
     hosted->expert_socket_host = me_.host;
     CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
-                                          attach_through(*system_, join_, secret, me_.name)));
+                                          attach_through(*system_, join_, secret, me_.name, me_.stage.pipeline,
+                                                         options_.join_timeout_s)));
     if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, secret, *actors_));
     return Status::Ok();
   }

@@ -335,6 +335,20 @@ Status check_options(const PipelineOptions& o) {
   if (auto policy = make_placement_policy(o.placement); !policy.ok()) return policy.status();
   if (o.expert_replication && o.experts.empty())
     return Status(Code::invalid_argument, "expert_replication needs experts (expert hosts to replicate onto)");
+  const bool pipelined = o.prefill_pipeline.size() > 1 || o.decode_pipeline.size() > 1 ||
+                         o.colocated_pipeline.size() > 1;
+  if (pipelined && !o.experts.empty())
+    return Status(Code::invalid_argument,
+                  "pipeline stages and expert actors together are not supported: cut the model "
+                  "into stages or send its FFN to experts, not both");
+  if (o.topology == Topology::pd && !o.colocated_pipeline.empty())
+    return Status(Code::invalid_argument,
+                  "colocated_pipeline is for the mono and colocated topologies; pd cuts with "
+                  "prefill_pipeline and decode_pipeline");
+  if (o.topology != Topology::pd && (!o.prefill_pipeline.empty() || !o.decode_pipeline.empty()))
+    return Status(Code::invalid_argument,
+                  std::string("prefill_pipeline and decode_pipeline are for the pd topology; ") +
+                      topology_name(o.topology) + " cuts with colocated_pipeline");
   if (o.actor_threads < 0)
     return Status(Code::invalid_argument, "actor_threads must not be negative, got " +
                                               std::to_string(o.actor_threads));
@@ -354,8 +368,15 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
   SchedulerOptions so = options.scheduler;
   so.prefill_only = false;
   std::shared_ptr<const GgufFile> file_for_experts = file;
-  auto core = StageCore::create(std::move(file), std::move(tokenizer), options.engine, so, "mono");
+  std::vector<std::shared_ptr<LayerStage>> later;
+  auto core = make_pipelined_core(std::move(file), std::move(tokenizer), options.engine, so, "mono",
+                                  options.colocated_pipeline, later);
   if (!core.ok()) return core.status();
+  if (!later.empty()) {  // the later stages on threads of their own
+    auto link = ThreadedStageLink::create(std::move(later));
+    if (!link.ok()) return link.status();
+    CLEAVE_RETURN_IF_ERROR((*core)->engine().set_stage_link(std::move(link.value())));
+  }
   if (!options.experts.empty()) {
     // mono's expert hosts run in process, behind an ExpertPool.
     auto pool = ExpertPool::create(file_for_experts, options.experts, options.engine.threads);

@@ -30,6 +30,7 @@
 #include "common/status.h"
 #include "model/engine.h"
 #include "model/experts.h"
+#include "model/layer_compute.h"
 #include "model/gguf.h"
 #include "model/request.h"
 #include "model/scheduler.h"
@@ -91,6 +92,16 @@ struct PipelineOptions {
   // the least loaded one. Needs experts (invalid_argument otherwise).
   // Never changes a token.
   bool expert_replication = false;
+  // Pipeline parallelism (model/layer_stage.h): each prefill, decode and
+  // colocated actor is the first stage of a pipeline cut into these layer
+  // ranges (in order, covering the model: check_cover's errors otherwise);
+  // its engine holds the first range, pipeline stage actors the others.
+  // mono takes colocated_pipeline and runs the later stages on threads.
+  // Empty: each engine holds the whole model. Prefill and decode may be cut
+  // differently: the KV a prefill hands off covers every layer. Tokens and
+  // logits are the same for any cut (and any
+  // engine.pipeline_micro_batches). Not with experts (invalid_argument).
+  std::vector<LayerRange> prefill_pipeline, decode_pipeline, colocated_pipeline;
   int32_t actor_threads = 0;     // CAF scheduler workers; 0: CAF's default
   // A request that makes no progress (no token, handoff or re-placement)
   // for this long fails with timed_out: the last guard against a hang.

@@ -123,7 +123,12 @@ void run_step(stage_pointer self) {
   std::vector<SchedulerEvent> events;
   const auto t0 = std::chrono::steady_clock::now();
   Status st = s.core->step(events);  // on an engine error the events fail every running request
-  (void)st;
+  if (!st.ok() && s.core->engine().pipeline_broken()) {
+    // A stage of its pipeline failed: the requests are not failed here but
+    // re-placed by the router, which sees this actor go down.
+    self->quit(to_error(st));
+    return;
+  }
   const double step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   for (SchedulerEvent& e : events) {
@@ -228,8 +233,11 @@ caf::result<bool> accept_handoff(stage_pointer self, const Bytes& bytes,
 
 stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCore> core,
                                     ActorKind kind, router_actor router, kv_store_actor kv,
-                                    KvStreamOptions stream) {
+                                    KvStreamOptions stream, std::vector<caf::actor> pipeline) {
   auto& s = self->state;
+  // Its pipeline's stages live and die with it: one that goes down takes
+  // this actor down (its requests are re-placed), and its exit ends them.
+  for (const caf::actor& p : pipeline) self->link_to(p);
   s.core = std::move(core);
   s.kind = kind;
   s.router = std::move(router);
@@ -298,9 +306,10 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
 }  // namespace
 
 stage_actor spawn_stage(caf::actor_system& system, std::shared_ptr<StageCore> core, ActorKind kind,
-                        router_actor router, kv_store_actor kv, KvStreamOptions stream) {
+                        router_actor router, kv_store_actor kv, KvStreamOptions stream,
+                        std::vector<caf::actor> pipeline) {
   return system.spawn<caf::detached>(stage_fn, std::move(core), kind, std::move(router), std::move(kv),
-                                     std::move(stream));
+                                     std::move(stream), std::move(pipeline));
 }
 
 }  // namespace cleave::actors

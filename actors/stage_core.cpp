@@ -196,6 +196,10 @@ msg::Stats StageCore::stats() const {
   };
   if (const ExpertExecutor* experts = engine_->expert_executor())
     for (auto& c : experts->counters()) s.counters.push_back(std::move(c));
+  if (const StageLink* link = engine_->stage_link()) {
+    s.counters.emplace_back("pipeline_last_own_layer", uint64_t(engine_->own_layers().last));
+    for (auto& c : link->counters()) s.counters.push_back(std::move(c));
+  }
   return s;
 }
 

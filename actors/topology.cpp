@@ -90,8 +90,11 @@ constexpr int kNumKinds = int(kActorKindTable.size());
 constexpr int kKvStore = int(ActorKind::kv_store);
 
 constexpr const char* kNodeFields[] = {"name", "host",   "port", "threads", "device",
-                                       "head", "actors", "kv",   "expert"};
-constexpr const char* kNodeFieldList = "name, host, port, threads, device, head, actors, kv, expert";
+                                       "head", "actors", "kv",   "expert",  "stage"};
+constexpr const char* kNodeFieldList =
+    "name, host, port, threads, device, head, actors, kv, expert, stage";
+constexpr const char* kStageFields[] = {"layers", "pipeline"};
+constexpr int kStage = int(ActorKind::stage);
 constexpr const char* kExpertFields[] = {"experts", "layers"};
 constexpr int kExpert = int(ActorKind::expert);
 constexpr lua_Integer kMaxExpertIds = 4096;  // ids in one expert{} list
@@ -373,6 +376,11 @@ struct RawNode {
   lua_Integer expert_ids[kMaxExpertIds] = {};
   lua_Integer n_expert_ids = 0, first_layer = 0, last_layer = -1;
   bool head = false, has_kv = false, has_expert = false;
+  // stage = { layers = {first, last}, pipeline = "NAME" }
+  bool has_stage = false;
+  lua_Integer stage_first = 0, stage_last = -1;
+  const char* pipeline = "main";
+  size_t pipeline_len = 4;
   int line = 0;
 };
 
@@ -506,6 +514,30 @@ void read_expert(lua_State* L, int t, const char* what, RawNode* r) {
   r->has_expert = true;
 }
 
+// stage = { layers = {0, 5}, pipeline = "p0" }: the range of layers this
+// node's pipeline stage holds (pipeline left out: "main").
+void read_stage(lua_State* L, int t, const char* what, RawNode* r) {
+  check_plain_table(L, t, "stage{}");
+  check_fields(L, t, "stage{}", kStageFields, "layers, pipeline");
+  int type = raw_field(L, t, "layers");
+  if (type != LUA_TTABLE)
+    raise(L, "%s: stage.layers must be {first, last}, e.g. {0, 5}, got %s", what, lua_typename(L, type));
+  lua_Integer range[2] = {0, 0};
+  if (read_int_array(L, lua_gettop(L), what, "stage.layers", range, 2) != 2)
+    raise(L, "%s: stage.layers must be {first, last}, e.g. {0, 5}", what);
+  if (range[0] < 0 || range[1] < range[0] || range[1] > kMaxLayer)
+    raise(L, "%s: stage.layers {%I, %I} is not a range (0 <= first <= last)", what, range[0], range[1]);
+  lua_pop(L, 1);
+  size_t len = 0;
+  if (const char* name = opt_string(L, t, "pipeline", what, &len)) {
+    if (!valid_name(name, len))
+      raise(L, "%s: bad stage.pipeline '%s': use 1 to 64 of A-Z a-z 0-9 _ -", what, name);
+    r->pipeline = name, r->pipeline_len = len;
+  }
+  r->stage_first = range[0], r->stage_last = range[1];
+  r->has_stage = true;
+}
+
 // node { name = "d0", host = "10.0.0.2", port = 7001, threads = 8,
 //        device = "cuda:0", head = false, actors = { decode = 2 }, kv = { ... } }
 int lua_node(lua_State* L) {
@@ -574,6 +606,35 @@ int lua_node(lua_State* L) {
   if (r.has_kv && r.counts[kKvStore] == 0)
     raise(L, "%s: kv{} is set but the node has no kv_store actor (add kv_store = 1 to actors)",
           what);
+  type = raw_field(L, 1, "stage");
+  if (type == LUA_TTABLE)
+    read_stage(L, lua_gettop(L), what, &r);
+  else if (type != LUA_TNIL)
+    raise(L, "%s: field 'stage' must be a table like { layers = {0, 5} }, got %s", what,
+          lua_typename(L, type));
+  lua_pop(L, 1);
+  {
+    const lua_Integer entry = r.counts[int(ActorKind::prefill)] + r.counts[int(ActorKind::decode)] +
+                              r.counts[int(ActorKind::colocated)];
+    if (r.counts[kStage] > 1)
+      raise(L, "%s: at most one stage actor per node (got %I): a node holds one range of layers",
+            what, r.counts[kStage]);
+    if (r.counts[kStage] == 1 && !r.has_stage)
+      raise(L, "%s: a stage actor needs stage = { layers = {first, last} }", what);
+    if (r.has_stage && r.counts[kStage] == 1 && entry > 0)
+      raise(L, "%s: a node is a pipeline's first stage (its one prefill, decode or colocated "
+               "actor holds the layers) or a later stage (stage = 1), not both", what);
+    if (r.has_stage && r.counts[kStage] == 1 && r.stage_first == 0)
+      raise(L, "%s: a later stage cannot hold layer 0 (the first stage, a prefill, decode or "
+               "colocated actor, holds the embeddings and layer 0)", what);
+    if (r.has_stage && r.counts[kStage] == 0 && entry != 1)
+      raise(L, "%s: stage{} on a node without a stage actor makes its prefill, decode or "
+               "colocated actor a pipeline's first stage: it must host exactly one (it hosts %I)",
+            what, entry);
+    if (r.has_stage && r.counts[kStage] == 0 && r.stage_first != 0)
+      raise(L, "%s: a pipeline's first stage holds layers from 0 (stage.layers starts at %I); "
+               "later stages are stage actors (actors = { stage = 1 })", what, r.stage_first);
+  }
   if (sb->spec->nodes.size() >= kMaxNodes)
     raise(L, "%s: more than %d nodes", what, int(kMaxNodes));
 
@@ -593,6 +654,11 @@ int lua_node(lua_State* L) {
   n.experts.first_layer = int32_t(r.first_layer);
   n.experts.last_layer = int32_t(r.last_layer);
   n.experts.experts.assign(r.expert_ids, r.expert_ids + r.n_expert_ids);
+  if (r.has_stage) {
+    n.stage.set = true;
+    n.stage.pipeline.assign(r.pipeline, r.pipeline_len);
+    n.stage.layers = {int32_t(r.stage_first), int32_t(r.stage_last)};
+  }
   n.line = r.line;
   return 0;
 }
@@ -946,6 +1012,7 @@ Result<ClusterSpec> load_topology_string(const std::string& script, const std::s
   lua_close(L);
   if (!st.ok()) return st;
   CLEAVE_RETURN_IF_ERROR(check_cluster(spec, chunkname));
+  CLEAVE_RETURN_IF_ERROR(check_topology_pipelines(spec, nullptr));
   return spec;
 }
 

@@ -18,6 +18,7 @@
 #include "actors/placement.h"
 #include "common/status.h"
 #include "model/experts.h"
+#include "model/layer_compute.h"
 
 namespace cleave {
 
@@ -30,6 +31,16 @@ struct ActorGroupSpec {
   std::string kind;
   int32_t count = 1;
   int32_t line = 0;
+};
+
+// stage = { layers = {first, last}, pipeline = "NAME" }: the node's part of
+// a pipeline (model/layer_stage.h). On a node whose one prefill, decode or
+// colocated actor is the first stage (layers from 0), or on a node with a
+// stage actor (a later stage).
+struct PipelineStageSpec {
+  bool set = false;
+  std::string pipeline = "main";
+  LayerRange layers;
 };
 
 struct NodeSpec {
@@ -45,6 +56,7 @@ struct NodeSpec {
   // What each of the node's expert actors hosts: expert = { experts = {...},
   // layers = {first, last} }; the default hosts every expert of every layer.
   ExpertSet experts;
+  PipelineStageSpec stage;
   int32_t line = 0;             // script line that declared it (for errors)
 
   int32_t count(const std::string& kind) const;
@@ -93,6 +105,16 @@ Result<ClusterSpec> load_topology_string(const std::string& script, const std::s
 // host (invalid_argument naming the expert and layer). Ok when no node hosts
 // expert actors. `cleave topology check -m` and every node at start run it.
 Status check_topology_experts(const ClusterSpec& spec, const LlamaConfig& model);
+
+// Every pipeline (the nodes whose stage{} names it) has one first stage and
+// later stages whose ranges follow it without a gap or an overlap; with the
+// model, the last one ends at its last layer and none goes past it.
+// invalid_argument naming the pipeline, the nodes and the layers. The
+// loader runs it without a model; `cleave topology check -m` and every node
+// at start with one.
+Status check_topology_pipelines(const ClusterSpec& spec, const LlamaConfig* model);
+// The stages of pipeline `name` in layer order (the first stage first).
+std::vector<const NodeSpec*> pipeline_nodes(const ClusterSpec& spec, const std::string& name);
 
 // A human table: node, host:port, role, threads, device, actors, kv tiers;
 // the cluster settings above it and the actor totals below.

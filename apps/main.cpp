@@ -485,6 +485,7 @@ int run_topology(const TopologyArgs& t) {
   if (!t.model.empty()) {
     auto model = unwrap(LlamaModel::load(unwrap(GgufFile::open(t.model))));
     if (Status st = check_topology_experts(spec, model->config()); !st.ok()) fail(st);
+    if (Status st = check_topology_pipelines(spec, &model->config()); !st.ok()) fail(st);
   }
   if (*t.show)
     std::fputs(placement_table(spec).c_str(), stdout);

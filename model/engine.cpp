@@ -22,6 +22,13 @@ bool in_image(const std::vector<KeySpan>& images, int32_t position) {
 }
 }  // namespace
 
+int32_t kv_pool_blocks(const EngineOptions& o, const LlamaConfig& c) {
+  if (o.kv_blocks > 0) return o.kv_blocks;
+  const int32_t context = o.context > 0 ? std::min(o.context, c.context) : c.context;
+  const int32_t bs = std::max(1, o.block_size);
+  return (context + bs - 1) / bs * std::max(1, o.max_seqs);
+}
+
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> file,
                                                const EngineOptions& options) {
   if (!file) return Status(Code::invalid_argument, "engine: no model file");
@@ -42,6 +49,14 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
     return Status(Code::invalid_argument, "engine: expert_micro_batches = " +
                                               std::to_string(o.expert_micro_batches) +
                                               " must be in [1, 64]");
+  if (o.pipeline_micro_batches < 1 || o.pipeline_micro_batches > 64)
+    return Status(Code::invalid_argument, "engine: pipeline_micro_batches = " +
+                                              std::to_string(o.pipeline_micro_batches) +
+                                              " must be in [1, 64]");
+  if (o.last_layer < -1 || o.last_layer >= c.n_layers)
+    return Status(Code::invalid_argument, "engine: last_layer = " + std::to_string(o.last_layer) +
+                                              " must be in [-1, " + std::to_string(c.n_layers - 1) +
+                                              "] (the model's layers)");
   if (o.kv_blocks < 0)
     return Status(Code::invalid_argument,
                   "engine: kv_blocks = " + std::to_string(o.kv_blocks) + " must not be negative");
@@ -50,14 +65,15 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
     return Status(Code::out_of_range, "engine: context " + std::to_string(o.context) +
                                           " exceeds the model's context_length " +
                                           std::to_string(c.context));
-  const int32_t blocks_per_seq = (o.context + o.block_size - 1) / o.block_size;
-  if (o.kv_blocks == 0) o.kv_blocks = blocks_per_seq * o.max_seqs;
+  o.kv_blocks = kv_pool_blocks(o, c);
 
   auto e = std::unique_ptr<Engine>(new Engine());
   e->model_ = std::move(*model);
   e->options_ = o;
   e->model_fp_ = model_fp;
+  e->own_last_ = o.last_layer < 0 ? c.n_layers - 1 : o.last_layer;
   e->backend_ = make_cpu_backend(o.threads);
+  e->compute_ = std::make_unique<LayerCompute>(*e->model_, *e->backend_);
   e->layout_.dtype = uint32_t(DType::F32);
   e->layout_.tokens_per_block = o.block_size;
   e->layout_.n_layers = c.n_layers;
@@ -65,15 +81,16 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   e->layout_.head_dim = c.head_dim;
   CLEAVE_RETURN_IF_ERROR(e->layout_.validate());
   e->kv_.block_size = o.block_size;
-  e->kv_.n_layers = c.n_layers;
+  e->kv_.n_layers = e->own_last_ + 1;  // our layers' KV; the stages after hold theirs
   e->kv_.n_kv_heads = c.n_kv_heads;
   e->kv_.head_dim = c.head_dim;
   e->kv_.n_blocks = o.kv_blocks;
-  CLEAVE_CHECK(e->kv_.block_elems() * sizeof(float) == e->layout_.block_bytes());
-  e->kv_.data = static_cast<float*>(e->backend_->alloc(e->block_bytes() * size_t(o.kv_blocks)));
+  CLEAVE_CHECK(e->own_last_ + 1 < c.n_layers ||
+               e->kv_.block_elems() * sizeof(float) == e->layout_.block_bytes());
+  e->kv_.data = static_cast<float*>(e->backend_->alloc(e->own_block_bytes() * size_t(o.kv_blocks)));
   if (e->kv_.data == nullptr)
     return Status(Code::out_of_memory, "engine: cannot allocate " + std::to_string(o.kv_blocks) +
-                                           " KV blocks of " + std::to_string(e->block_bytes()) +
+                                           " KV blocks of " + std::to_string(e->own_block_bytes()) +
                                            " bytes");
   auto pool = BlockPool::create(o.kv_blocks, o.block_size);
   if (!pool.ok()) return pool.status();
@@ -97,6 +114,31 @@ Engine::~Engine() {
 }
 
 uint64_t Engine::model_fingerprint() const { return model_fp_; }
+
+Status Engine::set_stage_link(std::shared_ptr<StageLink> link) {
+  if (link && link->first_layer() != own_last_ + 1)
+    return Status(Code::invalid_argument, "engine: a stage link from layer " +
+                                              std::to_string(link->first_layer()) +
+                                              " does not follow this engine's layers [0, " +
+                                              std::to_string(own_last_) + "]");
+  link_ = std::move(link);
+  link_error_ = Status::Ok();
+  return Status::Ok();
+}
+
+Status Engine::link_ready() const {
+  if (!link_error_.ok()) return link_error_;
+  if (own_last_ + 1 < config().n_layers && !link_)
+    return Status(Code::invalid_argument,
+                  "engine: holds layers [0, " + std::to_string(own_last_) +
+                      "] of " + std::to_string(config().n_layers) + " and has no stage link");
+  return Status::Ok();
+}
+
+Status Engine::broke(Status why) {
+  link_error_ = Status(Code::unavailable, "engine: pipeline broken: " + why.to_string());
+  return link_error_;
+}
 const KvLayout& Engine::kv_layout() const { return layout_; }
 
 bool Engine::is_open(int32_t seq) const {
@@ -237,11 +279,16 @@ std::vector<BlockKey> Engine::keys_of(const Sequence& s) const {
   return keys;
 }
 
-void Engine::copy_block(int32_t src, int32_t dst) {
+Status Engine::copy_block(int32_t src, int32_t dst) {
   // Through host memory: the backend moves bytes only between host and its own memory.
-  staging_.resize(block_bytes());
-  backend_->download(staging_.data(), block_data(src), block_bytes());
-  backend_->upload(block_data(dst), staging_.data(), block_bytes());
+  staging_.resize(own_block_bytes());
+  backend_->download(staging_.data(), block_data(src), own_block_bytes());
+  backend_->upload(block_data(dst), staging_.data(), own_block_bytes());
+  if (link_) {
+    Status st = link_->copy_block(src, dst);
+    if (!st.ok()) return broke(st);
+  }
+  return Status::Ok();
 }
 
 Result<int32_t> Engine::attach_cached_prefix(int32_t seq, const int32_t* tokens, int32_t n) {
@@ -285,6 +332,7 @@ Result<std::vector<BlockRecord>> Engine::export_blocks(int32_t seq, int32_t firs
   if (!is_open(seq))
     return Status(Code::invalid_argument, "engine: export of sequence " + std::to_string(seq) +
                                               ", which is not open");
+  CLEAVE_RETURN_IF_ERROR(link_ready());
   const Sequence& s = seqs_[size_t(seq)];
   const int32_t n_blocks = s.blocks->n_blocks();
   if (first_block < 0 || first_block > n_blocks)
@@ -294,6 +342,16 @@ Result<std::vector<BlockRecord>> Engine::export_blocks(int32_t seq, int32_t firs
   const std::vector<BlockKey> keys = keys_of(s);
   const int32_t bs = options_.block_size, len = int32_t(s.tokens.size());
   std::vector<BlockRecord> records(size_t(n_blocks - first_block));
+  // The later layers' slices, from the stages that hold them (layers are
+  // the outer dimension of a block, so each stage's slice is contiguous).
+  const size_t own = own_block_bytes(), rest = block_bytes() - own;
+  std::vector<uint8_t> later;
+  if (link_ && !records.empty()) {
+    const std::span<const int32_t> ids(s.blocks->blocks().data() + first_block, records.size());
+    later.resize(ids.size() * rest);
+    Status st = const_cast<StageLink&>(*link_).read_blocks(ids, later.data());
+    if (!st.ok()) return const_cast<Engine*>(this)->broke(st);
+  }
   for (int32_t b = first_block; b < n_blocks; ++b) {
     BlockRecord& r = records[size_t(b - first_block)];
     r.header.key = keys[size_t(b)];
@@ -301,7 +359,10 @@ Result<std::vector<BlockRecord>> Engine::export_blocks(int32_t seq, int32_t firs
     r.header.layout = layout_;
     r.header.n_tokens = uint32_t(std::min(bs, len - b * bs));
     r.bytes.resize(block_bytes());
-    backend_->download(r.bytes.data(), block_data(s.blocks->blocks()[size_t(b)]), block_bytes());
+    backend_->download(r.bytes.data(), block_data(s.blocks->blocks()[size_t(b)]), own);
+    if (rest)
+      std::copy(later.begin() + ptrdiff_t(size_t(b - first_block) * rest),
+                later.begin() + ptrdiff_t(size_t(b - first_block + 1) * rest), r.bytes.begin() + ptrdiff_t(own));
     seal(r);
   }
   return records;
@@ -315,6 +376,7 @@ Status Engine::import_blocks(int32_t seq, const int32_t* tokens, int32_t n_token
   if (n_tokens < 0 || (n_tokens > 0 && tokens == nullptr))
     return Status(Code::invalid_argument, "engine: import of " + std::to_string(n_tokens) +
                                               " tokens without a token array");
+  CLEAVE_RETURN_IF_ERROR(link_ready());
   if (n_tokens > options_.context)
     return Status(Code::out_of_range, "engine: import of " + std::to_string(n_tokens) +
                                           " tokens exceeds the context of " +
@@ -367,9 +429,21 @@ Status Engine::import_blocks(int32_t seq, const int32_t* tokens, int32_t n_token
   Sequence& s = seqs_[size_t(seq)];
   auto grant = s.blocks->append_tokens(n_tokens - n_held);
   CLEAVE_CHECK(grant.ok() && !grant->no_room && !grant->copy);
+  const size_t own = own_block_bytes(), rest = block_bytes() - own;
   for (int32_t i = 0; i < n_blocks; ++i)
     backend_->upload(block_data(s.blocks->blocks()[size_t(first + i)]),
-                     records[size_t(i)].bytes.data(), block_bytes());
+                     records[size_t(i)].bytes.data(), own);
+  if (link_ && n_blocks > 0) {
+    std::vector<uint8_t> later(size_t(n_blocks) * rest);
+    for (int32_t i = 0; i < n_blocks; ++i)
+      std::copy(records[size_t(i)].bytes.begin() + ptrdiff_t(own), records[size_t(i)].bytes.end(),
+                later.begin() + ptrdiff_t(size_t(i) * rest));
+    const std::span<const int32_t> ids(s.blocks->blocks().data() + first, size_t(n_blocks));
+    // The tokens are not the sequence's yet and nothing is published: the
+    // broken engine refuses the rest anyway.
+    Status st = link_->write_blocks(ids, later.data());
+    if (!st.ok()) return broke(st);
+  }
   s.tokens = std::move(probe.tokens);
   publish_full_blocks(s);
   return Status::Ok();
@@ -377,16 +451,10 @@ Status Engine::import_blocks(int32_t seq, const int32_t* tokens, int32_t n_token
 
 Engine::CacheStats Engine::cache_stats() const { return stats_; }
 
-namespace {
-template <class T>
-T* grow(std::vector<T>& v, size_t n) {
-  if (v.size() < n) v.resize(n);
-  return v.data();
-}
-}  // namespace
 
 Status Engine::forward(const std::vector<Item>& items, float* logits) {
   const LlamaConfig& c = config();
+  CLEAVE_RETURN_IF_ERROR(link_ready());
   // Validate everything before touching any sequence.
   int64_t n = 0;
   std::vector<int32_t> added(seqs_.size(), 0);
@@ -434,13 +502,13 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     auto grant = seqs_[s].blocks->append_tokens(added[s]);
     CLEAVE_CHECK(grant.ok() && !grant->no_room);
     // A shared, partly filled last block (a cached prefix) is copied before it is written.
-    if (grant->copy) copy_block(grant->copy->src, grant->copy->dst);
+    if (grant->copy) CLEAVE_RETURN_IF_ERROR(copy_block(grant->copy->src, grant->copy->dst));
   }
 
   // Rows: one per token, with its sequence's block table and position.
-  int32_t* pos = grow(positions_, n);
-  int32_t* ids = grow(token_ids_, n);
-  AttnRow* rows = grow(rows_, n);
+  int32_t* pos = grow_scratch(positions_, n);
+  int32_t* ids = grow_scratch(token_ids_, n);
+  AttnRow* rows = grow_scratch(rows_, n);
   std::vector<int32_t> last_row(items.size());
   {
     std::vector<int32_t> cursor = start;
@@ -459,19 +527,9 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     }
   }
 
-  Backend& be = *backend_;
-  const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
-                kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
-  float* x = grow(x_, n * dim);
-  float* h = grow(h_, n * dim);
-  // The layers' scratch (attend() and the FFN groups take their rows).
-  grow(q_, n * q_dim);
-  grow(k_, n * kv_dim);
-  grow(v_, n * kv_dim);
-  grow(att_, n * q_dim);
-  grow(tmp_, n * dim);
-
-  be.embed(model_->token_embd(), ids, n, x);
+  const int64_t dim = c.dim;
+  float* x = grow_scratch(x_, n * dim);
+  backend_->embed(model_->token_embd(), ids, n, x);
   // Image rows: the item's embeddings replace the placeholders' rows.
   for (size_t i = 0, r0 = 0; i < items.size(); r0 += size_t(items[i].n_tokens), ++i) {
     const Item& it = items[i];
@@ -483,146 +541,53 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
       src += dim;
     }
   }
-  // Micro-batch ping-pong: with an expert executor the rows go in m
-  // groups, and while the experts compute one group's FFN of a layer the
-  // next group's attention runs here. Each row's bits do not depend on the
-  // rows beside it, and the groups run each layer in row order (a row
-  // attends only to positions before it), so any m gives the same bits.
-  const int64_t mb = experts_ ? std::min<int64_t>(options_.expert_micro_batches, n) : 1;
-  if (int64_t(groups_.size()) < mb) groups_.resize(size_t(mb));
-  for (int64_t g = 0; g < mb; ++g) {
-    groups_[size_t(g)].r0 = n * g / mb;
-    groups_[size_t(g)].n = n * (g + 1) / mb - n * g / mb;
-  }
-  for (int32_t li = 0; li < c.n_layers; ++li) {
-    const LlamaLayer& l = model_->layer(li);
-    for (int64_t g = 0; g < mb; ++g) {
-      FfnGroup& grp = groups_[size_t(g)];
-      if (li > 0) ffn_finish(grp);
-      attend(l, li, grp.r0, grp.n);
-      ffn_start(l, li, grp);
-    }
-  }
-  for (int64_t g = 0; g < mb; ++g) ffn_finish(groups_[size_t(g)]);
-
-  // Logits only for each item's last token.
-  const int64_t m = int64_t(items.size());
-  float* last = grow(logits_rows_, m * dim);
-  for (int64_t i = 0; i < m; ++i)
-    std::copy(x + int64_t(last_row[i]) * dim, x + int64_t(last_row[i] + 1) * dim, last + i * dim);
-  be.rmsnorm(last, model_->output_norm(), m, dim, c.rms_eps, h);
-  be.matmul(model_->output(), h, m, logits);
-
+  CLEAVE_RETURN_IF_ERROR(run_layers(n, last_row, logits));
   if (index_)
     for (size_t s = 0; s < seqs_.size(); ++s)
       if (added[s]) publish_full_blocks(seqs_[s]);
   return Status::Ok();
 }
 
-// Rows [r0, r0 + n) of layer li up to the FFN: x += attention(x), then
-// h = ffn_norm(x).
-void Engine::attend(const LlamaLayer& l, int32_t li, int64_t r0, int64_t n) {
+Status Engine::run_layers(int64_t n, const std::vector<int32_t>& last_row, float* logits) {
   const LlamaConfig& c = config();
-  Backend& be = *backend_;
-  const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
-                kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
-  float* x = x_.data() + r0 * dim;
-  float* h = h_.data() + r0 * dim;
-  float* q = q_.data() + r0 * q_dim;
-  float* k = k_.data() + r0 * kv_dim;
-  float* v = v_.data() + r0 * kv_dim;
-  float* att = att_.data() + r0 * q_dim;
-  float* tmp = tmp_.data() + r0 * dim;
-  const int32_t* pos = positions_.data() + r0;
-  const AttnRow* rows = rows_.data() + r0;
-  const float scale = 1.0f / std::sqrt(float(c.head_dim));
-  be.rmsnorm(x, l.attn_norm, n, dim, c.rms_eps, h);
-  be.matmul(l.wq, h, n, q);
-  be.matmul(l.wk, h, n, k);
-  be.matmul(l.wv, h, n, v);
-  be.rope(q, n, c.n_heads, c.head_dim, pos, c.rope_base);
-  be.rope(k, n, c.n_kv_heads, c.head_dim, pos, c.rope_base);
-  be.kv_write(kv_, li, k, v, rows, n);
-  be.attention(kv_, li, q, rows, n, c.n_heads, scale, att);
-  be.matmul(l.wo, att, n, tmp);
-  for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
-  be.rmsnorm(x, l.ffn_norm, n, dim, c.rms_eps, h);
-}
-
-// The group's FFN input is h (rows r0..): routes it (MoE: gate, softmax,
-// top-k, renormalisation) and gathers each expert's rows into one run of
-// gx, then computes the experts here, or starts them on the executor.
-void Engine::ffn_start(const LlamaLayer& l, int32_t layer, FfnGroup& g) {
-  const LlamaConfig& c = config();
-  const int64_t dim = c.dim, n = g.n;
-  const float* h = h_.data() + g.r0 * dim;
-  float* tmp = tmp_.data() + g.r0 * dim;
-  g.work.clear();
-  g.started = true;
-  if (c.n_experts == 0) {  // dense: the FFN is expert 0, straight into tmp
-    g.work.push_back(ExpertWork{0, n, h, tmp});
-    if (experts_) g.ticket = experts_->start(layer, g.work);
-    else compute_expert(*backend_, l, c.ffn, 0, h, n, gate_, up_, tmp);
-    return;
+  const int64_t dim = c.dim;
+  float* x = x_.data();
+  const int32_t* pos = positions_.data();
+  const AttnRow* rows = rows_.data();
+  const int32_t emb = options_.expert_micro_batches;
+  if (!link_) {
+    compute_->run(kv_, 0, {0, own_last_}, n, pos, rows, x, experts_.get(), emb);
+    compute_->logits(x, last_row.data(), int64_t(last_row.size()), logits);
+    return Status::Ok();
   }
-  const int64_t k = c.n_experts_used;
-  float* rl = grow(g.router_logits, n * c.n_experts);
-  int32_t* eid = grow(g.expert_ids, n * k);
-  float* ew = grow(g.expert_w, n * k);
-  backend_->matmul(l.router, h, n, rl);
-  backend_->topk_gating(rl, n, c.n_experts, k, eid, ew);
-  float* gx = grow(g.gather_x, n * k * dim);
-  float* gy = grow(g.gather_y, n * k * dim);
-  int32_t* slot = grow(g.gather_rows, n * k);  // row*k + j of each gathered row
-  int64_t cnt = 0;
-  for (int32_t e = 0; e < c.n_experts; ++e) {
-    const int64_t first = cnt;
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t j = 0; j < k; ++j) {
-        if (eid[r * k + j] != e) continue;
-        std::copy(h + r * dim, h + (r + 1) * dim, gx + cnt * dim);
-        slot[cnt++] = int32_t(r * k + j);
-      }
-    }
-    if (cnt > first) g.work.push_back(ExpertWork{e, cnt - first, gx + first * dim, gy + first * dim});
+  // Pipeline micro-batches: group g runs our layers, then goes to the
+  // stages after, and while they run it we run group g + 1. Groups go
+  // through every stage in row order (a row attends only to positions
+  // before it, written by earlier groups), so any count gives the same bits.
+  const int64_t mb = std::clamp<int64_t>(options_.pipeline_micro_batches, 1, n);
+  std::vector<uint64_t> tickets;
+  std::vector<size_t> first_item(size_t(mb) + 1, 0);
+  size_t item = 0;
+  for (int64_t g = 0; g < mb; ++g) {
+    const int64_t r0 = n * g / mb, rn = n * (g + 1) / mb - r0;
+    compute_->run(kv_, 0, {0, own_last_}, rn, pos + r0, rows + r0, x + r0 * dim, experts_.get(), emb);
+    StageRows sr{rn, pos + r0, rows + r0, x + r0 * dim, {}};
+    first_item[size_t(g)] = item;
+    while (item < last_row.size() && last_row[item] < r0 + rn)
+      sr.logit_rows.push_back(int32_t(last_row[item++] - r0));
+    auto t = link_->start(sr);
+    if (!t.ok()) return broke(t.status());
+    tickets.push_back(*t);
   }
-  g.gathered = cnt;
-  if (experts_) {
-    g.ticket = experts_->start(layer, g.work);
-  } else {
-    for (const ExpertWork& w : g.work)
-      compute_expert(*backend_, l, c.ffn, w.expert, w.x, w.rows, gate_, up_, w.y);
+  first_item[size_t(mb)] = item;
+  Status failed;
+  for (int64_t g = 0; g < mb; ++g) {
+    // Every started ticket is finished, even after a failure.
+    Status st = link_->finish(tickets[size_t(g)], logits + first_item[size_t(g)] * size_t(c.n_vocab));
+    if (!st.ok() && failed.ok()) failed = st;
   }
-}
-
-// Waits for the group's experts, combines them (MoE: tmp = sum_j w_j *
-// expert_j(h), experts taken per row in gating order, most weight first,
-// so the sum's order is fixed for every row) and adds the FFN to x.
-void Engine::ffn_finish(FfnGroup& g) {
-  if (!g.started) return;
-  g.started = false;
-  const LlamaConfig& c = config();
-  const int64_t dim = c.dim, n = g.n;
-  if (experts_) experts_->finish(g.ticket);
-  float* tmp = tmp_.data() + g.r0 * dim;
-  if (c.n_experts > 0) {
-    const int64_t k = c.n_experts_used;
-    float* out = grow(g.moe_out, n * k * dim);  // row-major [row][j][dim]
-    const float* gy = g.gather_y.data();
-    const int32_t* slot = g.gather_rows.data();
-    const float* ew = g.expert_w.data();
-    for (int64_t i = 0; i < g.gathered; ++i)
-      std::copy(gy + i * dim, gy + (i + 1) * dim, out + int64_t(slot[i]) * dim);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t d = 0; d < dim; ++d) {
-        float acc = 0.f;
-        for (int64_t j = 0; j < k; ++j) acc += ew[r * k + j] * out[(r * k + j) * dim + d];
-        tmp[r * dim + d] = acc;
-      }
-    }
-  }
-  float* x = x_.data() + g.r0 * dim;
-  for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
+  if (!failed.ok()) return broke(failed);
+  return Status::Ok();
 }
 
 }  // namespace cleave

@@ -24,6 +24,8 @@
 #include "common/status.h"
 #include "kernels/backend.h"
 #include "model/experts.h"
+#include "model/layer_compute.h"
+#include "model/layer_stage.h"
 #include "model/llama.h"
 #include "storage/block.h"
 #include "storage/block_pool.h"
@@ -49,7 +51,22 @@ struct EngineOptions {
   // any value; 1..64 (invalid_argument otherwise); no effect without an
   // executor.
   int32_t expert_micro_batches = 1;
+  // Pipeline parallelism (model/layer_stage.h): this engine holds layers
+  // [0, last_layer] (-1: all of them) and their KV; the layers after run
+  // on the stages behind set_stage_link(). KV records still cover every
+  // layer (gathered from the stages). invalid_argument for a value outside
+  // [-1, n_layers - 1].
+  int32_t last_layer = -1;
+  // A forward() batch goes to the stages in this many micro-batches of
+  // rows, one behind another, so the stages work at once. Same bits for
+  // any value; 1..64; no effect without a link.
+  int32_t pipeline_micro_batches = 1;
 };
+
+// The KV pool an engine of these options makes for this model: kv_blocks,
+// or enough for max_seqs sequences of the full context (pipeline stages
+// after the first size theirs the same, so block ids agree).
+int32_t kv_pool_blocks(const EngineOptions& options, const LlamaConfig& model);
 
 class Engine {
  public:
@@ -160,6 +177,18 @@ class Engine {
   }
   const ExpertExecutor* expert_executor() const { return experts_.get(); }
 
+  // The stages after this engine's layers (options().last_layer). The
+  // link must start at last_layer + 1 (invalid_argument otherwise). Without
+  // one, an engine that does not hold every layer refuses forward(),
+  // export and import (invalid_argument). Once a link call fails, the
+  // later layers' KV is unknown: every later forward(), export and import
+  // fails with unavailable (the pipeline is broken; its requests go
+  // elsewhere).
+  Status set_stage_link(std::shared_ptr<StageLink> link);
+  const StageLink* stage_link() const { return link_.get(); }
+  LayerRange own_layers() const { return {0, own_last_}; }
+  bool pipeline_broken() const { return !link_error_.ok(); }
+
  private:
   Engine() = default;
   struct Sequence {
@@ -190,23 +219,17 @@ class Engine {
   void publish_full_blocks(Sequence& s);
   // Keys of the first n_full full blocks of s, then the partial one if any.
   std::vector<BlockKey> keys_of(const Sequence& s) const;
-  size_t block_bytes() const { return layout_.block_bytes(); }
+  size_t block_bytes() const { return layout_.block_bytes(); }  // a record's: every layer
   float* block_data(int32_t block) const { return kv_.data + size_t(block) * kv_.block_elems(); }
-  void copy_block(int32_t src, int32_t dst);
-  // One micro-batch's FFN of the current layer, from ffn_start() (routed,
-  // gathered, started on the executor) to ffn_finish() (combined into x).
-  struct FfnGroup {
-    int64_t r0 = 0, n = 0;  // its rows of the forward() batch
-    bool started = false;
-    uint64_t ticket = 0;
-    int64_t gathered = 0;   // rows in gather_x (n * experts used)
-    std::vector<int32_t> expert_ids, gather_rows;
-    std::vector<float> expert_w, router_logits, moe_out, gather_x, gather_y;
-    std::vector<ExpertWork> work;
-  };
-  void attend(const LlamaLayer& l, int32_t li, int64_t r0, int64_t n);
-  void ffn_start(const LlamaLayer& l, int32_t layer, FfnGroup& g);
-  void ffn_finish(FfnGroup& g);
+  Status copy_block(int32_t src, int32_t dst);
+  // The stages after ours are reachable (or there are none).
+  Status link_ready() const;
+  // A link call failed: the engine is broken from now on.
+  Status broke(Status why);
+  size_t own_block_bytes() const { return kv_.block_elems() * sizeof(float); }
+  // The layers' work of forward()'s n rows: ours, then the link's in
+  // micro-batches; logits of the rows in last_row.
+  Status run_layers(int64_t n, const std::vector<int32_t>& last_row, float* logits);
 
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Backend> backend_;
@@ -225,11 +248,14 @@ class Engine {
   std::vector<uint8_t> staging_;  // host copy for copy-on-write
 
   // Scratch, grown on demand and reused across calls.
-  std::vector<float> x_, h_, q_, k_, v_, att_, tmp_, gate_, up_, logits_rows_;
+  std::vector<float> x_;
   std::vector<int32_t> positions_, token_ids_;
   std::vector<AttnRow> rows_;
-  std::vector<FfnGroup> groups_;  // FFN scratch, one per micro-batch
+  std::unique_ptr<LayerCompute> compute_;
   std::shared_ptr<ExpertExecutor> experts_;
+  int32_t own_last_ = 0;  // our layers are [0, own_last_]
+  std::shared_ptr<StageLink> link_;
+  Status link_error_;     // the first link failure (ok: none)
 };
 
 }  // namespace cleave

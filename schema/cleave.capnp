@@ -237,6 +237,37 @@ struct ExpertBatch {
   checksum @4 :UInt64;    # XXH3-64 of data
 }
 
+# Pipeline stages (model/layer_stage.h): the first stage -> a later one.
+# layers: a micro-batch of rows (positions, each row's block table, the
+# hidden states after the layers before) that the stage runs through its
+# layers and hands on; the last stage answers with output: the logits of
+# logitRows. kvRead / kvWrite: the slices of `blocks` of the stage's
+# layers (the answer to kvRead is an output carrying them); kvCopy: block
+# blocks[0] to blocks[1]. firstLayer names the stage meant, the model
+# fingerprint the weights.
+enum StageOp {
+  layers @0;
+  output @1;
+  kvRead @2;
+  kvWrite @3;
+  kvCopy @4;
+}
+
+struct StageBatch {
+  op @0 :StageOp;
+  firstLayer @1 :Int32;
+  modelFingerprint @2 :UInt64;
+  width @3 :UInt32;              # floats per row of data (dim, or n_vocab for logits)
+  positions @4 :List(Int32);     # per row
+  rowTable @5 :List(Int32);      # per row: its table
+  tableOffsets @6 :List(UInt32); # tables t: tableIds[tableOffsets[t] .. tableOffsets[t+1])
+  tableIds @7 :List(Int32);
+  logitRows @8 :List(Int32);
+  blocks @9 :List(Int32);
+  data @10 :Data;                # little-endian floats, or KV slices
+  checksum @11 :UInt64;          # XXH3-64 of data
+}
+
 # The root of every encoded message: the union names its kind, so bytes of
 # one kind decoded as another are an error naming both.
 struct Envelope {
@@ -256,5 +287,6 @@ struct Envelope {
     encodeRequest @12 :EncodeRequest;
     imageEmbeddings @13 :ImageEmbeddings;
     expertBatch @14 :ExpertBatch;
+    stageBatch @15 :StageBatch;
   }
 }

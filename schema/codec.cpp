@@ -28,9 +28,9 @@ constexpr const char* kKindNames[] = {"GenerateRequest", "StreamEvent",   "Hando
                                       "KvPut",           "KvAck",         "KvGet",
                                       "KvBlocks",        "Health",        "Stats",
                                       "KvPull",          "KvChunk",       "EncodeRequest",
-                                      "ImageEmbeddings", "ExpertBatch"};
+                                      "ImageEmbeddings", "ExpertBatch", "StageBatch"};
 constexpr size_t kNumKinds = sizeof(kKindNames) / sizeof(kKindNames[0]);
-static_assert(kNumKinds == size_t(Body::EXPERT_BATCH) + 1, "a kind name per union member");
+static_assert(kNumKinds == size_t(Body::STAGE_BATCH) + 1, "a kind name per union member");
 
 std::string kind_name(Body::Which which) {
   return size_t(which) < kNumKinds ? kKindNames[size_t(which)]
@@ -216,6 +216,21 @@ void put(wire::ExpertBatch::Builder b, const msg::ExpertBatch& m) {
   b.setChecksum(m.checksum);
 }
 
+void put(wire::StageBatch::Builder b, const msg::StageBatch& m) {
+  b.setOp(wire::StageOp(uint16_t(m.op)));
+  b.setFirstLayer(m.first_layer);
+  b.setModelFingerprint(m.model_fingerprint);
+  b.setWidth(m.width);
+  put_scalars(b.initPositions(unsigned(m.positions.size())), m.positions);
+  put_scalars(b.initRowTable(unsigned(m.row_table.size())), m.row_table);
+  put_scalars(b.initTableOffsets(unsigned(m.table_offsets.size())), m.table_offsets);
+  put_scalars(b.initTableIds(unsigned(m.table_ids.size())), m.table_ids);
+  put_scalars(b.initLogitRows(unsigned(m.logit_rows.size())), m.logit_rows);
+  put_scalars(b.initBlocks(unsigned(m.blocks.size())), m.blocks);
+  put_bytes(b, m.data);
+  b.setChecksum(m.checksum);
+}
+
 void put(wire::KvChunk::Builder b, const msg::KvChunk& m) {
   b.setRequestId(m.request_id);
   b.setSeq(m.seq);
@@ -372,6 +387,11 @@ uint64_t content(const msg::KvPull&) { return 0; }
 Words content(const msg::ExpertBatch& m) {
   return Words{1 + uint64_t(m.pieces.size()) * struct_words<wire::ExpertPiece>(), 0} +
          bytes_words(m.data);
+}
+Words content(const msg::StageBatch& m) {
+  return scalar_list_words(m.positions) + scalar_list_words(m.row_table) +
+         scalar_list_words(m.table_offsets) + scalar_list_words(m.table_ids) +
+         scalar_list_words(m.logit_rows) + scalar_list_words(m.blocks) + bytes_words(m.data);
 }
 Words content(const msg::KvChunk& m) {
   return bytes_words(m.data) + struct_list_words<wire::BlockHeader>(m.headers);
@@ -563,6 +583,30 @@ void get(wire::ExpertBatch::Reader r, msg::ExpertBatch& m) {
   if (data.size() > kMaxExpertBytes)
     throw TooLong{"data: " + std::to_string(data.size()) + " bytes, limit " +
                   std::to_string(kMaxExpertBytes)};
+  m.data.assign(data.begin(), data.end());
+  m.checksum = r.getChecksum();
+}
+
+void get(wire::StageBatch::Reader r, msg::StageBatch& m) {
+  const uint16_t op = uint16_t(r.getOp());
+  if (op > uint16_t(msg::StageOp::kv_copy)) throw TooLong{"op " + std::to_string(op) + " is unknown"};
+  m.op = msg::StageOp(op);
+  m.first_layer = r.getFirstLayer();
+  m.model_fingerprint = r.getModelFingerprint();
+  m.width = r.getWidth();
+  auto ints = [](auto list, const char* what, auto& out) {
+    for (auto v : bounded(list, kMaxStageRows, what)) out.push_back(v);
+  };
+  ints(r.getPositions(), "positions", m.positions);
+  ints(r.getRowTable(), "rowTable", m.row_table);
+  ints(r.getTableOffsets(), "tableOffsets", m.table_offsets);
+  ints(r.getTableIds(), "tableIds", m.table_ids);
+  ints(r.getLogitRows(), "logitRows", m.logit_rows);
+  ints(r.getBlocks(), "blocks", m.blocks);
+  auto data = r.getData();
+  if (data.size() > kMaxStageBytes)
+    throw TooLong{"data: " + std::to_string(data.size()) + " bytes, limit " +
+                  std::to_string(kMaxStageBytes)};
   m.data.assign(data.begin(), data.end());
   m.checksum = r.getChecksum();
 }
@@ -870,6 +914,43 @@ Status validate(const msg::ExpertBatch& m) {
   return Status::Ok();
 }
 
+Status validate(const msg::StageBatch& m) {
+  if (m.first_layer < 1) return invalid("firstLayer = " + std::to_string(m.first_layer) +
+                                        " must be at least 1 (layer 0 is the first stage's)");
+  if (m.width > kMaxStageWidth)
+    return invalid("width = " + std::to_string(m.width) + " is over " + std::to_string(kMaxStageWidth));
+  const size_t n = m.positions.size();
+  if (m.row_table.size() != n)
+    return invalid(std::to_string(n) + " positions and " + std::to_string(m.row_table.size()) +
+                   " row tables");
+  if (!m.table_offsets.empty() && m.table_offsets.front() != 0)
+    return invalid("tableOffsets must start at 0");
+  for (size_t t = 1; t < m.table_offsets.size(); ++t)
+    if (m.table_offsets[t] < m.table_offsets[t - 1])
+      return invalid("tableOffsets must not decrease");
+  if ((m.table_offsets.empty() ? 0 : m.table_offsets.back()) != m.table_ids.size())
+    return invalid("tableOffsets must end at the " + std::to_string(m.table_ids.size()) +
+                   " table ids");
+  const size_t tables = m.table_offsets.empty() ? 0 : m.table_offsets.size() - 1;
+  for (int32_t t : m.row_table)
+    if (t < 0 || size_t(t) >= tables)
+      return invalid("a row names table " + std::to_string(t) + " of " + std::to_string(tables));
+  if ((m.op == msg::StageOp::layers || m.op == msg::StageOp::output) && m.width > 0 &&
+      m.data.size() % (size_t(m.width) * sizeof(float)) != 0)
+    return invalid(std::to_string(m.data.size()) + " data bytes are not whole rows of " +
+                   std::to_string(m.width) + " floats");
+  if (m.op == msg::StageOp::layers && m.data.size() != n * m.width * sizeof(float))
+    return invalid(std::to_string(n) + " rows of " + std::to_string(m.width) + " floats need " +
+                   std::to_string(n * m.width * sizeof(float)) + " bytes, data has " +
+                   std::to_string(m.data.size()));
+  if (m.op == msg::StageOp::kv_copy && m.blocks.size() != 2)
+    return invalid("kvCopy needs 2 blocks (source, destination), not " +
+                   std::to_string(m.blocks.size()));
+  if (checksum_bytes(m.data.data(), m.data.size()) != m.checksum)
+    return Status(Code::corruption, "the data's checksum does not match");
+  return Status::Ok();
+}
+
 Status validate(const msg::Stats& m) {
   CLEAVE_RETURN_IF_ERROR(check_string("actor", m.actor));
   for (const auto& c : m.counters) CLEAVE_RETURN_IF_ERROR(check_string("counter name", c.first));
@@ -902,6 +983,7 @@ CLEAVE_MEMBER(msg::KvChunk, KV_CHUNK, KvChunk)
 CLEAVE_MEMBER(msg::EncodeRequest, ENCODE_REQUEST, EncodeRequest)
 CLEAVE_MEMBER(msg::ImageEmbeddings, IMAGE_EMBEDDINGS, ImageEmbeddings)
 CLEAVE_MEMBER(msg::ExpertBatch, EXPERT_BATCH, ExpertBatch)
+CLEAVE_MEMBER(msg::StageBatch, STAGE_BATCH, StageBatch)
 #undef CLEAVE_MEMBER
 
 // Reading encode(m) back: the root pointer, the envelope, the member and
@@ -1016,6 +1098,7 @@ CLEAVE_CODEC(msg::KvChunk)
 CLEAVE_CODEC(msg::EncodeRequest)
 CLEAVE_CODEC(msg::ImageEmbeddings)
 CLEAVE_CODEC(msg::ExpertBatch)
+CLEAVE_CODEC(msg::StageBatch)
 #undef CLEAVE_CODEC
 
 }  // namespace cleave::codec

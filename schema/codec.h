@@ -56,6 +56,12 @@ constexpr size_t kMaxEmbeddingBytes = size_t(256) << 20;
 // Expert batches: floats per row, and the bytes of one batch's rows.
 constexpr uint32_t kMaxExpertDim = 1 << 16;
 constexpr size_t kMaxExpertBytes = size_t(256) << 20;
+// Pipeline stage batches: floats per row (a vocabulary's logits), rows and
+// block ids per batch, and the bytes of its data (hidden states, logits or
+// KV slices).
+constexpr uint32_t kMaxStageWidth = 1 << 20;
+constexpr size_t kMaxStageRows = size_t(1) << 20;
+constexpr size_t kMaxStageBytes = size_t(512) << 20;
 
 // Reader limits, set explicitly per channel (Cap'n Proto's defaults are
 // 64 MiB and 64 levels).
@@ -85,6 +91,7 @@ Bytes encode(const msg::KvChunk& m);
 Bytes encode(const msg::EncodeRequest& m);
 Bytes encode(const msg::ImageEmbeddings& m);
 Bytes encode(const msg::ExpertBatch& m);
+Bytes encode(const msg::StageBatch& m);
 
 // The traversal words a reader needs to decode encode(m): a Limits whose
 // traversal_words is at least this reads it back. decode() refuses
@@ -106,6 +113,7 @@ uint64_t traversal_words(const msg::KvChunk& m);
 uint64_t traversal_words(const msg::EncodeRequest& m);
 uint64_t traversal_words(const msg::ImageEmbeddings& m);
 uint64_t traversal_words(const msg::ExpertBatch& m);
+uint64_t traversal_words(const msg::StageBatch& m);
 
 // data need not be aligned (it is copied into words when it is not).
 Status decode(const char* data, size_t size, GenerateRequest& out,
@@ -134,6 +142,8 @@ Status decode(const char* data, size_t size, msg::EncodeRequest& out,
 Status decode(const char* data, size_t size, msg::ImageEmbeddings& out,
               const Limits& limits = image_limits());
 Status decode(const char* data, size_t size, msg::ExpertBatch& out,
+              const Limits& limits = kv_limits());
+Status decode(const char* data, size_t size, msg::StageBatch& out,
               const Limits& limits = kv_limits());
 
 template <class T>

@@ -134,6 +134,20 @@ struct ExpertBatch {
   uint64_t checksum = 0;
 };
 
+// First pipeline stage <-> a later one (schema/cleave.capnp, StageBatch).
+enum class StageOp : uint8_t { layers = 0, output, kv_read, kv_write, kv_copy };
+struct StageBatch {
+  StageOp op = StageOp::layers;
+  int32_t first_layer = 0;
+  uint64_t model_fingerprint = 0;
+  uint32_t width = 0;
+  std::vector<int32_t> positions, row_table;
+  std::vector<uint32_t> table_offsets;
+  std::vector<int32_t> table_ids, logit_rows, blocks;
+  std::vector<uint8_t> data;
+  uint64_t checksum = 0;
+};
+
 struct Health {
   std::string actor;
   bool ok = true;

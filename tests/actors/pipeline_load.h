@@ -171,6 +171,24 @@ struct Collector {
   }
 };
 
+// The requests that failed (each must be unavailable) and the latest
+// failure's delay after `since`, in seconds.
+struct Failures {
+  size_t failed = 0;
+  double worst_s = 0;
+};
+inline Failures unavailable_failures(Collector& col, std::chrono::steady_clock::time_point since) {
+  Failures f;
+  std::lock_guard<std::mutex> lock(col.mu);
+  for (const auto& [id, c] : col.done) {
+    if (c.error.ok()) continue;  // finished before the kill
+    ++f.failed;
+    CHECK_MESSAGE(c.error.code() == Code::unavailable, c.error.to_string());
+    f.worst_s = std::max(f.worst_s, std::chrono::duration<double>(col.done_at[id] - since).count());
+  }
+  return f;
+}
+
 // Long, plain requests (no stop, no EOS) so generation is in full swing
 // when something is killed.
 inline std::vector<GenerateRequest> long_requests(const Model& m, int n, uint64_t first_id) {

@@ -166,17 +166,7 @@ TEST_CASE("pipeline failure: with no decode actor left every request fails unava
     }
   }
   REQUIRE(col.wait_done(requests.size() + late.size() - refused, std::chrono::seconds(5)));
-  double worst = 0;
-  size_t failed = 0;
-  {
-    std::lock_guard<std::mutex> lock(col.mu);
-    for (const auto& [id, c] : col.done) {
-      if (c.error.ok()) continue;  // finished before the kill
-      ++failed;
-      CHECK_MESSAGE(c.error.code() == Code::unavailable, c.error.to_string());
-      worst = std::max(worst, std::chrono::duration<double>(col.done_at[id] - killed).count());
-    }
-  }
+  const auto [failed, worst] = unavailable_failures(col, killed);
   CHECK(failed > 0);
   CHECK(worst < 1.0);
   MESSAGE("failed " << failed << " requests, the last " << worst * 1000 << " ms after the kill; "

@@ -533,3 +533,65 @@ TEST_CASE("topology: the fuzz regression inputs load or fail with a one-line err
   expect_error("node { name = 'h', head = true, actors = { fastest = 1 } }\n", 1,
                "unknown actor kind 'fastest'");
 }
+
+TEST_CASE("pipelines: stage{} cuts a model over nodes; gaps, overlaps and ranges past the model are refused") {
+  const std::string head = "node { name = 'a', head = true, actors = { prefill = 1, kv_store = 1 }, "
+                           "stage = { layers = {0, 5} } }\n"
+                           "node { name = 'd', actors = { decode = 1 } }\n";
+  ClusterSpec c = load_ok(head + "node { name = 'b', actors = { stage = 1 }, stage = { layers = {6, 11} } }\n");
+  REQUIRE(c.nodes.size() == 3);
+  CHECK(c.nodes[0].stage.set);
+  CHECK(c.nodes[0].stage.pipeline == "main");
+  CHECK(c.nodes[2].stage.layers == LayerRange{6, 11});
+  CHECK(c.nodes[2].count("stage") == 1);
+  CHECK_FALSE(c.nodes[1].stage.set);
+  const auto nodes = pipeline_nodes(c, "main");
+  REQUIRE(nodes.size() == 2);
+  CHECK(nodes[0]->name == "a");
+  CHECK(nodes[1]->name == "b");
+  LlamaConfig twelve;
+  twelve.n_layers = 12;
+  CHECK(check_topology_pipelines(c, &twelve).ok());
+  LlamaConfig ten = twelve, sixteen = twelve;
+  ten.n_layers = 10;
+  sixteen.n_layers = 16;
+  CHECK(check_topology_pipelines(c, &ten).message() ==
+        "pipeline 'main': node 'b' (line 3) holds [6, 11], past the model's layers [0, 9]");
+  CHECK(check_topology_pipelines(c, &sixteen).message() ==
+        "pipeline 'main': layers [12, 15] are held by no stage (a gap after node 'b' (line 3))");
+  // A gap and an overlap between the stages, at load.
+  Status gap = load_bad(head + "node { name = 'b', actors = { stage = 1 }, stage = { layers = {7, 11} } }\n");
+  CHECK(gap.message().find("pipeline 'main': layers [6, 6] are held by no stage (a gap before node 'b' "
+                           "(line 3), [7, 11])") != std::string::npos);
+  Status overlap = load_bad(head + "node { name = 'b', actors = { stage = 1 }, stage = { layers = {5, 11} } }\n");
+  CHECK(overlap.message().find("node 'b' (line 3) holds [5, 11], which overlaps node 'a' (line 1), [0, 5]") !=
+        std::string::npos);
+  // Two pipelines cut differently (prefill over 2 nodes, decode over 3).
+  load_ok("node { name = 'a', head = true, actors = { prefill = 1, kv_store = 1 }, stage = { layers = {0, 5}, pipeline = 'p' } }\n"
+          "node { name = 'b', actors = { stage = 1 }, stage = { layers = {6, 11}, pipeline = 'p' } }\n"
+          "node { name = 'c', actors = { decode = 1 }, stage = { layers = {0, 3}, pipeline = 'd' } }\n"
+          "node { name = 'e', actors = { stage = 1 }, stage = { layers = {4, 7}, pipeline = 'd' } }\n"
+          "node { name = 'f', actors = { stage = 1 }, stage = { layers = {8, 11}, pipeline = 'd' } }\n");
+  // Node-level refusals, each naming the rule.
+  auto refused = [&](const std::string& script, const std::string& part) {
+    Status st = load_bad(script);
+    CHECK_MESSAGE(st.message().find(part) != std::string::npos, st.message());
+  };
+  refused("node { name = 'a', head = true, actors = { colocated = 1, stage = 1 } }\n", "a stage actor needs stage =");
+  refused("node { name = 'a', head = true, actors = { colocated = 1, stage = 1 }, stage = { layers = {1, 2} } }\n",
+          "not both");
+  refused("node { name = 'a', head = true, actors = { colocated = 1 } }\n"
+          "node { name = 'b', actors = { stage = 1 }, stage = { layers = {0, 2} } }\n",
+          "a later stage cannot hold layer 0");
+  refused("node { name = 'a', head = true, actors = { colocated = 2 }, stage = { layers = {0, 2} } }\n",
+          "it must host exactly one (it hosts 2)");
+  refused("node { name = 'a', head = true, actors = { colocated = 1 }, stage = { layers = {1, 2} } }\n",
+          "a pipeline's first stage holds layers from 0");
+  refused("node { name = 'a', head = true, actors = { colocated = 1 }, stage = { layers = {3, 1} } }\n",
+          "is not a range");
+  refused("node { name = 'a', head = true, actors = { colocated = 1 }, stage = { layers = {0, 1}, pipe = 'x' } }\n",
+          "pipe");
+  refused("node { name = 'a', head = true, actors = { colocated = 1 } }\n"
+          "node { name = 'b', actors = { stage = 1 }, stage = { layers = {1, 2} } }\n",
+          "pipeline 'main' has 0 first stages");
+}

@@ -221,4 +221,24 @@ inline msg::ExpertBatch expert_batch() {
   return m;
 }
 
+inline msg::StageBatch stage_batch() {
+  msg::StageBatch m;
+  m.op = msg::StageOp::layers;
+  m.first_layer = 3;
+  m.model_fingerprint = 0x1234567890abcdefULL;
+  m.width = 4;
+  m.positions = {16, 17, 5};
+  m.row_table = {0, 0, 1};
+  m.table_offsets = {0, 2, 3};
+  m.table_ids = {7, 2, 9};
+  m.logit_rows = {1, 2};
+  std::vector<float> rows;
+  for (int i = 0; i < 12; ++i) rows.push_back(float(i) * 0.5f - 2.f);
+  rows[5] = -0.0f;
+  m.data.resize(rows.size() * sizeof(float));
+  std::memcpy(m.data.data(), rows.data(), m.data.size());
+  m.checksum = checksum_bytes(m.data.data(), m.data.size());
+  return m;
+}
+
 }  // namespace cleave::examples

@@ -151,12 +151,13 @@ auto all_examples() {
                          examples::kv_put(), examples::kv_ack(), examples::kv_get(),
                          examples::kv_blocks(), examples::health(), examples::stats(),
                          examples::kv_pull(), examples::kv_chunk(), examples::encode_request(),
-                         examples::image_embeddings(), examples::expert_batch());
+                         examples::image_embeddings(), examples::expert_batch(),
+                         examples::stage_batch());
 }
 const char* const kNames[] = {"GenerateRequest", "StreamEvent",   "Handoff",  "KvPut",
                               "KvAck",           "KvGet",         "KvBlocks", "Health",
                               "Stats",           "KvPull",        "KvChunk",  "EncodeRequest",
-                              "ImageEmbeddings", "ExpertBatch"};
+                              "ImageEmbeddings", "ExpertBatch",   "StageBatch"};
 
 template <class F>
 void for_each_example(F&& f) {
@@ -690,4 +691,46 @@ TEST_CASE("codec: an expert batch round-trips bit for bit; bad sizes and checksu
   msg::ExpertBatch neg_layer = m;
   neg_layer.layer = -3;
   CHECK(refused(neg_layer).message().find("layer") != std::string::npos);
+}
+
+TEST_CASE("codec: a stage batch round-trips bit for bit; bad tables, sizes and checksums are refused") {
+  const msg::StageBatch m = examples::stage_batch();
+  const msg::StageBatch back = round_trip(m);
+  CHECK(back.op == msg::StageOp::layers);
+  CHECK(back.first_layer == 3);
+  CHECK(back.model_fingerprint == m.model_fingerprint);
+  CHECK(back.positions == m.positions);
+  CHECK(back.row_table == m.row_table);
+  CHECK(back.table_offsets == m.table_offsets);
+  CHECK(back.table_ids == m.table_ids);
+  CHECK(back.logit_rows == m.logit_rows);
+  CHECK(back.data == m.data);  // -0.0 included
+  auto refused = [](msg::StageBatch bad) {
+    return codec::decode_as<msg::StageBatch>(codec::encode(bad)).status();
+  };
+  msg::StageBatch bad = m;
+  bad.data[3] ^= 0x40;
+  CHECK(refused(bad).code() == Code::corruption);
+  bad = m;
+  bad.row_table[2] = 2;
+  CHECK(refused(bad).message().find("names table 2 of 2") != std::string::npos);
+  bad = m;
+  bad.table_offsets = {0, 3, 2};
+  CHECK(refused(bad).message().find("must not decrease") != std::string::npos);
+  bad = m;
+  bad.table_offsets = {1, 2, 3};
+  CHECK(refused(bad).message().find("start at 0") != std::string::npos);
+  bad = m;
+  bad.positions.pop_back();
+  CHECK(refused(bad).message().find("2 positions and 3 row tables") != std::string::npos);
+  bad = m;
+  bad.width = 5;
+  CHECK(refused(bad).code() == Code::invalid_argument);
+  bad = m;
+  bad.first_layer = 0;
+  CHECK(refused(bad).message().find("firstLayer = 0") != std::string::npos);
+  bad = m;
+  bad.op = msg::StageOp::kv_copy;
+  bad.blocks = {1};
+  CHECK(refused(bad).message().find("kvCopy needs 2 blocks") != std::string::npos);
 }

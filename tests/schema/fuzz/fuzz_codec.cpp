@@ -46,5 +46,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   check_kind<msg::EncodeRequest>(data, size, "EncodeRequest");
   check_kind<msg::ImageEmbeddings>(data, size, "ImageEmbeddings");
   check_kind<msg::ExpertBatch>(data, size, "ExpertBatch");
+  check_kind<msg::StageBatch>(data, size, "StageBatch");
   return 0;
 }

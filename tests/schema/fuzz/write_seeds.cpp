@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
       {"kv_chunk", encode(ex::kv_chunk())},       {"encode_request", encode(ex::encode_request())},
       {"image_embeddings", encode(ex::image_embeddings())},
       {"expert_batch", encode(ex::expert_batch())},
+      {"stage_batch", encode(ex::stage_batch())},
   };
   for (const auto& [name, bytes] : seeds) {
     if (!write(dir + "/seed_" + name, bytes)) {

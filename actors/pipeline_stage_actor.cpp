@@ -1,0 +1,140 @@
+// Pipeline stage actors: a LayerStage behind the layers and stage_kv
+// messages (actor_types.h). Detached: each micro-batch is computed in the
+// behaviour, one after another, in the order they came (a sequence's later
+// rows need its earlier rows' KV).
+#include "actors/actor_types.h"
+
+#include "actors/stage_wire.h"
+#include "model/layer_stage.h"
+#include "schema/codec.h"
+
+namespace cleave::actors {
+namespace {
+
+struct PipelineStageState {
+  std::shared_ptr<LayerStage> stage;
+  std::string label;  // "NODE/stage/0"
+  caf::actor next;  // the stage after this one (none on the last)
+  uint64_t bad_messages = 0, failures = 0, forwarded = 0, kv_calls = 0;
+  static inline const char* name = "cleave.pipeline_stage";
+};
+using stage_pointer = pipeline_stage_actor::stateful_pointer<PipelineStageState>;
+
+// Runs one micro-batch; the next stage's message, or the last stage's logits.
+Result<msg::StageBatch> run_layers(PipelineStageState& s, const Bytes& bytes) {
+  auto m = codec::decode_as<msg::StageBatch>(bytes);
+  if (!m.ok()) {
+    ++s.bad_messages;
+    return m.status();
+  }
+  const LayerStage& st = *s.stage;
+  CLEAVE_RETURN_IF_ERROR(check_addressed(*m, st.layers(), st.model_fingerprint()));
+  if (m->op != msg::StageOp::layers || m->width != uint32_t(st.config().dim))
+    return Status(Code::invalid_argument, s.label + ": a layers message needs rows of " +
+                                              std::to_string(st.config().dim) + " floats");
+  std::vector<float> out;
+  CLEAVE_RETURN_IF_ERROR(s.stage->run(batch_of(*m), out));
+  const uint64_t fp = st.model_fingerprint();
+  if (!st.last()) {
+    if (!s.next)
+      return Status(Code::unavailable, s.label + " has no next stage to hand its rows to");
+    StageBatchData b = batch_of(*m);
+    b.x = std::move(out);
+    return layers_message(b, st.layers().last + 1, fp, uint32_t(st.config().dim));
+  }
+  return output_message(reinterpret_cast<const uint8_t*>(out.data()), out.size() * sizeof(float),
+                        uint32_t(st.config().n_vocab), st.layers().first, fp);
+}
+
+Result<msg::StageBatch> run_kv(PipelineStageState& s, const Bytes& bytes) {
+  auto m = codec::decode_as<msg::StageBatch>(bytes);
+  if (!m.ok()) {
+    ++s.bad_messages;
+    return m.status();
+  }
+  LayerStage& st = *s.stage;
+  CLEAVE_RETURN_IF_ERROR(check_addressed(*m, st.layers(), st.model_fingerprint()));
+  ++s.kv_calls;
+  const size_t slice = st.slice_bytes();
+  std::vector<uint8_t> data;
+  switch (m->op) {
+    case msg::StageOp::kv_read:
+      data.resize(m->blocks.size() * slice);
+      CLEAVE_RETURN_IF_ERROR(st.read_blocks(m->blocks, data.data()));
+      break;
+    case msg::StageOp::kv_write:
+      if (m->data.size() != m->blocks.size() * slice)
+        return Status(Code::invalid_argument, s.label + ": " + std::to_string(m->blocks.size()) +
+                                                  " blocks need " +
+                                                  std::to_string(m->blocks.size() * slice) +
+                                                  " bytes of KV, the message has " +
+                                                  std::to_string(m->data.size()));
+      CLEAVE_RETURN_IF_ERROR(st.write_blocks(m->blocks, m->data.data()));
+      break;
+    case msg::StageOp::kv_copy:
+      CLEAVE_RETURN_IF_ERROR(st.copy_block(m->blocks[0], m->blocks[1]));
+      break;
+    default:
+      return Status(Code::invalid_argument, s.label + ": a stage_kv message must be a KV call");
+  }
+  return output_message(data.data(), data.size(), 0, st.layers().first, st.model_fingerprint());
+}
+
+pipeline_stage_actor::behavior_type pipeline_stage_fn(stage_pointer self,
+                                                      std::shared_ptr<LayerStage> stage,
+                                                      std::string name) {
+  self->state.stage = std::move(stage);
+  self->state.label = std::move(name);
+  return {
+      [=](layers_atom, uint64_t ticket, const Bytes& bytes, const caf::actor& reply_to) {
+        auto& s = self->state;
+        auto out = run_layers(s, bytes);
+        if (!out.ok()) {
+          ++s.failures;
+          caf::anon_send(reply_to, layers_err_atom::value, ticket, to_error(out.status()));
+          return;
+        }
+        if (out->op == msg::StageOp::layers) {
+          ++s.forwarded;
+          caf::anon_send(caf::actor_cast<pipeline_stage_actor>(s.next), layers_atom::value, ticket,
+                     codec::encode(*out), reply_to);
+          return;
+        }
+        caf::anon_send(reply_to, layers_out_atom::value, ticket, codec::encode(*out));
+      },
+      [=](stage_kv_atom, const Bytes& bytes) -> caf::result<Bytes> {
+        auto out = run_kv(self->state, bytes);
+        if (!out.ok()) {
+          ++self->state.failures;
+          return to_error(out.status());
+        }
+        return codec::encode(*out);
+      },
+      [=](next_atom, const caf::actor& next) {
+        self->state.next = next;
+        return true;
+      },
+      [=](stats_atom) -> Bytes {
+        auto& s = self->state;
+        const LayerStage::Stats st = s.stage->stats();
+        return encode_stats(s.label, {{"stage_first_layer", uint64_t(s.stage->layers().first)},
+                                     {"stage_last_layer", uint64_t(s.stage->layers().last)},
+                                     {"stage_batches", st.batches},
+                                     {"stage_rows", st.rows},
+                                     {"stage_busy_us", st.busy_ns / 1000},
+                                     {"stage_forwarded", s.forwarded},
+                                     {"stage_kv_calls", s.kv_calls},
+                                     {"bad_messages", s.bad_messages},
+                                     {"failures", s.failures}});
+      },
+  };
+}
+
+}  // namespace
+
+pipeline_stage_actor spawn_pipeline_stage(caf::actor_system& system,
+                                          std::shared_ptr<LayerStage> stage, std::string name) {
+  return system.spawn<caf::detached>(pipeline_stage_fn, std::move(stage), std::move(name));
+}
+
+}  // namespace cleave::actors

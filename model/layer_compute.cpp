@@ -1,0 +1,208 @@
+#include "model/layer_compute.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace cleave {
+
+std::string LayerRange::to_string() const {
+  return "[" + std::to_string(first) + ", " + std::to_string(last) + "]";
+}
+
+Result<std::vector<LayerRange>> even_cut(int32_t n_layers, int32_t stages) {
+  if (stages < 1 || stages > n_layers)
+    return Status(Code::invalid_argument, "pipeline of " + std::to_string(stages) +
+                                              " stages: must be in [1, " +
+                                              std::to_string(n_layers) + "] (the model's layers)");
+  std::vector<LayerRange> out;
+  int32_t first = 0;
+  for (int32_t s = 0; s < stages; ++s) {
+    const int32_t len = n_layers / stages + (s < n_layers % stages ? 1 : 0);
+    out.push_back({first, first + len - 1});
+    first += len;
+  }
+  return out;
+}
+
+Status check_cover(const std::vector<LayerRange>& ranges, int32_t n_layers) {
+  int32_t next = 0;
+  for (const LayerRange& r : ranges) {
+    if (r.first > r.last)
+      return Status(Code::invalid_argument, "layers " + r.to_string() + " are an empty range");
+    if (r.first < 0 || r.last >= n_layers)
+      return Status(Code::invalid_argument, "layers " + r.to_string() +
+                                                " go past the model's layers [0, " +
+                                                std::to_string(n_layers - 1) + "]");
+    if (r.first > next)
+      return Status(Code::invalid_argument, "layers [" + std::to_string(next) + ", " +
+                                                std::to_string(r.first - 1) +
+                                                "] are held by no stage (a gap before " +
+                                                r.to_string() + ")");
+    if (r.first < next)
+      return Status(Code::invalid_argument, "layers " + r.to_string() + " overlap [" +
+                                                std::to_string(r.first) + ", " +
+                                                std::to_string(next - 1) + "] of the stage before");
+    next = r.last + 1;
+  }
+  if (next < n_layers)
+    return Status(Code::invalid_argument, "layers [" + std::to_string(next) + ", " +
+                                              std::to_string(n_layers - 1) +
+                                              "] are held by no stage (a gap at the end)");
+  return Status::Ok();
+}
+
+void LayerCompute::run(const PagedKv& kv, int32_t kv_first, LayerRange layers, int64_t n,
+                       const int32_t* pos, const AttnRow* rows, float* x, ExpertExecutor* experts,
+                       int32_t micro_batches) {
+  if (n == 0) return;
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
+                kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
+  grow_scratch(h_, n * dim);
+  grow_scratch(q_, n * q_dim);
+  grow_scratch(k_, n * kv_dim);
+  grow_scratch(v_, n * kv_dim);
+  grow_scratch(att_, n * q_dim);
+  grow_scratch(tmp_, n * dim);
+  const Call call{&kv, kv_first, pos, rows, x, experts};
+  // Micro-batch ping-pong: with an expert executor the rows go in mb
+  // groups, and while the experts compute one group's FFN of a layer the
+  // next group's attention runs here. Each row's bits do not depend on the
+  // rows beside it, and the groups run each layer in row order (a row
+  // attends only to positions before it), so any mb gives the same bits.
+  const int64_t mb = experts ? std::clamp<int64_t>(micro_batches, 1, n) : 1;
+  if (int64_t(groups_.size()) < mb) groups_.resize(size_t(mb));
+  for (int64_t g = 0; g < mb; ++g) {
+    groups_[size_t(g)].r0 = n * g / mb;
+    groups_[size_t(g)].n = n * (g + 1) / mb - n * g / mb;
+  }
+  for (int32_t li = layers.first; li <= layers.last; ++li) {
+    const LlamaLayer& l = model_.layer(li);
+    for (int64_t g = 0; g < mb; ++g) {
+      FfnGroup& grp = groups_[size_t(g)];
+      if (li > layers.first) ffn_finish(call, grp);
+      attend(call, l, li, grp.r0, grp.n);
+      ffn_start(call, l, li, grp);
+    }
+  }
+  for (int64_t g = 0; g < mb; ++g) ffn_finish(call, groups_[size_t(g)]);
+}
+
+void LayerCompute::logits(const float* x, const int32_t* which, int64_t m, float* out) {
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.dim;
+  float* last = grow_scratch(last_, size_t(2 * m * dim));
+  float* normed = last + m * dim;
+  for (int64_t i = 0; i < m; ++i)
+    std::copy(x + int64_t(which[i]) * dim, x + int64_t(which[i] + 1) * dim, last + i * dim);
+  be_.rmsnorm(last, model_.output_norm(), m, dim, c.rms_eps, normed);
+  be_.matmul(model_.output(), normed, m, out);
+}
+
+// Rows [r0, r0 + n) of layer li up to the FFN: x += attention(x), then
+// h = ffn_norm(x).
+void LayerCompute::attend(const Call& call, const LlamaLayer& l, int32_t li, int64_t r0, int64_t n) {
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
+                kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
+  float* x = call.x + r0 * dim;
+  float* h = h_.data() + r0 * dim;
+  float* q = q_.data() + r0 * q_dim;
+  float* k = k_.data() + r0 * kv_dim;
+  float* v = v_.data() + r0 * kv_dim;
+  float* att = att_.data() + r0 * q_dim;
+  float* tmp = tmp_.data() + r0 * dim;
+  const int32_t* pos = call.pos + r0;
+  const AttnRow* rows = call.rows + r0;
+  const int32_t kv_layer = li - call.kv_first;
+  const float scale = 1.0f / std::sqrt(float(c.head_dim));
+  be_.rmsnorm(x, l.attn_norm, n, dim, c.rms_eps, h);
+  be_.matmul(l.wq, h, n, q);
+  be_.matmul(l.wk, h, n, k);
+  be_.matmul(l.wv, h, n, v);
+  be_.rope(q, n, c.n_heads, c.head_dim, pos, c.rope_base);
+  be_.rope(k, n, c.n_kv_heads, c.head_dim, pos, c.rope_base);
+  be_.kv_write(*call.kv, kv_layer, k, v, rows, n);
+  be_.attention(*call.kv, kv_layer, q, rows, n, c.n_heads, scale, att);
+  be_.matmul(l.wo, att, n, tmp);
+  for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
+  be_.rmsnorm(x, l.ffn_norm, n, dim, c.rms_eps, h);
+}
+
+// The group's FFN input is h (rows r0..): routes it (MoE: gate, softmax,
+// top-k, renormalisation) and gathers each expert's rows into one run of
+// gx, then computes the experts here, or starts them on the executor.
+void LayerCompute::ffn_start(const Call& call, const LlamaLayer& l, int32_t layer, FfnGroup& g) {
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.dim, n = g.n;
+  const float* h = h_.data() + g.r0 * dim;
+  float* tmp = tmp_.data() + g.r0 * dim;
+  g.work.clear();
+  g.started = true;
+  if (c.n_experts == 0) {  // dense: the FFN is expert 0, straight into tmp
+    g.work.push_back(ExpertWork{0, n, h, tmp});
+    if (call.experts) g.ticket = call.experts->start(layer, g.work);
+    else compute_expert(be_, l, c.ffn, 0, h, n, gate_, up_, tmp);
+    return;
+  }
+  const int64_t k = c.n_experts_used;
+  float* rl = grow_scratch(g.router_logits, n * c.n_experts);
+  int32_t* eid = grow_scratch(g.expert_ids, n * k);
+  float* ew = grow_scratch(g.expert_w, n * k);
+  be_.matmul(l.router, h, n, rl);
+  be_.topk_gating(rl, n, c.n_experts, k, eid, ew);
+  float* gx = grow_scratch(g.gather_x, n * k * dim);
+  float* gy = grow_scratch(g.gather_y, n * k * dim);
+  int32_t* slot = grow_scratch(g.gather_rows, n * k);  // row*k + j of each gathered row
+  int64_t cnt = 0;
+  for (int32_t e = 0; e < c.n_experts; ++e) {
+    const int64_t first = cnt;
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t j = 0; j < k; ++j) {
+        if (eid[r * k + j] != e) continue;
+        std::copy(h + r * dim, h + (r + 1) * dim, gx + cnt * dim);
+        slot[cnt++] = int32_t(r * k + j);
+      }
+    }
+    if (cnt > first) g.work.push_back(ExpertWork{e, cnt - first, gx + first * dim, gy + first * dim});
+  }
+  g.gathered = cnt;
+  if (call.experts) {
+    g.ticket = call.experts->start(layer, g.work);
+  } else {
+    for (const ExpertWork& w : g.work)
+      compute_expert(be_, l, c.ffn, w.expert, w.x, w.rows, gate_, up_, w.y);
+  }
+}
+
+// Waits for the group's experts, combines them (MoE: tmp = sum_j w_j *
+// expert_j(h), experts taken per row in gating order, most weight first,
+// so the sum's order is fixed for every row) and adds the FFN to x.
+void LayerCompute::ffn_finish(const Call& call, FfnGroup& g) {
+  if (!g.started) return;
+  g.started = false;
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.dim, n = g.n;
+  if (call.experts) call.experts->finish(g.ticket);
+  float* tmp = tmp_.data() + g.r0 * dim;
+  if (c.n_experts > 0) {
+    const int64_t k = c.n_experts_used;
+    float* out = grow_scratch(g.moe_out, n * k * dim);  // row-major [row][j][dim]
+    const float* gy = g.gather_y.data();
+    const int32_t* slot = g.gather_rows.data();
+    const float* ew = g.expert_w.data();
+    for (int64_t i = 0; i < g.gathered; ++i)
+      std::copy(gy + i * dim, gy + (i + 1) * dim, out + int64_t(slot[i]) * dim);
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t d = 0; d < dim; ++d) {
+        float acc = 0.f;
+        for (int64_t j = 0; j < k; ++j) acc += ew[r * k + j] * out[(r * k + j) * dim + d];
+        tmp[r * dim + d] = acc;
+      }
+    }
+  }
+  float* x = call.x + g.r0 * dim;
+  for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
+}
+
+}  // namespace cleave

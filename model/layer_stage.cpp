@@ -1,0 +1,313 @@
+#include "model/layer_stage.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <string>
+
+#include "storage/block.h"
+
+namespace cleave {
+
+StageBatchData to_batch_data(const StageRows& rows, int32_t dim) {
+  StageBatchData d;
+  d.positions.assign(rows.positions, rows.positions + rows.n);
+  d.row_table.resize(size_t(rows.n));
+  std::map<const int32_t*, int32_t> seen;  // a sequence's rows share its table
+  for (int64_t r = 0; r < rows.n; ++r) {
+    const AttnRow& a = rows.rows[r];
+    auto [it, fresh] = seen.emplace(a.block_table, int32_t(d.tables.size()));
+    if (fresh) d.tables.emplace_back(a.block_table, a.block_table + a.n_blocks);
+    // Rows of one sequence in one batch see its table at its full length.
+    if (int32_t(d.tables[size_t(it->second)].size()) < a.n_blocks)
+      d.tables[size_t(it->second)].assign(a.block_table, a.block_table + a.n_blocks);
+    d.row_table[size_t(r)] = it->second;
+  }
+  d.logit_rows = rows.logit_rows;
+  d.x.assign(rows.x, rows.x + rows.n * dim);
+  return d;
+}
+
+Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const GgufFile> file,
+                                                       LayerRange layers, int32_t kv_blocks,
+                                                       int32_t block_size, int32_t threads) {
+  if (!file) return Status(Code::invalid_argument, "stage: no model file");
+  const uint64_t model_fp = checksum_bytes(file->data(), file->file_size());
+  file->release_resident_pages();  // keep only this stage's layers resident
+  auto model = LlamaModel::load(std::move(file));
+  if (!model.ok()) return model.status();
+  const LlamaConfig& c = (*model)->config();
+  if (layers.first < 1 || layers.last < layers.first || layers.last >= c.n_layers)
+    return Status(Code::invalid_argument,
+                  "stage: layers " + layers.to_string() + " must lie in [1, " +
+                      std::to_string(c.n_layers - 1) +
+                      "] (layer 0 and the embeddings are the first stage's)");
+  if (kv_blocks < 1 || block_size < 1)
+    return Status(Code::invalid_argument, "stage: kv_blocks and block_size must be positive");
+  if (threads < 1 || threads > 1024)
+    return Status(Code::invalid_argument,
+                  "stage: threads = " + std::to_string(threads) + " must be in [1, 1024]");
+  auto s = std::unique_ptr<LayerStage>(new LayerStage());
+  s->model_ = std::move(*model);
+  s->backend_ = make_cpu_backend(threads);
+  s->compute_ = std::make_unique<LayerCompute>(*s->model_, *s->backend_);
+  s->layers_ = layers;
+  s->model_fp_ = model_fp;
+  s->kv_.block_size = block_size;
+  s->kv_.n_layers = layers.count();
+  s->kv_.n_kv_heads = c.n_kv_heads;
+  s->kv_.head_dim = c.head_dim;
+  s->kv_.n_blocks = kv_blocks;
+  s->kv_.data = static_cast<float*>(s->backend_->alloc(s->slice_bytes() * size_t(kv_blocks)));
+  if (s->kv_.data == nullptr)
+    return Status(Code::out_of_memory, "stage: cannot allocate " + std::to_string(kv_blocks) +
+                                           " KV blocks of " + std::to_string(s->slice_bytes()) +
+                                           " bytes");
+  return s;
+}
+
+LayerStage::~LayerStage() {
+  if (backend_ && kv_.data) backend_->free(kv_.data);
+}
+
+LayerStage::Stats LayerStage::stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+Status LayerStage::check(std::span<const int32_t> ids) const {
+  for (int32_t id : ids)
+    if (id < 0 || id >= kv_.n_blocks)
+      return Status(Code::invalid_argument, "stage " + layers_.to_string() + ": block id " +
+                                                std::to_string(id) + " is outside its " +
+                                                std::to_string(kv_.n_blocks) + " KV blocks");
+  return Status::Ok();
+}
+
+Status LayerStage::run(const StageBatchData& b, std::vector<float>& out) {
+  const LlamaConfig& c = model_->config();
+  const int64_t n = int64_t(b.positions.size());
+  const std::string who = "stage " + layers_.to_string() + ": ";
+  if (int64_t(b.row_table.size()) != n || int64_t(b.x.size()) != n * c.dim)
+    return Status(Code::invalid_argument,
+                  who + "a batch of " + std::to_string(n) + " positions needs as many table "
+                        "indices and " + std::to_string(n * c.dim) + " floats; it has " +
+                        std::to_string(b.row_table.size()) + " and " + std::to_string(b.x.size()));
+  for (const std::vector<int32_t>& t : b.tables) CLEAVE_RETURN_IF_ERROR(check(t));
+  rows_.resize(size_t(n));
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t t = b.row_table[size_t(r)], pos = b.positions[size_t(r)];
+    if (t < 0 || size_t(t) >= b.tables.size())
+      return Status(Code::invalid_argument, who + "row " + std::to_string(r) + " names table " +
+                                                std::to_string(t) + " of " +
+                                                std::to_string(b.tables.size()));
+    const std::vector<int32_t>& table = b.tables[size_t(t)];
+    if (pos < 0 || int64_t(pos) >= int64_t(table.size()) * kv_.block_size)
+      return Status(Code::invalid_argument,
+                    who + "row " + std::to_string(r) + " at position " + std::to_string(pos) +
+                        " lies past its table of " + std::to_string(table.size()) + " blocks");
+    rows_[size_t(r)] = AttnRow{table.data(), int32_t(table.size()), pos};
+  }
+  for (size_t i = 0; i < b.logit_rows.size(); ++i)
+    if (b.logit_rows[i] < 0 || b.logit_rows[i] >= n || (i && b.logit_rows[i] <= b.logit_rows[i - 1]))
+      return Status(Code::invalid_argument, who + "logit rows must be ascending rows of the batch");
+  const auto t0 = std::chrono::steady_clock::now();
+  x_.assign(b.x.begin(), b.x.end());
+  compute_->run(kv_, layers_.first, layers_, n, b.positions.data(), rows_.data(), x_.data(),
+                nullptr, 1);
+  if (last()) {
+    out.resize(b.logit_rows.size() * size_t(c.n_vocab));
+    compute_->logits(x_.data(), b.logit_rows.data(), int64_t(b.logit_rows.size()), out.data());
+  } else {
+    out.swap(x_);
+  }
+  const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                   std::chrono::steady_clock::now() - t0)
+                                   .count());
+  std::lock_guard<std::mutex> lock(mu_);
+  ++stats_.batches;
+  stats_.rows += uint64_t(n);
+  stats_.busy_ns += ns;
+  return Status::Ok();
+}
+
+Status LayerStage::copy_block(int32_t src, int32_t dst) {
+  const int32_t ids[2] = {src, dst};
+  CLEAVE_RETURN_IF_ERROR(check(ids));
+  std::vector<uint8_t> staging(slice_bytes());
+  backend_->download(staging.data(), kv_.data + size_t(src) * kv_.block_elems(), slice_bytes());
+  backend_->upload(kv_.data + size_t(dst) * kv_.block_elems(), staging.data(), slice_bytes());
+  return Status::Ok();
+}
+
+Status LayerStage::read_blocks(std::span<const int32_t> ids, uint8_t* out) const {
+  CLEAVE_RETURN_IF_ERROR(check(ids));
+  for (size_t i = 0; i < ids.size(); ++i)
+    backend_->download(out + i * slice_bytes(), kv_.data + size_t(ids[i]) * kv_.block_elems(),
+                       slice_bytes());
+  return Status::Ok();
+}
+
+Status LayerStage::write_blocks(std::span<const int32_t> ids, const uint8_t* in) {
+  CLEAVE_RETURN_IF_ERROR(check(ids));
+  for (size_t i = 0; i < ids.size(); ++i)
+    backend_->upload(kv_.data + size_t(ids[i]) * kv_.block_elems(), in + i * slice_bytes(),
+                     slice_bytes());
+  return Status::Ok();
+}
+
+// ---- ThreadedStageLink ----
+
+Result<std::unique_ptr<ThreadedStageLink>> ThreadedStageLink::create(
+    std::vector<std::shared_ptr<LayerStage>> stages) {
+  if (stages.empty()) return Status(Code::invalid_argument, "pipeline link: no stages");
+  for (size_t i = 0; i < stages.size(); ++i) {
+    if (!stages[i]) return Status(Code::invalid_argument, "pipeline link: a null stage");
+    if (i && stages[i]->layers().first != stages[i - 1]->layers().last + 1)
+      return Status(Code::invalid_argument, "pipeline link: stage " + stages[i]->layers().to_string() +
+                                                " does not follow " +
+                                                stages[i - 1]->layers().to_string());
+    if (i && (stages[i]->kv_blocks() != stages[0]->kv_blocks() ||
+              stages[i]->model_fingerprint() != stages[0]->model_fingerprint()))
+      return Status(Code::invalid_argument,
+                    "pipeline link: stages of different models or KV pools");
+  }
+  if (!stages.back()->last())
+    return Status(Code::invalid_argument, "pipeline link: the last stage " +
+                                              stages.back()->layers().to_string() +
+                                              " does not end at the model's last layer");
+  auto link = std::unique_ptr<ThreadedStageLink>(new ThreadedStageLink());
+  link->n_vocab_ = stages[0]->config().n_vocab;
+  link->lanes_.resize(stages.size());
+  for (size_t i = 0; i < stages.size(); ++i) link->lanes_[i].stage = std::move(stages[i]);
+  for (size_t i = 0; i < link->lanes_.size(); ++i)
+    link->lanes_[i].thread = std::thread([l = link.get(), i] { l->lane_loop(i); });
+  return link;
+}
+
+ThreadedStageLink::~ThreadedStageLink() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  for (Lane& l : lanes_)
+    if (l.thread.joinable()) l.thread.join();
+}
+
+int32_t ThreadedStageLink::first_layer() const { return lanes_.front().stage->layers().first; }
+
+void ThreadedStageLink::lane_loop(size_t i) {
+  Lane& lane = lanes_[i];
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !lane.queue.empty(); });
+    if (stop_) return;
+    std::shared_ptr<Job> job = lane.queue.front();
+    lane.queue.pop_front();
+    ++busy_;
+    lock.unlock();
+    if (job->status.ok()) {
+      job->status = lane.stage->run(job->batch, job->out);
+      if (job->status.ok() && i + 1 < lanes_.size()) job->batch.x.swap(job->out);
+    }
+    lock.lock();
+    --busy_;
+    // A failed job skips the later stages: its error is its answer.
+    if (i + 1 < lanes_.size() && job->status.ok()) lanes_[i + 1].queue.push_back(job);
+    else done_.push_back(job);
+    cv_.notify_all();
+  }
+}
+
+Result<uint64_t> ThreadedStageLink::start(const StageRows& rows) {
+  auto job = std::make_shared<Job>();
+  job->batch = to_batch_data(rows, lanes_.front().stage->config().dim);
+  std::lock_guard<std::mutex> lock(mu_);
+  job->ticket = next_ticket_++;
+  started_.push_back(job);
+  lanes_.front().queue.push_back(job);
+  cv_.notify_all();
+  return job->ticket;
+}
+
+Status ThreadedStageLink::finish(uint64_t ticket, float* logits) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (started_.empty() || started_.front()->ticket != ticket)
+    return Status(Code::invalid_argument, "pipeline link: ticket " + std::to_string(ticket) +
+                                              " finished out of order");
+  std::shared_ptr<Job> job = started_.front();
+  started_.pop_front();
+  cv_.wait(lock, [&] { return std::find(done_.begin(), done_.end(), job) != done_.end(); });
+  done_.erase(std::find(done_.begin(), done_.end(), job));
+  lock.unlock();
+  if (!job->status.ok()) return job->status;
+  std::copy(job->out.begin(), job->out.end(), logits);
+  return Status::Ok();
+}
+
+void ThreadedStageLink::wait_idle() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait(lock, [&] {
+    if (busy_ != 0) return false;
+    for (const Lane& l : lanes_)
+      if (!l.queue.empty()) return false;
+    return true;
+  });
+}
+
+Status ThreadedStageLink::copy_block(int32_t src, int32_t dst) {
+  wait_idle();
+  for (Lane& l : lanes_) CLEAVE_RETURN_IF_ERROR(l.stage->copy_block(src, dst));
+  return Status::Ok();
+}
+
+Status ThreadedStageLink::read_blocks(std::span<const int32_t> ids, uint8_t* out) {
+  wait_idle();
+  // out: per block, the stages' slices one after another (layer order).
+  size_t per_block = 0;
+  for (const Lane& l : lanes_) per_block += l.stage->slice_bytes();
+  std::vector<uint8_t> buf;
+  size_t offset = 0;
+  for (const Lane& l : lanes_) {
+    const size_t sb = l.stage->slice_bytes();
+    buf.resize(ids.size() * sb);
+    CLEAVE_RETURN_IF_ERROR(l.stage->read_blocks(ids, buf.data()));
+    for (size_t i = 0; i < ids.size(); ++i)
+      std::memcpy(out + i * per_block + offset, buf.data() + i * sb, sb);
+    offset += sb;
+  }
+  return Status::Ok();
+}
+
+Status ThreadedStageLink::write_blocks(std::span<const int32_t> ids, const uint8_t* in) {
+  wait_idle();
+  size_t per_block = 0;
+  for (const Lane& l : lanes_) per_block += l.stage->slice_bytes();
+  std::vector<uint8_t> buf;
+  size_t offset = 0;
+  for (Lane& l : lanes_) {
+    const size_t sb = l.stage->slice_bytes();
+    buf.resize(ids.size() * sb);
+    for (size_t i = 0; i < ids.size(); ++i)
+      std::memcpy(buf.data() + i * sb, in + i * per_block + offset, sb);
+    CLEAVE_RETURN_IF_ERROR(l.stage->write_blocks(ids, buf.data()));
+    offset += sb;
+  }
+  return Status::Ok();
+}
+
+std::vector<std::pair<std::string, uint64_t>> ThreadedStageLink::counters() const {
+  std::vector<std::pair<std::string, uint64_t>> out;
+  for (size_t i = 0; i < lanes_.size(); ++i) {
+    const LayerStage::Stats s = lanes_[i].stage->stats();
+    const std::string p = "pipeline_stage" + std::to_string(i + 1) + "_";
+    out.emplace_back(p + "batches", s.batches);
+    out.emplace_back(p + "rows", s.rows);
+    out.emplace_back(p + "busy_us", s.busy_ns / 1000);
+  }
+  return out;
+}
+
+}  // namespace cleave
