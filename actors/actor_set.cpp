@@ -112,9 +112,11 @@ Status ActorSet::spawn(HostedActors hosted, const std::string& name_prefix, cons
       if (!refs.ok()) return refs.status();
       for (const PipelineStageRef& r : *refs) pipeline.push_back(caf::actor_cast<caf::actor>(r.handle));
       Engine& engine = core->engine();
+      caf::actor watcher;
       auto link = make_actor_stage_link(system_, std::move(refs.value()), engine.config(),
-                                        engine.model_fingerprint());
+                                        engine.model_fingerprint(), &watcher);
       if (!link.ok()) return link.status();
+      if (!local && attach.pipeline_watch) CLEAVE_RETURN_IF_ERROR(attach.pipeline_watch(watcher));
       CLEAVE_RETURN_IF_ERROR(engine.set_stage_link(std::move(link.value())));
     }
     auto handle = spawn_stage(system_, std::move(core), kind, router, kv, stream, std::move(pipeline));

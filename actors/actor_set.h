@@ -42,6 +42,9 @@ struct Attach {
   std::function<Result<std::vector<std::pair<pipeline_stage_actor, LayerRange>>>(int32_t from,
                                                                                  int32_t n_layers)>
       pipeline_chain;
+  // Tells `watcher` (a link's mailbox) of a stage of this node's pipeline
+  // that goes down anywhere: null in one process (monitors see it).
+  std::function<Status(const caf::actor& watcher)> pipeline_watch;
 };
 Attach attach_to_router(caf::actor_system& system, const router_actor& router);
 

@@ -81,6 +81,8 @@ using layers_err_atom = caf::atom_constant<caf::atom("layerserr")>;
 using stage_kv_atom = caf::atom_constant<caf::atom("stagekv")>;
 using next_atom = caf::atom_constant<caf::atom("next")>;
 using stage_find_atom = caf::atom_constant<caf::atom("stagefind")>;
+using stage_watch_atom = caf::atom_constant<caf::atom("stagewatch")>;
+using stage_down_atom = caf::atom_constant<caf::atom("stagedown")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -192,7 +194,11 @@ using expert_directory_actor =
 // The head's door. join (secret, node) -> the router and the store; attach
 // (secret, node, pipeline, first, last, stage) a later pipeline stage;
 // stage_find (secret, pipeline, first layer) -> that pipeline's stage from
-// that layer and its last layer (not_found until it has attached); attach
+// that layer and its last layer (not_found until it has attached);
+// stage_watch (secret, pipeline, watcher): the watcher gets (stage_down,
+// first layer) when a stage of that pipeline goes down (a worker's first
+// stage hears of a dead stage on another worker only through the head);
+// attach
 // (secret, node, kind, handle) a stage, encoder or expert actor (an expert
 // with its ExpertSet::spec); watch (secret, directory): the head sends the
 // directory every expert actor attached so far and each one that attaches
@@ -206,7 +212,8 @@ using join_actor = caf::typed_actor<
     caf::replies_to<expert_watch_atom, std::string, expert_directory_actor>::with<bool>,
     caf::replies_to<attach_atom, std::string, std::string, std::string, int32_t, int32_t,
                     pipeline_stage_actor>::with<bool>,
-    caf::replies_to<stage_find_atom, std::string, std::string, int32_t>::with<pipeline_stage_actor, int32_t>>;
+    caf::replies_to<stage_find_atom, std::string, std::string, int32_t>::with<pipeline_stage_actor, int32_t>,
+    caf::replies_to<stage_watch_atom, std::string, std::string, caf::actor>::with<bool>>;
 
 // ---- Status <-> caf::error (actor_set.cpp) ----
 caf::error to_error(const Status& st);

@@ -94,6 +94,7 @@ struct JoinState {
     pipeline_stage_actor handle;
   };
   std::vector<PipelineStage> pipeline_stages;  // attached and alive
+  std::vector<std::pair<std::string, caf::actor>> stage_watchers;  // (pipeline, watcher)
   std::shared_ptr<std::atomic<int32_t>> experts_alive;
   static inline const char* name = "cleave.join";
 };
@@ -112,8 +113,14 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
     const size_t before = st.experts.size();
     std::erase_if(st.experts, [&](const JoinState::Expert& e) { return e.handle.address() == dm.source; });
     if (st.experts.size() != before) st.experts_alive->store(int32_t(st.experts.size()));
+    for (const auto& p : st.pipeline_stages) {
+      if (p.handle.address() != dm.source) continue;
+      for (const auto& [pipeline, w] : st.stage_watchers)
+        if (pipeline == p.pipeline) caf::anon_send(w, stage_down_atom::value, p.layers.first);
+    }
     std::erase_if(st.pipeline_stages,
                   [&](const JoinState::PipelineStage& p) { return p.handle.address() == dm.source; });
+    std::erase_if(st.stage_watchers, [&](const auto& w) { return w.second.address() == dm.source; });
     auto& w = self->state.watched;
     for (auto it = w.begin(); it != w.end(); ++it) {
       if (it->addr != dm.source) continue;
@@ -211,6 +218,13 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
         return to_error(Status(Code::not_found, "no stage of pipeline '" + printable(pipeline) +
                                                     "' from layer " + std::to_string(first) +
                                                     " has attached"));
+      },
+      [=](stage_watch_atom, const std::string& secret, const std::string& pipeline,
+          const caf::actor& watcher) -> caf::result<bool> {
+        if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        self->monitor(watcher);
+        self->state.stage_watchers.emplace_back(pipeline, watcher);
+        return true;
       },
       [=](expert_watch_atom, const std::string& secret, expert_directory_actor directory) -> caf::result<bool> {
         if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
@@ -318,6 +332,14 @@ Attach attach_through(caf::actor_system& system, const join_actor& join, const s
     Status st;
     self->request(join, kJoinTimeout, attach_atom::value, secret, node, pipeline, layers.first,
                   layers.last, h)
+        .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    if (!st.ok()) return Status(st.code(), "the head: " + st.message());
+    return st;
+  };
+  a.pipeline_watch = [&system, join, secret, pipeline](const caf::actor& watcher) {
+    caf::scoped_actor self{system};
+    Status st;
+    self->request(join, kJoinTimeout, stage_watch_atom::value, secret, pipeline, watcher)
         .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
     if (!st.ok()) return Status(st.code(), "the head: " + st.message());
     return st;

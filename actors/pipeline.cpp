@@ -336,7 +336,10 @@ Status check_options(const PipelineOptions& o) {
   if (o.expert_replication && o.experts.empty())
     return Status(Code::invalid_argument, "expert_replication needs experts (expert hosts to replicate onto)");
   const bool pipelined = o.prefill_pipeline.size() > 1 || o.decode_pipeline.size() > 1 ||
-                         o.colocated_pipeline.size() > 1;
+                         o.colocated_pipeline.size() > 1 || o.pipeline_parallel_size > 1;
+  if (o.pipeline_parallel_size < 1)
+    return Status(Code::invalid_argument, "pipeline_parallel_size must be at least 1, got " +
+                                              std::to_string(o.pipeline_parallel_size));
   if (pipelined && !o.experts.empty())
     return Status(Code::invalid_argument,
                   "pipeline stages and expert actors together are not supported: cut the model "
@@ -359,10 +362,23 @@ Status check_options(const PipelineOptions& o) {
 
 Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFile> file,
                                                    std::shared_ptr<const Tokenizer> tokenizer,
-                                                   const PipelineOptions& options) {
+                                                   const PipelineOptions& given) {
   if (!file) return Status(Code::invalid_argument, "pipeline: no model file");
-  Status st = check_options(options);
+  Status st = check_options(given);
   if (!st.ok()) return st;
+  PipelineOptions options = given;
+  if (options.pipeline_parallel_size > 1) {  // even cuts for the roles not cut by hand
+    auto lm = LlamaModel::load(file);
+    if (!lm.ok()) return lm.status();
+    auto cut = even_cut((*lm)->config().n_layers, options.pipeline_parallel_size);
+    if (!cut.ok()) return cut.status();
+    const bool pd = options.topology == Topology::pd;
+    for (std::vector<LayerRange>* c :
+         {&options.prefill_pipeline, &options.decode_pipeline, &options.colocated_pipeline}) {
+      const bool used = pd ? c != &options.colocated_pipeline : c == &options.colocated_pipeline;
+      if (used && c->empty()) *c = *cut;
+    }
+  }
   if (options.topology != Topology::mono)
     return make_actor_pipeline(std::move(file), std::move(tokenizer), options);
   SchedulerOptions so = options.scheduler;

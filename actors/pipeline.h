@@ -102,6 +102,9 @@ struct PipelineOptions {
   // logits are the same for any cut (and any
   // engine.pipeline_micro_batches). Not with experts (invalid_argument).
   std::vector<LayerRange> prefill_pipeline, decode_pipeline, colocated_pipeline;
+  // A role whose cut above is empty is cut evenly into this many stages
+  // (vLLM's --pipeline-parallel-size); 1: none. 1..n_layers.
+  int32_t pipeline_parallel_size = 1;
   int32_t actor_threads = 0;     // CAF scheduler workers; 0: CAF's default
   // A request that makes no progress (no token, handoff or re-placement)
   // for this long fails with timed_out: the last guard against a hang.

@@ -14,7 +14,13 @@ class ActorStageLink final : public StageLink {
  public:
   ActorStageLink(caf::actor_system& system, std::vector<PipelineStageRef> stages, int32_t dim,
                  int32_t n_vocab, uint64_t fp)
-      : system_(system), stages_(std::move(stages)), dim_(dim), n_vocab_(n_vocab), fp_(fp) {}
+      : system_(system), stages_(std::move(stages)), dim_(dim), n_vocab_(n_vocab), fp_(fp) {
+    // Made here, used only by the engine's thread from then on.
+    self_ = std::make_unique<caf::scoped_actor>(system_);
+    for (const PipelineStageRef& s : stages_) (*self_)->monitor(s.handle);
+  }
+
+  caf::actor mailbox() const { return caf::actor_cast<caf::actor>(self_->ptr()); }
 
   int32_t first_layer() const override { return stages_.front().layers.first; }
 
@@ -46,6 +52,7 @@ class ActorStageLink final : public StageLink {
             results_.insert_or_assign(t, Result<std::vector<float>>(from_error(e)));
           },
           [&](caf::down_msg& dm) { broken_ = went_down(dm); },
+          [&](stage_down_atom, int32_t first) { broken_ = stage_gone(first); },
           caf::after(std::chrono::duration_cast<std::chrono::milliseconds>(left) +
                      std::chrono::milliseconds(1)) >> [] {});
     }
@@ -112,14 +119,21 @@ class ActorStageLink final : public StageLink {
   }
 
  private:
-  // The scoped actor is made on the engine's thread, the first time it is
-  // needed, and watches every stage from then on.
+  // Broken already, or a down notice waits in the mailbox (a stage that
+  // went down while the link was idle).
   Status usable() {
-    if (!self_) {
-      self_ = std::make_unique<caf::scoped_actor>(system_);
-      for (const PipelineStageRef& s : stages_) (*self_)->monitor(s.handle);
-    }
+    bool more = broken_.ok();
+    while (more)
+      (*self_)->receive(
+          [&](caf::down_msg& dm) { broken_ = went_down(dm); },
+          [&](stage_down_atom, int32_t first) { broken_ = stage_gone(first); },
+          caf::after(std::chrono::seconds(0)) >> [&] { more = false; });
     return broken_;
+  }
+
+  Status stage_gone(int32_t first) {
+    return Status(Code::unavailable, "pipeline: the stage holding layers from " +
+                                         std::to_string(first) + " went down (its node is gone)");
   }
 
   Status went_down(const caf::down_msg& dm) {
@@ -181,7 +195,8 @@ class ActorStageLink final : public StageLink {
 
 Result<std::shared_ptr<StageLink>> make_actor_stage_link(caf::actor_system& system,
                                                          std::vector<PipelineStageRef> stages,
-                                                         const LlamaConfig& model, uint64_t fp) {
+                                                         const LlamaConfig& model, uint64_t fp,
+                                                         caf::actor* watcher) {
   if (stages.empty()) return Status(Code::invalid_argument, "pipeline link: no stages");
   for (size_t i = 1; i < stages.size(); ++i)
     if (stages[i].layers.first != stages[i - 1].layers.last + 1)
@@ -191,8 +206,9 @@ Result<std::shared_ptr<StageLink>> make_actor_stage_link(caf::actor_system& syst
     return Status(Code::invalid_argument, "pipeline link: the last stage " +
                                               stages.back().layers.to_string() +
                                               " does not end at the model's last layer");
-  return std::shared_ptr<StageLink>(
-      std::make_shared<ActorStageLink>(system, std::move(stages), model.dim, model.n_vocab, fp));
+  auto link = std::make_shared<ActorStageLink>(system, std::move(stages), model.dim, model.n_vocab, fp);
+  if (watcher) *watcher = link->mailbox();
+  return std::shared_ptr<StageLink>(std::move(link));
 }
 
 }  // namespace cleave::actors

@@ -22,10 +22,13 @@ struct PipelineStageRef {
 };
 
 // stages: in layer order, contiguous, the last ending at the model's last
-// layer (invalid_argument otherwise).
+// layer (invalid_argument otherwise). watcher (when not null): the link's
+// mailbox, where (stage_down, first layer) breaks it at once (the head
+// sends that for stages on other workers).
 Result<std::shared_ptr<StageLink>> make_actor_stage_link(caf::actor_system& system,
                                                          std::vector<PipelineStageRef> stages,
                                                          const LlamaConfig& model,
-                                                         uint64_t model_fingerprint);
+                                                         uint64_t model_fingerprint,
+                                                         caf::actor* watcher = nullptr);
 
 }  // namespace cleave::actors

@@ -31,6 +31,11 @@ std::string actors_of(const NodeSpec& n) {
   for (const ActorGroupSpec& a : n.actors) {
     s += (s.empty() ? "" : ", ") + a.kind + " " + std::to_string(a.count);
     if (a.kind == "expert") s += " (" + n.experts.describe() + ")";
+    // A pipeline's stage: the later one (stage) or the first (its one
+    // prefill, decode or colocated actor).
+    const auto k = parse_actor_kind(a.kind);
+    if (n.stage.set && (a.kind == "stage" || (k && actor_kind_info(*k).stage)))
+      s += " (pipeline " + n.stage.pipeline + ", layers " + n.stage.layers.to_string() + ")";
   }
   return s.empty() ? "-" : s;
 }

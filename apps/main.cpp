@@ -94,6 +94,8 @@ struct GenerateArgs {
   bool prefill_actors_given = false, decode_actors_given = false, vision_actors_given = false;
   int32_t expert_micro_batches = 1;
   bool expert_micro_batches_given = false, enable_eplb = false;
+  int32_t pipeline_parallel_size = 1, pipeline_micro_batches = 1;
+  bool pipeline_micro_batches_given = false;
 };
 
 // Flags that only a topology reads are refused elsewhere, naming them.
@@ -108,6 +110,10 @@ void check_topology_flags(const GenerateArgs& a, Topology topology) {
   if (a.expert_micro_batches_given && a.experts.empty())
     throw CLI::ValidationError("--expert-micro-batches", kExpertMicroBatchesNeeds);
   if (a.enable_eplb && a.experts.empty()) throw CLI::ValidationError("--enable-eplb", kExpertMicroBatchesNeeds);
+  if (a.pipeline_micro_batches_given && a.pipeline_parallel_size < 2)
+    throw CLI::ValidationError("--pipeline-micro-batches", kPipelineMicroBatchesNeeds);
+  if (a.pipeline_parallel_size > 1 && !a.experts.empty())
+    throw CLI::ValidationError("--pipeline-parallel-size", kPipelineWithExperts);
 }
 
 // The same request through an actor topology: text streams as token events
@@ -126,6 +132,7 @@ int run_pipeline(const GenerateArgs& a, std::shared_ptr<const GgufFile> file,
   po.vision.threads = eo.threads;
   po.experts = parse_experts_flag(a.experts);
   po.expert_replication = a.enable_eplb;
+  po.pipeline_parallel_size = a.pipeline_parallel_size;
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
 
   if (!a.json && !a.prompt.empty()) {
@@ -207,8 +214,24 @@ int run_generate(const GenerateArgs& a) {
   eo.threads = a.threads > 0 ? a.threads : int32_t(std::max(1u, std::thread::hardware_concurrency()));
   eo.context = a.ctx;
   eo.expert_micro_batches = a.expert_micro_batches;
+  eo.pipeline_micro_batches = a.pipeline_micro_batches;
   std::unique_ptr<Engine> engine;  // the actor topologies make their own
-  if (topology == Topology::mono) engine = unwrap(Engine::create(file, eo));
+  if (topology == Topology::mono) {
+    if (a.pipeline_parallel_size > 1) {  // the later stages on threads
+      auto lm = unwrap(LlamaModel::load(file));
+      const std::vector<LayerRange> cut = unwrap(even_cut(lm->config().n_layers, a.pipeline_parallel_size));
+      eo.last_layer = cut[0].last;
+      engine = unwrap(Engine::create(file, eo));
+      std::vector<std::shared_ptr<LayerStage>> later;
+      for (size_t i = 1; i < cut.size(); ++i)
+        later.push_back(unwrap(LayerStage::create(file, cut[i], engine->total_blocks(),
+                                                  eo.block_size, eo.threads)));
+      std::shared_ptr<StageLink> link = unwrap(ThreadedStageLink::create(std::move(later)));
+      if (Status st = engine->set_stage_link(std::move(link)); !st.ok()) fail(st);
+    } else {
+      engine = unwrap(Engine::create(file, eo));
+    }
+  }
   if (engine && !a.experts.empty()) {  // the hosts in process
     std::shared_ptr<ExpertPool> pool = unwrap(ExpertPool::create(file, parse_experts_flag(a.experts), eo.threads));
     if (a.enable_eplb) pool->set_replication(ReplicationPolicy{}, engine->config().n_layers);
@@ -352,9 +375,11 @@ int run_generate_requests(const GenerateArgs& a) {
   po.engine.context = a.ctx;
   po.engine.max_seqs = int32_t(std::min<size_t>(requests.size(), 64));
   po.engine.expert_micro_batches = a.expert_micro_batches;
+  po.engine.pipeline_micro_batches = a.pipeline_micro_batches;
   po.expert_replication = a.enable_eplb;
   po.max_pending = 4096;
   po.experts = parse_experts_flag(a.experts);
+  po.pipeline_parallel_size = a.pipeline_parallel_size;
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
   const auto t1 = std::chrono::steady_clock::now();
   const std::vector<Completion> done = unwrap(pipeline->run(requests));
@@ -532,6 +557,10 @@ int main(int argc, char** argv) {
   gen->add_option("--expert-micro-batches", g.expert_micro_batches, kExpertMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
   gen->add_flag("--enable-eplb", g.enable_eplb, kEnableEplbHelp);
+  gen->add_option("--pipeline-parallel-size", g.pipeline_parallel_size, kPipelineParallelHelp)
+      ->check(CLI::Range(1, 1024));
+  gen->add_option("--pipeline-micro-batches", g.pipeline_micro_batches, kPipelineMicroBatchesHelp)
+      ->check(CLI::Range(1, 64));
   gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
   gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
   gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");
@@ -603,6 +632,7 @@ int main(int argc, char** argv) {
       g.request_flags_given += (g.request_flags_given.empty() ? "" : ", ") + std::string(flag);
   g.prefill_actors_given = gen->get_option("--prefill-actors")->count() > 0;
   g.expert_micro_batches_given = gen->get_option("--expert-micro-batches")->count() > 0;
+  g.pipeline_micro_batches_given = gen->get_option("--pipeline-micro-batches")->count() > 0;
   g.decode_actors_given = gen->get_option("--decode-actors")->count() > 0;
   g.vision_actors_given = gen->get_option("--vision-actors")->count() > 0;
   try {

@@ -39,6 +39,7 @@ struct NodeArgs {
   std::string topology, name, model, mmproj, requests, out;
   std::vector<std::string> sets;
   int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8, expert_micro_batches = 1;
+  int32_t pipeline_micro_batches = 1;
   double join_timeout_s = 30, wait_timeout_s = 60;
   bool no_rejoin = false, enable_eplb = false;
   uint32_t kv_chunk_bytes = kDefaultKvChunkBytes;
@@ -153,6 +154,9 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_option("--expert-micro-batches", g_args.expert_micro_batches, cleave::kExpertMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
   cmd->add_flag("--enable-eplb", g_args.enable_eplb, cleave::kEnableEplbHelp);
+  cmd->add_option("--pipeline-micro-batches", g_args.pipeline_micro_batches,
+                  cleave::kPipelineMicroBatchesHelp)
+      ->check(CLI::Range(1, 64));
   cmd->add_option("--join-timeout", g_args.join_timeout_s, "worker: seconds to keep trying the head")
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--no-rejoin", g_args.no_rejoin,
@@ -208,6 +212,12 @@ int run_node_command() {
     if (me && me->count("prefill") + me->count("decode") + me->count("colocated") == 0)
       throw CLI::ValidationError(flag, "'" + a.name + "' has no prefill, decode or colocated actors (the attention side)");
   }
+  // Micro-batches are cut by a pipeline's first stage.
+  if (g_node_cmd->get_option("--pipeline-micro-batches")->count() > 0 && me &&
+      !(me->stage.set && me->count("stage") == 0))
+    throw CLI::ValidationError("--pipeline-micro-batches",
+                               "'" + a.name + "' is not a pipeline's first stage (stage{} on its prefill, "
+                               "decode or colocated actor)");
   o.file = unwrap(GgufFile::open(a.model));
   auto tok = Tokenizer::from_gguf(*o.file);
   if (tok.ok()) o.tokenizer = std::move(*tok);
@@ -229,6 +239,7 @@ int run_node_command() {
   o.engine.context = a.ctx;
   o.engine.max_seqs = a.max_seqs;
   o.engine.expert_micro_batches = a.expert_micro_batches;
+  o.engine.pipeline_micro_batches = a.pipeline_micro_batches;
   o.expert_replication = a.enable_eplb;
   o.secret = unwrap(read_cluster_secret(o.spec));
   o.join_timeout_s = a.join_timeout_s;

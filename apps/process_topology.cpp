@@ -27,6 +27,10 @@ void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
   cmd->add_option("--expert-micro-batches", a.expert_micro_batches, kExpertMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
   cmd->add_flag("--enable-eplb", a.enable_eplb, kEnableEplbHelp);
+  cmd->add_option("--pipeline-parallel-size", a.pipeline_parallel_size, kPipelineParallelHelp)
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--pipeline-micro-batches", a.pipeline_micro_batches, kPipelineMicroBatchesHelp)
+      ->check(CLI::Range(1, 64));
 }
 
 std::vector<ExpertSet> parse_experts_flag(const std::string& spec) {
@@ -54,6 +58,10 @@ void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& a, b
   if (given("--expert-micro-batches") && a.experts.empty())
     throw CLI::ValidationError("--expert-micro-batches", kExpertMicroBatchesNeeds);
   if (a.enable_eplb && a.experts.empty()) throw CLI::ValidationError("--enable-eplb", kExpertMicroBatchesNeeds);
+  if (given("--pipeline-micro-batches") && a.pipeline_parallel_size < 2)
+    throw CLI::ValidationError("--pipeline-micro-batches", kPipelineMicroBatchesNeeds);
+  if (a.pipeline_parallel_size > 1 && !a.experts.empty())
+    throw CLI::ValidationError("--pipeline-parallel-size", kPipelineWithExperts);
 }
 
 PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
@@ -73,6 +81,8 @@ PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
   po.vision_actors = a.vision_actors;
   po.vision.threads = po.engine.threads;
   po.experts = parse_experts_flag(a.experts);
+  po.pipeline_parallel_size = a.pipeline_parallel_size;
+  po.engine.pipeline_micro_batches = a.pipeline_micro_batches;
   return po;
 }
 

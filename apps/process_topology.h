@@ -19,7 +19,18 @@ struct ProcessTopologyArgs {
   std::string experts;  // --experts: FFN expert hosts (model/experts.h's spelling)
   int32_t expert_micro_batches = 1;
   bool enable_eplb = false;
+  int32_t pipeline_parallel_size = 1, pipeline_micro_batches = 1;
 };
+
+inline constexpr const char* kPipelineParallelHelp =
+    "pipeline parallelism (vLLM's spelling): each engine's layers cut evenly into this many stages "
+    "(pipeline stage actors in colocated and pd, threads in mono); same tokens for any value";
+inline constexpr const char* kPipelineMicroBatchesHelp =
+    "each step's rows go through the pipeline stages in this many micro-batches, one behind another, "
+    "so the stages work at once (same tokens for any value)";
+inline constexpr const char* kPipelineMicroBatchesNeeds = "needs --pipeline-parallel-size above 1";
+inline constexpr const char* kPipelineWithExperts =
+    "pipeline stages and expert hosts (--experts) together are not supported";
 
 inline constexpr const char* kExpertsHelp =
     "attention/FFN disaggregation: the FFN experts on their own hosts (expert actors in colocated "
