@@ -27,6 +27,10 @@ import sys
 import threading
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import node_bench  # noqa: E402
+from node_bench import Peak, median_range  # noqa: E402
+
 ap = argparse.ArgumentParser()
 ap.add_argument("cleave")
 ap.add_argument("actors_bench")
@@ -48,9 +52,7 @@ if not os.path.exists(model):
 
 
 def limits():
-    p = subprocess.run([a.actors_bench, "--limits", "-t", "1", "--limits-model", model, "--workdir", a.work],
-                       capture_output=True, text=True, timeout=600, check=True)
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return node_bench.limits(a.actors_bench, model, a.work)
 
 
 def tcp_round_trip_us(nbytes, reps=300):
@@ -98,37 +100,6 @@ def requests(batch):
     return path
 
 
-class Peak:
-    """Peak VmHWM of a process, and the peak RssAnon / RssFile once serving
-    (after `serving` is set: the engines exist, the file's fingerprint pass
-    is over and its pages went back), polled every 20 ms."""
-
-    def __init__(self, pid):
-        self.pid, self.hwm, self.anon, self.file = pid, 0, 0, 0
-        self.stop = self.serving = False
-        self.t = threading.Thread(target=self.loop, daemon=True)
-        self.t.start()
-
-    def loop(self):
-        while not self.stop:
-            try:
-                with open(f"/proc/{self.pid}/status") as f:
-                    kv = dict(l.split(":", 1) for l in f if ":" in l)
-                kb = lambda k: int(kv.get(k, "0 kB").split()[0])  # noqa: E731
-                self.hwm = max(self.hwm, kb("VmHWM"))
-                if self.serving:
-                    self.anon = max(self.anon, kb("RssAnon"))
-                    self.file = max(self.file, kb("RssFile"))
-            except (OSError, ValueError):
-                return
-            time.sleep(0.02)
-
-    def done(self):
-        self.stop = True
-        self.t.join()
-        return {"hwm_mib": self.hwm / 1024, "anon_mib": self.anon / 1024, "file_mib": self.file / 1024}
-
-
 def run(name, script, head, workers, req, sets=(), head_flags=()):
     out = os.path.join(a.work, name + ".out.jsonl")
     topo = os.path.join(EXAMPLES, script)
@@ -157,11 +128,6 @@ def run(name, script, head, workers, req, sets=(), head_flags=()):
         if s:
             stats = {k: int(v) for k, v in (kv.split("=") for kv in s.group(2).split())}
     return results, stats, mem
-
-
-def median_range(v):
-    v = sorted(v)
-    return {"median": v[len(v) // 2], "min": v[0], "max": v[-1]}
 
 
 lim0 = limits()

@@ -250,15 +250,17 @@ expect_error("topology: --set value of the wrong type",
              ["topology", "check", os.path.join(examples, "one_process.lua"), "--set", "head_port=x"],
              1, "one_process.lua:", "--set head_port=x is not a number")
 
-# Every setting has effect or is refused: kinds not implemented yet, a
-# device the node cannot run on, request flags that --requests would ignore,
-# JSONL fields nobody reads.
-for kind in ("stage",):
-    with open(bad_topo, "w") as f:
-        f.write("node { name = 'h', head = true, actors = { colocated = 1, %s = 2 } }\n" % kind)
-    expect_error("topology: " + kind + " is refused", ["topology", "check", bad_topo], 1, "bad_topo.lua:1:",
-                 "actor kind '%s' is not implemented yet" % kind,
-                 "prefill, decode, colocated, kv_store, vision_encoder, expert")
+# Every setting has effect or is refused: a stage actor without its
+# layers, a device the node cannot run on, request flags that --requests
+# would ignore, JSONL fields nobody reads.
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1, stage = 1 } }\n")
+expect_error("topology: a stage actor without stage{} is refused", ["topology", "check", bad_topo], 1,
+             "bad_topo.lua:1:", "a stage actor needs stage = { layers = {first, last} }")
+with open(bad_topo, "w") as f:
+    f.write("node { name = 'h', head = true, actors = { colocated = 1, nope = 1 } }\n")
+expect_error("topology: an unknown kind names the kinds", ["topology", "check", bad_topo], 1, "bad_topo.lua:1:",
+             "unknown actor kind 'nope'", "prefill, decode, colocated, kv_store, vision_encoder, expert, stage")
 with open(bad_topo, "w") as f:
     f.write("node { name = 'h', head = true, actors = { colocated = 1, attention = 2 } }\n")
 expect_error("topology: attention is a role, not a kind", ["topology", "check", bad_topo], 1, "bad_topo.lua:1:",
@@ -480,6 +482,46 @@ with open(moe, "rb") as f1, open(skewed, "rb") as f2:
 expect("make-model --router-skew changes the router and only with experts", rc == 0 and differs, err)
 expect_error("serve: --experts is checked before loading", ["serve", "-m", moe, "--experts", "all@3-1"], 2,
              "--experts", "layers")
+
+# --pipeline-parallel-size: every engine's layers cut into stages (threads
+# in mono, stage actors otherwise) give mono's tokens and logits hashes, with
+# any number of micro-batches; the flags that need a pipeline say so.
+for topo, pp, micro in (("mono", "3", "2"), ("colocated", "2", "3"), ("pd", "3", "1")):
+    out_path = os.path.join(WORK, f"moe_{topo}_pp.jsonl")
+    rc, _, err = run("generate", "-m", moe, "--requests", moe_req, "--out", out_path, "-t", "1",
+                     "--topology", topo, "--pipeline-parallel-size", pp, "--pipeline-micro-batches", micro)
+    expect(f"--pipeline-parallel-size {pp} --pipeline-micro-batches {micro} on {topo} gives mono's tokens and "
+           "logits hashes", rc == 0 and results(out_path) == ref, err)
+rc0, out0, _ = run("generate", "-m", moe, "--prompt-ids", "1,5,9,13", "-n", "8", "--temp", "0", "--json")
+rc1, out1, err = run("generate", "-m", moe, "--prompt-ids", "1,5,9,13", "-n", "8", "--temp", "0", "--json",
+                     "--pipeline-parallel-size", "2")
+expect("generate (one prompt, mono) over 2 stages gives the same ids",
+       rc0 == 0 and rc1 == 0 and json.loads(out0)["generated_ids"] == json.loads(out1)["generated_ids"],
+       err + out0 + out1)
+expect_error("--pipeline-micro-batches needs --pipeline-parallel-size",
+             ["generate", "-m", moe, "--prompt-ids", "1,2", "--pipeline-micro-batches", "2"], 2,
+             "--pipeline-micro-batches", "needs --pipeline-parallel-size above 1")
+expect_error("serve: --pipeline-micro-batches needs --pipeline-parallel-size",
+             ["serve", "-m", moe, "--pipeline-micro-batches", "2"], 2, "--pipeline-micro-batches")
+expect_error("--pipeline-parallel-size with --experts is refused",
+             ["generate", "-m", moe, "--prompt-ids", "1,2", "--pipeline-parallel-size", "2", "--experts", "all"], 2,
+             "--pipeline-parallel-size", "not supported")
+expect_error("--pipeline-parallel-size past the model's layers",
+             ["generate", "-m", moe, "--prompt-ids", "1,2", "--pipeline-parallel-size", "4"], 1,
+             "pipeline of 4 stages: must be in [1, 3]")
+pp_topo = os.path.join(examples, "pipeline_nodes.lua")
+rc, out, err = run("topology", "show", pp_topo, "--set", "layers=3")
+expect("topology show: each stage's pipeline and layers", rc == 0 and "prefill 1 (pipeline prefill1, layers [0, 1])"
+       in out and "stage 1 (pipeline prefill1, layers [2, 2])" in out, out + err)
+expect_error("topology check -m: a cut past the model's layers",
+             ["topology", "check", pp_topo, "-m", moe, "--set", "layers=4"], 1,
+             "pipeline 'decode1'", "holds [0, 3], past the model's layers [0, 2]")
+expect_error("topology check -m: a cut short of the model's layers",
+             ["topology", "check", pp_topo, "-m", moe, "--set", "layers=2"], 1,
+             "pipeline 'decode1'", "layers [2, 2] are held by no stage")
+expect_error("node: --pipeline-micro-batches on a later stage",
+             ["node", "--topology", pp_topo, "--name", "prefill1_2", "-m", moe, "--set", "layers=3",
+              "--pipeline-micro-batches", "2"], 2, "--pipeline-micro-batches", "is not a pipeline's first stage")
 
 print(f"cli: {len(failures)} failed")
 sys.exit(1 if failures else 0)

@@ -72,8 +72,10 @@ def cluster(tag, req, out, sets, workers, entries, micro_batches=2):
     procs = {}
     for name in workers:
         first = ["--pipeline-micro-batches", str(micro_batches)] if name.endswith("_1") else []
+        # --no-rejoin: a worker prints its actors' counters and exits when the head goes.
         procs[name] = NodeProcess([CLEAVE, "node", *common, "--name", name, "--set", f"head_port={port}",
-                                   "--join-timeout", "20", *first], os.path.join(WORK, tag + name + ".err"))
+                                   "--join-timeout", "20", "--no-rejoin", *first],
+                                  os.path.join(WORK, tag + name + ".err"))
     return head, procs
 
 
@@ -93,6 +95,8 @@ try:
         got = results(out)
         expect(f"{tag}100 requests over the pipelines give mono's tokens, text and logits hashes",
                rc == 0 and len(got) == 100 and got == ref, f"rc={rc} {err[-2000:]}")
+        for w in procs.values():
+            w.wait(30)
         stop_all()
         # Each stage node printed its stage actor's counters when the head went.
         later = workers[1] if tag == "p2d1_" else workers[2]
