@@ -5,10 +5,6 @@
 
 namespace cleave {
 
-std::string LayerRange::to_string() const {
-  return "[" + std::to_string(first) + ", " + std::to_string(last) + "]";
-}
-
 Result<std::vector<LayerRange>> even_cut(int32_t n_layers, int32_t stages) {
   if (stages < 1 || stages > n_layers)
     return Status(Code::invalid_argument, "pipeline of " + std::to_string(stages) +

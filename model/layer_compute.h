@@ -32,7 +32,9 @@ struct LayerRange {
   int32_t count() const { return last - first + 1; }
   bool contains(int32_t layer) const { return layer >= first && layer <= last; }
   bool operator==(const LayerRange& o) const { return first == o.first && last == o.last; }
-  std::string to_string() const;  // "[0, 5]"
+  std::string to_string() const {  // "[0, 5]"
+    return "[" + std::to_string(first) + ", " + std::to_string(last) + "]";
+  }
 };
 // The whole model's range.
 inline LayerRange all_layers(const LlamaConfig& c) { return {0, c.n_layers - 1}; }

@@ -224,7 +224,7 @@ expect("inspect shows metadata and tensors",
 # topology check / show: exit 0 with a summary or the table; a bad script
 # exits 1 with one line naming file:line and the problem.
 examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
-for name in ("one_process.lua", "pd_2nodes.lua", "p1_d2.lua", "epd_3nodes.lua"):
+for name in ("one_process.lua", "pd_2nodes.lua", "p1_d2.lua", "epd_3nodes.lua", "pipeline_nodes.lua"):
     rc, out, err = run("topology", "check", os.path.join(examples, name))
     expect("topology check " + name, rc == 0 and out.startswith("ok: ") and "head" in out, out + err)
 rc, out, err = run("topology", "show", os.path.join(examples, "p1_d2.lua"), "--set", "p0_port=7000",

@@ -1,10 +1,12 @@
 #!/usr/bin/env python3
 """Pipeline parallelism across processes (examples/pipeline_nodes.lua): the
 head (router, KV store) and every pipeline stage on a node of its own, real
-processes on loopback, on a 4-layer GQA model. 100 mixed greedy and sampled
-requests give the one-process run's tokens, text and per-step logits hashes
-(`cleave generate --requests`, mono) with prefill over 2 stage nodes handing
-KV to a decoder on 1, and with the reverse (prefill on 1, decode over 2);
+processes on loopback, on 4-layer GQA, dense and MoE models. 100 mixed
+greedy and sampled requests give the one-process run's tokens, text and
+per-step logits hashes (`cleave generate --requests`, mono) with prefill
+over 2 stage nodes handing KV to a decoder on 1, and the reverse (prefill on
+1, decode over 2), with 1, 2 and 4 micro-batches; on the GQA model also
+prefill over 3 handing KV to decode over 2, and a colocated pipeline of 4;
 then kill -9 of a stage node under load, with a second colocated pipeline
 (every request finishes on it with the mono bits) and without one (every
 unfinished request ends with an error within seconds, none hangs).
@@ -25,11 +27,14 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from node_process import NodeProcess, expect, failures, stop_all  # noqa: E402
 
 os.makedirs(WORK, exist_ok=True)
-MODEL = os.path.join(WORK, "gqa4.gguf")
-p = subprocess.run([CLEAVE, "make-model", "--out", MODEL, "--vocab", VOCAB, "--dim", "64", "--layers", "4",
-                    "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--ctx", "256"],
-                   capture_output=True, text=True, timeout=120)
-expect("make-model", p.returncode == 0, p.stderr)
+MODELS = {"gqa": ["--kv-heads", "2", "--ffn", "128"], "dense": ["--kv-heads", "4", "--ffn", "128"],
+          "moe": ["--kv-heads", "2", "--ffn", "64", "--experts", "4", "--experts-used", "2"]}
+for name, extra in MODELS.items():
+    p = subprocess.run([CLEAVE, "make-model", "--out", os.path.join(WORK, name + "4.gguf"), "--vocab", VOCAB,
+                        "--dim", "64", "--layers", "4", "--heads", "4", "--ctx", "256", *extra],
+                       capture_output=True, text=True, timeout=120)
+    expect("make-model " + name, p.returncode == 0, p.stderr)
+MODEL = os.path.join(WORK, "gqa4.gguf")  # the model cluster() and mono() run
 
 
 def write_requests(path, n, max_tokens):
@@ -79,17 +84,30 @@ def cluster(tag, req, out, sets, workers, entries, micro_batches=2):
     return head, procs
 
 
+def pd_cut(p, d):
+    return (["--set", f"prefill_stages={p}", "--set", f"decode_stages={d}"],
+            [f"prefill1_{s}" for s in range(1, p + 1)] + [f"decode1_{s}" for s in range(1, d + 1)])
+
+
 try:
     req = os.path.join(WORK, "requests.jsonl")
     write_requests(req, 100, 12)
-    ref = mono(req)
-    for tag, sets, workers in (
-            ("p2d1_", ["--set", "prefill_stages=2", "--set", "decode_stages=1"],
-             ["prefill1_1", "prefill1_2", "decode1_1"]),
-            ("p1d2_", ["--set", "prefill_stages=1", "--set", "decode_stages=2"],
-             ["prefill1_1", "decode1_1", "decode1_2"])):
+    cases = [("gqa", "p2d1_", *pd_cut(2, 1), 2), ("gqa", "p1d2_", *pd_cut(1, 2), 2),
+             ("gqa", "p3d2_", *pd_cut(3, 2), 3),
+             ("gqa", "colocated4_", ["--set", "mode=colocated", "--set", "stages=4"],
+              [f"colocated1_{s}" for s in range(1, 5)], 4),
+             ("dense", "p2d1_", *pd_cut(2, 1), 1), ("dense", "p1d2_", *pd_cut(1, 2), 4),
+             ("moe", "p2d1_", *pd_cut(2, 1), 4), ("moe", "p1d2_", *pd_cut(1, 2), 1)]
+    refs = {}
+    for model, tag, sets, workers, micro in cases:
+        MODEL = os.path.join(WORK, model + "4.gguf")
+        if model not in refs:
+            refs[model] = mono(req)
+        ref = refs[model]
+        tag = f"{model}_{tag}mb{micro}_"
         out = os.path.join(WORK, tag + "out.jsonl")
-        head, procs = cluster(tag, req, out, sets, workers, 2)
+        entries = 1 if "colocated" in tag else 2
+        head, procs = cluster(tag, req, out, sets, workers, entries, micro)
         rc = head.wait(300)
         err = head.stderr()
         got = results(out)
@@ -99,13 +117,14 @@ try:
             w.wait(30)
         stop_all()
         # Each stage node printed its stage actor's counters when the head went.
-        later = workers[1] if tag == "p2d1_" else workers[2]
+        later = next(w for w in workers if not w.endswith("_1"))
         s = stats_of(procs[later].stderr(), later + "/stage/0")
         expect(f"{tag}the later stage node {later} ran micro-batches and KV calls",
                s.get("stage_batches", 0) > 0 and s.get("stage_kv_calls", 0) > 0 and s.get("failures") == 0, s)
 
     # kill -9 of a stage node under load, with a second pipeline: every
     # request finishes on it, identical.
+    MODEL = os.path.join(WORK, "gqa4.gguf")
     long_req = os.path.join(WORK, "long.jsonl")
     write_requests(long_req, 30, 48)
     long_ref = mono(long_req)
