@@ -65,7 +65,7 @@ class ActorStageLink final : public StageLink {
     Result<std::vector<float>> r = std::move(it->second);
     results_.erase(it);
     if (!r.ok()) return r.status();
-    std::memcpy(logits, r->data(), r->size() * sizeof(float));
+    if (!r->empty()) std::memcpy(logits, r->data(), r->size() * sizeof(float));
     return Status::Ok();
   }
 
@@ -155,7 +155,7 @@ class ActorStageLink final : public StageLink {
                                                 std::to_string(rows) + " rows of " +
                                                 std::to_string(n_vocab_) + " logits");
     std::vector<float> out(rows * size_t(n_vocab_));
-    std::memcpy(out.data(), m->data.data(), m->data.size());
+    if (!out.empty()) std::memcpy(out.data(), m->data.data(), m->data.size());
     return out;
   }
 

@@ -40,7 +40,7 @@ StageBatchData batch_of(const msg::StageBatch& m) {
                           m.table_ids.begin() + m.table_offsets[t + 1]);
   b.logit_rows = m.logit_rows;
   b.x.resize(m.data.size() / sizeof(float));
-  std::memcpy(b.x.data(), m.data.data(), b.x.size() * sizeof(float));
+  if (!b.x.empty()) std::memcpy(b.x.data(), m.data.data(), b.x.size() * sizeof(float));
   return b;
 }
 
