@@ -33,12 +33,12 @@ Result<msg::StageBatch> run_layers(PipelineStageState& s, const Bytes& bytes) {
     return Status(Code::invalid_argument, s.label + ": a layers message needs rows of " +
                                               std::to_string(st.config().dim) + " floats");
   std::vector<float> out;
-  CLEAVE_RETURN_IF_ERROR(s.stage->run(batch_of(*m), out));
+  StageBatchData b = batch_of(*m);  // once: the next stage gets the same rows
+  CLEAVE_RETURN_IF_ERROR(s.stage->run(b, out));
   const uint64_t fp = st.model_fingerprint();
   if (!st.last()) {
     if (!s.next)
       return Status(Code::unavailable, s.label + " has no next stage to hand its rows to");
-    StageBatchData b = batch_of(*m);
     b.x = std::move(out);
     return layers_message(b, st.layers().last + 1, fp, uint32_t(st.config().dim));
   }
