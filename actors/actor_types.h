@@ -159,12 +159,14 @@ using expert_actor = caf::typed_actor<caf::replies_to<expert_atom, Bytes>::with<
 // StageBatch, reply_to): runs the micro-batch through its layers and sends
 // it on to its next stage, or, the last, answers reply_to with
 // (layers_out, ticket, StageBatch of the logits); any failure answers
-// (layers_err, ticket, error) from the stage that failed. stage_kv:
-// StageBatch kv_read / kv_write / kv_copy -> StageBatch output. next: the
-// stage after it.
+// (layers_err, ticket, error) from the stage that failed. stage_kv (ticket,
+// StageBatch kv_read / kv_write / kv_copy, reply_to): answers reply_to with
+// (layers_out, ticket, StageBatch output) or (layers_err, ticket, error),
+// so that the caller waits in one loop that also hears of a stage going
+// down. next: the stage after it.
 using pipeline_stage_actor =
     caf::typed_actor<caf::reacts_to<layers_atom, uint64_t, Bytes, caf::actor>,
-                     caf::replies_to<stage_kv_atom, Bytes>::with<Bytes>,
+                     caf::reacts_to<stage_kv_atom, uint64_t, Bytes, caf::actor>,
                      caf::replies_to<next_atom, caf::actor>::with<bool>,
                      caf::replies_to<stats_atom>::with<Bytes>>;
 

@@ -102,13 +102,14 @@ pipeline_stage_actor::behavior_type pipeline_stage_fn(stage_pointer self,
         }
         caf::anon_send(reply_to, layers_out_atom::value, ticket, codec::encode(*out));
       },
-      [=](stage_kv_atom, const Bytes& bytes) -> caf::result<Bytes> {
+      [=](stage_kv_atom, uint64_t ticket, const Bytes& bytes, const caf::actor& reply_to) {
         auto out = run_kv(self->state, bytes);
         if (!out.ok()) {
           ++self->state.failures;
-          return to_error(out.status());
+          caf::anon_send(reply_to, layers_err_atom::value, ticket, to_error(out.status()));
+          return;
         }
-        return codec::encode(*out);
+        caf::anon_send(reply_to, layers_out_atom::value, ticket, codec::encode(*out));
       },
       [=](next_atom, const caf::actor& next) {
         self->state.next = next;

@@ -38,32 +38,12 @@ class ActorStageLink final : public StageLink {
 
   Status finish(uint64_t ticket, float* logits) override {
     const auto t0 = Clock::now();
-    const auto deadline = t0 + kPipelineTimeout;
-    while (broken_.ok() && !results_.count(ticket)) {
-      const auto left = deadline - Clock::now();
-      if (left <= Clock::duration::zero()) {
-        broken_ = Status(Code::timed_out, "pipeline: no answer from the stages in " +
-                                              std::to_string(kPipelineTimeout.count()) + " s");
-        break;
-      }
-      (*self_)->receive(
-          [&](layers_out_atom, uint64_t t, const Bytes& b) { results_.insert_or_assign(t, take(t, b)); },
-          [&](layers_err_atom, uint64_t t, const caf::error& e) {
-            results_.insert_or_assign(t, Result<std::vector<float>>(from_error(e)));
-          },
-          [&](caf::down_msg& dm) { broken_ = went_down(dm); },
-          [&](stage_down_atom, int32_t first) { broken_ = stage_gone(first); },
-          caf::after(std::chrono::duration_cast<std::chrono::milliseconds>(left) +
-                     std::chrono::milliseconds(1)) >> [] {});
-    }
+    Result<Bytes> answer = await(ticket);
     wait_us_.fetch_add(uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
                                     Clock::now() - t0).count()),
                        std::memory_order_relaxed);
+    Result<std::vector<float>> r = answer.ok() ? take(ticket, *answer) : Result<std::vector<float>>(answer.status());
     expected_.erase(ticket);
-    auto it = results_.find(ticket);
-    if (it == results_.end()) return broken_;
-    Result<std::vector<float>> r = std::move(it->second);
-    results_.erase(it);
     if (!r.ok()) return r.status();
     if (!r->empty()) std::memcpy(logits, r->data(), r->size() * sizeof(float));
     return Status::Ok();
@@ -159,24 +139,56 @@ class ActorStageLink final : public StageLink {
     return out;
   }
 
+  // A KV call answers like a micro-batch (layers_out / layers_err with its
+  // ticket), so that waiting for it also hears of a stage going down.
   Status kv_call(const PipelineStageRef& s, msg::StageOp op, std::span<const int32_t> ids,
                  const uint8_t* data, size_t bytes, std::vector<uint8_t>* out) {
     CLEAVE_RETURN_IF_ERROR(usable());
     kv_calls_.fetch_add(1, std::memory_order_relaxed);
     const msg::StageBatch m = kv_message(op, ids, data, bytes, s.layers.first, fp_);
+    const uint64_t ticket = next_ticket_++;
+    (*self_)->send(s.handle, stage_kv_atom::value, ticket, codec::encode(m), mailbox());
     Status st;
-    (*self_)
-        ->request(s.handle, kPipelineTimeout, stage_kv_atom::value, codec::encode(m))
-        .receive(
-            [&](const Bytes& reply) {
-              auto r = codec::decode_as<msg::StageBatch>(reply);
-              if (!r.ok()) st = r.status();
-              else if (out) *out = std::move(r->data);
-            },
-            [&](caf::error& e) { st = from_error(e); });
+    Result<Bytes> reply = await(ticket);
+    if (!reply.ok()) {
+      st = reply.status();
+    } else {
+      auto r = codec::decode_as<msg::StageBatch>(*reply);
+      if (!r.ok()) st = r.status();
+      else if (out) *out = std::move(r->data);
+    }
     if (!st.ok())
       return Status(st.code(), "pipeline: stage " + s.layers.to_string() + ": " + st.message());
     return Status::Ok();
+  }
+
+  // The answer of one ticket; answers of others are kept for their turn. A
+  // stage that went down (its monitor, or the head's notice for a stage on
+  // another node) or no answer in kPipelineTimeout breaks the link.
+  Result<Bytes> await(uint64_t ticket) {
+    const auto deadline = Clock::now() + kPipelineTimeout;
+    while (broken_.ok() && !results_.count(ticket)) {
+      const auto left = deadline - Clock::now();
+      if (left <= Clock::duration::zero()) {
+        broken_ = Status(Code::timed_out, "pipeline: no answer from the stages in " +
+                                              std::to_string(kPipelineTimeout.count()) + " s");
+        break;
+      }
+      (*self_)->receive(
+          [&](layers_out_atom, uint64_t t, const Bytes& b) { results_.insert_or_assign(t, b); },
+          [&](layers_err_atom, uint64_t t, const caf::error& e) {
+            results_.insert_or_assign(t, Result<Bytes>(from_error(e)));
+          },
+          [&](caf::down_msg& dm) { broken_ = went_down(dm); },
+          [&](stage_down_atom, int32_t first) { broken_ = stage_gone(first); },
+          caf::after(std::chrono::duration_cast<std::chrono::milliseconds>(left) +
+                     std::chrono::milliseconds(1)) >> [] {});
+    }
+    auto it = results_.find(ticket);
+    if (it == results_.end()) return broken_;
+    Result<Bytes> r = std::move(it->second);
+    results_.erase(it);
+    return r;
   }
 
   caf::actor_system& system_;
@@ -187,7 +199,7 @@ class ActorStageLink final : public StageLink {
   Status broken_;
   uint64_t next_ticket_ = 1;
   std::map<uint64_t, size_t> expected_;  // logit rows of each started ticket
-  std::map<uint64_t, Result<std::vector<float>>> results_;
+  std::map<uint64_t, Result<Bytes>> results_;  // answers not yet taken
   std::atomic<uint64_t> micro_batches_{0}, wait_us_{0}, kv_calls_{0};
 };
 
