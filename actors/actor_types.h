@@ -36,6 +36,7 @@
 #include "actors/placement.h"
 #include "common/status.h"
 #include "frontend/frontend.h"
+#include "storage/kv_pool_index.h"
 
 namespace cleave {
 
@@ -83,6 +84,13 @@ using next_atom = caf::atom_constant<caf::atom("next")>;
 using stage_find_atom = caf::atom_constant<caf::atom("stagefind")>;
 using stage_watch_atom = caf::atom_constant<caf::atom("stagewatch")>;
 using stage_down_atom = caf::atom_constant<caf::atom("stagedown")>;
+using pool_join_atom = caf::atom_constant<caf::atom("pooljoin")>;
+using pool_add_atom = caf::atom_constant<caf::atom("pooladd")>;
+using pool_gone_atom = caf::atom_constant<caf::atom("poolgone")>;
+using pool_find_atom = caf::atom_constant<caf::atom("poolfind")>;
+using peer_get_atom = caf::atom_constant<caf::atom("peerget")>;
+using kv_preload_atom = caf::atom_constant<caf::atom("kvpreload")>;
+using stage_store_atom = caf::atom_constant<caf::atom("stagestore")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -105,9 +113,30 @@ constexpr auto kKvOutboxTtl = std::chrono::seconds(30);
 constexpr auto kKvOutboxSweep = std::chrono::seconds(1);
 constexpr uint64_t kKvMaxStreamBytes = uint64_t(1) << 30;
 
+// A node's KV store (kv_store_actor.cpp). kv_put: KvPut -> KvAck. kv_get:
+// KvGet -> KvBlocks, the longest leading run of the keys from its own tiers
+// and then, in a pool, from the other stores that hold them (the pool
+// index's holders, the longest run and the nearest first; each record
+// verified where it lands). kv_preload (KvGet): the same, kept in its own
+// tiers, no answer (the router's head start for the stage it placed a
+// request on). peer_get (KvGet -> KvBlocks): its own tiers only, for
+// another store. The head's store is also the pool's directory: pool_join
+// (a store and the KvGet of every key it holds), pool_add / pool_gone (a
+// store's new and dropped keys) keep the index; pool_find (KvGet) answers
+// the stores other than the asker that hold a leading run of the keys,
+// the longest first, then those on the asker's node.
 using kv_store_actor = caf::typed_actor<caf::replies_to<kv_put_atom, Bytes>::with<Bytes>,
                                         caf::replies_to<kv_get_atom, Bytes>::with<Bytes>,
+                                        caf::reacts_to<kv_preload_atom, Bytes>,
+                                        caf::replies_to<peer_get_atom, Bytes>::with<Bytes>,
+                                        caf::replies_to<pool_join_atom, caf::actor, Bytes>::with<bool>,
+                                        caf::reacts_to<pool_add_atom, caf::actor, Bytes>,
+                                        caf::reacts_to<pool_gone_atom, caf::actor, Bytes>,
+                                        caf::replies_to<pool_find_atom, Bytes>::with<std::vector<caf::actor>>,
                                         caf::replies_to<stats_atom>::with<Bytes>>;
+
+// A store's name in the pool index (unique in the cluster).
+inline std::string pool_holder_name(const caf::actor_addr& store) { return caf::to_string(store); }
 
 // A decode stage's end of KV streams. fetch (from its stage: a KvPull, the
 // prefill's kv_sender and the "host:port" its node listens on) answers once
@@ -173,7 +202,8 @@ using pipeline_stage_actor =
 // submit: GenerateRequest from the client (admission); resume: a Handoff
 // from the client (Frontend::resume: the request and the tokens an earlier
 // run generated); event: StreamEvent and handoff: Handoff from stages;
-// attach: a stage and its kind, or a vision encoder.
+// attach: a stage and its kind, or a vision encoder. stage_store: the
+// stage's node's kv_store (KV pool: placement and preloads).
 using router_actor =
     caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
                      caf::replies_to<resume_atom, Bytes>::with<bool>,
@@ -182,6 +212,7 @@ using router_actor =
                      caf::reacts_to<handoff_atom, Bytes, kv_sender_actor>,
                      caf::replies_to<attach_atom, std::string, stage_actor>::with<bool>,
                      caf::replies_to<attach_atom, std::string, vision_encoder_actor>::with<bool>,
+                     caf::reacts_to<stage_store_atom, stage_actor, kv_store_actor>,
                      caf::reacts_to<tick_atom>, caf::replies_to<shutdown_atom>::with<bool>,
                      caf::replies_to<stats_atom>::with<Bytes>>;
 
@@ -235,7 +266,19 @@ void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, i
 // ---- one spawn function per kind, each in its own file ----
 
 // kv_store_actor.cpp: a TieredStore behind KvPut -> KvAck, KvGet -> KvBlocks.
-kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredStore> store);
+// With an index it is the pool's directory (the head's); with a directory
+// it joins that one's pool (a worker's); with neither it stands alone.
+struct KvStoreRole {
+  std::shared_ptr<KvPoolIndex> index;
+  kv_store_actor directory;
+  // A block fetched from another store this many times for this node's
+  // stages is kept here too (a replica of a hot prefix; the LRU drops it
+  // like any block). Preloaded blocks are always kept.
+  int32_t replicate_reads = 2;
+  bool fault_corrupt_served = false;  // tests: flip a byte of every block served to another store
+};
+kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredStore> store,
+                              KvStoreRole role = {});
 
 // kv_stream_actors.cpp: the two ends of KV streams, linked to their stage.
 // host: where the sender's data socket listens ("": CAF chunks only).
@@ -273,6 +316,13 @@ stage_actor spawn_stage(caf::actor_system& system, std::shared_ptr<StageCore> co
 // router_actor.cpp.
 struct RouterConfig {
   bool disaggregated = false;  // pd: entry = prefill, continue = decode
+  // A KV pool (the head store's index): kv_aware placement counts the
+  // prompt blocks each stage's store holds and those the pool holds
+  // elsewhere, and the chosen stage's store preloads the ones it lacks.
+  // The keys need the model's fingerprint and KV layout.
+  std::shared_ptr<const KvPoolIndex> kv_index;
+  uint64_t model_fingerprint = 0;
+  KvLayout kv_layout;
   int32_t max_pending = 1024;
   int32_t block_size = 16;
   double request_timeout_s = 300;

@@ -1,22 +1,235 @@
 // The kv_store actor: a TieredStore (actors/hosted.h makes it) behind
-// KvPut -> KvAck and KvGet -> KvBlocks (the longest leading run it holds).
+// KvPut -> KvAck and KvGet -> KvBlocks (the longest leading run it holds,
+// then what the pool's other stores hold). In a pool every store tells the
+// directory (the head's store, which keeps the KvPoolIndex) what it stored
+// and what left it; the directory monitors the stores, so a dead one's
+// blocks leave the index at once.
 #include "actors/actor_types.h"
+
+#include <cstdio>
+#include <functional>
+#include <unordered_map>
+
 #include "schema/codec.h"
 #include "storage/tiered_store.h"
 
 namespace cleave::actors {
 namespace {
 
+struct Fetch;
+
 struct KvStoreState {
   std::shared_ptr<TieredStore> store;
+  KvStoreRole role;
+  std::string holder;                              // this store's name in the index
+  std::unordered_map<std::string, caf::actor> members;  // the directory's: every store of the pool
+  std::unordered_map<BlockKey, int32_t, BlockKeyHash> remote_reads;  // fetched for this node's stages
+  // Preloads in flight, by their first key: a get that misses there waits
+  // for the preload instead of fetching the same blocks again.
+  std::unordered_map<BlockKey, std::shared_ptr<Fetch>, BlockKeyHash> preloading;
   uint64_t puts = 0, gets = 0, blocks_stored = 0, blocks_rejected = 0, blocks_served = 0;
+  uint64_t peer_gets = 0, peer_blocks_served = 0;
+  uint64_t pool_fetches = 0, pool_blocks_fetched = 0, pool_blocks_corrupt = 0, pool_holder_errors = 0;
+  uint64_t pool_short_answers = 0, pool_replicas = 0, preloads = 0, preload_blocks = 0, preload_waits = 0;
   uint64_t bad_messages = 0;
   static inline const char* name = "cleave.kv_store";
 };
+using store_pointer = kv_store_actor::stateful_pointer<KvStoreState>;
 
-kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvStoreState> self,
-                                          std::shared_ptr<TieredStore> store) {
-  self->state.store = std::move(store);
+bool in_pool(const KvStoreState& s) { return s.role.index || s.role.directory; }
+
+msg::KvGet key_list(std::vector<BlockKey> keys) {
+  msg::KvGet m;
+  m.keys = std::move(keys);
+  return m;
+}
+
+// Tells the index what this store now holds and what left it.
+void publish(store_pointer self, std::vector<BlockKey> added) {
+  auto& s = self->state;
+  if (!in_pool(s)) return;
+  std::vector<BlockKey> gone = s.store->take_gone();
+  if (s.role.index) {
+    s.role.index->add(s.holder, added);
+    s.role.index->remove(s.holder, gone);
+    return;
+  }
+  auto me = caf::actor_cast<caf::actor>(self);
+  if (!added.empty()) self->send(s.role.directory, pool_add_atom::value, me, codec::encode(key_list(std::move(added))));
+  if (!gone.empty()) self->send(s.role.directory, pool_gone_atom::value, me, codec::encode(key_list(std::move(gone))));
+}
+
+// The directory's answer to pool_find: the other stores holding a leading
+// run of `keys`, the longest first, then those on the asker's node.
+std::vector<caf::actor> find_holders(store_pointer self, const std::vector<BlockKey>& keys,
+                                     const caf::actor_addr& asker) {
+  auto& s = self->state;
+  std::vector<caf::actor> out, far;
+  const std::string asker_name = pool_holder_name(asker);
+  int32_t run = -1;
+  auto flush = [&] {
+    out.insert(out.end(), far.begin(), far.end());
+    far.clear();
+  };
+  for (const auto& [name, n] : s.role.index->leading_runs(keys)) {
+    auto m = s.members.find(name);
+    if (name == asker_name || m == s.members.end()) continue;
+    if (n != run) flush();
+    run = n;
+    if (m->second.node() == asker.node()) out.push_back(m->second);
+    else far.push_back(m->second);
+  }
+  flush();
+  return out;
+}
+
+struct Fetch {
+  std::vector<BlockKey> keys;
+  std::vector<BlockRecord> got;  // records of keys[0..got.size())
+  std::vector<caf::actor> holders;
+  size_t next_holder = 0;
+  bool keep = false;  // a preload: keep every fetched block
+  std::function<void(std::vector<BlockRecord>)> done;
+  std::vector<std::function<void()>> after;  // gets that wait for this preload
+};
+
+void finish_fetch(store_pointer self, std::shared_ptr<Fetch> f) {
+  publish(self, {});
+  if (f->keep && !f->keys.empty()) {
+    auto it = self->state.preloading.find(f->keys.front());
+    if (it != self->state.preloading.end() && it->second == f) self->state.preloading.erase(it);
+  }
+  f->done(std::move(f->got));
+  for (auto& run : f->after) run();
+}
+
+// Asks the holders in turn for the keys still missing; a record that is not
+// the key asked for or fails verification ends that holder's answer (the
+// next holder, or the stage computes the rest).
+void fetch_next(store_pointer self, std::shared_ptr<Fetch> f) {
+  auto& s = self->state;
+  if (f->got.size() == f->keys.size() || f->next_holder == f->holders.size()) return finish_fetch(self, f);
+  auto holder = caf::actor_cast<kv_store_actor>(f->holders[f->next_holder++]);
+  std::vector<BlockKey> rest(f->keys.begin() + long(f->got.size()), f->keys.end());
+  ++s.pool_fetches;
+  self->request(holder, kKvTimeout, peer_get_atom::value, codec::encode(key_list(std::move(rest))))
+      .then(
+          [=](const Bytes& reply) {
+            auto& s = self->state;
+            auto blocks = codec::decode_as<msg::KvBlocks>(reply);
+            if (!blocks.ok()) {
+              ++s.pool_holder_errors;
+              return fetch_next(self, f);
+            }
+            std::vector<BlockKey> kept;
+            for (BlockRecord& r : blocks->blocks) {
+              const BlockKey& want = f->keys[f->got.size()];
+              if (!(r.header.key == want) ||
+                  !verify(r, s.store->model_fingerprint(), s.store->layout()).ok()) {
+                ++s.pool_blocks_corrupt;
+                break;
+              }
+              ++s.pool_blocks_fetched;
+              int32_t& reads = s.remote_reads[want];
+              ++reads;
+              if ((f->keep || reads >= s.role.replicate_reads) && s.store->put(r).ok()) {
+                ++s.pool_replicas;
+                kept.push_back(want);
+              }
+              f->got.push_back(std::move(r));
+              if (f->got.size() == f->keys.size()) break;
+            }
+            if (s.remote_reads.size() > (size_t(1) << 16)) s.remote_reads.clear();
+            if (f->got.size() < f->keys.size()) ++s.pool_short_answers;
+            publish(self, std::move(kept));
+            fetch_next(self, f);
+          },
+          [=](caf::error&) {
+            ++self->state.pool_holder_errors;  // gone or slow: the next holder
+            fetch_next(self, f);
+          });
+}
+
+// The leading run of `keys` from this store's tiers, then from the pool.
+void pool_get(store_pointer self, std::vector<BlockKey> keys, bool keep,
+              std::function<void(std::vector<BlockRecord>)> done, bool waited = false) {
+  auto& s = self->state;
+  auto f = std::make_shared<Fetch>();
+  f->keys = std::move(keys);
+  f->keep = keep;
+  f->done = std::move(done);
+  for (const BlockKey& key : f->keys) {
+    auto r = s.store->get(key);
+    if (!r.ok()) break;
+    f->got.push_back(std::move(r.value()));
+  }
+  if (f->got.size() == f->keys.size() || !in_pool(s)) return finish_fetch(self, f);
+  const BlockKey& missing = f->keys[f->got.size()];
+  if (auto p = s.preloading.find(missing); p != s.preloading.end() && !keep && !waited) {
+    ++s.preload_waits;
+    p->second->after.push_back([=] { pool_get(self, f->keys, false, f->done, true); });
+    return;
+  }
+  if (keep) s.preloading.emplace(missing, f);
+  std::vector<BlockKey> rest(f->keys.begin() + long(f->got.size()), f->keys.end());
+  if (s.role.index) {
+    f->holders = find_holders(self, rest, self->address());
+    return fetch_next(self, f);
+  }
+  self->request(s.role.directory, kKvTimeout, pool_find_atom::value, codec::encode(key_list(std::move(rest))))
+      .then(
+          [=](const std::vector<caf::actor>& holders) {
+            f->holders = holders;
+            fetch_next(self, f);
+          },
+          [=](caf::error&) {
+            ++self->state.pool_holder_errors;
+            finish_fetch(self, f);
+          });
+}
+
+Result<msg::KvGet> decode_keys(store_pointer self, const Bytes& bytes) {
+  auto get = codec::decode_as<msg::KvGet>(bytes);
+  if (!get.ok()) ++self->state.bad_messages;
+  return get;
+}
+
+// A member store of the directory's pool (this one included).
+void add_member(store_pointer self, const caf::actor& member) {
+  auto& s = self->state;
+  const std::string name = pool_holder_name(member.address());
+  if (s.members.emplace(name, member).second && member.address() != self->address())
+    self->monitor(member);
+}
+
+kv_store_actor::behavior_type kv_store_fn(store_pointer self, std::shared_ptr<TieredStore> store,
+                                          KvStoreRole role) {
+  auto& st = self->state;
+  st.store = std::move(store);
+  st.role = std::move(role);
+  st.holder = pool_holder_name(self->address());
+  if (in_pool(st)) st.store->track_gone(true);
+  if (st.role.index) {
+    add_member(self, caf::actor_cast<caf::actor>(self));
+    st.role.index->reset(st.holder, st.store->keys());  // what survived on its disk
+    self->set_down_handler([=](caf::down_msg& dm) {
+      auto& s = self->state;
+      const std::string name = pool_holder_name(dm.source);
+      s.members.erase(name);
+      s.role.index->drop(name);
+    });
+  }
+  if (st.role.directory) {
+    // Before any pool_add (messages between two actors keep their order):
+    // what survived on its disk goes into the index again.
+    self->request(st.role.directory, kJoinTimeout, pool_join_atom::value, caf::actor_cast<caf::actor>(self),
+                  codec::encode(key_list(st.store->keys())))
+        .then([](bool) {}, [=](caf::error& e) {
+          ++self->state.pool_holder_errors;
+          std::fprintf(stderr, "cleave kv_store: joining the pool failed: %s\n",
+                       caf::to_string(e).c_str());
+        });
+  }
   return {
       [=](kv_put_atom, const Bytes& bytes) -> caf::result<Bytes> {
         auto& s = self->state;
@@ -27,34 +240,87 @@ kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvSto
         }
         ++s.puts;
         msg::KvAck ack;
+        std::vector<BlockKey> added;
         for (const BlockRecord& r : put->blocks) {
           Status st = s.store->put(r);
           if (st.ok()) {
             ++ack.stored;
+            added.push_back(r.header.key);
           } else {
             if (ack.rejected++ == 0) ack.first_error = st;
           }
         }
         s.blocks_stored += uint64_t(ack.stored);
         s.blocks_rejected += uint64_t(ack.rejected);
+        publish(self, std::move(added));
         return codec::encode(ack);
       },
       [=](kv_get_atom, const Bytes& bytes) -> caf::result<Bytes> {
+        auto get = decode_keys(self, bytes);
+        if (!get.ok()) return to_error(get.status());
+        ++self->state.gets;
+        auto rp = self->make_response_promise<Bytes>();
+        pool_get(self, std::move(get->keys), false, [=](std::vector<BlockRecord> blocks) mutable {
+          self->state.blocks_served += blocks.size();
+          msg::KvBlocks reply;
+          reply.blocks = std::move(blocks);
+          rp.deliver(codec::encode(reply));
+        });
+        return rp;
+      },
+      [=](kv_preload_atom, const Bytes& bytes) {
+        auto get = decode_keys(self, bytes);
+        if (!get.ok()) return;
+        ++self->state.preloads;
+        pool_get(self, std::move(get->keys), true, [=](std::vector<BlockRecord> blocks) {
+          self->state.preload_blocks += blocks.size();
+        });
+      },
+      [=](peer_get_atom, const Bytes& bytes) -> caf::result<Bytes> {
         auto& s = self->state;
-        auto get = codec::decode_as<msg::KvGet>(bytes);
-        if (!get.ok()) {
-          ++s.bad_messages;
-          return to_error(get.status());
-        }
-        ++s.gets;
+        auto get = decode_keys(self, bytes);
+        if (!get.ok()) return to_error(get.status());
+        ++s.peer_gets;
         msg::KvBlocks reply;
-        for (const BlockKey& key : get->keys) {  // the longest leading run
+        for (const BlockKey& key : get->keys) {  // the longest leading run held here
           auto r = s.store->get(key);
           if (!r.ok()) break;
+          if (s.role.fault_corrupt_served && !r->bytes.empty()) r->bytes[r->bytes.size() / 2] ^= 0x10;
           reply.blocks.push_back(std::move(r.value()));
         }
-        s.blocks_served += reply.blocks.size();
+        s.peer_blocks_served += reply.blocks.size();
+        publish(self, {});
         return codec::encode(reply);
+      },
+      [=](pool_join_atom, const caf::actor& member, const Bytes& bytes) -> caf::result<bool> {
+        auto& s = self->state;
+        if (!s.role.index) return to_error(Status(Code::unsupported, "this kv_store is not the pool's directory"));
+        auto keys = decode_keys(self, bytes);
+        if (!keys.ok()) return to_error(keys.status());
+        add_member(self, member);
+        s.role.index->reset(pool_holder_name(member.address()), keys->keys);
+        std::fprintf(stderr, "cleave kv_store: a store joined the pool with %zu blocks (%zu stores)\n",
+                     keys->keys.size(), s.members.size());
+        return true;
+      },
+      [=](pool_add_atom, const caf::actor& member, const Bytes& bytes) {
+        auto& s = self->state;
+        auto keys = decode_keys(self, bytes);
+        if (!s.role.index || !keys.ok() || !s.members.count(pool_holder_name(member.address()))) return;
+        s.role.index->add(pool_holder_name(member.address()), keys->keys);
+      },
+      [=](pool_gone_atom, const caf::actor& member, const Bytes& bytes) {
+        auto& s = self->state;
+        auto keys = decode_keys(self, bytes);
+        if (!s.role.index || !keys.ok()) return;
+        s.role.index->remove(pool_holder_name(member.address()), keys->keys);
+      },
+      [=](pool_find_atom, const Bytes& bytes) -> caf::result<std::vector<caf::actor>> {
+        auto& s = self->state;
+        if (!s.role.index) return to_error(Status(Code::unsupported, "this kv_store is not the pool's directory"));
+        auto keys = decode_keys(self, bytes);
+        if (!keys.ok()) return to_error(keys.status());
+        return find_holders(self, keys->keys, caf::actor_cast<caf::actor_addr>(self->current_sender()));
       },
       [=](stats_atom) -> Bytes {
         auto& s = self->state;
@@ -66,11 +332,27 @@ kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvSto
                                          {"kv_blocks_stored", s.blocks_stored},
                                          {"kv_blocks_rejected", s.blocks_rejected},
                                          {"kv_blocks_served", s.blocks_served},
+                                         {"kv_blocks_held", s.store->keys().size()},
+                                         {"peer_gets", s.peer_gets},
+                                         {"peer_blocks_served", s.peer_blocks_served},
+                                         {"pool_fetches", s.pool_fetches},
+                                         {"pool_blocks_fetched", s.pool_blocks_fetched},
+                                         {"pool_blocks_corrupt", s.pool_blocks_corrupt},
+                                         {"pool_short_answers", s.pool_short_answers},
+                                         {"pool_holder_errors", s.pool_holder_errors},
+                                         {"pool_replicas", s.pool_replicas},
+                                         {"preloads", s.preloads},
+                                         {"preload_blocks", s.preload_blocks},
+                                         {"preload_waits", s.preload_waits},
                                          {"store_hits", hits},
                                          {"store_misses", c.misses},
                                          {"store_drops", c.drops},
                                          {"store_corrupt_detected", c.corrupt_detected},
                                          {"failures", s.bad_messages}};
+        if (s.role.index) {
+          counters.emplace_back("pool_members", s.members.size());
+          counters.emplace_back("pool_index_blocks", s.role.index->blocks());
+        }
         // Every tier hop: tier_hops_A_B = blocks moved from tier A to tier B.
         for (size_t t = 0; t < c.demotions.size(); ++t)
           counters.emplace_back("tier_hops_" + std::to_string(t) + "_" + std::to_string(t + 1), c.demotions[t]);
@@ -83,8 +365,9 @@ kv_store_actor::behavior_type kv_store_fn(kv_store_actor::stateful_pointer<KvSto
 
 }  // namespace
 
-kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredStore> store) {
-  return system.spawn<caf::detached>(kv_store_fn, std::move(store));
+kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredStore> store,
+                              KvStoreRole role) {
+  return system.spawn<caf::detached>(kv_store_fn, std::move(store), std::move(role));
 }
 
 }  // namespace cleave::actors

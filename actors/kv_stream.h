@@ -41,6 +41,10 @@ struct KvStreamOptions {
   uint32_t chunk_bytes = kDefaultKvChunkBytes;
   int32_t window = kDefaultKvWindow;  // chunks in flight per stream before an ack
   int32_t fault_corrupt_chunk = -1;   // tests: senders flip a bit in this chunk of each stream
+  // New requests on prefill and colocated stages first read the prompt's
+  // leading blocks their engine lacks from their kv_store (in a KV pool:
+  // from whichever store holds them), then compute the rest.
+  bool pool = false;
   // Set by Node: "host:port" where this node's middleman listens, named in
   // hand-offs so decoders on other nodes connect here directly.
   std::string node_address;

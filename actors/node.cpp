@@ -398,6 +398,42 @@ Status check_node_experts(const NodeOptions& o) {
   return check_topology_experts(o.spec, (*model)->config());
 }
 
+// A node's TieredStore from its kv{} tiers. Its fingerprint and layout, and
+// request validation, come from an engine: a local stage's, or one made for
+// that when there is none.
+struct NodeStore {
+  Result<std::shared_ptr<TieredStore>> store = Status(Code::unavailable, "no store made yet");
+  int32_t context = 0, n_vocab = 0, n_embd = 0;
+  uint64_t model_fingerprint = 0;
+  KvLayout layout;
+};
+NodeStore make_node_store(const NodeOptions& o, const NodeSpec& me, HostedActors& hosted) {
+  NodeStore out;
+  std::unique_ptr<Engine> probe;
+  Engine* engine = nullptr;
+  if (!hosted.stages.empty()) {
+    engine = &hosted.stages.front().second->engine();
+  } else {
+    EngineOptions eo = o.engine;
+    eo.max_seqs = 1;
+    auto e = Engine::create(o.file, eo);
+    if (!e.ok()) {
+      out.store = e.status();
+      return out;
+    }
+    probe = std::move(e.value());
+    engine = probe.get();
+  }
+  out.context = engine->context();
+  out.n_vocab = engine->config().n_vocab;
+  out.n_embd = engine->config().dim;
+  out.model_fingerprint = engine->model_fingerprint();
+  out.layout = engine->kv_layout();
+  out.store = make_kv_store(size_t(me.kv_tier0_bytes), size_t(me.kv_tier1_bytes), me.kv_dir,
+                            out.model_fingerprint, out.layout, me.kv_durable);
+  return out;
+}
+
 class HeadNode final : public Node {
  public:
   explicit HeadNode(const NodeOptions& o, const NodeSpec& me) : options_(o), me_(me) {
@@ -421,35 +457,29 @@ class HeadNode final : public Node {
     CLEAVE_RETURN_IF_ERROR(check_device(me_));
     auto hosted = make_node_actors(options_, me_);
     if (!hosted.ok()) return hosted.status();
-    // The store's fingerprint and layout, and request validation, come from
-    // an engine: a local stage's, or one made for that when there is none.
-    std::unique_ptr<Engine> probe;
-    Engine* engine = nullptr;
-    if (!hosted->stages.empty()) {
-      engine = &hosted->stages.front().second->engine();
-    } else {
-      EngineOptions eo = options_.engine;
-      eo.max_seqs = 1;
-      auto e = Engine::create(options_.file, eo);
-      if (!e.ok()) return e.status();
-      probe = std::move(e.value());
-      engine = probe.get();
+    NodeStore store = make_node_store(options_, me_, *hosted);
+    if (!store.store.ok()) return store.store.status();
+    context_ = store.context;
+    n_vocab_ = store.n_vocab;
+    n_embd_ = store.n_embd;
+    KvStoreRole role;
+    std::shared_ptr<KvPoolIndex> index;
+    if (options_.spec.kv_pool) {
+      index = std::make_shared<KvPoolIndex>();
+      role.index = index;
+      role.replicate_reads = options_.spec.kv_replicate_reads;
+      role.fault_corrupt_served = options_.kv_fault_corrupt_served;
     }
-    context_ = engine->context();
-    n_vocab_ = engine->config().n_vocab;
-    n_embd_ = engine->config().dim;
-    auto store = make_kv_store(size_t(me_.kv_tier0_bytes), size_t(me_.kv_tier1_bytes), me_.kv_dir,
-                               engine->model_fingerprint(), engine->kv_layout());
-    if (!store.ok()) return store.status();
-    probe.reset();
-
-    kv_ = spawn_kv_store(*system_, std::move(store.value()));
+    kv_ = spawn_kv_store(*system_, std::move(store.store.value()), role);
     RouterConfig rc;
     rc.disaggregated = options_.spec.count("prefill") > 0;
     rc.max_pending = options_.spec.max_pending;
     rc.block_size = options_.engine.block_size;
     rc.request_timeout_s = options_.spec.request_timeout_s;
     rc.placement = options_.spec.placement;
+    rc.kv_index = index;
+    rc.model_fingerprint = store.model_fingerprint;
+    rc.kv_layout = store.layout;
     router_ = spawn_router(*system_, rc, sinks_, kv_);
     join_ = system_->spawn(join_fn, options_.secret, router_, kv_, experts_alive_);
     // Stopped after the stages: join, router, store.
@@ -465,6 +495,7 @@ class HeadNode final : public Node {
     port_ = *port;
     KvStreamOptions stream = options_.kv_stream;
     stream.node_address = address();
+    stream.pool = options_.spec.kv_pool;
     // The head's own actors attach through the join actor too, so it logs
     // which node lost what.
     const bool attention = !hosted->expert_fallbacks.empty();
@@ -596,6 +627,19 @@ class WorkerNode final : public Node {
         },
         router_, head_lost_);
     actors_->add_service(watcher);
+    // A kv_store here joins the head's pool; this node's stages use it.
+    stream.pool = options_.spec.kv_pool;
+    if (me_.count("kv_store") > 0) {
+      NodeStore store = make_node_store(options_, me_, *hosted);
+      if (!store.store.ok()) return store.store.status();
+      KvStoreRole role;
+      role.directory = kv_;
+      role.replicate_reads = options_.spec.kv_replicate_reads;
+      role.fault_corrupt_served = options_.kv_fault_corrupt_served;
+      kv_ = spawn_kv_store(*system_, std::move(store.store.value()), role);
+      actors_->add_service(caf::actor_cast<caf::actor>(kv_));
+      local_store_ = true;
+    }
     const bool attention = !hosted->expert_fallbacks.empty();
     hosted->expert_socket_host = me_.host;
     CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
@@ -622,6 +666,16 @@ class WorkerNode final : public Node {
 
   std::vector<msg::Stats> stats() override {
     std::vector<msg::Stats> out;
+    if (local_store_) {
+      caf::scoped_actor self{*system_};
+      self->request(kv_, kClientTimeout, stats_atom::value)
+          .receive(
+              [&](const Bytes& b) {
+                auto st = codec::decode_as<msg::Stats>(b);
+                if (st.ok()) out.push_back(std::move(st.value()));
+              },
+              [](caf::error&) {});
+    }
     actors_->collect_stats(out);
     return out;
   }
@@ -634,7 +688,8 @@ class WorkerNode final : public Node {
   std::shared_ptr<std::atomic<bool>> head_lost_;
   join_actor join_;
   router_actor router_;
-  kv_store_actor kv_;
+  kv_store_actor kv_;  // this node's own store, else the head's
+  bool local_store_ = false;
   std::unique_ptr<ActorSet> actors_;
 };
 

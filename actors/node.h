@@ -46,6 +46,7 @@ struct NodeOptions {
   // Attention stages replicate hot experts across the cluster's expert
   // actors (PipelineOptions::expert_replication).
   bool expert_replication = false;
+  bool kv_fault_corrupt_served = false;  // tests: KvStoreRole::fault_corrupt_served
 };
 
 class Node : public Frontend {

@@ -1,5 +1,6 @@
 #include "actors/placement.h"
 
+#include <algorithm>
 #include <cmath>
 #include <list>
 #include <unordered_map>
@@ -111,8 +112,12 @@ class KvAware final : public PlacementPolicy {
     const Candidate* best = nullptr;
     double best_cost = 0;
     for (const Candidate& c : cs) {
-      const double to_compute = double(r.blocks.size() - held_leading(r, c.stage));
-      const double cost = config_.prefill_weight * to_compute + config_.decode_weight * double(c.load_blocks);
+      const size_t n = r.blocks.size();
+      const size_t held = std::min(n, std::max(held_leading(r, c.stage), size_t(std::max(0, c.pool_local))));
+      const size_t anywhere = std::min(n, std::max(held, size_t(std::max(0, c.pool_any))));
+      const double cost = config_.prefill_weight * double(n - anywhere) +
+                          config_.fetch_weight * double(anywhere - held) +
+                          config_.decode_weight * double(c.load_blocks);
       if (!best || cost < best_cost ||
           (cost == best_cost && (c.in_flight < best->in_flight ||
                                  (c.in_flight == best->in_flight && c.stage < best->stage)))) {
@@ -175,13 +180,14 @@ class KvAware final : public PlacementPolicy {
 }  // namespace
 
 Result<std::unique_ptr<PlacementPolicy>> make_placement_policy(const PlacementConfig& c) {
-  for (double w : {c.prefill_weight, c.decode_weight})
+  for (double w : {c.prefill_weight, c.decode_weight, c.fetch_weight})
     if (!std::isfinite(w) || w < 0)
       return Status(Code::invalid_argument, "router weights must be finite and >= 0, got " + std::to_string(w));
-  const bool weighted = c.prefill_weight != 1.0 || c.decode_weight != 1.0;
+  const bool weighted =
+      c.prefill_weight != 1.0 || c.decode_weight != 1.0 || c.fetch_weight != kDefaultFetchWeight;
   if (weighted && c.policy != "kv_aware")
     return Status(Code::invalid_argument, "router policy '" + c.policy +
-                                              "' takes no prefill_weight / decode_weight (only kv_aware does)");
+                                              "' takes no prefill_weight / decode_weight / fetch_weight (only kv_aware does)");
   if (c.max_blocks < 1) return Status(Code::invalid_argument, "router max_blocks must be at least 1");
   if (c.policy == "least_loaded") return std::unique_ptr<PlacementPolicy>(new LeastLoaded());
   if (c.policy == "round_robin") return std::unique_ptr<PlacementPolicy>(new RoundRobin());

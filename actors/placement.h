@@ -16,6 +16,10 @@
 //                        learns what each stage holds from its own placements
 //                        (Dynamo's approximate KV indexer): a stage that has
 //                        evicted a block costs a recompute, never wrong KV.
+//                        In a KV pool the router also tells it what each
+//                        stage's store holds (Candidate::pool_local) and
+//                        what other stores hold (pool_any): those blocks
+//                        cost fetch_weight each instead of prefill_weight.
 #pragma once
 
 #include <cstdint>
@@ -29,9 +33,16 @@
 
 namespace cleave {
 
+// A prompt block held by another node's store costs this much against
+// computing it (prefill_weight): fetching a block of the 100M GQA model
+// over loopback takes well under a millisecond, computing it tens
+// (docs/PERFORMANCE.md, "KV pool").
+inline constexpr double kDefaultFetchWeight = 0.05;
+
 struct PlacementConfig {
   std::string policy = "least_loaded_prefix";
   double prefill_weight = 1.0, decode_weight = 1.0;  // kv_aware only
+  double fetch_weight = kDefaultFetchWeight;          // kv_aware only
   size_t max_blocks = size_t(1) << 16;  // kv_aware: block -> stage entries remembered (LRU)
 };
 
@@ -54,6 +65,9 @@ struct Candidate {
   int32_t stage = 0;        // the router's index
   int32_t in_flight = 0;    // requests placed on it and not finished
   int64_t load_blocks = 0;  // the sum of their load_blocks
+  // In a KV pool: the leading prompt blocks the stage's own store holds,
+  // and those some store of the pool holds (>= pool_local).
+  int32_t pool_local = 0, pool_any = 0;
 };
 
 class PlacementPolicy {

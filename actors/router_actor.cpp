@@ -10,6 +10,7 @@
 #include <unordered_map>
 
 #include "actors/event_sinks.h"
+#include "actors/stage_core.h"
 #include "schema/codec.h"
 
 namespace cleave::actors {
@@ -24,6 +25,7 @@ struct RouterState {
     bool alive = true;
     int32_t in_flight = 0;
     int64_t load_blocks = 0;  // PlacementRequest::load_blocks of those in flight
+    kv_store_actor store;     // its node's store (stage_store), in a KV pool
   };
   struct Encoder {
     vision_encoder_actor handle;
@@ -51,6 +53,8 @@ struct RouterState {
   std::vector<Stage> stages;
   std::vector<Encoder> encoders;
   std::unordered_map<uint64_t, Pending> pending;
+  // stage_store messages that came before their stage's attach.
+  std::unordered_map<caf::actor_addr, kv_store_actor> early_stores;
   // One policy for new requests (prefill / colocated), one for hand-offs
   // (decode / colocated): each learns from its own placements.
   std::unique_ptr<PlacementPolicy> entry_policy, continue_policy;
@@ -59,6 +63,7 @@ struct RouterState {
   uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, direct_handoffs = 0, replacements = 0;
   uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
   uint64_t encodes = 0, encoder_downs = 0, encode_replacements = 0;
+  uint64_t preloads = 0, preload_blocks = 0;
   static inline const char* name = "cleave.router";
 };
 using router_pointer = router_actor::stateful_pointer<RouterState>;
@@ -69,27 +74,64 @@ bool any_alive(const RouterState& s, bool entry) {
   return false;
 }
 
-// The live stages of the role, as the policy sees them.
-std::vector<Candidate> candidates(const RouterState& s, bool entry) {
+// The prompt's block keys, as the stages' engines name them (KV pool only).
+std::vector<BlockKey> pool_keys(const RouterState& s, const GenerateRequest& r) {
+  if (!s.config.kv_index) return {};
+  return resume_kv_keys(r.prompt, {}, s.config.model_fingerprint, s.config.kv_layout, image_key_spans(r));
+}
+
+// The live stages of the role, as the policy sees them: with a KV pool,
+// what each one's store holds of `keys` and what the pool holds anywhere.
+std::vector<Candidate> candidates(const RouterState& s, bool entry, const std::vector<BlockKey>& keys) {
   std::vector<Candidate> out;
+  int32_t any = 0;
+  if (!keys.empty()) {
+    auto runs = s.config.kv_index->leading_runs(keys);
+    if (!runs.empty()) any = runs.front().second;
+  }
   for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
     const auto& st = s.stages[size_t(i)];
-    if (st.alive && (entry ? st.entry : st.cont)) out.push_back({i, st.in_flight, st.load_blocks});
+    if (!st.alive || !(entry ? st.entry : st.cont)) continue;
+    Candidate c{i, st.in_flight, st.load_blocks};
+    if (any > 0 && st.store) {
+      c.pool_local = s.config.kv_index->leading_run(pool_holder_name(st.store.address()), keys);
+      c.pool_any = any;
+    }
+    out.push_back(c);
   }
   return out;
 }
 
+// The chosen stage's store starts fetching the prompt blocks other stores
+// hold before the stage asks for them (it may be busy with a step).
+void preload(router_pointer self, const RouterState::Stage& st, const std::vector<BlockKey>& keys) {
+  auto& s = self->state;
+  if (keys.empty() || !st.store) return;
+  const int32_t local = s.config.kv_index->leading_run(pool_holder_name(st.store.address()), keys);
+  auto runs = s.config.kv_index->leading_runs(keys);
+  if (runs.empty() || runs.front().second <= local) return;
+  msg::KvGet get;
+  get.keys.assign(keys.begin() + local, keys.begin() + runs.front().second);
+  ++s.preloads;
+  s.preload_blocks += get.keys.size();
+  self->send(st.store, kv_preload_atom::value, codec::encode(get));
+}
+
 // Places the pending request on a live stage of the role; -1 when none.
-int32_t place_on_stage(RouterState& s, RouterState::Pending& p, bool entry) {
+int32_t place_on_stage(router_pointer self, RouterState::Pending& p, bool entry) {
+  auto& s = self->state;
   PlacementPolicy& policy = entry ? *s.entry_policy : *s.continue_policy;
   PlacementRequest r = placement_request(p.request, s.config.block_size);
-  const int32_t i = policy.pick(r, candidates(s, entry));
+  // Hand-offs stream their KV from the prefill: only new requests use the pool.
+  const std::vector<BlockKey> keys = entry ? pool_keys(s, p.request) : std::vector<BlockKey>{};
+  const int32_t i = policy.pick(r, candidates(s, entry, keys));
   if (i < 0) return i;
   policy.placed(r, i);
   p.stage = i;
   p.load_blocks = r.load_blocks;
   ++s.stages[size_t(i)].in_flight;
   s.stages[size_t(i)].load_blocks += r.load_blocks;
+  preload(self, s.stages[size_t(i)], keys);
   return i;
 }
 
@@ -161,7 +203,7 @@ void on_stage_error(router_pointer self, uint64_t id, int32_t stage, const caf::
 void place_entry(router_pointer self, uint64_t id) {
   auto& s = self->state;
   auto& p = s.pending.at(id);
-  const int32_t i = place_on_stage(s, p, true);
+  const int32_t i = place_on_stage(self, p, true);
   if (i < 0) {
     ++s.rejected_unavailable;
     return fail(self, id, Status(Code::unavailable, "no live prefill or colocated actor"));
@@ -177,7 +219,7 @@ void place_continue(router_pointer self, uint64_t id, Bytes handoff,
                     const kv_sender_actor* source = nullptr) {
   auto& s = self->state;
   auto& p = s.pending.at(id);
-  const int32_t i = place_on_stage(s, p, false);
+  const int32_t i = place_on_stage(self, p, false);
   if (i < 0) {
     ++s.rejected_unavailable;
     return fail(self, id, Status(Code::unavailable, "no live decode actor"));
@@ -509,9 +551,22 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         st.kind = *k;
         st.entry = actor_kind_info(*k).entry;
         st.cont = actor_kind_info(*k).continues;
+        if (auto e = s.early_stores.find(st.addr); e != s.early_stores.end()) {
+          st.store = e->second;
+          s.early_stores.erase(e);
+        }
         self->monitor(stage);
         s.stages.push_back(std::move(st));
         return true;
+      },
+      [=](stage_store_atom, const stage_actor& stage, const kv_store_actor& store) {
+        auto& s = self->state;
+        for (auto& st : s.stages)
+          if (st.addr == stage.address()) {
+            st.store = store;
+            return;
+          }
+        if (s.early_stores.size() < 4096) s.early_stores.emplace(stage.address(), store);
       },
       [=](attach_atom, const std::string&, vision_encoder_actor encoder) -> bool {
         RouterState::Encoder e;
@@ -567,6 +622,8 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"handoffs", s.handoffs},
                                        {"direct_handoffs", s.direct_handoffs},
                                        {"replacements", s.replacements},
+                                       {"preloads", s.preloads},
+                                       {"preload_blocks", s.preload_blocks},
                                        {"stage_downs", s.stage_downs},
                                        {"timeouts", s.timeouts},
                                        {"stray_events", s.stray_events},

@@ -30,6 +30,7 @@ struct StageState {
   kv_receiver_actor receiver;
   uint64_t requests = 0, resumes = 0, tokens = 0, finished = 0, failed = 0, handoffs = 0;
   uint64_t kv_blocks_put = 0, kv_blocks_got = 0, kv_errors = 0, bad_messages = 0;
+  uint64_t pool_lookups = 0, pool_blocks_got = 0;
   static inline const char* name = "cleave.stage";
 };
 using stage_pointer = stage_actor::stateful_pointer<StageState>;
@@ -179,6 +180,52 @@ void fetch_from_store(stage_pointer self, std::shared_ptr<msg::Handoff> h,
           });
 }
 
+// A new request in a KV pool: the prompt's leading blocks after the ones
+// this engine caches come from the store (its own tiers, then the pool's
+// other stores) and are imported like a hand-off's; the rest is computed.
+// What the store lacks or fails to verify costs a recompute, never tokens.
+caf::result<bool> submit_with_pool(stage_pointer self, GenerateRequest request) {
+  auto& s = self->state;
+  Status valid = s.core->check_request(request);
+  if (!valid.ok()) return to_error(valid);
+  std::vector<BlockKey> keys = s.core->resume_keys(request, {});
+  const int32_t first = s.core->engine().cached_leading_blocks(keys);
+  ++s.requests;
+  if (size_t(first) >= keys.size()) {
+    Status st = s.core->submit(std::move(request));
+    if (!st.ok()) return to_error(st);
+    kick(self);
+    return true;
+  }
+  ++s.pool_lookups;
+  const uint64_t id = request.request_id;
+  s.awaiting_kv.insert(id);
+  msg::KvGet get;
+  get.keys.assign(keys.begin() + first, keys.end());
+  auto r = std::make_shared<GenerateRequest>(std::move(request));
+  auto run = [=](std::vector<BlockRecord> blocks) {
+    auto& s = self->state;
+    if (s.awaiting_kv.erase(id) == 0) return;  // cancelled meanwhile
+    s.pool_blocks_got += blocks.size();
+    Status st = blocks.empty() ? s.core->submit(std::move(*r))
+                               : s.core->resume(std::move(*r), {}, std::move(blocks), first);
+    if (!st.ok()) fail_request(self, id, st);
+    kick(self);
+  };
+  self->request(s.kv, kKvTimeout, kv_get_atom::value, codec::encode(get))
+      .then(
+          [=](const Bytes& reply) {
+            auto blocks = codec::decode_as<msg::KvBlocks>(reply);
+            if (!blocks.ok()) ++self->state.kv_errors;
+            run(blocks.ok() ? std::move(blocks->blocks) : std::vector<BlockRecord>{});
+          },
+          [=](caf::error&) {
+            ++self->state.kv_errors;
+            run({});
+          });
+  return true;
+}
+
 // A handed-off request: the decoder skips the leading blocks its prefix
 // cache holds (incremental), streams the rest from the prefill's kv_sender
 // when there is one, else (or when the stream fails) reads the store.
@@ -256,6 +303,8 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
     s.inbox = std::make_shared<KvInbox>();
     s.receiver = spawn_kv_receiver_linked(self, s.inbox, s.stream_counters);
   }
+  // The router places by what this stage's store holds and preloads there.
+  if (stream.pool) self->send(s.router, stage_store_atom::value, caf::actor_cast<stage_actor>(self), s.kv);
   return {
       [=](submit_atom, const Bytes& bytes) -> caf::result<bool> {
         auto& s = self->state;
@@ -264,6 +313,7 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
           ++s.bad_messages;
           return to_error(request.status());
         }
+        if (s.stream.pool) return submit_with_pool(self, std::move(request.value()));
         Status st = s.core->submit(std::move(request.value()));
         if (!st.ok()) return to_error(st);
         ++s.requests;
@@ -296,6 +346,8 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
                             {"handoffs", s.handoffs},
                             {"kv_blocks_put", s.kv_blocks_put},
                             {"kv_blocks_got", s.kv_blocks_got},
+                            {"pool_lookups", s.pool_lookups},
+                            {"pool_blocks_got", s.pool_blocks_got},
                             {"kv_blocks_moved", s.kv_blocks_put + s.kv_blocks_got}});
         for (auto& c : s.stream_counters->snapshot()) st.counters.push_back(std::move(c));
         return codec::encode(st);

@@ -99,15 +99,16 @@ constexpr const char* kExpertFields[] = {"experts", "layers"};
 constexpr int kExpert = int(ActorKind::expert);
 constexpr lua_Integer kMaxExpertIds = 4096;  // ids in one expert{} list
 constexpr lua_Integer kMaxLayer = 1 << 20;
-constexpr const char* kKvFields[] = {"tier0", "tier1", "dir"};
-constexpr const char* kKvFieldList = "tier0, tier1, dir";
+constexpr const char* kKvFields[] = {"tier0", "tier1", "dir", "durable"};
+constexpr const char* kKvFieldList = "tier0, tier1, dir, durable";
 constexpr const char* kClusterFields[] = {"router",          "max_pending",
                                           "request_timeout_s", "heartbeat_interval_s",
                                           "connection_timeout_s", "secret_env",
-                                          "secret_file"};
+                                          "secret_file",    "kv_pool",
+                                          "kv_replicate_reads"};
 constexpr const char* kClusterFieldList =
     "router, max_pending, request_timeout_s, heartbeat_interval_s, connection_timeout_s, "
-    "secret_env, secret_file";
+    "secret_env, secret_file, kv_pool, kv_replicate_reads";
 
 constexpr size_t kMaxNodes = 4096;
 constexpr lua_Integer kMaxCount = 4096;       // actors of one kind on one node
@@ -375,7 +376,7 @@ struct RawNode {
   lua_Integer counts[kNumKinds] = {};
   lua_Integer expert_ids[kMaxExpertIds] = {};
   lua_Integer n_expert_ids = 0, first_layer = 0, last_layer = -1;
-  bool head = false, has_kv = false, has_expert = false;
+  bool head = false, has_kv = false, has_expert = false, kv_durable = false;
   // stage = { layers = {first, last}, pipeline = "NAME" }
   bool has_stage = false;
   lua_Integer stage_first = 0, stage_last = -1;
@@ -448,6 +449,15 @@ void read_kv(lua_State* L, int t, const char* what, RawNode* r) {
             int(kMaxPathBytes));
     r->kv_dir = dir;  // stays pushed: the stack anchors it
   }
+  // durable: RocksDB is the store's only tier (make_kv_store), so every
+  // block it acknowledges is on disk and a restarted node finds it.
+  const int type = raw_field(L, t, "durable");
+  if (type == LUA_TBOOLEAN) r->kv_durable = lua_toboolean(L, -1);
+  else if (type != LUA_TNIL) raise(L, "%s: kv.durable must be a boolean, got %s", what, lua_typename(L, type));
+  lua_pop(L, 1);
+  if (r->kv_durable && r->kv_dir_len == 0) raise(L, "%s: kv.durable needs kv.dir (the RocksDB directory)", what);
+  if (r->kv_durable && (r->tier0 != 0 || r->tier1 != 0))
+    raise(L, "%s: a durable kv_store is RocksDB alone: kv.tier0 / kv.tier1 do not apply", what);
   r->has_kv = true;
 }
 
@@ -651,6 +661,7 @@ int lua_node(lua_State* L) {
   n.kv_tier0_bytes = uint64_t(r.tier0);
   n.kv_tier1_bytes = uint64_t(r.tier1);
   n.kv_dir.assign(r.kv_dir, r.kv_dir_len);
+  n.kv_durable = r.kv_durable;
   n.experts.first_layer = int32_t(r.first_layer);
   n.experts.last_layer = int32_t(r.last_layer);
   n.experts.experts.assign(r.expert_ids, r.expert_ids + r.n_expert_ids);
@@ -668,7 +679,7 @@ int lua_node(lua_State* L) {
 struct RawRouter {
   const char* policy = nullptr;
   size_t policy_len = 0;
-  double prefill_weight = 1.0, decode_weight = 1.0;
+  double prefill_weight = 1.0, decode_weight = 1.0, fetch_weight = kDefaultFetchWeight;
 };
 
 bool known_policy(const char* p) {
@@ -678,7 +689,8 @@ bool known_policy(const char* p) {
 }
 
 void read_router(lua_State* L, int t, const char* what, RawRouter* r) {
-  static constexpr const char* kRouterFields[] = {"policy", "prefill_weight", "decode_weight"};
+  static constexpr const char* kRouterFields[] = {"policy", "prefill_weight", "decode_weight",
+                                                  "fetch_weight"};
   // Static: a local std::string would leak when raise() longjmps past it.
   static const std::string policies = placement_policy_list();
   int type = raw_field(L, t, "router");
@@ -693,12 +705,13 @@ void read_router(lua_State* L, int t, const char* what, RawRouter* r) {
     const int rt = lua_gettop(L);
     const char* rwhat = "cluster{}.router";
     check_plain_table(L, rt, rwhat);
-    check_fields(L, rt, rwhat, kRouterFields, "policy, prefill_weight, decode_weight");
+    check_fields(L, rt, rwhat, kRouterFields, "policy, prefill_weight, decode_weight, fetch_weight");
     r->policy = opt_string(L, rt, "policy", rwhat, &r->policy_len);
     if (r->policy == nullptr)
       raise(L, "%s: needs policy = \"NAME\" (one of %s)", rwhat, policies.c_str());
     for (auto [key, out] : {std::pair<const char*, double*>{"prefill_weight", &r->prefill_weight},
-                            std::pair<const char*, double*>{"decode_weight", &r->decode_weight}}) {
+                            std::pair<const char*, double*>{"decode_weight", &r->decode_weight},
+                            std::pair<const char*, double*>{"fetch_weight", &r->fetch_weight}}) {
       int ft = raw_field(L, rt, key);
       if (ft != LUA_TNIL) {
         if (ft != LUA_TNUMBER) raise(L, "%s: %s must be a number, got %s", rwhat, key, lua_typename(L, ft));
@@ -738,6 +751,19 @@ int lua_cluster(lua_State* L) {
   if (opt_integer(L, 1, "max_pending", what, &max_pending) &&
       (max_pending < 1 || max_pending > (1 << 24)))
     raise(L, "%s: max_pending %I is out of range 1..16777216", what, max_pending);
+  bool kv_pool = sb->spec->kv_pool;
+  int type = raw_field(L, 1, "kv_pool");
+  if (type == LUA_TBOOLEAN)
+    kv_pool = lua_toboolean(L, -1);
+  else if (type != LUA_TNIL)
+    raise(L, "%s: field 'kv_pool' must be a boolean, got %s", what, lua_typename(L, type));
+  lua_pop(L, 1);
+  lua_Integer replicate_reads = sb->spec->kv_replicate_reads;
+  if (opt_integer(L, 1, "kv_replicate_reads", what, &replicate_reads)) {
+    if (replicate_reads < 1 || replicate_reads > (1 << 20))
+      raise(L, "%s: kv_replicate_reads %I is out of range 1..1048576", what, replicate_reads);
+    if (!kv_pool) raise(L, "%s: kv_replicate_reads needs kv_pool = true", what);
+  }
   double request_timeout = sb->spec->request_timeout_s;
   double heartbeat = sb->spec->heartbeat_interval_s;
   double connection_timeout = sb->spec->connection_timeout_s;
@@ -761,6 +787,9 @@ int lua_cluster(lua_State* L) {
   if (router.policy != nullptr) c.placement.policy.assign(router.policy, router.policy_len);
   c.placement.prefill_weight = router.prefill_weight;
   c.placement.decode_weight = router.decode_weight;
+  c.placement.fetch_weight = router.fetch_weight;
+  c.kv_pool = kv_pool;
+  c.kv_replicate_reads = int32_t(replicate_reads);
   c.max_pending = int32_t(max_pending);
   c.request_timeout_s = request_timeout;
   c.heartbeat_interval_s = heartbeat;

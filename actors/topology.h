@@ -53,6 +53,7 @@ struct NodeSpec {
   std::vector<ActorGroupSpec> actors;  // in kActorKindTable order, one group per kind
   uint64_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;  // per kv_store; 0 = default
   std::string kv_dir;           // RocksDB dir of that node's kv_store ("" = none)
+  bool kv_durable = false;      // kv.durable: RocksDB is the store's only tier
   // What each of the node's expert actors hosts: expert = { experts = {...},
   // layers = {first, last} }; the default hosts every expert of every layer.
   ExpertSet experts;
@@ -65,7 +66,7 @@ struct NodeSpec {
 struct ClusterSpec {
   std::vector<NodeSpec> nodes;  // in declaration order
   // router = "NAME" or router = { policy = "kv_aware", prefill_weight = W,
-  // decode_weight = W } (actors/placement.h).
+  // decode_weight = W, fetch_weight = W } (actors/placement.h).
   PlacementConfig placement;
   int32_t max_pending = 1024;
   double request_timeout_s = 300;
@@ -73,6 +74,12 @@ struct ClusterSpec {
   // Nodes read the cluster secret from secret_file when it is set, else from
   // the environment variable secret_env.
   std::string secret_env = "CLEAVE_CLUSTER_SECRET", secret_file;
+  // cluster { kv_pool = true }: every node's kv_store joins one pool (the
+  // head's store keeps its index); new requests read their prompt's blocks
+  // from it, kv_aware placement and the router's preloads use it. A worker
+  // may host a kv_store only then. kv_replicate_reads: see KvStoreRole.
+  bool kv_pool = false;
+  int32_t kv_replicate_reads = 2;
 
   const NodeSpec* find(const std::string& name) const;
   const NodeSpec& head() const;  // a loaded spec always has exactly one

@@ -41,10 +41,9 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
     return at(c.nodes.front().line,
               "no head node: mark exactly one node head = true (it hosts the router)");
   for (const NodeSpec& n : c.nodes)
-    if (!n.head && n.count("kv_store") > 0)
-      return at(n.line, "node '" + n.name + "' is not the head: a kv_store on a worker is not "
-                        "implemented yet (the head's store serves the cluster; give kv_store and kv{} "
-                        "to the head)");
+    if (!n.head && n.count("kv_store") > 0 && !c.kv_pool)
+      return at(n.line, "node '" + n.name + "' is not the head: a kv_store on a worker needs "
+                        "cluster { kv_pool = true } (its store joins the head's pool)");
 
   auto first_with = [&](const char* kind) -> const NodeSpec* {
     for (const NodeSpec& n : c.nodes)

@@ -45,6 +45,7 @@ struct NodeArgs {
   uint32_t kv_chunk_bytes = kDefaultKvChunkBytes;
   int32_t kv_window = kDefaultKvWindow;
   bool kv_via_store = false;
+  bool kv_fault_corrupt_served = false;
 };
 NodeArgs g_args;
 HttpArgs g_http;
@@ -169,6 +170,11 @@ CLI::App* add_node_command(CLI::App& app) {
       ->check(CLI::Range(1, cleave::codec::kMaxKvWindow));
   cmd->add_flag("--kv-via-store", g_args.kv_via_store,
                 "prefill: hand KV over through the head's store only (no direct stream)");
+  // Tests only (hidden): the store's answers to other stores carry a
+  // flipped byte in every block, so receivers must catch it.
+  cmd->add_flag("--kv-fault-corrupt-served", g_args.kv_fault_corrupt_served,
+                "tests: this node's kv_store flips a byte of every block it serves to another store")
+      ->group("");
   cmd->add_option("--requests", g_args.requests, "head: JSONL requests to run, then exit")
       ->check(CLI::ExistingFile);
   cmd->add_option("--out", g_args.out, "head: JSONL results of --requests");
@@ -246,6 +252,7 @@ int run_node_command() {
   o.kv_stream.chunk_bytes = a.kv_chunk_bytes;
   o.kv_stream.window = a.kv_window;
   o.kv_stream.direct = !a.kv_via_store;
+  o.kv_fault_corrupt_served = a.kv_fault_corrupt_served;
   if (me && me->head && !o.secret)
     std::fprintf(stderr, "cleave node %s: no cluster secret (%s): open cluster, any node may join\n",
                  a.name.c_str(),

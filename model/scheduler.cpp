@@ -250,6 +250,8 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
       counters_.imported_tokens += uint64_t(imported);
       counters_.recomputed_tokens += uint64_t(e.remaining() - 1);
       counters_.prefix_hit_tokens += uint64_t(e.fed - imported);
+      // A new request whose prompt's KV came from a store reports it cached.
+      if (e.progress.n_generated() == 0) e.cached = e.fed;
       e.resumed = false;
       block_buffer_pool().release(e.records);  // imported: the buffers serve later streams
     } else {

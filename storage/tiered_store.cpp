@@ -1,5 +1,7 @@
 #include "storage/tiered_store.h"
 
+#include <utility>
+
 #include <algorithm>
 #include <cstdio>
 
@@ -76,7 +78,36 @@ void TieredStore::forget_corrupt(size_t tier, const BlockKey& key, const Status&
   (void)tiers_[tier]->erase(key);  // the tier may have dropped it already
   policy_.remove(tier, key);
   auto it = meta_.find(key);
-  if (it != meta_.end() && it->second.tier == tier) meta_.erase(it);
+  if (it != meta_.end() && it->second.tier == tier) forget(it);
+}
+
+void TieredStore::forget(std::unordered_map<BlockKey, Meta, BlockKeyHash>::iterator it) {
+  if (track_gone_) gone_.push_back(it->first);
+  meta_.erase(it);
+}
+
+void TieredStore::forget(const BlockKey& key) {
+  auto it = meta_.find(key);
+  if (it != meta_.end()) forget(it);
+}
+
+std::vector<BlockKey> TieredStore::keys() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  std::vector<BlockKey> out;
+  out.reserve(meta_.size());
+  for (const auto& [key, meta] : meta_) out.push_back(key);
+  return out;
+}
+
+void TieredStore::track_gone(bool on) {
+  std::lock_guard<std::mutex> lock(mu_);
+  track_gone_ = on;
+  if (!on) gone_.clear();
+}
+
+std::vector<BlockKey> TieredStore::take_gone() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return std::exchange(gone_, {});
 }
 
 Status TieredStore::make_room(size_t t, size_t bytes) {
@@ -137,7 +168,7 @@ Status TieredStore::evict(size_t t, const BlockKey& key) {
   if (t + 1 == tiers_.size()) {
     (void)from.erase(key);
     policy_.remove(t, key);
-    meta_.erase(key);
+    forget(key);
     ++counters_.drops;
     return Status::Ok();
   }
@@ -154,7 +185,7 @@ Status TieredStore::evict(size_t t, const BlockKey& key) {
   }
   if (st.code() == Code::not_found && !from.contains(key)) {
     policy_.remove(t, key);  // vanished from under us: forget it
-    meta_.erase(key);
+    forget(key);
     return Status::Ok();
   }
   CLEAVE_RETURN_IF_ERROR(st);

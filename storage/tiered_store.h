@@ -109,7 +109,17 @@ class TieredStore {
   // Waits until the background queue is empty and the worker idle.
   void drain();
 
+  // Every key the store holds, in no order (what a restarted store announces).
+  std::vector<BlockKey> keys() const;
+  // With tracking on, every key that leaves the store (the last tier's LRU
+  // victims, corrupt copies, vanished ones) is remembered until take_gone():
+  // the kv_store actor tells the cluster's pool index (storage/kv_pool_index.h).
+  void track_gone(bool on);
+  std::vector<BlockKey> take_gone();
+
   StoreCounters counters() const;
+  uint64_t model_fingerprint() const { return model_fingerprint_; }
+  const KvLayout& layout() const { return layout_; }
   size_t n_tiers() const { return tiers_.size(); }
   Tier& tier(size_t i) { return *tiers_.at(i); }
   // Keys of a tier, least recently used first.
@@ -138,6 +148,9 @@ class TieredStore {
   // reads it from tier `from` with lookup() first.
   void promote(size_t from, const BlockKey& key, const BlockRecord* verified);
   void forget_corrupt(size_t tier, const BlockKey& key, const Status& why);
+  // Drops the key's metadata (it left the store), remembered when tracking.
+  void forget(std::unordered_map<BlockKey, Meta, BlockKeyHash>::iterator it);
+  void forget(const BlockKey& key);
   void worker_loop();
 
   const std::vector<std::unique_ptr<Tier>> tiers_;
@@ -151,6 +164,8 @@ class TieredStore {
   uint64_t version_clock_ = 0;
   size_t hops_left_ = 0;
   StoreCounters counters_;
+  bool track_gone_ = false;
+  std::vector<BlockKey> gone_;
 
   // Background migration.
   std::condition_variable work_cv_, idle_cv_;

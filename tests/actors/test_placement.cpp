@@ -140,6 +140,35 @@ TEST_CASE("kv_aware: prefill_weight x blocks to compute + decode_weight x load, 
   CHECK(p->pick(second, {{0, 0, 0}, {1, 0, 0}}) == 0);
 }
 
+TEST_CASE("kv_aware in a KV pool: blocks on the stage's store cost 0, elsewhere fetch_weight, else prefill_weight") {
+  auto p = policy("kv_aware");  // fetch_weight 0.05
+  const auto r = placement_request(prompt(run(1, 128)), 16);  // 8 blocks
+  REQUIRE(r.blocks.size() == 8);
+  auto c = [](int32_t stage, int32_t in_flight, int64_t load, int32_t local, int32_t any) {
+    Candidate x{stage, in_flight, load};
+    x.pool_local = local;
+    x.pool_any = any;
+    return x;
+  };
+  // Stage 0 holds all 8 blocks but serves load 2 (cost 2); stage 1 holds none
+  // and would fetch 8 (8 x 0.05 = 0.4): the KV moves to where the request lands.
+  CHECK(p->pick(r, {c(0, 1, 2, 8, 8), c(1, 0, 0, 0, 8)}) == 1);
+  // With no load difference the holder wins (0 < 0.4).
+  CHECK(p->pick(r, {c(0, 0, 0, 0, 8), c(1, 0, 0, 8, 8)}) == 1);
+  // Held nowhere: the load decides (8 to compute either way).
+  CHECK(p->pick(r, {c(0, 0, 3, 0, 0), c(1, 0, 1, 0, 0)}) == 1);
+  // A heavier fetch weight keeps requests on the holder despite its load:
+  // 8 x 1 = 8 to fetch against a load of 2.
+  PlacementConfig heavy;
+  heavy.policy = "kv_aware";
+  heavy.fetch_weight = 1;
+  auto h = std::move(make_placement_policy(heavy).value());
+  CHECK(h->pick(r, {c(0, 1, 2, 8, 8), c(1, 0, 0, 0, 8)}) == 0);
+  // Partial runs: stage 0 holds 4 locally, the pool 6: 2 x 0.05 + 2 to compute
+  // = 2.1 against stage 1's 6 x 0.05 + 2 = 2.3.
+  CHECK(p->pick(r, {c(0, 0, 0, 4, 6), c(1, 0, 0, 0, 6)}) == 0);
+}
+
 TEST_CASE("kv_aware: the block table is bounded (LRU)") {
   PlacementConfig c;
   c.policy = "kv_aware";
@@ -166,9 +195,13 @@ TEST_CASE("make_placement_policy refuses unknown names and misplaced or bad weig
   PlacementConfig negative;
   negative.policy = "kv_aware";
   negative.decode_weight = -1;
+  PlacementConfig fetch_rr;
+  fetch_rr.policy = "least_loaded";
+  fetch_rr.fetch_weight = 1;
   for (const Bad& b : {Bad{unknown, "unknown router policy 'fastest' (expected one of least_loaded_prefix, "
                                     "least_loaded, round_robin, kv_aware)"},
-                       Bad{weighted_rr, "takes no prefill_weight"}, Bad{negative, ">= 0"}}) {
+                       Bad{weighted_rr, "takes no prefill_weight"}, Bad{negative, ">= 0"},
+                       Bad{fetch_rr, "fetch_weight (only kv_aware does)"}}) {
     auto p = make_placement_policy(b.c);
     REQUIRE_FALSE(p.ok());
     CHECK(p.status().code() == Code::invalid_argument);

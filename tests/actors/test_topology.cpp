@@ -268,7 +268,33 @@ TEST_CASE("zero or negative counts and capacities are refused") {
   expect_error(kHead + "node { name = 'kv', actors = { decode = 1 }, kv = { tier0 = MiB } }", 2,
                "kv{} is set but the node has no kv_store actor");
   expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1, decode = 1 } }", 2,
-               "node 'kv' is not the head: a kv_store on a worker is not implemented yet");
+               "node 'kv' is not the head: a kv_store on a worker needs cluster { kv_pool = true }");
+}
+
+TEST_CASE("KV pool fields: kv_pool, kv_replicate_reads, kv.durable, fetch_weight") {
+  ClusterSpec pool = load_ok("cluster { kv_pool = true, kv_replicate_reads = 3 }\n"
+                   "node { name = 'h', head = true, actors = { kv_store = 1 } }\n"
+                   "node { name = 'w', actors = { colocated = 1, kv_store = 1 }, "
+                   "kv = { dir = '/tmp/x', durable = true } }");
+  CHECK(pool.kv_pool);
+  CHECK(pool.kv_replicate_reads == 3);
+  CHECK(pool.find("w")->kv_durable);
+  CHECK(pool.find("w")->kv_dir == "/tmp/x");
+  CHECK_FALSE(pool.find("h")->kv_durable);
+  expect_error("cluster { kv_pool = 1 }\n" + kHead, 1, "field 'kv_pool' must be a boolean, got number");
+  expect_error("cluster { kv_replicate_reads = 2 }\n" + kHead, 1, "kv_replicate_reads needs kv_pool = true");
+  expect_error("cluster { kv_pool = true, kv_replicate_reads = 0 }\n" + kHead, 1,
+               "kv_replicate_reads 0 is out of range 1..1048576");
+  expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1 }, kv = { durable = true } }", 2,
+               "kv.durable needs kv.dir");
+  expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1 }, kv = { dir = '/x', durable = 'yes' } }", 2,
+               "kv.durable must be a boolean, got string");
+  expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1 }, kv = { tier0 = MiB, dir = '/x', durable = true } }",
+               2, "a durable kv_store is RocksDB alone: kv.tier0 / kv.tier1 do not apply");
+  ClusterSpec weighted = load_ok("cluster { router = { policy = 'kv_aware', fetch_weight = 0.5 } }\n" + kHead);
+  CHECK(weighted.placement.fetch_weight == 0.5);
+  expect_error("cluster { router = { policy = 'round_robin', fetch_weight = 0.5 } }\n" + kHead, 1,
+               "fetch_weight applies to policy kv_aware only");
 }
 
 TEST_CASE("bad values and wrong types name the field") {

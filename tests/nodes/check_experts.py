@@ -23,7 +23,7 @@ CLEAVE, VOCAB, WORK = sys.argv[1:4]
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
 TOPOLOGY = os.path.join(ROOT, "examples", "experts_3nodes.lua")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from node_process import NodeProcess, expect, failures, stop_all  # noqa: E402
+from node_process import NodeProcess, expect, failures, mono_results, results, stats_of, stop_all  # noqa: E402
 
 os.makedirs(WORK, exist_ok=True)
 MODEL = os.path.join(WORK, "moe.gguf")
@@ -41,26 +41,8 @@ def write_requests(path, n, max_tokens):
                                 "repeat_penalty": 1.1 if i % 3 == 0 else 1.0}) + "\n")
 
 
-def results(path):
-    try:
-        with open(path) as f:
-            return {j["id"]: {k: j.get(k) for k in ("tokens", "text", "logits_hash", "finish_reason")}
-                    for j in (json.loads(l) for l in f if l.strip())}
-    except (OSError, ValueError):
-        return {}
-
-
-def stats_of(err, actor):
-    m = re.search(r"stats " + re.escape(actor) + r" (.*)", err)
-    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())} if m else {}
-
-
 def mono(req):
-    out = req + ".mono"
-    p = subprocess.run([CLEAVE, "generate", "-m", MODEL, "--requests", req, "--out", out, "-t", "1"],
-                       capture_output=True, text=True, timeout=300)
-    expect("mono run of " + os.path.basename(req), p.returncode == 0, p.stderr)
-    return results(out)
+    return mono_results(CLEAVE, MODEL, req)
 
 
 head_port = ["1"]  # the latest cluster's head port

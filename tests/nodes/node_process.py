@@ -1,6 +1,9 @@
-"""Processes for the multi-process tests (check_nodes.py, check_epd.py): a
+"""Processes for the multi-process tests (check_nodes.py, check_epd.py, ...): a
 process's stdout lines arrive on a queue, its stderr goes to a file, and
-stop_all() kills every one still running."""
+stop_all() kills every one still running; results(), stats_of() and
+mono_results() read what the heads and `cleave generate` wrote."""
+import json
+import os
 import queue
 import re
 import subprocess
@@ -65,3 +68,28 @@ def stop_all():
             p.kill()
             p.wait()
     procs.clear()
+
+
+def results(path):
+    """A --out JSONL file: id -> tokens, text, logits hashes, finish reason, error."""
+    try:
+        with open(path) as f:
+            return {j["id"]: {k: j.get(k) for k in ("tokens", "text", "logits_hash", "finish_reason", "error")}
+                    for j in (json.loads(l) for l in f if l.strip())}
+    except (OSError, ValueError):
+        return {}
+
+
+def stats_of(err, actor):
+    """The counters of `actor` from a node's 'stats ACTOR k=v ...' line."""
+    m = re.search(r"stats " + re.escape(actor) + r" (.*)", err)
+    return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())} if m else {}
+
+
+def mono_results(cleave, model, req):
+    """The one-process reference: `cleave generate --requests` on one thread."""
+    out = req + ".mono"
+    p = subprocess.run([cleave, "generate", "-m", model, "--requests", req, "--out", out, "-t", "1"],
+                       capture_output=True, text=True, timeout=300)
+    expect("mono run of " + os.path.basename(req), p.returncode == 0, p.stderr)
+    return results(out)

@@ -1,0 +1,21 @@
+-- The clusters of tests/nodes/check_kv_pool.py: one KV pool over a head
+-- (router, the pool's directory store, no stages) and nodes A and C, each
+-- with its own kv_store.
+--   --set head_port=N, a_stage=0|1 (A hosts a colocated stage or only its
+--   store), c=0|1 (node C is in the cluster), a_dir=PATH (A's store: RocksDB alone,
+--   durable),
+--   tier=BYTES (each worker store's memory tiers), policy=NAME
+cluster { router = param("policy", "round_robin"), request_timeout_s = 60, kv_pool = true }
+local tier = param("tier", 16 * MiB)
+node {
+  name = "head", head = true, port = param("head_port", 0),
+  actors = { kv_store = 1 }, kv = { tier0 = 16 * MiB, tier1 = 16 * MiB },
+}
+local a_actors = { kv_store = 1 }
+if param("a_stage", 1) == 1 then a_actors.colocated = 1 end
+local a_kv = { tier0 = tier, tier1 = tier }
+if param("a_dir", "") ~= "" then a_kv = { dir = param("a_dir", ""), durable = true } end
+node { name = "A", threads = 1, actors = a_actors, kv = a_kv }
+if param("c", 1) == 1 then
+  node { name = "C", threads = 1, actors = { colocated = 1, kv_store = 1 }, kv = { tier0 = tier, tier1 = tier } }
+end
