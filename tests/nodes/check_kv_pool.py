@@ -125,9 +125,10 @@ try:
            f"rc={rc} {err[-1500:]}")
     c_store = stats_of(werr["C"], "kv_store")
     c_stage = stats_of(werr["C"], "C/colocated/0")
-    expect("3. C's store caught the corrupt blocks and kept none",
+    # (C may still import blocks its own store kept of what C computed.)
+    expect("3. C's store caught the corrupt blocks and accepted none of A's",
            c_store.get("pool_blocks_corrupt", 0) > 0 and c_store.get("pool_blocks_fetched", 1) == 0 and
-           c_stage.get("imported_tokens", 1) == 0, (c_store, c_stage))
+           c_store.get("pool_replicas", 1) == 0, (c_store, c_stage))
 
     # 4. A killed -9 while C runs: prefixes A held cost a recompute, nothing fails.
     def kill_a(head, procs):
@@ -143,6 +144,28 @@ try:
     expect("4. the directory dropped A's store and no request failed",
            h.get("pool_members", 0) == 2 and r.get("failures", 1) == 0, (h, r))
 
+    # 5. kv_aware placement over the pool, A (a stage over its restarted
+    # store) and C (a fresh stage). With the default fetch_weight (0.05 a
+    # block) the first request of a prefix lands on A, where its KV is, and
+    # once A is loaded the next go to C and their KV moves there (fetched,
+    # preloaded by the router); with fetch_weight 100 a fetch costs more than
+    # any load here and every request stays on A.
+    def placed(weight):
+        rc, err, werr, got = run(f"place{weight}_", req2, ["--set", f"a_dir={A_DIR}",
+                                                         "--set", f"fetch_weight={weight}"], ["A", "C"], 2)
+        expect(f"5. kv_aware, fetch_weight {weight}: mono's tokens, text and logits hashes",
+               rc == 0 and got == ref2, f"rc={rc} {err[-1500:]}")
+        return (stats_of(werr["A"], "A/colocated/0"), stats_of(werr["C"], "C/colocated/0"),
+                stats_of(werr["C"], "kv_store"), stats_of(err, "router"))
+    a_st, c_st, c_store, r = placed(0.05)
+    expect("5. fetch_weight 0.05: requests on A (its KV) and on C (KV fetched and preloaded there)",
+           a_st.get("requests", 0) > 0 and c_st.get("requests", 0) > 0 and c_st.get("pool_blocks_got", 0) > 0 and
+           r.get("preloads", 0) > 0 and c_store.get("preloads", 0) > 0 and c_store.get("pool_blocks_fetched", 0) > 0,
+           (a_st.get("requests"), c_st.get("requests"), c_st.get("pool_blocks_got"), r.get("preloads"), c_store))
+    a_st, c_st, c_store, r = placed(100)
+    expect("5. fetch_weight 100: every request lands where its KV is (A), nothing fetched",
+           a_st.get("requests", 0) == 24 and c_st.get("requests", 1) == 0 and c_store.get("pool_fetches", 1) == 0,
+           (a_st.get("requests"), c_st.get("requests"), c_store))
 finally:
     stop_all()
 

@@ -4,8 +4,11 @@
 --   --set head_port=N, a_stage=0|1 (A hosts a colocated stage or only its
 --   store), c=0|1 (node C is in the cluster), a_dir=PATH (A's store: RocksDB alone,
 --   durable),
---   tier=BYTES (each worker store's memory tiers), policy=NAME
-cluster { router = param("policy", "round_robin"), request_timeout_s = 60, kv_pool = true }
+--   tier=BYTES (each worker store's memory tiers), fetch_weight=W (kv_aware
+--   placement with that weight; default round robin)
+local router = "round_robin"
+if param("fetch_weight", -1) >= 0 then router = { policy = "kv_aware", fetch_weight = param("fetch_weight", 0) } end
+cluster { router = router, request_timeout_s = 60, kv_pool = true }
 local tier = param("tier", 16 * MiB)
 node {
   name = "head", head = true, port = param("head_port", 0),
