@@ -276,6 +276,7 @@ struct KvStoreRole {
   // like any block). Preloaded blocks are always kept.
   int32_t replicate_reads = 2;
   bool fault_corrupt_served = false;  // tests: flip a byte of every block served to another store
+  bool fault_stale_index = false;     // tests: never tell the index what left this store
 };
 kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredStore> store,
                               KvStoreRole role = {});
@@ -321,6 +322,7 @@ struct RouterConfig {
   // elsewhere, and the chosen stage's store preloads the ones it lacks.
   // The keys need the model's fingerprint and KV layout.
   std::shared_ptr<const KvPoolIndex> kv_index;
+  bool kv_preload = true;
   uint64_t model_fingerprint = 0;
   KvLayout kv_layout;
   int32_t max_pending = 1024;

@@ -49,6 +49,7 @@ void publish(store_pointer self, std::vector<BlockKey> added) {
   auto& s = self->state;
   if (!in_pool(s)) return;
   std::vector<BlockKey> gone = s.store->take_gone();
+  if (s.role.fault_stale_index) gone.clear();
   if (s.role.index) {
     s.role.index->add(s.holder, added);
     s.role.index->remove(s.holder, gone);

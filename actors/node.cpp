@@ -469,6 +469,7 @@ class HeadNode final : public Node {
       role.index = index;
       role.replicate_reads = options_.spec.kv_replicate_reads;
       role.fault_corrupt_served = options_.kv_fault_corrupt_served;
+      role.fault_stale_index = options_.kv_fault_stale_index;
     }
     kv_ = spawn_kv_store(*system_, std::move(store.store.value()), role);
     RouterConfig rc;
@@ -478,6 +479,7 @@ class HeadNode final : public Node {
     rc.request_timeout_s = options_.spec.request_timeout_s;
     rc.placement = options_.spec.placement;
     rc.kv_index = index;
+    rc.kv_preload = options_.spec.kv_preload;
     rc.model_fingerprint = store.model_fingerprint;
     rc.kv_layout = store.layout;
     router_ = spawn_router(*system_, rc, sinks_, kv_);
@@ -636,6 +638,7 @@ class WorkerNode final : public Node {
       role.directory = kv_;
       role.replicate_reads = options_.spec.kv_replicate_reads;
       role.fault_corrupt_served = options_.kv_fault_corrupt_served;
+      role.fault_stale_index = options_.kv_fault_stale_index;
       kv_ = spawn_kv_store(*system_, std::move(store.store.value()), role);
       actors_->add_service(caf::actor_cast<caf::actor>(kv_));
       local_store_ = true;

@@ -47,6 +47,7 @@ struct NodeOptions {
   // actors (PipelineOptions::expert_replication).
   bool expert_replication = false;
   bool kv_fault_corrupt_served = false;  // tests: KvStoreRole::fault_corrupt_served
+  bool kv_fault_stale_index = false;     // tests: KvStoreRole::fault_stale_index
 };
 
 class Node : public Frontend {

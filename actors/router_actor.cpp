@@ -106,7 +106,7 @@ std::vector<Candidate> candidates(const RouterState& s, bool entry, const std::v
 // hold before the stage asks for them (it may be busy with a step).
 void preload(router_pointer self, const RouterState::Stage& st, const std::vector<BlockKey>& keys) {
   auto& s = self->state;
-  if (keys.empty() || !st.store) return;
+  if (keys.empty() || !st.store || !s.config.kv_preload) return;
   const int32_t local = s.config.kv_index->leading_run(pool_holder_name(st.store.address()), keys);
   auto runs = s.config.kv_index->leading_runs(keys);
   if (runs.empty() || runs.front().second <= local) return;

@@ -105,10 +105,10 @@ constexpr const char* kClusterFields[] = {"router",          "max_pending",
                                           "request_timeout_s", "heartbeat_interval_s",
                                           "connection_timeout_s", "secret_env",
                                           "secret_file",    "kv_pool",
-                                          "kv_replicate_reads"};
+                                          "kv_replicate_reads", "kv_preload"};
 constexpr const char* kClusterFieldList =
     "router, max_pending, request_timeout_s, heartbeat_interval_s, connection_timeout_s, "
-    "secret_env, secret_file, kv_pool, kv_replicate_reads";
+    "secret_env, secret_file, kv_pool, kv_replicate_reads, kv_preload";
 
 constexpr size_t kMaxNodes = 4096;
 constexpr lua_Integer kMaxCount = 4096;       // actors of one kind on one node
@@ -758,6 +758,14 @@ int lua_cluster(lua_State* L) {
   else if (type != LUA_TNIL)
     raise(L, "%s: field 'kv_pool' must be a boolean, got %s", what, lua_typename(L, type));
   lua_pop(L, 1);
+  bool kv_preload = sb->spec->kv_preload;
+  type = raw_field(L, 1, "kv_preload");
+  if (type == LUA_TBOOLEAN)
+    kv_preload = lua_toboolean(L, -1);
+  else if (type != LUA_TNIL)
+    raise(L, "%s: field 'kv_preload' must be a boolean, got %s", what, lua_typename(L, type));
+  lua_pop(L, 1);
+  if (type != LUA_TNIL && !kv_pool) raise(L, "%s: kv_preload needs kv_pool = true", what);
   lua_Integer replicate_reads = sb->spec->kv_replicate_reads;
   if (opt_integer(L, 1, "kv_replicate_reads", what, &replicate_reads)) {
     if (replicate_reads < 1 || replicate_reads > (1 << 20))
@@ -790,6 +798,7 @@ int lua_cluster(lua_State* L) {
   c.placement.fetch_weight = router.fetch_weight;
   c.kv_pool = kv_pool;
   c.kv_replicate_reads = int32_t(replicate_reads);
+  c.kv_preload = kv_preload;
   c.max_pending = int32_t(max_pending);
   c.request_timeout_s = request_timeout;
   c.heartbeat_interval_s = heartbeat;
@@ -1041,7 +1050,8 @@ Result<ClusterSpec> load_topology_string(const std::string& script, const std::s
   lua_close(L);
   if (!st.ok()) return st;
   CLEAVE_RETURN_IF_ERROR(check_cluster(spec, chunkname));
-  CLEAVE_RETURN_IF_ERROR(check_topology_pipelines(spec, nullptr));
+  if (Status st = check_topology_pipelines(spec, nullptr); !st.ok())
+    return Status(st.code(), chunkname + ": " + st.message());
   return spec;
 }
 

@@ -80,6 +80,9 @@ struct ClusterSpec {
   // may host a kv_store only then. kv_replicate_reads: see KvStoreRole.
   bool kv_pool = false;
   int32_t kv_replicate_reads = 2;
+  // kv_preload = false: the router does not start the chosen stage's fetch
+  // ahead of it (the stage fetches when it takes the request).
+  bool kv_preload = true;
 
   const NodeSpec* find(const std::string& name) const;
   const NodeSpec& head() const;  // a loaded spec always has exactly one

@@ -46,6 +46,7 @@ struct NodeArgs {
   int32_t kv_window = kDefaultKvWindow;
   bool kv_via_store = false;
   bool kv_fault_corrupt_served = false;
+  bool kv_fault_stale_index = false;
 };
 NodeArgs g_args;
 HttpArgs g_http;
@@ -175,6 +176,11 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_flag("--kv-fault-corrupt-served", g_args.kv_fault_corrupt_served,
                 "tests: this node's kv_store flips a byte of every block it serves to another store")
       ->group("");
+  // Tests only (hidden): the pool's index keeps naming blocks this store
+  // dropped, so readers must cope with short answers.
+  cmd->add_flag("--kv-fault-stale-index", g_args.kv_fault_stale_index,
+                "tests: this node's kv_store never tells the pool's index what left it")
+      ->group("");
   cmd->add_option("--requests", g_args.requests, "head: JSONL requests to run, then exit")
       ->check(CLI::ExistingFile);
   cmd->add_option("--out", g_args.out, "head: JSONL results of --requests");
@@ -253,6 +259,7 @@ int run_node_command() {
   o.kv_stream.window = a.kv_window;
   o.kv_stream.direct = !a.kv_via_store;
   o.kv_fault_corrupt_served = a.kv_fault_corrupt_served;
+  o.kv_fault_stale_index = a.kv_fault_stale_index;
   if (me && me->head && !o.secret)
     std::fprintf(stderr, "cleave node %s: no cluster secret (%s): open cluster, any node may join\n",
                  a.name.c_str(),
@@ -316,5 +323,6 @@ int run_node_command() {
   }
   http_server.reset();  // no route runs once the node goes
   batch_api.reset();
+  print_stats(*node, a.name);  // stopped by a signal: what it did, as a --requests run prints
   return finish(std::move(node), 0);
 }

@@ -271,7 +271,7 @@ TEST_CASE("zero or negative counts and capacities are refused") {
                "node 'kv' is not the head: a kv_store on a worker needs cluster { kv_pool = true }");
 }
 
-TEST_CASE("KV pool fields: kv_pool, kv_replicate_reads, kv.durable, fetch_weight") {
+TEST_CASE("KV pool fields: kv_pool, kv_replicate_reads, kv_preload, kv.durable, fetch_weight") {
   ClusterSpec pool = load_ok("cluster { kv_pool = true, kv_replicate_reads = 3 }\n"
                    "node { name = 'h', head = true, actors = { kv_store = 1 } }\n"
                    "node { name = 'w', actors = { colocated = 1, kv_store = 1 }, "
@@ -281,6 +281,11 @@ TEST_CASE("KV pool fields: kv_pool, kv_replicate_reads, kv.durable, fetch_weight
   CHECK(pool.find("w")->kv_durable);
   CHECK(pool.find("w")->kv_dir == "/tmp/x");
   CHECK_FALSE(pool.find("h")->kv_durable);
+  CHECK(pool.kv_preload);
+  CHECK_FALSE(load_ok("cluster { kv_pool = true, kv_preload = false }\n" + kHead).kv_preload);
+  expect_error("cluster { kv_preload = false }\n" + kHead, 1, "kv_preload needs kv_pool = true");
+  expect_error("cluster { kv_pool = true, kv_preload = 0 }\n" + kHead, 1,
+               "field 'kv_preload' must be a boolean, got number");
   expect_error("cluster { kv_pool = 1 }\n" + kHead, 1, "field 'kv_pool' must be a boolean, got number");
   expect_error("cluster { kv_replicate_reads = 2 }\n" + kHead, 1, "kv_replicate_reads needs kv_pool = true");
   expect_error("cluster { kv_pool = true, kv_replicate_reads = 0 }\n" + kHead, 1,
@@ -533,7 +538,8 @@ TEST_CASE("the examples load") {
 // one-line invalid_argument naming the script. Under the ASan build
 // LeakSanitizer checks what the fuzzer found first: the error paths of
 // cluster{ router = ... } and actors = { KIND = n } raised (longjmp) past a
-// local std::string, leaking it.
+// local std::string, leaking it. Then: the pipelines' cut checks (after the
+// script ran) returned errors without the script's name.
 TEST_CASE("topology: the fuzz regression inputs load or fail with a one-line error") {
   const fs::path dir = fs::path(CLEAVE_SOURCE_DIR) / "tests/fuzz/regressions/topology";
   TopologyLimits limits;  // fuzz_topology's
@@ -553,6 +559,8 @@ TEST_CASE("topology: the fuzz regression inputs load or fail with a one-line err
     CHECK(r.status().message().find('\n') == std::string::npos);
     if (entry.path().filename() == "unknown-router-policy-leak")
       CHECK(r.status().message().find("unknown router policy") != std::string::npos);
+    if (entry.path().filename() == "pipeline-overlap-unnamed")  // the pipeline checks name the script too
+      CHECK(r.status().message().find("overlaps node 'prefill1_1'") != std::string::npos);
   }
   CHECK(n >= 1);
   // The other path the fix covers: an unknown actor kind.

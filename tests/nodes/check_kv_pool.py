@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import time
 
@@ -28,14 +27,12 @@ CLEAVE, VOCAB, WORK = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "kv_pool.lua")
 sys.path.insert(0, HERE)
-from node_process import NodeProcess, expect, failures, mono_results, results, stats_of, stop_all  # noqa: E402
+from node_process import NodeProcess, expect, failures, make_model, mono_results, results, stats_of, stop_all  # noqa: E402,E501
 
 os.makedirs(WORK, exist_ok=True)
 MODEL = os.path.join(WORK, "gqa4.gguf")
-p = subprocess.run([CLEAVE, "make-model", "--out", MODEL, "--vocab", VOCAB, "--dim", "64", "--layers", "4",
-                    "--heads", "4", "--kv-heads", "2", "--ffn", "128", "--ctx", "512"],
-                   capture_output=True, text=True, timeout=120)
-expect("make-model", p.returncode == 0, p.stderr)
+make_model(CLEAVE, VOCAB, MODEL, "--dim", "64", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+           "--ctx", "512")
 A_DIR = os.path.join(WORK, "a_rocksdb")
 shutil.rmtree(A_DIR, ignore_errors=True)
 

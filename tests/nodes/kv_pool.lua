@@ -1,14 +1,15 @@
--- The clusters of tests/nodes/check_kv_pool.py: one KV pool over a head
--- (router, the pool's directory store, no stages) and nodes A and C, each
--- with its own kv_store.
+-- The clusters of tests/nodes/check_kv_pool.py and check_kv_pool_stress.py:
+-- one KV pool over a head (router, the pool's directory store, no stages)
+-- and nodes A, C (and B), each with its own kv_store.
 --   --set head_port=N, a_stage=0|1 (A hosts a colocated stage or only its
---   store), c=0|1 (node C is in the cluster), a_dir=PATH (A's store: RocksDB alone,
+--   store), c=0|1 and b=0|1 (nodes C, B are in the cluster), a_dir=PATH (A's store: RocksDB alone,
 --   durable),
 --   tier=BYTES (each worker store's memory tiers), fetch_weight=W (kv_aware
---   placement with that weight; default round robin)
+--   placement with that weight; default round robin), preload=0|1 (the
+--   router preloads a chosen stage's store: kv_preload)
 local router = "round_robin"
 if param("fetch_weight", -1) >= 0 then router = { policy = "kv_aware", fetch_weight = param("fetch_weight", 0) } end
-cluster { router = router, request_timeout_s = 60, kv_pool = true }
+cluster { router = router, request_timeout_s = 60, kv_pool = true, kv_preload = param("preload", 1) == 1 }
 local tier = param("tier", 16 * MiB)
 node {
   name = "head", head = true, port = param("head_port", 0),
@@ -21,4 +22,7 @@ if param("a_dir", "") ~= "" then a_kv = { dir = param("a_dir", ""), durable = tr
 node { name = "A", threads = 1, actors = a_actors, kv = a_kv }
 if param("c", 1) == 1 then
   node { name = "C", threads = 1, actors = { colocated = 1, kv_store = 1 }, kv = { tier0 = tier, tier1 = tier } }
+end
+if param("b", 0) == 1 then
+  node { name = "B", threads = 1, actors = { colocated = 1, kv_store = 1 }, kv = { tier0 = tier, tier1 = tier } }
 end

@@ -1,7 +1,8 @@
 """Processes for the multi-process tests (check_nodes.py, check_epd.py, ...): a
 process's stdout lines arrive on a queue, its stderr goes to a file, and
 stop_all() kills every one still running; results(), stats_of() and
-mono_results() read what the heads and `cleave generate` wrote."""
+mono_results() read what the heads and `cleave generate` wrote; make_model()
+writes a test model."""
 import json
 import os
 import queue
@@ -93,3 +94,10 @@ def mono_results(cleave, model, req):
                        capture_output=True, text=True, timeout=300)
     expect("mono run of " + os.path.basename(req), p.returncode == 0, p.stderr)
     return results(out)
+
+
+def make_model(cleave, vocab, out, *shape):
+    """`cleave make-model --out OUT --vocab VOCAB SHAPE...` (a checked step)."""
+    p = subprocess.run([cleave, "make-model", "--out", out, "--vocab", vocab, *shape],
+                       capture_output=True, text=True, timeout=120)
+    expect("make-model " + os.path.basename(out), p.returncode == 0, p.stderr)
