@@ -74,9 +74,13 @@ def synthetic_dataset(args):
     outs = lognormal_lengths(rng, n, args.output_mean, args.output_sigma, args.output_scale,
                              MIN_OUTPUT_LEN, max_out)
     lo, hi = args.vocab_range
-    shared = [rng.randrange(lo, hi) for _ in range(args.shared_prefix_len)]
+    shared = [[rng.randrange(lo, hi) for _ in range(args.shared_prefix_len)]]
+    # More groups draw after the first, so --prefix-groups 1 keeps the
+    # datasets of runs from before the flag.
+    shared += [[rng.randrange(lo, hi) for _ in range(args.shared_prefix_len)] for _ in range(args.prefix_groups - 1)]
     prompts = []
     for i in range(n):
+        group = shared[rng.randrange(len(shared))] if len(shared) > 1 else shared[0]
         n_in, n_out = ins[i], outs[i]
         if args.max_model_len and n_in + n_out > args.max_model_len:
             n_out = max(MIN_OUTPUT_LEN, args.max_model_len - n_in)
@@ -84,7 +88,7 @@ def synthetic_dataset(args):
             words = [WORDS[rng.randrange(len(WORDS))] for _ in range(n_in)]
             prompts.append(Prompt(" ".join(words), n_in, n_out))
         else:
-            head = shared[:n_in]
+            head = group[:n_in]
             ids = head + [rng.randrange(lo, hi) for _ in range(n_in - len(head))]
             prompts.append(Prompt(ids, n_in, n_out))
     return prompts
@@ -404,6 +408,9 @@ def build_parser():
                     help="prompt token ids are drawn uniformly from [LO, HI) (default 100,30000)")
     ap.add_argument("--shared-prefix-len", type=int, default=0,
                     help="the first N prompt tokens are the same in every prompt (prefix cache)")
+    ap.add_argument("--prefix-groups", type=int, default=1,
+                    help="K distinct shared prefixes, each prompt starting with one drawn at random "
+                         "(SGLang's generated-shared-prefix; needs --shared-prefix-len)")
     ap.add_argument("--input-mean", type=float, default=SHAREGPT_INPUT_MEAN)
     ap.add_argument("--input-sigma", type=float, default=SHAREGPT_INPUT_SIGMA)
     ap.add_argument("--output-mean", type=float, default=SHAREGPT_OUTPUT_MEAN)
@@ -465,6 +472,15 @@ def main(argv=None):
     args.percentiles = [float(p) for p in args.percentiles.split(",") if p.strip()]
     if args.num_prompts < 1:
         print("--num-prompts must be >= 1", file=sys.stderr)
+        return 2
+    if args.prefix_groups < 1:
+        print("--prefix-groups must be >= 1", file=sys.stderr)
+        return 2
+    if args.prefix_groups > 1 and args.shared_prefix_len < 1:
+        print("--prefix-groups needs --shared-prefix-len", file=sys.stderr)
+        return 2
+    if args.prefix_groups > 1 and args.prompt_format == "text":
+        print("--prefix-groups needs --prompt-format tokens", file=sys.stderr)
         return 2
     if args.max_concurrency is not None and args.max_concurrency < 1:
         print("--max-concurrency must be >= 1", file=sys.stderr)

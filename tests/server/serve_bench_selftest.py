@@ -185,6 +185,20 @@ def test_units(sb):
           and all(p.prompt_len <= 255 for p in ds), "--max-model-len: prompt + output fit")
     check(all(p.prompt[:8] == ds[0].prompt[:8] for p in ds if p.prompt_len >= 8)
           and all(5 <= t < 50 for p in ds for t in p.prompt), "shared prefix, vocab range 5,50")
+    a = ap.parse_args(["--num-prompts", "400", "--shared-prefix-len", "16", "--prefix-groups", "5",
+                       "--input-mean", "40", "--input-sigma", "0"])
+    ds = sb.synthetic_dataset(a)
+    heads = {tuple(p.prompt[:16]) for p in ds}
+    check(len(heads) == 5 and all(len(p.prompt) == 40 for p in ds) and
+          min(sum(tuple(p.prompt[:16]) == h for p in ds) for h in heads) > 40 and
+          len({tuple(p.prompt[16:]) for p in ds}) == 400, "--prefix-groups 5: five prefixes, each drawn, own tails")
+    a1 = ap.parse_args(["--num-prompts", "50", "--shared-prefix-len", "8"])
+    a2 = ap.parse_args(["--num-prompts", "50", "--shared-prefix-len", "8", "--prefix-groups", "1"])
+    check([p.prompt for p in sb.synthetic_dataset(a1)] == [p.prompt for p in sb.synthetic_dataset(a2)],
+          "--prefix-groups 1 is the one shared prefix of before")
+    for bad in (["--prefix-groups", "0"], ["--prefix-groups", "3"],
+                ["--prefix-groups", "3", "--shared-prefix-len", "4", "--prompt-format", "text"]):
+        check(sb.main(bad) == 2, "refused: " + " ".join(bad))
     a = ap.parse_args(["--num-prompts", "3", "--prompt-format", "text", "--input-mean", "10",
                        "--input-sigma", "0"])
     ds = sb.synthetic_dataset(a)
