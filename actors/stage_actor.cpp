@@ -132,6 +132,9 @@ void run_step(stage_pointer self) {
   }
   const double step_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  // The store hears of the new blocks before anyone hears of the finish, so
+  // in a KV pool a request that follows a finished one can find its prefix.
+  if (s.persist) persist_new_blocks(self);
   for (SchedulerEvent& e : events) {
     if (e.kind == SchedulerEvent::Kind::handoff) {
       publish_handoff(self, std::move(e));
@@ -141,7 +144,6 @@ void run_step(stage_pointer self) {
     m.stage_seconds = step_seconds;
     send_event(self, m);
   }
-  if (s.persist) persist_new_blocks(self);
   kick(self);
 }
 
@@ -291,6 +293,7 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
   s.kv = std::move(kv);
   // Decoders keep the store current for re-placement; a prefill hands its KV off.
   s.persist = kind != ActorKind::prefill;
+  if (s.persist) s.core->keep_finished_blocks();
   s.stream = stream;
   if (stream.direct && s.kind == ActorKind::prefill) {
     s.outbox = std::make_shared<KvOutbox>();

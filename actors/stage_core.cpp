@@ -134,29 +134,36 @@ Status StageCore::step(std::vector<SchedulerEvent>& events) {
   return st;
 }
 
-std::vector<BlockRecord> StageCore::take_new_blocks() {
-  std::vector<BlockRecord> out;
+void StageCore::collect_new_blocks(int32_t seq, std::vector<BlockRecord>& out) {
   const int32_t bs = engine_->options().block_size;
-  for (int32_t seq = 0; seq < engine_->options().max_seqs; ++seq) {
-    const int32_t n_full = engine_->sequence_length(seq) / bs;
-    if (n_full == 0) {
-      if (synced_.synced_blocks(uint64_t(seq)) > 0) synced_.forget(uint64_t(seq));
-      continue;
-    }
-    std::vector<BlockKey> keys = engine_->block_keys(seq);
-    keys.resize(std::min<size_t>(keys.size(), size_t(n_full)));
-    std::vector<SyncBlock> current;
-    current.reserve(keys.size());
-    for (const BlockKey& k : keys) current.push_back(SyncBlock{k, 0});
-    std::vector<size_t> pending = synced_.pending(uint64_t(seq), current);
-    if (pending.empty()) continue;
-    const size_t first = *std::min_element(pending.begin(), pending.end());
-    auto records = engine_->export_blocks(seq, int32_t(first));
-    if (!records.ok()) continue;  // the store simply lacks them; a resume recomputes
-    for (size_t i = 0; i < records->size() && first + i < current.size(); ++i)
-      out.push_back(std::move((*records)[i]));
-    synced_.mark_synced(uint64_t(seq), current);
+  const int32_t n_full = engine_->sequence_length(seq) / bs;
+  if (n_full == 0) {
+    if (synced_.synced_blocks(uint64_t(seq)) > 0) synced_.forget(uint64_t(seq));
+    return;
   }
+  std::vector<BlockKey> keys = engine_->block_keys(seq);
+  keys.resize(std::min<size_t>(keys.size(), size_t(n_full)));
+  std::vector<SyncBlock> current;
+  current.reserve(keys.size());
+  for (const BlockKey& k : keys) current.push_back(SyncBlock{k, 0});
+  std::vector<size_t> pending = synced_.pending(uint64_t(seq), current);
+  if (pending.empty()) return;
+  const size_t first = *std::min_element(pending.begin(), pending.end());
+  auto records = engine_->export_blocks(seq, int32_t(first));
+  if (!records.ok()) return;  // the store simply lacks them; a resume recomputes
+  for (size_t i = 0; i < records->size() && first + i < current.size(); ++i)
+    out.push_back(std::move((*records)[i]));
+  synced_.mark_synced(uint64_t(seq), current);
+}
+
+void StageCore::keep_finished_blocks() {
+  scheduler_->set_finish_hook([this](int32_t seq) { collect_new_blocks(seq, finished_blocks_); });
+}
+
+std::vector<BlockRecord> StageCore::take_new_blocks() {
+  std::vector<BlockRecord> out = std::move(finished_blocks_);
+  finished_blocks_.clear();
+  for (int32_t seq = 0; seq < engine_->options().max_seqs; ++seq) collect_new_blocks(seq, out);
   blocks_exported_ += out.size();
   return out;
 }

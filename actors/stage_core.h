@@ -68,8 +68,11 @@ class StageCore {
 
   // Sealed records of the full KV blocks the engine's sequences filled since
   // the last call (the store makes a replacement decoder recompute only what
-  // it lacks).
+  // it lacks, and in a KV pool other nodes read a prompt's blocks).
   std::vector<BlockRecord> take_new_blocks();
+  // From now on take_new_blocks() also returns the blocks of requests that
+  // finished since the last call (only for a caller that keeps calling it).
+  void keep_finished_blocks();
 
   // Keys the store is asked for when resuming (see resume_kv_keys).
   std::vector<BlockKey> resume_keys(const GenerateRequest& request,
@@ -89,6 +92,8 @@ class StageCore {
   StageCore() = default;
   // Feeds queued work to the scheduler until it answers busy.
   void drain_backlog(std::vector<SchedulerEvent>& events);
+  // Appends the records of seq's full blocks not yet taken.
+  void collect_new_blocks(int32_t seq, std::vector<BlockRecord>& out);
 
   std::string name_;
   std::shared_ptr<const Tokenizer> tokenizer_;
@@ -96,6 +101,7 @@ class StageCore {
   std::unique_ptr<Scheduler> scheduler_;
   std::deque<Work> backlog_;
   SyncTracker synced_;
+  std::vector<BlockRecord> finished_blocks_;  // of sequences closed since take_new_blocks
   uint64_t blocks_exported_ = 0;
   uint64_t step_us_ = 0;  // wall time of scheduler steps
 };

@@ -140,6 +140,7 @@ void Scheduler::finish(Entry& e, std::vector<SchedulerEvent>& events) {
   if (e.progress.request().keep_logits) ev.logits = e.progress.last_logits();
   events.push_back(std::move(ev));
   ++counters_.finished;
+  if (finish_hook_) finish_hook_(e.seq);
   release(e);
 }
 

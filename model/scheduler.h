@@ -14,6 +14,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <unordered_map>
@@ -117,6 +118,10 @@ class Scheduler {
   // batch's state unknown (then every running request was failed too).
   Status step(std::vector<SchedulerEvent>& events);
 
+  // Called with a finishing request's engine sequence just before it is
+  // closed (its KV still there): a stage saves the blocks it filled last.
+  void set_finish_hook(std::function<void(int32_t seq)> hook) { finish_hook_ = std::move(hook); }
+
   bool idle() const { return queue_.empty() && running_.empty(); }
   int32_t queued() const { return int32_t(queue_.size()); }
   int32_t running() const { return int32_t(running_.size()); }
@@ -149,6 +154,7 @@ class Scheduler {
   std::deque<std::unique_ptr<Entry>> queue_;
   std::vector<std::unique_ptr<Entry>> running_;
   SchedulerCounters counters_;
+  std::function<void(int32_t seq)> finish_hook_;
   std::vector<float> logits_;
   std::vector<std::vector<float>> image_scratch_;  // per batch row, when its image rows need a copy
   uint64_t next_arrival_ = 0;  // orders running entries: oldest first, youngest preempted

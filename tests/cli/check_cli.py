@@ -224,9 +224,14 @@ expect("inspect shows metadata and tensors",
 # topology check / show: exit 0 with a summary or the table; a bad script
 # exits 1 with one line naming file:line and the problem.
 examples = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "examples")
-for name in ("one_process.lua", "pd_2nodes.lua", "p1_d2.lua", "epd_3nodes.lua", "pipeline_nodes.lua"):
+for name in ("one_process.lua", "pd_2nodes.lua", "p1_d2.lua", "epd_3nodes.lua", "pipeline_nodes.lua",
+             "kv_pool_nodes.lua"):
     rc, out, err = run("topology", "check", os.path.join(examples, name))
     expect("topology check " + name, rc == 0 and out.startswith("ok: ") and "head" in out, out + err)
+rc, out, err = run("topology", "check", os.path.join(examples, "kv_pool_nodes.lua"), "--set", "pool=0",
+                   "--set", "nodes=2")
+expect("topology check kv_pool_nodes.lua pool=0: no node stores but the head's",
+       rc == 0 and "3 nodes, 3 actors (colocated 2, kv_store 1)" in out, out + err)
 rc, out, err = run("topology", "show", os.path.join(examples, "p1_d2.lua"), "--set", "p0_port=7000",
                    "--set", "d1_port=7002")
 expect("topology show prints the placement",

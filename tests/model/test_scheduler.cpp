@@ -4,6 +4,7 @@
 // between engines or resumed from partial / corrupted KV records.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <functional>
 #include <map>
 #include <set>
@@ -489,4 +490,42 @@ TEST_CASE("scheduler: token events carry logprobs when asked, cached tokens on t
   CHECK(a != c);
   CHECK(sampled(10, std::nullopt) != sampled(13, std::nullopt));
   (void)V;
+}
+
+TEST_CASE("scheduler: the finish hook sees a finished request's KV before its sequence closes") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto engine = make_engine(path, engine_options(1, 4));
+  Scheduler s(*engine, tok.get());
+  struct Seen {
+    int32_t seq, length;
+    size_t blocks;
+  };
+  std::vector<Seen> seen;
+  s.set_finish_hook([&](int32_t seq) {
+    auto blocks = engine->export_blocks(seq);
+    REQUIRE(blocks.ok());
+    seen.push_back({seq, engine->sequence_length(seq), blocks->size()});
+  });
+  Driver d{s};
+  // 33 tokens ending at the first token, 40 tokens with 5: the first's KV
+  // is its prompt (3 blocks), the second's prompt and 4 generated tokens.
+  for (auto [id, len, max] : {std::tuple{1, 33, 1}, std::tuple{2, 40, 5}}) {
+    GenerateRequest r;
+    r.request_id = uint64_t(id);
+    r.prompt = prompt_of(len, id);
+    r.sampling.temperature = 0;
+    r.sampling.max_tokens = max;
+    REQUIRE(s.submit(r).ok());
+  }
+  d.run_until_idle();
+  REQUIRE(seen.size() == 2);
+  std::sort(seen.begin(), seen.end(), [](const Seen& a, const Seen& b) { return a.length < b.length; });
+  CHECK(seen[0].length == 33);
+  CHECK(seen[0].blocks == 3);
+  CHECK(seen[1].length == 44);
+  CHECK(seen[1].blocks == 3);
+  CHECK(d.out[1].finished);
+  CHECK(d.out[2].finished);
+  for (int32_t seq = 0; seq < 4; ++seq) CHECK(engine->sequence_length(seq) == 0);  // closed after the hook
 }

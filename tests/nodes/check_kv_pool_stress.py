@@ -14,6 +14,8 @@ Every answer (text, per-token logprobs, finish reason) must equal the one
    the index what it dropped): readers ask holders for blocks they no longer
    have, get short answers and compute the rest; the answers do not change.
 3. kv_preload = false: the router preloads nothing, the answers do not change.
+4. Two requests one after the other that end at their first token, on two
+   nodes: the second imports the first one's prompt blocks.
 
 usage: check_kv_pool_stress.py CLEAVE VOCAB WORKDIR"""
 import json
@@ -62,6 +64,10 @@ def requests():
 
 
 REQS = requests()
+# Two requests one after the other over a prefix no other request has, each
+# ending at its first token: round robin puts them on two nodes.
+FIRST_TOKEN = [{"model": "gqa4", "prompt": [1] + [3100 + j for j in range(PREFIX_LEN)] + [tail], "max_tokens": 1,
+                "temperature": 0, "logprobs": 1} for tail in (501, 502)]
 GAPS = [random.Random(17 + t).uniform(0.0, 0.03) for t in range(N)]
 
 
@@ -106,15 +112,16 @@ def mono():
     p = NodeProcess([CLEAVE, "serve", "-m", MODEL, "--port", "0", "-t", "1"], os.path.join(WORK, "mono.err"))
     m = p.wait_line(r"listening on (http://[0-9.]+:\d+)", 60)
     expect("mono serve starts", m is not None, p.stderr()[-2000:])
-    answers = [post(m.group(1), body) for body in REQS] if m else []
+    answers = [post(m.group(1), body) for body in REQS + FIRST_TOKEN] if m else []
     p.proc.send_signal(signal.SIGTERM)
     p.wait(30)
     stop_all()
     return answers
 
 
-def cluster(tag, sets=(), extra=()):
-    """The answers, the head's stderr and each worker's stderr."""
+def cluster(tag, sets=(), extra=(), send=None):
+    """The answers (of send(url), default send_all), the head's stderr and
+    each worker's stderr."""
     common = ["--topology", TOPOLOGY, "-m", MODEL, "-t", "1", "--set", "b=1", "--set", f"tier={TIER}", *sets]
     head = NodeProcess([CLEAVE, "node", *common, "--name", "head", "--http-port", "0"],
                        os.path.join(WORK, tag + "head.err"))
@@ -135,7 +142,7 @@ def cluster(tag, sets=(), extra=()):
     while joined() < len(WORKERS) and time.time() < deadline:
         time.sleep(0.05)
     expect(tag + "every worker and its store joined", joined() >= len(WORKERS), head.stderr()[-1500:])
-    answers = send_all(url.group(1)) if url else []
+    answers = (send or send_all)(url.group(1)) if url else []
     head.proc.send_signal(signal.SIGTERM)
     rc = head.wait(60)
     for w in workers.values():
@@ -154,11 +161,11 @@ def differ(got, want):
 
 try:
     want = mono()
-    expect("mono answered every request", len(want) == N and all("error" not in a for a in want), want[:3])
+    expect("mono answered every request", len(want) == N + 2 and all("error" not in a for a in want), want[:3])
 
     # 1. The index follows the stores.
     rc, got, err, werr = cluster("fresh_")
-    expect("1. every answer equals mono's (text, logprobs, finish reason)", got == want, differ(got, want))
+    expect("1. every answer equals mono's (text, logprobs, finish reason)", got == want[:N], differ(got, want))
     head_store = stats_of(err, "kv_store")
     stages = [stats_of(e, f"{n}/colocated/0") for n, e in werr.items()]
     expect("1. blocks were fetched from other nodes, none corrupt, and dropped by the tiers' LRU",
@@ -172,7 +179,7 @@ try:
 
     # 2. A stale index: short answers, the rest computed, the same answers.
     rc, got, err, werr = cluster("stale_", extra=["--kv-fault-stale-index"])
-    expect("2. stale index: every answer equals mono's", got == want, differ(got, want))
+    expect("2. stale index: every answer equals mono's", got == want[:N], differ(got, want))
     head_store = stats_of(err, "kv_store")
     held = totals(werr, "kv_blocks_held") + head_store.get("kv_blocks_held", 0)
     expect("2. the index names blocks no store holds, readers got short answers, none corrupt",
@@ -181,11 +188,27 @@ try:
 
     # 3. No preloads.
     rc, got, err, werr = cluster("nopreload_", sets=["--set", "preload=0"])
-    expect("3. kv_preload = false: every answer equals mono's", got == want, differ(got, want))
+    expect("3. kv_preload = false: every answer equals mono's", got == want[:N], differ(got, want))
     r = stats_of(err, "router")
     expect("3. kv_preload = false: the router preloaded nothing, the stores fetched on demand",
            r.get("preloads", 1) == 0 and totals(werr, "preloads") == 0 and totals(werr, "pool_blocks_fetched") > 0,
            (r, totals(werr, "preloads")))
+
+    # 4. A prompt whose request ends at its first token is in the pool too
+    # (the stage saves a finishing request's blocks before its sequence
+    # closes): the second request, on another node, imports the 4 blocks.
+    def one_by_one(base):
+        out = []
+        for body in FIRST_TOKEN:
+            out.append(post(base, body))
+            time.sleep(0.3)  # the index hears of the blocks from the store, not with the answer
+        return out
+    rc, got, err, werr = cluster("first_token_", send=one_by_one)
+    expect("4. first-token requests: both answers equal mono's", got == want[N:], (got, want[N:]))
+    stages = [stats_of(e, f"{n}/colocated/0") for n, e in werr.items()]
+    expect("4. the second request imported the first one's 4 prompt blocks from the other node",
+           sum(s.get("pool_blocks_got", 0) for s in stages) == 4 and
+           sorted(s.get("requests", 0) for s in stages) == [0, 1, 1], stages)
 finally:
     stop_all()
 
