@@ -89,6 +89,8 @@ using pool_add_atom = caf::atom_constant<caf::atom("pooladd")>;
 using pool_gone_atom = caf::atom_constant<caf::atom("poolgone")>;
 using pool_find_atom = caf::atom_constant<caf::atom("poolfind")>;
 using peer_get_atom = caf::atom_constant<caf::atom("peerget")>;
+using peer_offer_atom = caf::atom_constant<caf::atom("peeroffer")>;
+using peer_done_atom = caf::atom_constant<caf::atom("peerdone")>;
 using kv_preload_atom = caf::atom_constant<caf::atom("kvpreload")>;
 using stage_store_atom = caf::atom_constant<caf::atom("stagestore")>;
 
@@ -120,7 +122,11 @@ constexpr uint64_t kKvMaxStreamBytes = uint64_t(1) << 30;
 // verified where it lands). kv_preload (KvGet): the same, kept in its own
 // tiers, no answer (the router's head start for the stage it placed a
 // request on). peer_get (KvGet -> KvBlocks): its own tiers only, for
-// another store. The head's store is also the pool's directory: pool_join
+// another store. peer_offer (KvGet -> data socket address, token, stream
+// id; "" when it holds none of them): the same blocks offered on the
+// store's KV data socket, for a store in another process (unsupported
+// without a socket: then peer_get); peer_done (stream id): internal, a
+// socket read finished. The head's store is also the pool's directory: pool_join
 // (a store and the KvGet of every key it holds), pool_add / pool_gone (a
 // store's new and dropped keys) keep the index; pool_find (KvGet) answers
 // the stores other than the asker that hold a leading run of the keys,
@@ -129,6 +135,8 @@ using kv_store_actor = caf::typed_actor<caf::replies_to<kv_put_atom, Bytes>::wit
                                         caf::replies_to<kv_get_atom, Bytes>::with<Bytes>,
                                         caf::reacts_to<kv_preload_atom, Bytes>,
                                         caf::replies_to<peer_get_atom, Bytes>::with<Bytes>,
+                                        caf::replies_to<peer_offer_atom, Bytes>::with<std::string, std::string, uint64_t>,
+                                        caf::reacts_to<peer_done_atom, uint64_t>,
                                         caf::replies_to<pool_join_atom, caf::actor, Bytes>::with<bool>,
                                         caf::reacts_to<pool_add_atom, caf::actor, Bytes>,
                                         caf::reacts_to<pool_gone_atom, caf::actor, Bytes>,
@@ -277,6 +285,9 @@ struct KvStoreRole {
   int32_t replicate_reads = 2;
   bool fault_corrupt_served = false;  // tests: flip a byte of every block served to another store
   bool fault_stale_index = false;     // tests: never tell the index what left this store
+  // Where this store's KV data socket listens for stores in other
+  // processes (the node's host; "": its blocks go to them as CAF messages).
+  std::string data_host;
 };
 kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredStore> store,
                               KvStoreRole role = {});

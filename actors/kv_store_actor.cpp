@@ -10,6 +10,7 @@
 #include <functional>
 #include <unordered_map>
 
+#include "actors/kv_socket.h"
 #include "schema/codec.h"
 #include "storage/tiered_store.h"
 
@@ -31,7 +32,18 @@ struct KvStoreState {
   uint64_t peer_gets = 0, peer_blocks_served = 0;
   uint64_t pool_fetches = 0, pool_blocks_fetched = 0, pool_blocks_corrupt = 0, pool_holder_errors = 0;
   uint64_t pool_short_answers = 0, pool_replicas = 0, preloads = 0, preload_blocks = 0, preload_waits = 0;
+  uint64_t peer_offers = 0, pool_socket_reads = 0;
   uint64_t bad_messages = 0;
+  // Blocks between processes: this store's offers on its KV data socket
+  // (listening from the first offer), and its reads of other stores'
+  // offers, each on a thread of its own, by ticket until peer_done.
+  std::unique_ptr<KvSocketServer> socket;
+  std::shared_ptr<KvStreamCounters> socket_counters = std::make_shared<KvStreamCounters>();
+  uint64_t next_offer = 0, next_read = 0;
+  std::unordered_map<uint64_t, std::shared_ptr<Fetch>> reading;
+  std::shared_ptr<KvInbox> read_results = std::make_shared<KvInbox>();
+  // Last member: destroyed first, joining the read threads before the rest goes.
+  std::unique_ptr<KvSocketJobs> jobs = std::make_unique<KvSocketJobs>();
   static inline const char* name = "cleave.kv_store";
 };
 using store_pointer = kv_store_actor::stateful_pointer<KvStoreState>;
@@ -104,51 +116,109 @@ void finish_fetch(store_pointer self, std::shared_ptr<Fetch> f) {
   for (auto& run : f->after) run();
 }
 
-// Asks the holders in turn for the keys still missing; a record that is not
-// the key asked for or fails verification ends that holder's answer (the
-// next holder, or the stage computes the rest).
-void fetch_next(store_pointer self, std::shared_ptr<Fetch> f) {
+void fetch_next(store_pointer self, std::shared_ptr<Fetch> f);
+
+// A holder's answer: the leading records that are the keys asked for and
+// verify; the first that does not ends the answer (the next holder, or the
+// stage computes the rest).
+void take_answer(store_pointer self, std::shared_ptr<Fetch> f, std::vector<BlockRecord> blocks) {
   auto& s = self->state;
-  if (f->got.size() == f->keys.size() || f->next_holder == f->holders.size()) return finish_fetch(self, f);
-  auto holder = caf::actor_cast<kv_store_actor>(f->holders[f->next_holder++]);
-  std::vector<BlockKey> rest(f->keys.begin() + long(f->got.size()), f->keys.end());
-  ++s.pool_fetches;
-  self->request(holder, kKvTimeout, peer_get_atom::value, codec::encode(key_list(std::move(rest))))
+  std::vector<BlockKey> kept;
+  for (BlockRecord& r : blocks) {
+    const BlockKey& want = f->keys[f->got.size()];
+    if (!(r.header.key == want) || !verify(r, s.store->model_fingerprint(), s.store->layout()).ok()) {
+      ++s.pool_blocks_corrupt;
+      break;
+    }
+    ++s.pool_blocks_fetched;
+    int32_t& reads = s.remote_reads[want];
+    ++reads;
+    if ((f->keep || reads >= s.role.replicate_reads) && s.store->put(r).ok()) {
+      ++s.pool_replicas;
+      kept.push_back(want);
+    }
+    f->got.push_back(std::move(r));
+    if (f->got.size() == f->keys.size()) break;
+  }
+  if (s.remote_reads.size() > (size_t(1) << 16)) s.remote_reads.clear();
+  if (f->got.size() < f->keys.size()) ++s.pool_short_answers;
+  publish(self, std::move(kept));
+  fetch_next(self, f);
+}
+
+// The holder's blocks as one CAF message (a holder in this process, or one
+// without a data socket).
+void fetch_by_message(store_pointer self, std::shared_ptr<Fetch> f, kv_store_actor holder, Bytes keys) {
+  self->request(holder, kKvTimeout, peer_get_atom::value, std::move(keys))
       .then(
           [=](const Bytes& reply) {
-            auto& s = self->state;
             auto blocks = codec::decode_as<msg::KvBlocks>(reply);
             if (!blocks.ok()) {
-              ++s.pool_holder_errors;
+              ++self->state.pool_holder_errors;
               return fetch_next(self, f);
             }
-            std::vector<BlockKey> kept;
-            for (BlockRecord& r : blocks->blocks) {
-              const BlockKey& want = f->keys[f->got.size()];
-              if (!(r.header.key == want) ||
-                  !verify(r, s.store->model_fingerprint(), s.store->layout()).ok()) {
-                ++s.pool_blocks_corrupt;
-                break;
-              }
-              ++s.pool_blocks_fetched;
-              int32_t& reads = s.remote_reads[want];
-              ++reads;
-              if ((f->keep || reads >= s.role.replicate_reads) && s.store->put(r).ok()) {
-                ++s.pool_replicas;
-                kept.push_back(want);
-              }
-              f->got.push_back(std::move(r));
-              if (f->got.size() == f->keys.size()) break;
-            }
-            if (s.remote_reads.size() > (size_t(1) << 16)) s.remote_reads.clear();
-            if (f->got.size() < f->keys.size()) ++s.pool_short_answers;
-            publish(self, std::move(kept));
-            fetch_next(self, f);
+            take_answer(self, f, std::move(blocks->blocks));
           },
           [=](caf::error&) {
             ++self->state.pool_holder_errors;  // gone or slow: the next holder
             fetch_next(self, f);
           });
+}
+
+// A holder in another process offers its blocks on its KV data socket;
+// they are read (layer-major chunks, checksummed) on a thread of ours.
+void fetch_by_socket(store_pointer self, std::shared_ptr<Fetch> f, kv_store_actor holder, Bytes keys) {
+  self->request(holder, kKvTimeout, peer_offer_atom::value, keys)
+      .then(
+          [=](const std::string& where, const std::string& token, uint64_t id) {
+            if (where.empty()) return take_answer(self, f, {});
+            auto& s = self->state;
+            const uint64_t ticket = ++s.next_read;
+            s.reading.emplace(ticket, f);
+            ++s.pool_socket_reads;
+            msg::KvPull pull;
+            pull.request_id = id;
+            pull.chunk_bytes = kDefaultKvChunkBytes;
+            pull.window = kDefaultKvWindow;
+            auto results = s.read_results;
+            auto counters = s.socket_counters;
+            auto me = caf::actor_cast<kv_store_actor>(self);
+            s.jobs->run([=] {
+              results->put(ticket, fetch_kv_socket(where, token, pull, kKvMaxStreamBytes, *counters));
+              caf::anon_send(me, peer_done_atom::value, ticket);
+            });
+          },
+          [=](caf::error& e) {
+            if (from_error(e).code() == Code::unsupported) return fetch_by_message(self, f, holder, keys);
+            ++self->state.pool_holder_errors;
+            fetch_next(self, f);
+          });
+}
+
+// Asks the holders in turn for the keys still missing.
+void fetch_next(store_pointer self, std::shared_ptr<Fetch> f) {
+  auto& s = self->state;
+  if (f->got.size() == f->keys.size() || f->next_holder == f->holders.size()) return finish_fetch(self, f);
+  const caf::actor& next = f->holders[f->next_holder++];
+  auto holder = caf::actor_cast<kv_store_actor>(next);
+  std::vector<BlockKey> rest(f->keys.begin() + long(f->got.size()), f->keys.end());
+  ++s.pool_fetches;
+  Bytes keys = codec::encode(key_list(std::move(rest)));
+  if (next.node() != self->node()) return fetch_by_socket(self, f, holder, std::move(keys));
+  fetch_by_message(self, f, holder, std::move(keys));
+}
+
+// The longest leading run of keys this store holds, for another store.
+std::vector<BlockRecord> held_run(KvStoreState& s, const std::vector<BlockKey>& keys) {
+  std::vector<BlockRecord> out;
+  for (const BlockKey& key : keys) {
+    auto r = s.store->get(key);
+    if (!r.ok()) break;
+    if (s.role.fault_corrupt_served && !r->bytes.empty()) r->bytes[r->bytes.size() / 2] ^= 0x10;
+    out.push_back(std::move(r.value()));
+  }
+  s.peer_blocks_served += out.size();
+  return out;
 }
 
 // The leading run of `keys` from this store's tiers, then from the pool.
@@ -283,15 +353,43 @@ kv_store_actor::behavior_type kv_store_fn(store_pointer self, std::shared_ptr<Ti
         if (!get.ok()) return to_error(get.status());
         ++s.peer_gets;
         msg::KvBlocks reply;
-        for (const BlockKey& key : get->keys) {  // the longest leading run held here
-          auto r = s.store->get(key);
-          if (!r.ok()) break;
-          if (s.role.fault_corrupt_served && !r->bytes.empty()) r->bytes[r->bytes.size() / 2] ^= 0x10;
-          reply.blocks.push_back(std::move(r.value()));
-        }
-        s.peer_blocks_served += reply.blocks.size();
+        reply.blocks = held_run(s, get->keys);
         publish(self, {});
         return codec::encode(reply);
+      },
+      [=](peer_offer_atom, const Bytes& bytes) -> caf::result<std::string, std::string, uint64_t> {
+        auto& s = self->state;
+        auto get = decode_keys(self, bytes);
+        if (!get.ok()) return to_error(get.status());
+        if (s.role.data_host.empty())
+          return to_error(Status(Code::unsupported, "this kv_store has no KV data socket"));
+        if (!s.socket) {
+          auto server = KvSocketServer::listen(s.role.data_host, s.socket_counters);
+          if (!server.ok())  // the asker falls back to messages
+            return to_error(Status(Code::unsupported, "kv_store data socket: " + server.status().to_string()));
+          s.socket = std::move(server.value());
+        }
+        ++s.peer_offers;
+        auto records = std::make_shared<const std::vector<BlockRecord>>(held_run(s, get->keys));
+        publish(self, {});
+        if (records->empty()) return caf::result<std::string, std::string, uint64_t>(std::string(), std::string(), 0);
+        const uint64_t id = ++s.next_offer;
+        const std::string token = s.socket->offer(id, records, 0, kDefaultKvChunkBytes, [](bool) {});
+        return caf::result<std::string, std::string, uint64_t>(s.socket->address(), token, id);
+      },
+      [=](peer_done_atom, uint64_t ticket) {
+        auto& s = self->state;
+        auto it = s.reading.find(ticket);
+        if (it == s.reading.end()) return;
+        auto f = it->second;
+        s.reading.erase(it);
+        auto records = s.read_results->take(ticket);
+        if (!records.ok()) {  // a bad stream or a holder gone: the next holder
+          if (records.status().code() == Code::corruption) ++s.pool_blocks_corrupt;
+          else ++s.pool_holder_errors;
+          return fetch_next(self, f);
+        }
+        take_answer(self, f, std::move(records.value()));
       },
       [=](pool_join_atom, const caf::actor& member, const Bytes& bytes) -> caf::result<bool> {
         auto& s = self->state;
@@ -336,6 +434,8 @@ kv_store_actor::behavior_type kv_store_fn(store_pointer self, std::shared_ptr<Ti
                                          {"kv_blocks_held", s.store->keys().size()},
                                          {"peer_gets", s.peer_gets},
                                          {"peer_blocks_served", s.peer_blocks_served},
+                                         {"peer_offers", s.peer_offers},
+                                         {"pool_socket_reads", s.pool_socket_reads},
                                          {"pool_fetches", s.pool_fetches},
                                          {"pool_blocks_fetched", s.pool_blocks_fetched},
                                          {"pool_blocks_corrupt", s.pool_blocks_corrupt},

@@ -470,6 +470,7 @@ class HeadNode final : public Node {
       role.replicate_reads = options_.spec.kv_replicate_reads;
       role.fault_corrupt_served = options_.kv_fault_corrupt_served;
       role.fault_stale_index = options_.kv_fault_stale_index;
+      role.data_host = me_.host;
     }
     kv_ = spawn_kv_store(*system_, std::move(store.store.value()), role);
     RouterConfig rc;
@@ -639,6 +640,7 @@ class WorkerNode final : public Node {
       role.replicate_reads = options_.spec.kv_replicate_reads;
       role.fault_corrupt_served = options_.kv_fault_corrupt_served;
       role.fault_stale_index = options_.kv_fault_stale_index;
+      role.data_host = me_.host;
       kv_ = spawn_kv_store(*system_, std::move(store.store.value()), role);
       actors_->add_service(caf::actor_cast<caf::actor>(kv_));
       local_store_ = true;

@@ -9,7 +9,8 @@ the tokens, text and per-step logits hashes against one
    keeps their blocks in its RocksDB directory.
 2. A restarts as a store only (from that directory) and C joins: the same
    prompts run on C, whose store fetches the prefixes from A (counters on C's
-   stage and store and on A's store) instead of computing them.
+   stage and store and on A's store) on A's KV data socket instead of
+   computing them.
 3. A serves corrupt blocks (a flipped byte in each): C's store catches every
    one, computes instead, the tokens do not change.
 4. A is killed -9 while C runs prompts whose prefixes only A held: every
@@ -114,6 +115,9 @@ try:
     expect("2. C's store fetched them from A's restarted store, every one verified",
            c_store.get("pool_blocks_fetched", 0) >= 4 * 6 and c_store.get("pool_blocks_corrupt", 1) == 0 and
            a_store.get("peer_blocks_served", 0) >= 4 * 6, (c_store, a_store))
+    expect("2. the blocks came on A's KV data socket (offers read by C), not as CAF messages",
+           a_store.get("peer_offers", 0) > 0 and c_store.get("pool_socket_reads", 0) == a_store.get("peer_offers")
+           and a_store.get("peer_gets", 1) == 0, (c_store, a_store))
 
     # 3. A's blocks arrive corrupt: caught at C, computed instead.
     rc, err, werr, got = run("corrupt_", req2, ["--set", "a_stage=0", "--set", f"a_dir={A_DIR}"], ["A", "C"], 1,
