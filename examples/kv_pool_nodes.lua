@@ -9,7 +9,7 @@
 --   pool; 0: each node keeps only its own engine's prefix cache),
 --   preload=0|1 (the router preloads the chosen node's store), router=NAME
 --   (round_robin, least_loaded, least_loaded_prefix, kv_aware), tier_mib=M
---   (each node store's two memory tiers), head_host / head_port
+--   (each node store's two memory tiers), NAME_host / NAME_port (head, n1, ...)
 local pool = param("pool", 1) == 1
 local c = { router = param("router", "round_robin"), kv_pool = pool }
 if pool then c.kv_preload = param("preload", 1) == 1 end
@@ -20,7 +20,9 @@ node {
 }
 local tier = param("tier_mib", 256) * MiB
 for i = 1, param("nodes", 3) do
-  local n = { name = "n" .. i, threads = 1, actors = { colocated = 1 } }
+  local name = "n" .. i
+  local n = { name = name, host = param(name .. "_host", "127.0.0.1"), port = param(name .. "_port", 0),
+              threads = 1, actors = { colocated = 1 } }
   if pool then
     n.actors.kv_store = 1
     n.kv = { tier0 = tier, tier1 = tier }
