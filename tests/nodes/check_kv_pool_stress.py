@@ -16,6 +16,8 @@ Every answer (text, per-token logprobs, finish reason) must equal the one
 3. kv_preload = false: the router preloads nothing, the answers do not change.
 4. Two requests one after the other that end at their first token, on two
    nodes: the second imports the first one's prompt blocks.
+5. kv_replicate_reads 1 keeps the fetched blocks on the reader's node, 2^20
+   keeps none (no preloads, which always keep).
 
 usage: check_kv_pool_stress.py CLEAVE VOCAB WORKDIR"""
 import json
@@ -209,6 +211,16 @@ try:
     expect("4. the second request imported the first one's 4 prompt blocks from the other node",
            sum(s.get("pool_blocks_got", 0) for s in stages) == 4 and
            sorted(s.get("requests", 0) for s in stages) == [0, 1, 1], stages)
+
+    # 5. kv_replicate_reads: without preloads, a block fetched that many
+    # times for a node's stages is kept there (1: at once; 2^20: never).
+    for reads, kept in ((1, 4), (1 << 20, 0)):
+        rc, got, err, werr = cluster(f"replicate{reads}_", sets=["--set", "preload=0", "--set", f"replicate={reads}"],
+                                     send=one_by_one)
+        expect(f"5. kv_replicate_reads {reads}: both answers equal mono's", got == want[N:], (got, want[N:]))
+        expect(f"5. kv_replicate_reads {reads}: the reader's store fetched 4 blocks and kept {kept}",
+               totals(werr, "pool_blocks_fetched") == 4 and totals(werr, "pool_replicas") == kept,
+               {n: stats_of(e, "kv_store") for n, e in werr.items()})
 finally:
     stop_all()
 

@@ -6,10 +6,12 @@
 --   durable),
 --   tier=BYTES (each worker store's memory tiers), fetch_weight=W (kv_aware
 --   placement with that weight; default round robin), preload=0|1 (the
---   router preloads a chosen stage's store: kv_preload)
+--   router preloads a chosen stage's store: kv_preload), replicate=N
+--   (kv_replicate_reads)
 local router = "round_robin"
 if param("fetch_weight", -1) >= 0 then router = { policy = "kv_aware", fetch_weight = param("fetch_weight", 0) } end
-cluster { router = router, request_timeout_s = 60, kv_pool = true, kv_preload = param("preload", 1) == 1 }
+cluster { router = router, request_timeout_s = 60, kv_pool = true, kv_preload = param("preload", 1) == 1,
+          kv_replicate_reads = param("replicate", 2) }
 local tier = param("tier", 16 * MiB)
 node {
   name = "head", head = true, port = param("head_port", 0),
