@@ -38,6 +38,7 @@ class ActorPipeline final : public Pipeline, private PipelineTestHooks {
     rc.block_size = options_.engine.block_size;
     rc.request_timeout_s = options_.request_timeout_s;
     rc.placement = options_.placement;
+    rc.scheduling_policy = options_.scheduler.policy;
     router_ = spawn_router(*system_, rc, sinks_, kv_);
     actors_->add_service(caf::actor_cast<caf::actor>(router_));
     actors_->add_service(caf::actor_cast<caf::actor>(kv_));

@@ -34,6 +34,7 @@
 #include "actors/actor_kind.h"
 #include "actors/kv_stream.h"
 #include "actors/placement.h"
+#include "model/scheduling_policy.h"
 #include "common/status.h"
 #include "frontend/frontend.h"
 #include "storage/kv_pool_index.h"
@@ -340,6 +341,9 @@ struct RouterConfig {
   int32_t block_size = 16;
   double request_timeout_s = 300;
   PlacementConfig placement;   // checked by make_placement_policy before spawning
+  // The stages' policy: under fcfs a request with a nonzero priority is
+  // refused at admission (invalid_argument), before it reaches a stage.
+  SchedulingPolicy scheduling_policy = SchedulingPolicy::fcfs;
 };
 router_actor spawn_router(caf::actor_system& system, RouterConfig config,
                           std::shared_ptr<EventSinks> sinks, kv_store_actor kv);

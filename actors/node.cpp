@@ -296,6 +296,7 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
   // script's range; the later stages attach to the head from their nodes.
   if (node.stage.set && node.count("stage") == 0) hs.engine.last_layer = node.stage.layers.last;
   hs.scheduler = o.scheduler;
+  hs.scheduler.policy = o.spec.scheduling_policy;
   hs.mmproj = o.mmproj;
   hs.vision = o.vision;
   if (node.threads > 0) hs.vision.threads = node.threads;
@@ -479,6 +480,7 @@ class HeadNode final : public Node {
     rc.block_size = options_.engine.block_size;
     rc.request_timeout_s = options_.spec.request_timeout_s;
     rc.placement = options_.spec.placement;
+    rc.scheduling_policy = options_.spec.scheduling_policy;
     rc.kv_index = index;
     rc.kv_preload = options_.spec.kv_preload;
     rc.model_fingerprint = store.model_fingerprint;

@@ -422,6 +422,8 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
     return to_error(Status(Code::busy, "max_pending (" + std::to_string(s.config.max_pending) +
                                            ") requests in flight"));
   }
+  if (Status st = check_priority_allowed(request, s.config.scheduling_policy); !st.ok())
+    return to_error(st);
   if (s.pending.count(id))
     return to_error(Status(Code::invalid_argument,
                            "request id " + std::to_string(id) + " is already in flight"));

@@ -74,7 +74,18 @@ Result<std::unique_ptr<StageCore>> StageCore::create(std::shared_ptr<const GgufF
 Status StageCore::check_request(const GenerateRequest& request) const {
   Status st = validate_request(request, engine_->context(), engine_->config().n_vocab,
                                engine_->config().dim);
-  return st.ok() ? check_images_encoded(request) : st;
+  if (st.ok()) st = check_images_encoded(request);
+  return st.ok() ? check_priority_allowed(request, scheduler_->options().policy) : st;
+}
+
+// The backlog keeps the scheduler's order: by priority value under the
+// priority policy (arrival among equals), else by arrival.
+void StageCore::push_backlog(Work work) {
+  auto at = backlog_.end();
+  if (scheduler_->options().policy == SchedulingPolicy::priority)
+    at = std::upper_bound(backlog_.begin(), backlog_.end(), work.request.priority,
+                          [](int32_t p, const Work& w) { return p < w.request.priority; });
+  backlog_.insert(at, std::move(work));
 }
 
 Status StageCore::submit(GenerateRequest request) {
@@ -84,7 +95,7 @@ Status StageCore::submit(GenerateRequest request) {
     st = scheduler_->submit(request);
     if (st.code() != Code::busy) return st;
   }
-  backlog_.push_back(Work{std::move(request), false, {}, {}, 0});
+  push_backlog(Work{std::move(request), false, {}, {}, 0});
   return Status::Ok();
 }
 
@@ -96,8 +107,7 @@ Status StageCore::resume(GenerateRequest request, std::vector<int32_t> generated
     st = scheduler_->resume(request, generated, blocks, first_block);
     if (st.code() != Code::busy) return st;
   }
-  backlog_.push_back(
-      Work{std::move(request), true, std::move(generated), std::move(blocks), first_block});
+  push_backlog(Work{std::move(request), true, std::move(generated), std::move(blocks), first_block});
   return Status::Ok();
 }
 
@@ -194,6 +204,7 @@ msg::Stats StageCore::stats() const {
       {"imported_tokens", c.imported_tokens},
       {"recomputed_tokens", c.recomputed_tokens},
       {"preempted", c.preempted},
+      {"preempted_for_priority", c.preempted_for_priority},
       {"kv_blocks_exported", blocks_exported_},
       {"cache_published_blocks", cache.published_blocks},
       {"cache_evicted_blocks", cache.evicted_blocks},

@@ -90,6 +90,7 @@ class StageCore {
     int32_t first_block = 0;
   };
   StageCore() = default;
+  void push_backlog(Work work);
   // Feeds queued work to the scheduler until it answers busy.
   void drain_backlog(std::vector<SchedulerEvent>& events);
   // Appends the records of seq's full blocks not yet taken.

@@ -105,10 +105,11 @@ constexpr const char* kClusterFields[] = {"router",          "max_pending",
                                           "request_timeout_s", "heartbeat_interval_s",
                                           "connection_timeout_s", "secret_env",
                                           "secret_file",    "kv_pool",
-                                          "kv_replicate_reads", "kv_preload"};
+                                          "kv_replicate_reads", "kv_preload",
+                                          "scheduling_policy"};
 constexpr const char* kClusterFieldList =
     "router, max_pending, request_timeout_s, heartbeat_interval_s, connection_timeout_s, "
-    "secret_env, secret_file, kv_pool, kv_replicate_reads, kv_preload";
+    "secret_env, secret_file, kv_pool, kv_replicate_reads, kv_preload, scheduling_policy";
 
 constexpr size_t kMaxNodes = 4096;
 constexpr lua_Integer kMaxCount = 4096;       // actors of one kind on one node
@@ -789,6 +790,16 @@ int lua_cluster(lua_State* L) {
     raise(L, "%s: secret_file must be a path of 1 to %d bytes", what, int(kMaxPathBytes));
   if (env != nullptr && file != nullptr)
     raise(L, "%s: set secret_env or secret_file, not both", what);
+  size_t policy_len = 0;
+  SchedulingPolicy scheduling = sb->spec->scheduling_policy;
+  if (const char* name = opt_string(L, 1, "scheduling_policy", what, &policy_len)) {
+    // No std::string here: raise() longjmps past destructors.
+    if (std::strcmp(name, "fcfs") == 0) scheduling = SchedulingPolicy::fcfs;
+    else if (std::strcmp(name, "priority") == 0) scheduling = SchedulingPolicy::priority;
+    else
+      raise(L, "%s: unknown scheduling_policy '%s' (expected one of %s)", what, name,
+            kSchedulingPolicies);
+  }
 
   // No Lua call below.
   ClusterSpec& c = *sb->spec;
@@ -800,6 +811,7 @@ int lua_cluster(lua_State* L) {
   c.kv_replicate_reads = int32_t(replicate_reads);
   c.kv_preload = kv_preload;
   c.max_pending = int32_t(max_pending);
+  c.scheduling_policy = scheduling;
   c.request_timeout_s = request_timeout;
   c.heartbeat_interval_s = heartbeat;
   c.connection_timeout_s = connection_timeout;

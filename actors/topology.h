@@ -19,6 +19,7 @@
 #include "common/status.h"
 #include "model/experts.h"
 #include "model/layer_compute.h"
+#include "model/scheduling_policy.h"
 
 namespace cleave {
 
@@ -69,6 +70,9 @@ struct ClusterSpec {
   // decode_weight = W, fetch_weight = W } (actors/placement.h).
   PlacementConfig placement;
   int32_t max_pending = 1024;
+  // cluster { scheduling_policy = "priority" }: every stage's scheduler and
+  // the router's admission (model/scheduling_policy.h).
+  SchedulingPolicy scheduling_policy = SchedulingPolicy::fcfs;
   double request_timeout_s = 300;
   double heartbeat_interval_s = 0.1, connection_timeout_s = 0.5;  // middleman supervision
   // Nodes read the cluster secret from secret_file when it is set, else from

@@ -83,7 +83,8 @@ std::string placement_table(const ClusterSpec& c) {
     for (size_t i = 0; i < row.size(); ++i) width[i] = std::max(width[i], row[i].size());
 
   std::string out = "cluster: router " + router_text(c.placement) + ", max_pending " +
-                    std::to_string(c.max_pending) + ", request timeout " +
+                    std::to_string(c.max_pending) + ", scheduling " +
+                    scheduling_policy_name(c.scheduling_policy) + ", request timeout " +
                     format_seconds(c.request_timeout_s) + ", heartbeat " +
                     format_seconds(c.heartbeat_interval_s) + ", connection timeout " +
                     format_seconds(c.connection_timeout_s) + ", secret from " +

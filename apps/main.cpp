@@ -85,6 +85,7 @@ std::vector<int32_t> parse_ids(const std::string& text) {
 struct GenerateArgs {
   std::string model, prompt, prompt_ids, logits_path, topology = "mono";
   std::string mmproj, requests, out, experts;
+  std::string scheduling_policy = "fcfs";
   std::vector<std::string> images;
   int32_t n_predict = 64, threads = 0, ctx = 0, ubatch = 512;
   int32_t prefill_actors = 1, decode_actors = 1, vision_actors = 1;
@@ -200,6 +201,8 @@ int run_generate_requests(const GenerateArgs& a);
 
 int run_generate(const GenerateArgs& a) {
   if (!a.requests.empty()) return run_generate_requests(a);
+  if (a.scheduling_policy != "fcfs")  // one request: there is nothing to order
+    throw CLI::ValidationError("--scheduling-policy", "needs --requests");
   if (a.prompt.empty() == a.prompt_ids.empty())
     throw CLI::ValidationError("generate", "give exactly one of -p/--prompt and --prompt-ids");
   const Topology topology = unwrap(parse_topology(a.topology));
@@ -378,6 +381,7 @@ int run_generate_requests(const GenerateArgs& a) {
   po.engine.pipeline_micro_batches = a.pipeline_micro_batches;
   po.expert_replication = a.enable_eplb;
   po.max_pending = 4096;
+  po.scheduler.policy = *parse_scheduling_policy(a.scheduling_policy);  // CLI checked the spelling
   po.experts = parse_experts_flag(a.experts);
   po.pipeline_parallel_size = a.pipeline_parallel_size;
   auto pipeline = unwrap(Pipeline::create(file, tok, po));
@@ -561,6 +565,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 1024));
   gen->add_option("--pipeline-micro-batches", g.pipeline_micro_batches, kPipelineMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
+  gen->add_option("--scheduling-policy", g.scheduling_policy,
+                  "with --requests: fcfs (arrival order; a nonzero \"priority\" is refused) or "
+                  "priority (lower \"priority\" first, preempting higher values)")
+      ->check(CLI::IsMember({"fcfs", "priority"}));
   gen->add_flag("--no-bos", g.no_bos, "do not add BOS to a text prompt");
   gen->add_flag("--json", g.json, "print one JSON object with ids, text and timings");
   gen->add_option("--logits", g.logits_path, "write each step's logits (float32, steps x n_vocab)");

@@ -23,6 +23,10 @@ void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
   cmd->add_option("--max-pending", a.max_pending,
                   "requests admitted and not finished; beyond: busy (serve: 503 with Retry-After)")
       ->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--scheduling-policy", a.scheduling_policy,
+                  "fcfs (arrival order; a request's nonzero \"priority\" is refused) or priority "
+                  "(lower \"priority\" first; it may preempt a running request of a higher value)")
+      ->check(CLI::IsMember({"fcfs", "priority"}));
   cmd->add_option("--experts", a.experts, kExpertsHelp);
   cmd->add_option("--expert-micro-batches", a.expert_micro_batches, kExpertMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
@@ -77,6 +81,7 @@ PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
   po.expert_replication = a.enable_eplb;
   po.engine.max_seqs = a.parallel;
   po.max_pending = a.max_pending;
+  po.scheduler.policy = *parse_scheduling_policy(a.scheduling_policy);  // CLI checked the spelling
   po.mmproj = std::move(mmproj);
   po.vision_actors = a.vision_actors;
   po.vision.threads = po.engine.threads;

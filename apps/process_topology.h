@@ -16,6 +16,7 @@ struct ProcessTopologyArgs {
   int32_t threads = 0, ctx = 0, parallel = 8, ubatch = 512;
   int32_t prefill_actors = 1, decode_actors = 1, colocated_actors = 1, vision_actors = 1;
   int32_t max_pending = 1024;
+  std::string scheduling_policy = "fcfs";  // vLLM's --scheduling-policy
   std::string experts;  // --experts: FFN expert hosts (model/experts.h's spelling)
   int32_t expert_micro_batches = 1;
   bool enable_eplb = false;

@@ -45,7 +45,7 @@ const std::unordered_set<std::string>& known_keys() {
   static const std::unordered_set<std::string> keys = {
       "id",          "prompt", "prompt_ids",     "images",        "add_bos", "max_tokens",
       "temperature", "top_k",  "top_p",          "min_p",         "seed",    "repeat_penalty",
-      "repeat_last_n", "stop", "ignore_eos",     "prefill_chunk"};
+      "repeat_last_n", "stop", "ignore_eos",     "prefill_chunk", "priority"};
   return keys;
 }
 
@@ -112,7 +112,8 @@ Result<GenerateRequest> parse_object(const json& j, const RequestContext& ctx) {
   for (const IntKey& k : {IntKey{"max_tokens", 0, 1 << 24, &s.max_tokens},
                           IntKey{"top_k", 0, 1 << 30, &s.top_k},
                           IntKey{"repeat_last_n", 0, 1 << 24, &s.repeat_last_n},
-                          IntKey{"prefill_chunk", 1, 1 << 20, &r.prefill_chunk}}) {
+                          IntKey{"prefill_chunk", 1, 1 << 20, &r.prefill_chunk},
+                          IntKey{"priority", INT32_MIN, INT32_MAX, &r.priority}}) {
     if (!j.contains(k.key)) continue;
     auto v = int_field(j, k.key, k.lo, k.hi);
     if (!v.ok()) return v.status();

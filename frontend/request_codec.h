@@ -15,6 +15,8 @@
 //   "min_p" 0.05, "repeat_penalty" 1, "repeat_last_n" 64, "seed" 0,
 //   "stop"          a string or a list of strings,
 //   "ignore_eos"    default false, "prefill_chunk" default 512
+//   "priority"      int32, default 0: lower first under the priority
+//                   scheduling policy (a nonzero one is refused under fcfs)
 // (SamplingParams' defaults, llama.cpp's, except max_tokens). Any other key
 // is refused, naming it: a field that would be ignored is an error.
 //

@@ -47,6 +47,11 @@ struct GenerateRequest {
   int32_t prefill_chunk = 512;  // tokens per prefill forward (llama.cpp's ubatch)
   bool ignore_eos = false;
   bool keep_logits = false;     // record each step's logits row
+  // vLLM's priority: under the priority scheduling policy a lower value is
+  // served first and may preempt a running request of a higher value (whose
+  // KV is recomputed, as any preemption's). Any other policy refuses a
+  // nonzero value.
+  int32_t priority = 0;
 };
 
 // invalid_argument / out_of_range naming the problem: empty prompt, prompt

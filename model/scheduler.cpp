@@ -50,6 +50,7 @@ Status Scheduler::check_new(const GenerateRequest& request) const {
   CLEAVE_RETURN_IF_ERROR(validate_request(request, engine_.context(), engine_.config().n_vocab,
                                           engine_.config().dim));
   CLEAVE_RETURN_IF_ERROR(check_images_encoded(request));
+  CLEAVE_RETURN_IF_ERROR(check_priority_allowed(request, options_.policy));
   if (has(request.request_id))
     return Status(Code::invalid_argument, "scheduler: request " +
                                               std::to_string(request.request_id) +
@@ -64,9 +65,22 @@ Status Scheduler::enqueue(EntryPtr entry) {
                                   " requests are already waiting (max_queue)");
   }
   entry->arrival = next_arrival_++;
-  queue_.push_back(std::move(entry));
+  requeue(std::move(entry));
   ++counters_.submitted;
   return Status::Ok();
+}
+
+bool Scheduler::before(const Entry& a, const Entry& b) const {
+  if (options_.policy == SchedulingPolicy::priority && a.progress.request().priority != b.progress.request().priority)
+    return a.progress.request().priority < b.progress.request().priority;
+  return a.arrival < b.arrival;
+}
+
+// Into the queue at its place in the policy's order (after equals).
+void Scheduler::requeue(EntryPtr entry) {
+  auto at = std::upper_bound(queue_.begin(), queue_.end(), entry,
+                             [&](const EntryPtr& a, const EntryPtr& b) { return before(*a, *b); });
+  queue_.insert(at, std::move(entry));
 }
 
 Status Scheduler::submit(GenerateRequest request) {
@@ -225,7 +239,10 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
     int32_t promised = 0;
     for (const auto& r : running_) promised += engine_.blocks_needed(r->seq, r->remaining()) + 1;
     auto seq = engine_.open_sequence(image_key_spans(e.progress.request()));
-    if (!seq.ok()) return;  // every slot is taken (the spans passed validate_request)
+    if (!seq.ok()) {  // every slot is taken (the spans passed validate_request)
+      if (preempt_for(e)) continue;
+      return;
+    }
     e.seq = *seq;
     const int32_t need_all = engine_.blocks_needed(e.seq, int32_t(e.progress.history().size()));
     // Checked first when there are records, so no import is made in vain.
@@ -235,6 +252,7 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
     if (!fits) {
       release(e);
       e.done = false;
+      if (preempt_for(e)) continue;
       if (!running_.empty()) return;  // waits for running requests to leave
       fail(e,
            Status(Code::out_of_memory,
@@ -261,24 +279,37 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
     }
     EntryPtr moved = std::move(queue_.front());
     queue_.pop_front();
-    auto at = std::upper_bound(running_.begin(), running_.end(), moved->arrival,
-                               [](uint64_t a, const EntryPtr& r) { return a < r->arrival; });
+    auto at = std::upper_bound(running_.begin(), running_.end(), moved,
+                               [&](const EntryPtr& a, const EntryPtr& r) { return before(*a, *r); });
     running_.insert(at, std::move(moved));
   }
 }
 
-void Scheduler::preempt_youngest() {
-  EntryPtr youngest = std::move(running_.back());
+// The last running entry in the policy's order (the youngest of the highest
+// priority value) goes back to the queue; it recomputes its KV when it runs
+// again (what the prefix cache still holds is reused).
+void Scheduler::preempt_last() {
+  EntryPtr last = std::move(running_.back());
   running_.pop_back();
-  release(*youngest);
-  youngest->done = false;
-  queue_.push_front(std::move(youngest));
+  release(*last);
+  last->done = false;
+  requeue(std::move(last));
   ++counters_.preempted;
 }
 
+// Under the priority policy: makes room for `waiting` (which does not fit)
+// by preempting the last running entry when its priority value is higher.
+bool Scheduler::preempt_for(const Entry& waiting) {
+  if (options_.policy != SchedulingPolicy::priority || running_.empty()) return false;
+  if (running_.back()->progress.request().priority <= waiting.progress.request().priority) return false;
+  preempt_last();
+  ++counters_.preempted_for_priority;
+  return true;
+}
+
 // One forward's rows: a decode row for every entry with one token to feed,
-// then prefill chunks, oldest first, within the token budget and the free
-// KV blocks. Decode rows that cannot get blocks push the youngest entry out.
+// then prefill chunks in the policy's order, within the token budget and the
+// free KV blocks. Decode rows that cannot get blocks push the last entry out.
 std::vector<Scheduler::Row> Scheduler::plan_batch(std::vector<SchedulerEvent>& events) {
   std::vector<Row> rows;
   while (!running_.empty()) {
@@ -320,7 +351,7 @@ std::vector<Scheduler::Row> Scheduler::plan_batch(std::vector<SchedulerEvent>& e
       drop_done();
       return {};
     }
-    preempt_youngest();
+    preempt_last();
   }
   return rows;
 }

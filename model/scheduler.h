@@ -23,6 +23,7 @@
 #include "common/status.h"
 #include "model/engine.h"
 #include "model/request.h"
+#include "model/scheduling_policy.h"
 #include "storage/block.h"
 
 namespace cleave {
@@ -31,6 +32,7 @@ struct SchedulerOptions {
   int32_t max_batch_tokens = 256;  // tokens per forward: decode rows first, then prefill chunks
   int32_t max_queue = 256;         // requests waiting for a sequence slot; beyond: busy
   bool prefill_only = false;       // hand each request off after its first token
+  SchedulingPolicy policy = SchedulingPolicy::fcfs;
 };
 
 // invalid_argument naming the field: max_batch_tokens < 1, max_queue < 0.
@@ -72,6 +74,7 @@ struct SchedulerCounters {
   uint64_t imported_tokens = 0;     // tokens whose KV came in through resume()
   uint64_t recomputed_tokens = 0;   // resume()d tokens whose KV had to be recomputed
   uint64_t preempted = 0;           // sequences released for KV room (recomputed later)
+  uint64_t preempted_for_priority = 0;  // of those: for a queued request of a lower value
   uint64_t handed_off = 0;          // prefill_only requests handed off after their first token
 };
 
@@ -85,9 +88,10 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request. validate_request()'s errors (with the engine's n_embd)
-  // and check_images_encoded()'s; invalid_argument for a request id already
-  // queued or running; busy when max_queue requests wait. Image positions
+  // Queues a request. validate_request()'s errors (with the engine's n_embd),
+  // check_images_encoded()'s and check_priority_allowed()'s; invalid_argument
+  // for a request id already queued or running; busy when max_queue requests
+  // wait. Image positions
   // are fed from the request's embeddings in every prefill chunk, also when
   // a preempted request recomputes and in resume().
   Status submit(GenerateRequest request);
@@ -110,10 +114,12 @@ class Scheduler {
 
   // One iteration: admits queued requests that fit (sequence slot and KV
   // blocks for their whole history, beyond what running requests still need
-  // plus one block each to grow), first come first served, runs one forward
+  // plus one block each to grow) in the policy's order, runs one forward
   // batch, samples, and appends the events it produced. When decode rows
-  // find no free block, the youngest running request is preempted (requeued
-  // first; it recomputes later with the same tokens). A request that fails (e.g. it can never fit) gets a failed
+  // find no free block, the last running request in that order is preempted
+  // (requeued in its place; it recomputes later with the same tokens); under
+  // the priority policy a queued request that does not fit preempts running
+  // ones of a higher value the same way. A request that fails (e.g. it can never fit) gets a failed
   // event; step() itself fails only on an engine error that leaves the
   // batch's state unknown (then every running request was failed too).
   Status step(std::vector<SchedulerEvent>& events);
@@ -141,7 +147,10 @@ class Scheduler {
     int32_t n_tokens;
   };
   std::vector<Row> plan_batch(std::vector<SchedulerEvent>& events);
-  void preempt_youngest();
+  bool before(const Entry& a, const Entry& b) const;  // the policy's order
+  void requeue(EntryPtr entry);
+  void preempt_last();
+  bool preempt_for(const Entry& waiting);
   void fail(Entry& e, Status why, std::vector<SchedulerEvent>& events);
   void finish(Entry& e, std::vector<SchedulerEvent>& events);
   void handoff(Entry& e, std::vector<SchedulerEvent>& events);
@@ -157,7 +166,7 @@ class Scheduler {
   std::function<void(int32_t seq)> finish_hook_;
   std::vector<float> logits_;
   std::vector<std::vector<float>> image_scratch_;  // per batch row, when its image rows need a copy
-  uint64_t next_arrival_ = 0;  // orders running entries: oldest first, youngest preempted
+  uint64_t next_arrival_ = 0;  // with the policy, orders both lists: the last is preempted first
 };
 
 }  // namespace cleave

@@ -72,6 +72,7 @@ struct GenerateRequest {
   hasRngStream @7 :Bool;      # rngStream keys the sampler's RNG instead of requestId
   rngStream @8 :UInt64;
   logprobs @9 :Int32 = -1;    # top alternatives to report per token; -1: no logprobs
+  priority @10 :Int32;        # vLLM's: lower first under the priority scheduling policy
 }
 
 # Router -> vision_encoder: the images of one request that need embeddings

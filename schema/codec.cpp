@@ -101,6 +101,7 @@ void put(wire::GenerateRequest::Builder b, const GenerateRequest& r) {
   b.setHasRngStream(r.rng_stream.has_value());
   b.setRngStream(r.rng_stream.value_or(0));
   b.setLogprobs(r.logprobs);
+  b.setPriority(r.priority);
 }
 
 void put(wire::EncodeRequest::Builder b, const msg::EncodeRequest& m) {
@@ -511,6 +512,7 @@ GenerateRequest get(wire::GenerateRequest::Reader r) {
   out.images = get(r.getImages());
   if (r.getHasRngStream()) out.rng_stream = r.getRngStream();
   out.logprobs = r.getLogprobs();
+  out.priority = r.getPriority();
   return out;
 }
 

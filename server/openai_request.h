@@ -21,6 +21,8 @@
 //                      PromptContext::default_seed
 //   n                  1..16 choices, default 1
 //   ignore_eos         bool (vLLM's)
+//   priority           int32, default 0 (vLLM's): lower first under
+//                      --scheduling-policy priority; nonzero under fcfs: 400
 //   stream             bool; stream_options {"include_usage": bool} only with stream
 //   user               string: metadata only (OpenAI's abuse-monitoring id),
 //                      accepted and not used; the one accepted field that
@@ -119,6 +121,7 @@ struct ParsedRequest {
   bool include_usage = false;
   int32_t logprobs = -1;  // top alternatives per token (completions logprobs, chat top_logprobs); -1: none
   bool ignore_eos = false;
+  int32_t priority = 0;
 };
 
 // The OpenAI sampling defaults (temperature 1, top_p 1, top_k off, min_p 0,

@@ -297,6 +297,11 @@ TEST_CASE("KV pool fields: kv_pool, kv_replicate_reads, kv_preload, kv.durable, 
   expect_error(kHead + "node { name = 'kv', actors = { kv_store = 1 }, kv = { tier0 = MiB, dir = '/x', durable = true } }",
                2, "a durable kv_store is RocksDB alone: kv.tier0 / kv.tier1 do not apply");
   ClusterSpec weighted = load_ok("cluster { router = { policy = 'kv_aware', fetch_weight = 0.5 } }\n" + kHead);
+  CHECK(weighted.scheduling_policy == SchedulingPolicy::fcfs);
+  CHECK(load_ok("cluster { scheduling_policy = 'priority' }\n" + kHead).scheduling_policy ==
+        SchedulingPolicy::priority);
+  expect_error("cluster { scheduling_policy = 'lifo' }\n" + kHead, 1,
+               "unknown scheduling_policy 'lifo' (expected one of fcfs, priority)");
   CHECK(weighted.placement.fetch_weight == 0.5);
   expect_error("cluster { router = { policy = 'round_robin', fetch_weight = 0.5 } }\n" + kHead, 1,
                "fetch_weight applies to policy kv_aware only");

@@ -46,6 +46,49 @@ expect_error("no subcommand", [], 2, "subcommand")
 expect_error("bad type name", ["make-model", "--out", os.path.join(WORK, "x.gguf"), "--vocab", VOCAB,
                                "--type", "q4_k"], 1, "q4_k")
 
+expect_error("--scheduling-policy on one prompt", ["generate", "-m", model, "-p", "x", "--scheduling-policy",
+                                                   "priority"], 2, "--scheduling-policy", "needs --requests")
+expect_error("unknown --scheduling-policy", ["serve", "-m", model, "--scheduling-policy", "lifo"], 2,
+             "--scheduling-policy", "lifo")
+
+# "priority" in request lines: the priority policy gives each request the
+# tokens it has without one; fcfs refuses the nonzero ones, naming them.
+prio_reqs = os.path.join(WORK, "priority.jsonl")
+with open(prio_reqs, "w") as f:
+    for i, prio in enumerate([4, 0, -2, 4]):
+        f.write(json.dumps({"id": i + 1, "prompt_ids": [1, 20 + i, 30 + i], "max_tokens": 6, "ignore_eos": True,
+                            "temperature": 0, "priority": prio}) + "\n")
+plain_reqs = os.path.join(WORK, "plain.jsonl")
+with open(prio_reqs) as f, open(plain_reqs, "w") as g:
+    for line in f:
+        r = json.loads(line)
+        del r["priority"]
+        g.write(json.dumps(r) + "\n")
+
+
+def run_requests(path, *flags):
+    out_path = os.path.join(WORK, "prio-results.jsonl")
+    rc, out, err = run("generate", "-m", model, "--requests", path, "--out", out_path, "-t", "1", *flags)
+    rows = {}
+    if os.path.exists(out_path):
+        with open(out_path) as f:
+            rows = {r["id"]: r for r in map(json.loads, f)}
+        os.remove(out_path)
+    return rc, rows, out + err
+
+
+rc_p, prio_rows, log_p = run_requests(prio_reqs, "--scheduling-policy", "priority")
+rc_f, plain_rows, log_f = run_requests(plain_reqs)
+expect("--scheduling-policy priority runs prioritised requests with their plain tokens",
+       rc_p == 0 and len(prio_rows) == 4 and
+       all(prio_rows[i].get("tokens") == plain_rows.get(i, {}).get("tokens") and
+           len(prio_rows[i].get("tokens", [])) == 6 for i in prio_rows), log_p + log_f)
+rc_r, refused_rows, log_r = run_requests(prio_reqs)
+expect("fcfs refuses the lines with a nonzero priority, naming it",
+       "priority 4" in refused_rows.get(1, {}).get("error", "") and
+       "--scheduling-policy priority" in refused_rows.get(3, {}).get("error", "") and
+       len(refused_rows.get(2, {}).get("tokens", [])) == 6, log_r + str(refused_rows))
+
 # Run-time errors: exit 1, one line naming the values.
 bad = os.path.join(WORK, "corrupt.gguf")
 with open(model, "rb") as f:

@@ -529,3 +529,137 @@ TEST_CASE("scheduler: the finish hook sees a finished request's KV before its se
   CHECK(d.out[2].finished);
   for (int32_t seq = 0; seq < 4; ++seq) CHECK(engine->sequence_length(seq) == 0);  // closed after the hook
 }
+
+namespace {
+
+// The step of each request's first token and of its finish, run to idle.
+struct Times {
+  int first = -1, finish = -1;
+};
+std::map<uint64_t, Times> run_timed(Driver& d) {
+  std::map<uint64_t, Times> t;
+  auto note = [&] {
+    for (const auto& [id, o] : d.out) {
+      if (!o.tokens.empty() && t[id].first < 0) t[id].first = d.steps;
+      if (o.finished && t[id].finish < 0) t[id].finish = d.steps;
+    }
+  };
+  note();
+  while (!d.scheduler.idle()) {
+    REQUIRE(d.steps < 100000);
+    d.step();
+    note();
+  }
+  return t;
+}
+
+GenerateRequest prioritised(int i, int32_t priority, int32_t max_tokens) {
+  GenerateRequest r = mixed_request(i);
+  r.prompt = prompt_of(12 + i, 70 + i);
+  r.sampling.max_tokens = max_tokens;
+  r.ignore_eos = true;
+  r.priority = priority;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("scheduler priority: lower values run first and preempt higher ones; tokens equal generate()") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto alone = make_engine(path, 1, 1);
+  auto engine = make_engine(path, engine_options(1, 1));  // one sequence slot
+  const int32_t V = engine->config().n_vocab;
+  SchedulerOptions so;
+  so.policy = SchedulingPolicy::priority;
+  Scheduler scheduler(*engine, tok.get(), so);
+  Driver d{scheduler};
+  const GenerateRequest low = prioritised(1, 5, 12);
+  REQUIRE(scheduler.submit(low).ok());
+  for (int i = 0; i < 4; ++i) d.step();  // low holds the slot, tokens out
+  REQUIRE(d.out[low.request_id].tokens.size() >= 2);
+  const GenerateRequest later_low = prioritised(2, 5, 6), high = prioritised(3, 0, 6),
+                        urgent = prioritised(4, -1, 6);
+  REQUIRE(scheduler.submit(later_low).ok());
+  REQUIRE(scheduler.submit(high).ok());
+  REQUIRE(scheduler.submit(urgent).ok());
+  auto t = run_timed(d);
+  // urgent preempts low at once; high runs next; then low (it arrived first)
+  // finishes before later_low of the same value starts.
+  CHECK(t[urgent.request_id].first == 5);
+  CHECK(t[urgent.request_id].finish < t[high.request_id].first);
+  CHECK(t[high.request_id].finish < t[low.request_id].finish);
+  CHECK(t[low.request_id].finish < t[later_low.request_id].first);
+  CHECK(scheduler.counters().preempted_for_priority == 1);
+  for (const GenerateRequest& r : {low, later_low, high, urgent}) {
+    CAPTURE(r.request_id);
+    check_matches(d.out[r.request_id], reference(*alone, tok.get(), r), V);
+  }
+}
+
+TEST_CASE("scheduler priority: equal values never preempt; fcfs refuses a nonzero priority") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto engine = make_engine(path, engine_options(1, 1));
+  {
+    SchedulerOptions so;
+    so.policy = SchedulingPolicy::priority;
+    Scheduler scheduler(*engine, tok.get(), so);
+    Driver d{scheduler};
+    const GenerateRequest a = prioritised(1, 3, 6), b = prioritised(2, 3, 6);
+    REQUIRE(scheduler.submit(a).ok());
+    d.step();
+    REQUIRE(scheduler.submit(b).ok());
+    d.run_until_idle();
+    CHECK(scheduler.counters().preempted_for_priority == 0);
+    CHECK(scheduler.counters().preempted == 0);
+    CHECK(d.out[a.request_id].finished);
+    CHECK(d.out[b.request_id].finished);
+  }
+  Scheduler fcfs(*engine, tok.get());
+  GenerateRequest r = prioritised(5, 2, 4);
+  Status st = fcfs.submit(r);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("priority 2") != std::string::npos);
+  CHECK(st.message().find("fcfs") != std::string::npos);
+  CHECK(fcfs.resume(r, {}, {}).code() == Code::invalid_argument);
+  r.priority = 0;
+  CHECK(fcfs.submit(r).ok());
+  CHECK(parse_scheduling_policy("priority").value() == SchedulingPolicy::priority);
+  CHECK(parse_scheduling_policy("lifo").status().message().find("fcfs, priority") != std::string::npos);
+}
+
+TEST_CASE("scheduler priority: a request short of KV blocks preempts higher values; tokens equal generate()") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto alone = make_engine(path, 1, 1);
+  // 7 blocks of 16 tokens, 4 slots: the two low requests take 4 blocks and
+  // each keeps one to grow by; high needs 4 for its prompt.
+  auto engine = make_engine(path, engine_options(1, 4, 7));
+  const int32_t V = engine->config().n_vocab;
+  SchedulerOptions so;
+  so.policy = SchedulingPolicy::priority;
+  Scheduler scheduler(*engine, tok.get(), so);
+  Driver d{scheduler};
+  GenerateRequest low1 = prioritised(1, 9, 20), low2 = prioritised(2, 9, 20), high = prioritised(3, 1, 4);
+  low1.prompt = prompt_of(24, 81);
+  low2.prompt = prompt_of(24, 82);
+  high.prompt = prompt_of(60, 83);  // fits only when a low one leaves
+  high.prefill_chunk = 512;
+  REQUIRE(scheduler.submit(low1).ok());
+  REQUIRE(scheduler.submit(low2).ok());
+  for (int i = 0; i < 3; ++i) d.step();
+  REQUIRE_FALSE(d.out[low2.request_id].tokens.empty());
+  REQUIRE(scheduler.submit(high).ok());
+  d.step();  // high is admitted at once, low2 (the younger low) requeued
+  CHECK(scheduler.counters().preempted_for_priority == 1);
+  auto t = run_timed(d);
+  CHECK(scheduler.counters().failed == 0);
+  for (const GenerateRequest& r : {low1, low2, high}) {
+    CAPTURE(r.request_id);
+    check_matches(d.out[r.request_id], reference(*alone, tok.get(), r), V);
+  }
+  CHECK(t[high.request_id].first == 4);  // its prefill ran in the step it was admitted
+  CHECK(t[high.request_id].finish < t[low1.request_id].finish);
+  CHECK(t[high.request_id].finish < t[low2.request_id].finish);
+}

@@ -80,6 +80,7 @@ inline GenerateRequest request() {
   r.sampling.frequency_penalty = 1.25f;
   r.rng_stream = 3;
   r.logprobs = 5;
+  r.priority = -7;
   return r;
 }
 

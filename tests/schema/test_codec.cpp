@@ -73,6 +73,7 @@ void check_same(const GenerateRequest& a, const GenerateRequest& b) {
   CHECK(same_bits(a.sampling.frequency_penalty, b.sampling.frequency_penalty));
   CHECK(a.rng_stream == b.rng_stream);
   CHECK(a.logprobs == b.logprobs);
+  CHECK(a.priority == b.priority);
 }
 void check_same(const msg::StreamEvent& a, const msg::StreamEvent& b) {
   CHECK(a.kind == b.kind);

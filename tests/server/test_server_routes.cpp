@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <nlohmann/json.hpp>
@@ -196,5 +197,76 @@ TEST_CASE("server: concurrent streams over colocated actors, half of them leavin
   // Each client that left had two choices; a choice may have finished before the cancel came.
   CHECK(cancelled >= uint64_t(kClients / 2));
   CHECK(cancelled <= uint64_t(kClients));
+  srv->reset();
+}
+
+TEST_CASE("server: \"priority\" is refused under fcfs and, under the priority policy, runs ahead of a busy stream") {
+  ServedModelArgs a;
+  a.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
+  a.tokenizer = std::move(*Tokenizer::from_gguf(*a.model));
+  a.model_path = kShapes + "shapes-lm-f32.gguf";
+  const std::string high = R"({"prompt":"how many shapes","max_tokens":4,"temperature":0,"ignore_eos":true,"priority":-2})";
+  for (Topology topology : {Topology::mono, Topology::colocated}) {  // fcfs
+    CAPTURE(int(topology));
+    ServeOptions o;
+    o.http.port = 0;
+    auto srv = Server::start(o);
+    REQUIRE(srv.ok());
+    PipelineOptions po;
+    po.topology = topology;
+    auto pipeline = Pipeline::create(a.model, a.tokenizer, po);
+    REQUIRE(pipeline.ok());
+    (*srv)->ready(*describe_served_model(a), **pipeline);
+    auto [status, body] = http((*srv)->port(), "POST", "/v1/completions", high);
+    CHECK(status == 400);
+    CHECK(body.find("priority -2") != std::string::npos);
+    CHECK(body.find("--scheduling-policy priority") != std::string::npos);
+    auto [bad, bad_body] = http((*srv)->port(), "POST", "/v1/completions",
+                                R"({"prompt":"x","priority":1.5})");
+    CHECK(bad == 400);
+    CHECK(bad_body.find("priority") != std::string::npos);
+    srv->reset();
+  }
+
+  ServeOptions o;
+  o.http.port = 0;
+  o.http.threads = 2;
+  auto srv = Server::start(o);
+  REQUIRE(srv.ok());
+  PipelineOptions po;
+  po.topology = Topology::colocated;
+  po.engine.max_seqs = 1;  // one sequence at a time: the order is the scheduler's
+  po.scheduler.policy = SchedulingPolicy::priority;
+  auto pipeline = Pipeline::create(a.model, a.tokenizer, po);
+  REQUIRE(pipeline.ok());
+  (*srv)->ready(*describe_served_model(a), **pipeline);
+  const int port = (*srv)->port();
+  // 16 choices of 100 tokens at priority 5 run one after another.
+  std::atomic<bool> first_chunk{false};
+  std::chrono::steady_clock::time_point low_done;
+  std::thread low([&] {
+    const int fd = send_request(port, "POST", "/v1/completions",
+                                R"({"prompt":"describe","max_tokens":100,"temperature":0,"ignore_eos":true,)"
+                                R"("stream":true,"n":16,"priority":5})");
+    std::string got;
+    char buf[4096];
+    for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) {
+      got.append(buf, size_t(n));
+      if (got.find("data: {") != std::string::npos) first_chunk = true;
+      if (got.find("data: [DONE]") != std::string::npos) break;
+    }
+    ::close(fd);
+    low_done = std::chrono::steady_clock::now();
+  });
+  while (!first_chunk) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  auto [status, body] = http(port, "POST", "/v1/completions", high);
+  const auto high_done = std::chrono::steady_clock::now();
+  low.join();
+  CHECK(status == 200);
+  CHECK(nlohmann::json::parse(body)["usage"]["completion_tokens"] == 4);
+  CHECK(high_done < low_done);  // fcfs would run it after all 16 choices
+  uint64_t preempted = 0;
+  for (const auto& s : (*pipeline)->stats()) preempted += s.get("preempted_for_priority");
+  CHECK(preempted == 1);  // the running choice made room, and only once
   srv->reset();
 }
