@@ -12,6 +12,7 @@
 
 #include "actors/actor_pipeline.h"
 #include "actors/hosted.h"
+#include "actors/slo_predictor.h"
 #include "actors/stage_core.h"
 
 namespace cleave {
@@ -92,6 +93,7 @@ class MonoPipeline final : public Pipeline {
     msg::Stats s = snapshot_;
     s.counters.insert(s.counters.begin(), {{"requests", requests_},
                                            {"rejected_busy", rejected_busy_},
+                                           {"rejected_slo", rejected_slo_},
                                            {"tokens", tokens_},
                                            {"finished", finished_},
                                            {"failures", failed_},
@@ -136,9 +138,17 @@ class MonoPipeline final : public Pipeline {
                                     ") requests in flight");
     }
     const uint64_t id = request.request_id;
-    if (!callbacks_.emplace(id, std::move(on_event)).second)
+    if (callbacks_.count(id))
       return Status(Code::invalid_argument, "request id " + std::to_string(id) + " is already in flight");
     const bool resume = !generated.empty();
+    if (!resume) {  // a resumed request's goals were checked when it started
+      if (Status slo = slo_.check(request, {0}, {0}); !slo.ok()) {
+        ++rejected_slo_;
+        return slo;
+      }
+      slo_.placed(0, id, int64_t(request.prompt.size()), seconds());
+    }
+    callbacks_.emplace(id, std::move(on_event));
     resumes_ += resume;
     inbox_.push_back(Incoming{std::move(request), std::move(generated), resume});
     cv_.notify_all();
@@ -178,6 +188,10 @@ class MonoPipeline final : public Pipeline {
     kv_errors_ += errors;
   }
 
+  double seconds() const {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - epoch_).count();
+  }
+
   void emit(msg::StreamEvent e) {
     if (e.kind == msg::StreamEvent::Kind::token && e.index == 0) {
       if (auto it = encode_seconds_.find(e.request_id); it != encode_seconds_.end()) {
@@ -191,10 +205,17 @@ class MonoPipeline final : public Pipeline {
       std::lock_guard<std::mutex> lock(mu_);
       auto it = callbacks_.find(e.request_id);
       if (it == callbacks_.end()) return;
+      const auto now = std::chrono::steady_clock::now();
       if (e.kind == msg::StreamEvent::Kind::token) {
         ++tokens_;
+        if (e.index == 0) slo_.first_token(e.request_id, seconds());
+        else if (auto last = last_token_.find(e.request_id); last != last_token_.end())
+          slo_.token_gap(0, std::chrono::duration<double>(now - last->second).count());
+        last_token_[e.request_id] = now;
         cb = it->second;
       } else {
+        slo_.forget_request(e.request_id, seconds());
+        last_token_.erase(e.request_id);
         ++(e.kind == msg::StreamEvent::Kind::finished ? finished_ : failed_);
         cb = std::move(it->second);
         callbacks_.erase(it);
@@ -306,9 +327,13 @@ class MonoPipeline final : public Pipeline {
   std::deque<Incoming> inbox_;
   std::vector<uint64_t> cancels_;  // cancel() -> the loop
   std::unordered_map<uint64_t, EventCallback> callbacks_;
+  // Early rejection as the router's, with the one core as its only stage.
+  SloPredictor slo_;
+  std::unordered_map<uint64_t, std::chrono::steady_clock::time_point> last_token_;
+  const std::chrono::steady_clock::time_point epoch_ = std::chrono::steady_clock::now();
   bool stop_ = false;
   msg::Stats snapshot_;
-  uint64_t requests_ = 0, rejected_busy_ = 0, tokens_ = 0, finished_ = 0, failed_ = 0, cancelled_ = 0;
+  uint64_t requests_ = 0, rejected_busy_ = 0, rejected_slo_ = 0, tokens_ = 0, finished_ = 0, failed_ = 0, cancelled_ = 0;
   uint64_t resumes_ = 0, kv_blocks_put_ = 0, kv_blocks_got_ = 0, kv_errors_ = 0;
   std::thread thread_;
 };

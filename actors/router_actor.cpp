@@ -3,13 +3,15 @@
 // new requests and for hand-offs, a vision encoder first for requests
 // whose images lack embeddings (least loaded), supervision of every stage
 // and encoder (a dead one's requests are re-placed: a Handoff with the
-// tokens so far, KV restored from the store), and a no-progress watchdog.
+// tokens so far, KV restored from the store), a no-progress watchdog, and
+// early rejection of requests whose goals cannot be met (actors/slo_predictor.h).
 #include "actors/actor_types.h"
 
 #include <algorithm>
 #include <unordered_map>
 
 #include "actors/event_sinks.h"
+#include "actors/slo_predictor.h"
 #include "actors/stage_core.h"
 #include "schema/codec.h"
 
@@ -42,6 +44,8 @@ struct RouterState {
     bool continuing = false;  // handed off (or re-placed with tokens)
     bool resumed = false;     // Frontend::resume: continues after `generated` once encoded
     Clock::time_point last_progress;
+    Clock::time_point last_token;  // for the TPOT the predictor measures
+    int32_t last_token_stage = -1;
     std::string encode_origin;  // reported with the first token
     double encode_seconds = 0;
   };
@@ -58,7 +62,10 @@ struct RouterState {
   // One policy for new requests (prefill / colocated), one for hand-offs
   // (decode / colocated): each learns from its own placements.
   std::unique_ptr<PlacementPolicy> entry_policy, continue_policy;
-  uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, cancelled = 0;
+  SloPredictor slo;
+  Clock::time_point epoch = Clock::now();
+  uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, rejected_slo = 0;
+  uint64_t cancelled = 0;
   uint64_t resumes = 0;
   uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, direct_handoffs = 0, replacements = 0;
   uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
@@ -67,6 +74,19 @@ struct RouterState {
   static inline const char* name = "cleave.router";
 };
 using router_pointer = router_actor::stateful_pointer<RouterState>;
+
+double seconds_since_start(const RouterState& s) {
+  return std::chrono::duration<double>(Clock::now() - s.epoch).count();
+}
+
+// The live stages of the role, by index.
+std::vector<int32_t> live_stages(const RouterState& s, bool entry) {
+  std::vector<int32_t> out;
+  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
+    if (s.stages[size_t(i)].alive && (entry ? s.stages[size_t(i)].entry : s.stages[size_t(i)].cont))
+      out.push_back(i);
+  return out;
+}
 
 bool any_alive(const RouterState& s, bool entry) {
   for (const auto& st : s.stages)
@@ -167,6 +187,7 @@ void finish(router_pointer self, uint64_t id, const msg::StreamEvent& e) {
   if (it == s.pending.end()) return;
   leave_stage(s, it->second);
   leave_encoder(s, it->second);
+  s.slo.forget_request(id, seconds_since_start(s));
   s.pending.erase(it);
   if (e.kind == msg::StreamEvent::Kind::finished) ++s.finished;
   else ++s.failed;
@@ -209,6 +230,7 @@ void place_entry(router_pointer self, uint64_t id) {
     return fail(self, id, Status(Code::unavailable, "no live prefill or colocated actor"));
   }
   p.continuing = false;
+  s.slo.placed(i, id, int64_t(p.request.prompt.size()), seconds_since_start(s));
   self->request(s.stages[size_t(i)].handle, kStageTimeout, submit_atom::value,
                 codec::encode(p.request))
       .then([](bool) {}, [=](caf::error& err) { on_stage_error(self, id, i, err); });
@@ -362,6 +384,7 @@ void on_stage_down(router_pointer self, int32_t index) {
   dead.load_blocks = 0;
   s.entry_policy->forget(index);
   s.continue_policy->forget(index);
+  s.slo.forget_stage(index, seconds_since_start(s));
   ++s.stage_downs;
   std::vector<uint64_t> affected;
   for (auto& [id, p] : s.pending)
@@ -441,6 +464,12 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
                                                   "live vision_encoder actor"));
   }
   const bool resumed = !generated.empty();
+  // A resumed request has started already: its goals were checked then.
+  if (!resumed)
+    if (Status st = s.slo.check(request, live_stages(s, true), live_stages(s, false)); !st.ok()) {
+      ++s.rejected_slo;
+      return to_error(st);
+    }
   RouterState::Pending p;
   p.request = std::move(request);
   p.generated = std::move(generated);
@@ -520,6 +549,14 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
             ++s.stray_events;
             return;
           }
+          if (e->index == 0) {
+            s.slo.first_token(e->request_id, seconds_since_start(s));
+          } else if (p->last_token_stage == p->stage) {
+            s.slo.token_gap(p->stage,
+                            std::chrono::duration<double>(p->last_progress - p->last_token).count());
+          }
+          p->last_token = p->last_progress;
+          p->last_token_stage = p->stage;
           p->generated.push_back(e->token);
           ++s.tokens;
           if (e->index == 0 && !p->encode_origin.empty()) {
@@ -615,6 +652,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"admitted", s.admitted},
                                        {"rejected_busy", s.rejected_busy},
                                        {"rejected_unavailable", s.rejected_unavailable},
+                                       {"rejected_slo", s.rejected_slo},
                                        {"cancelled", s.cancelled},
                                        {"resumes", s.resumes},
                                        {"queue_depth", s.pending.size()},

@@ -24,6 +24,7 @@ enum class Code {
   unavailable,
   timed_out,
   aborted,
+  rejected,  // refused up front: its goals (deadline, TTFT / TPOT target) cannot be met
 };
 
 inline const char* code_name(Code c) {
@@ -40,6 +41,7 @@ inline const char* code_name(Code c) {
     case Code::unavailable: return "unavailable";
     case Code::timed_out: return "timed_out";
     case Code::aborted: return "aborted";
+    case Code::rejected: return "rejected";
   }
   return "unknown";
 }

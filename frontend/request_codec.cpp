@@ -45,7 +45,8 @@ const std::unordered_set<std::string>& known_keys() {
   static const std::unordered_set<std::string> keys = {
       "id",          "prompt", "prompt_ids",     "images",        "add_bos", "max_tokens",
       "temperature", "top_k",  "top_p",          "min_p",         "seed",    "repeat_penalty",
-      "repeat_last_n", "stop", "ignore_eos",     "prefill_chunk", "priority"};
+      "repeat_last_n", "stop", "ignore_eos",     "prefill_chunk", "priority", "ttft_target_ms", "tpot_target_ms",
+      "deadline_ms"};
   return keys;
 }
 
@@ -127,6 +128,14 @@ Result<GenerateRequest> parse_object(const json& j, const RequestContext& ctx) {
     auto v = number_field(j, k.key, k.lo, k.hi);
     if (!v.ok()) return v.status();
     *k.out = float(*v);
+  }
+  for (auto [key, out] : {std::pair{"ttft_target_ms", &r.ttft_target_ms},
+                          std::pair{"tpot_target_ms", &r.tpot_target_ms},
+                          std::pair{"deadline_ms", &r.deadline_ms}}) {
+    if (!j.contains(key)) continue;
+    auto v = number_field(j, key, 0, 1e9);
+    if (!v.ok()) return v.status();
+    *out = *v;
   }
   if (j.contains("seed")) {
     const json& v = j.at("seed");

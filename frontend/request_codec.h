@@ -17,6 +17,10 @@
 //   "ignore_eos"    default false, "prefill_chunk" default 512
 //   "priority"      int32, default 0: lower first under the priority
 //                   scheduling policy (a nonzero one is refused under fcfs)
+//   "ttft_target_ms", "tpot_target_ms", "deadline_ms"
+//                   numbers in [0, 1e9], default 0 (none): goals the router
+//                   checks on arrival; a request that cannot meet one fails
+//                   at once with a `rejected` error naming the prediction
 // (SamplingParams' defaults, llama.cpp's, except max_tokens). Any other key
 // is refused, naming it: a field that would be ignored is an error.
 //

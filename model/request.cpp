@@ -1,6 +1,8 @@
 #include "model/request.h"
 
 #include <algorithm>
+#include <cmath>
+#include <utility>
 
 namespace cleave {
 
@@ -27,6 +29,12 @@ Status validate_request(const GenerateRequest& request, int32_t context, int32_t
   if (request.sampling.max_tokens < 0)
     return Status(Code::invalid_argument, "request: max tokens must not be negative, got " +
                                               std::to_string(request.sampling.max_tokens));
+  for (const auto& [name, v] : {std::pair{"ttft_target_ms", request.ttft_target_ms},
+                                std::pair{"tpot_target_ms", request.tpot_target_ms},
+                                std::pair{"deadline_ms", request.deadline_ms}})
+    if (!std::isfinite(v) || v < 0 || v > 1e9)
+      return Status(Code::out_of_range, std::string("request: ") + name + " must be in [0, 1e9] ms, got " +
+                                            std::to_string(v));
   int64_t prev_end = 0;
   for (size_t i = 0; i < request.images.size(); ++i) {
     const PromptImage& im = request.images[i];

@@ -52,11 +52,18 @@ struct GenerateRequest {
   // KV is recomputed, as any preemption's). Any other policy refuses a
   // nonzero value.
   int32_t priority = 0;
+  // Service goals, in milliseconds; 0: none. The router predicts the
+  // request's TTFT and TPOT when it arrives and refuses it at once
+  // (Code::rejected, HTTP 429) when a goal cannot be met, instead of
+  // serving it late (actors/slo_predictor.h). deadline_ms bounds the whole
+  // request, counted as TTFT + (max_tokens - 1) x TPOT.
+  double ttft_target_ms = 0, tpot_target_ms = 0, deadline_ms = 0;
 };
 
 // invalid_argument / out_of_range naming the problem: empty prompt, prompt
 // longer than the context, token outside [0, n_vocab), prefill_chunk < 1,
-// max_tokens < 0; images out of prompt order, overlapping, empty
+// max_tokens < 0, a goal (ttft_target_ms, tpot_target_ms, deadline_ms)
+// not finite or outside [0, 1e9]; images out of prompt order, overlapping, empty
 // (n_tokens < 1) or reaching past the prompt, embeddings neither empty nor
 // n_tokens x n_embd floats. n_embd is the language model's width; 0 (a
 // router that has no model) checks only that the size is a multiple of

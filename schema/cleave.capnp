@@ -73,6 +73,9 @@ struct GenerateRequest {
   rngStream @8 :UInt64;
   logprobs @9 :Int32 = -1;    # top alternatives to report per token; -1: no logprobs
   priority @10 :Int32;        # vLLM's: lower first under the priority scheduling policy
+  ttftTargetMs @11 :Float64;  # service goals in ms, 0: none (the router rejects early)
+  tpotTargetMs @12 :Float64;
+  deadlineMs @13 :Float64;
 }
 
 # Router -> vision_encoder: the images of one request that need embeddings

@@ -102,6 +102,9 @@ void put(wire::GenerateRequest::Builder b, const GenerateRequest& r) {
   b.setRngStream(r.rng_stream.value_or(0));
   b.setLogprobs(r.logprobs);
   b.setPriority(r.priority);
+  b.setTtftTargetMs(r.ttft_target_ms);
+  b.setTpotTargetMs(r.tpot_target_ms);
+  b.setDeadlineMs(r.deadline_ms);
 }
 
 void put(wire::EncodeRequest::Builder b, const msg::EncodeRequest& m) {
@@ -513,6 +516,9 @@ GenerateRequest get(wire::GenerateRequest::Reader r) {
   if (r.getHasRngStream()) out.rng_stream = r.getRngStream();
   out.logprobs = r.getLogprobs();
   out.priority = r.getPriority();
+  out.ttft_target_ms = r.getTtftTargetMs();
+  out.tpot_target_ms = r.getTpotTargetMs();
+  out.deadline_ms = r.getDeadlineMs();
   return out;
 }
 
@@ -703,7 +709,7 @@ Status check_finite(const char* field, double v) {
 }
 
 Status check_status(const char* field, const Status& s) {
-  if (int(s.code()) < int(Code::ok) || int(s.code()) > int(Code::aborted))
+  if (int(s.code()) < int(Code::ok) || int(s.code()) > int(Code::rejected))
     return invalid(std::string(field) + ": status code " + std::to_string(int(s.code())) +
                    " is not a known code");
   return check_string(field, s.message());
@@ -764,6 +770,9 @@ Status validate(const GenerateRequest& r) {
   CLEAVE_RETURN_IF_ERROR(validate(r.images));
   if (r.logprobs < -1 || r.logprobs > 20)
     return invalid("logprobs = " + std::to_string(r.logprobs) + " outside -1..20");
+  CLEAVE_RETURN_IF_ERROR(check_seconds("ttft_target_ms", r.ttft_target_ms));
+  CLEAVE_RETURN_IF_ERROR(check_seconds("tpot_target_ms", r.tpot_target_ms));
+  CLEAVE_RETURN_IF_ERROR(check_seconds("deadline_ms", r.deadline_ms));
   return validate(r.sampling);
 }
 

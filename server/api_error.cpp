@@ -21,6 +21,8 @@ ApiError from_status(const Status& s) {
       return ApiError::invalid(s.message());
     case Code::busy:
       return ApiError::overloaded(s.message());
+    case Code::rejected:
+      return ApiError::rejected(s.message());
     case Code::unavailable:
     case Code::timed_out:
       return ApiError::unavailable(s.message());

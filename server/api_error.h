@@ -39,6 +39,9 @@ struct ApiError {
   static ApiError overloaded(std::string message) {  // admission full: 503 + Retry-After
     return {503, std::move(message), "server_overloaded", {}, "server_busy"};
   }
+  static ApiError rejected(std::string message) {  // its goals cannot be met: 429, no retry hint
+    return {429, std::move(message), "rate_limit_error", {}, "slo_unattainable"};
+  }
   static ApiError unavailable(std::string message) {  // loading, no live stage
     return {503, std::move(message), "service_unavailable", {}, "service_unavailable"};
   }
@@ -51,7 +54,8 @@ struct ApiError {
 std::string error_body(const ApiError& e);
 
 // A Status from the front end / engine as the client should see it:
-// invalid_argument / out_of_range -> 400, busy -> 503 overloaded,
+// invalid_argument / out_of_range -> 400, busy -> 503 overloaded, rejected
+// (a deadline or TTFT / TPOT target that cannot be met) -> 429,
 // unavailable -> 503, timed_out -> 504-free 503, everything else -> 500
 // (an engine or transport fault: never the answer to bad input).
 ApiError from_status(const Status& s);

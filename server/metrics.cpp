@@ -380,6 +380,9 @@ ServerMetrics::ServerMetrics()
           registry_.counter("cleave_stage_deaths_total", "Stage actors the router saw go down.")),
       replacements_(registry_.counter("cleave_replacements_total",
                                       "Requests placed again after their stage went down.")),
+      rejected_slo_(registry_.counter("cleave_requests_rejected_slo_total",
+                                      "Requests refused on arrival: a deadline or TTFT / TPOT target "
+                                      "the router predicts they cannot meet.")),
       encoder_cache_hits_(
           registry_.counter("cleave_encoder_cache_hits_total",
                             "Images served from a vision encoder's embedding cache.")),
@@ -531,6 +534,7 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
       mirror(expert_fallback_rows_, {}, s, "expert_fallback_rows");
       mirror(expert_host_failures_, {}, s, "expert_host_failures");
       mirror(expert_replicas_added_, {}, s, "expert_replicas_added");
+      mirror(rejected_slo_, {}, s, "rejected_slo");  // mono's (no router)
       for (const auto& [name, value] : s.counters) {  // expert_routed_rows_L_E
         constexpr std::string_view prefix = "expert_routed_rows_";
         if (name.rfind(prefix, 0) != 0) continue;
@@ -558,6 +562,7 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
     } else if (s.actor == "router") {
       mirror(stage_deaths_, {}, s, "stage_downs");
       mirror(replacements_, {}, s, "replacements");
+      mirror(rejected_slo_, {}, s, "rejected_slo");
     } else if (s.actor == "kv_store") {
       mirror(kv_failures_, {"store_corrupt"}, s, "store_corrupt_detected");
       for (const auto& [name, value] : s.counters) {  // tier_hops_A_B: the store's own LRU moves

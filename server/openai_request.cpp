@@ -132,7 +132,7 @@ void no_text_marker(const std::string& text, const std::string& param) {
 const std::set<std::string> kCommon = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "stop", "seed", "n", "ignore_eos", "stream", "stream_options", "user", "logit_bias",
-    "logprobs", "priority"};
+    "logprobs", "priority", "ttft_target_ms", "tpot_target_ms", "deadline_ms"};
 
 void parse_common(const json& j, ParsedRequest& p) {
   SamplingParams& s = p.sampling;
@@ -168,6 +168,10 @@ void parse_common(const json& j, ParsedRequest& p) {
   if (auto v = opt(j, "n")) p.n = int32_t(int_of(*v, "n", 1, 16));
   if (auto v = opt(j, "ignore_eos")) p.ignore_eos = bool_of(*v, "ignore_eos");
   if (auto v = opt(j, "priority")) p.priority = int32_t(int_of(*v, "priority", INT32_MIN, INT32_MAX));
+  for (auto [key, out] : {std::pair{"ttft_target_ms", &p.ttft_target_ms},
+                          std::pair{"tpot_target_ms", &p.tpot_target_ms},
+                          std::pair{"deadline_ms", &p.deadline_ms}})
+    if (auto v = opt(j, key)) *out = number_of(*v, key, 0, 1e9);
   if (auto v = opt(j, "stream")) p.stream = bool_of(*v, "stream");
   if (auto v = opt(j, "stream_options")) {
     if (!v->is_object()) refuse("stream_options", std::string("\"stream_options\" must be an object, got ") + v->type_name());
@@ -516,6 +520,9 @@ ApiResult<GenerateRequest> build_generate_request(ParsedRequest p, const PromptC
   r.logprobs = p.logprobs;
   r.ignore_eos = p.ignore_eos;
   r.priority = p.priority;
+  r.ttft_target_ms = p.ttft_target_ms;
+  r.tpot_target_ms = p.tpot_target_ms;
+  r.deadline_ms = p.deadline_ms;
   const Status s = validate_request(r, ctx.context, tok.n_vocab());
   if (!s.ok()) {
     ApiError e = from_status(s);

@@ -23,6 +23,10 @@
 //   ignore_eos         bool (vLLM's)
 //   priority           int32, default 0 (vLLM's): lower first under
 //                      --scheduling-policy priority; nonzero under fcfs: 400
+//   ttft_target_ms, tpot_target_ms, deadline_ms
+//                      numbers in [0, 1e9], 0: none: goals the router checks
+//                      on arrival against its predictions; one that cannot
+//                      be met is refused at once with 429 (slo_unattainable)
 //   stream             bool; stream_options {"include_usage": bool} only with stream
 //   user               string: metadata only (OpenAI's abuse-monitoring id),
 //                      accepted and not used; the one accepted field that
@@ -122,6 +126,7 @@ struct ParsedRequest {
   int32_t logprobs = -1;  // top alternatives per token (completions logprobs, chat top_logprobs); -1: none
   bool ignore_eos = false;
   int32_t priority = 0;
+  double ttft_target_ms = 0, tpot_target_ms = 0, deadline_ms = 0;
 };
 
 // The OpenAI sampling defaults (temperature 1, top_p 1, top_k off, min_p 0,

@@ -81,6 +81,9 @@ inline GenerateRequest request() {
   r.rng_stream = 3;
   r.logprobs = 5;
   r.priority = -7;
+  r.ttft_target_ms = 250.5;
+  r.tpot_target_ms = 0.125;
+  r.deadline_ms = 9000;
   return r;
 }
 

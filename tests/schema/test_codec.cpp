@@ -74,6 +74,9 @@ void check_same(const GenerateRequest& a, const GenerateRequest& b) {
   CHECK(a.rng_stream == b.rng_stream);
   CHECK(a.logprobs == b.logprobs);
   CHECK(a.priority == b.priority);
+  CHECK(same_bits(a.ttft_target_ms, b.ttft_target_ms));
+  CHECK(same_bits(a.tpot_target_ms, b.tpot_target_ms));
+  CHECK(same_bits(a.deadline_ms, b.deadline_ms));
 }
 void check_same(const msg::StreamEvent& a, const msg::StreamEvent& b) {
   CHECK(a.kind == b.kind);
@@ -510,6 +513,15 @@ TEST_CASE("codec: decoded values are validated") {
   r.sampling.max_tokens = -1;
   CHECK(code_of(r) == Code::invalid_argument);
   r = examples::request();
+  r.ttft_target_ms = -1;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.tpot_target_ms = NAN;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.deadline_ms = INFINITY;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
   r.sampling.stop.assign(codec::kMaxListEntries + 1, "x");
   CHECK(code_of(r) == Code::invalid_argument);
   r = examples::request();
@@ -523,7 +535,7 @@ TEST_CASE("codec: decoded values are validated") {
   e.kind = msg::StreamEvent::Kind(3);
   CHECK(code_of(e) == Code::invalid_argument);
   e = examples::failed_event();
-  e.error = Status(Code(int(Code::aborted) + 1), "no such code");
+  e.error = Status(Code(int(Code::rejected) + 1), "no such code");
   CHECK(code_of(e) == Code::invalid_argument);
   e = examples::token_event();
   e.stage_seconds = -1;

@@ -97,6 +97,7 @@ std::vector<msg::Stats> pd_stats(uint64_t scale) {
                        {"queue_depth", 3},
                        {"stage_downs", 1 * scale},
                        {"replacements", 2 * scale},
+                       {"rejected_slo", 3 * scale},
                        {"encodes", 4 * scale}}),
       stats("kv_store", {{"kv_puts", 5 * scale},
                          {"store_corrupt_detected", 1 * scale},
@@ -393,6 +394,7 @@ TEST_CASE("server metrics: the runtime's actor counters map to their metrics") {
   CHECK(has_line(text, "cleave_kv_transfer_failures_total{reason=\"store_corrupt\"} 1"));
   CHECK(has_line(text, "cleave_stage_deaths_total 1"));
   CHECK(has_line(text, "cleave_replacements_total 2"));
+  CHECK(has_line(text, "cleave_requests_rejected_slo_total 3"));
   CHECK(has_line(text, "cleave_encoder_cache_hits_total 5"));
   CHECK(has_line(text, "cleave_expert_fallback_rows_total 12"));
   CHECK(has_line(text, "cleave_expert_host_failures_total 1"));

@@ -270,3 +270,61 @@ TEST_CASE("server: \"priority\" is refused under fcfs and, under the priority po
   CHECK(preempted == 1);  // the running choice made room, and only once
   srv->reset();
 }
+
+TEST_CASE("server: a TTFT, TPOT or deadline goal that cannot be met is refused at once with 429") {
+  ServedModelArgs a;
+  a.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
+  a.tokenizer = std::move(*Tokenizer::from_gguf(*a.model));
+  a.model_path = kShapes + "shapes-lm-f32.gguf";
+  auto body_with = [](const std::string& goal) {
+    return R"({"prompt":"how many shapes","max_tokens":4,"temperature":0,"ignore_eos":true,)" + goal + "}";
+  };
+  // mono predicts in the pipeline's own loop, colocated and pd in the router.
+  for (Topology topology : {Topology::mono, Topology::colocated, Topology::pd}) {
+    CAPTURE(int(topology));
+    ServeOptions o;
+    o.http.port = 0;
+    o.metrics = true;
+    auto srv = Server::start(o);
+    REQUIRE(srv.ok());
+    PipelineOptions po;
+    po.topology = topology;
+    auto pipeline = Pipeline::create(a.model, a.tokenizer, po);
+    REQUIRE(pipeline.ok());
+    (*srv)->ready(*describe_served_model(a), **pipeline);
+    const int port = (*srv)->port();
+    // Cold: nothing measured yet, so nothing is predicted and the goal is not checked.
+    auto [cold, cold_body] = http(port, "POST", "/v1/completions", body_with(R"("ttft_target_ms":0.001)"));
+    CHECK(cold == 200);
+    // Now a prefill and the token gaps are measured: no request of these
+    // lengths makes its first token in 1 us, or a token per 1 us.
+    auto [t, t_body] = http(port, "POST", "/v1/completions", body_with(R"("ttft_target_ms":0.001)"));
+    CHECK(t == 429);
+    CHECK(t_body.find("slo_unattainable") != std::string::npos);
+    CHECK(t_body.find("ttft_target_ms 0.001: predicted TTFT") != std::string::npos);
+    auto [p, p_body] = http(port, "POST", "/v1/completions", body_with(R"("tpot_target_ms":0.001)"));
+    CHECK(p == 429);
+    CHECK(p_body.find("tpot_target_ms 0.001") != std::string::npos);
+    auto [d, d_body] = http(port, "POST", "/v1/chat/completions",
+                            R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"deadline_ms":0.002})");
+    CHECK(d == 429);
+    CHECK(d_body.find("deadline_ms 0.002") != std::string::npos);
+    // Goals that can be met: served.
+    auto [ok, ok_body] = http(port, "POST", "/v1/completions",
+                              body_with(R"("ttft_target_ms":600000,"tpot_target_ms":60000,"deadline_ms":1e9)"));
+    CHECK(ok == 200);
+    CHECK(nlohmann::json::parse(ok_body)["usage"]["completion_tokens"] == 4);
+    // Bad goals are the client's error.
+    for (const char* bad : {R"("ttft_target_ms":-1)", R"("tpot_target_ms":"soon")", R"("deadline_ms":2e9)"}) {
+      CAPTURE(bad);
+      auto [b, b_body] = http(port, "POST", "/v1/completions", body_with(bad));
+      CHECK(b == 400);
+    }
+    uint64_t rejected = 0;
+    for (const auto& s : (*pipeline)->stats()) rejected += s.get("rejected_slo");
+    CHECK(rejected == 3);
+    auto [m, metrics] = http(port, "GET", "/metrics");
+    CHECK(metrics.find("cleave_requests_rejected_slo_total 3") != std::string::npos);
+    srv->reset();
+  }
+}

@@ -1,0 +1,91 @@
+// Early rejection (Mooncake's): the router predicts a new request's TTFT
+// and TPOT from what it measures and refuses, at admission, a request whose
+// goals (GenerateRequest::ttft_target_ms, tpot_target_ms, deadline_ms)
+// cannot be met, instead of serving it late. A plain class (no CAF),
+// unit-tested on tables (tests/actors/test_slo_predictor.cpp).
+//
+// Per entry stage (prefill / colocated) it keeps the prompt tokens placed on
+// it and not yet answered with a first token, and its measured prefill rate:
+// prompt tokens answered over the seconds the stage had at least one such
+// request outstanding (decayed sums, so the rate follows the load; batched
+// prefills share their busy time). A request's TTFT on a stage is predicted
+// as (queued prompt tokens + its own) / rate. Per continuing stage (decode /
+// colocated) it keeps an EWMA of the gap between a request's consecutive
+// tokens on that stage: the TPOT predicted for a request placed there.
+//
+// A goal is checked against the best live stage of each role (the
+// request cannot meet it anywhere). A stage with nothing measured yet
+// predicts nothing: while no stage of a role has a measurement, the goals
+// that need it are not checked (a cold server admits). deadline_ms counts
+// TTFT + (max_tokens - 1) x TPOT, the TPOT term only once one is measured.
+// Encoding images is not predicted.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <unordered_map>
+#include <vector>
+
+#include "common/status.h"
+#include "model/request.h"
+
+namespace cleave {
+
+class SloPredictor {
+ public:
+  // decay: the weight an older sample keeps against a new one (0..1).
+  explicit SloPredictor(double decay = 0.8);
+
+  // Request `id` with `prompt_tokens` to prefill was placed on entry stage
+  // `stage` at time `t` (seconds on any one clock). Placing it again (a
+  // re-placement) moves it.
+  void placed(int32_t stage, uint64_t id, int64_t prompt_tokens, double t);
+  // Its first token arrived at `t`: one prefill-rate sample for its stage.
+  void first_token(uint64_t id, double t);
+  // It left before its first token (failed, cancelled): no sample.
+  void forget_request(uint64_t id, double t);
+  // A token of a request on continuing stage `stage`, `gap` seconds after
+  // its previous token on that stage.
+  void token_gap(int32_t stage, double gap);
+  // The stage went down: what it measured and what was queued on it go.
+  void forget_stage(int32_t stage, double t);
+
+  // Predicted seconds to the first token of `prompt_tokens` placed on
+  // `stage` now; none while the stage's rate is unmeasured.
+  std::optional<double> ttft(int32_t stage, int64_t prompt_tokens) const;
+  // Predicted seconds per output token on `stage`; none while unmeasured.
+  std::optional<double> tpot(int32_t stage) const;
+  // Prompt tokens queued on `stage` (placed, no first token yet).
+  int64_t queued_tokens(int32_t stage) const;
+  // Measured prefill tokens per second of `stage`; none while unmeasured.
+  std::optional<double> prefill_rate(int32_t stage) const;
+
+  // ok when every goal of `r` can be met on some stage of `entry` (TTFT) and
+  // of `continuing` (TPOT), or cannot be predicted; else Code::rejected
+  // naming the goal, its value and the prediction.
+  Status check(const GenerateRequest& r, const std::vector<int32_t>& entry,
+               const std::vector<int32_t>& continuing) const;
+
+ private:
+  struct Entry {
+    int64_t queued_tokens = 0;
+    int32_t queued = 0;
+    double since = 0;         // when the busy time was last counted
+    double tokens = 0, busy = 0;  // decayed sums: answered prompt tokens, busy seconds
+    double pending_busy = 0;  // busy seconds since the last sample
+  };
+  struct Queued {
+    int32_t stage;
+    int64_t tokens;
+  };
+  Entry& entry(int32_t stage);
+  void count_busy(Entry& e, double t);
+  void leave(uint64_t id, double t, bool sample);
+
+  double decay_;
+  std::unordered_map<int32_t, Entry> entries_;
+  std::unordered_map<int32_t, double> tpot_;  // EWMA gap per continuing stage
+  std::unordered_map<uint64_t, Queued> queued_;
+};
+
+}  // namespace cleave
