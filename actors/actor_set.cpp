@@ -55,15 +55,16 @@ void configure_workers(caf::actor_system_config& config, int32_t threads) {
 // ---- the wiring path ----
 
 Attach attach_to_router(caf::actor_system& system, const router_actor& router) {
-  auto call = [&system, router](auto&& kind, auto&& handle) {
+  auto call = [&system, router](auto&&... args) {
     caf::scoped_actor self{system};
     Status st;
-    self->request(router, kClientTimeout, attach_atom::value, kind, handle)
+    self->request(router, kClientTimeout, attach_atom::value, args...)
         .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
     return st;
   };
   Attach a;
-  a.stage = [call](const std::string& kind, const stage_actor& h) { return call(kind, h); };
+  // One process is one node: every stage costs the same.
+  a.stage = [call](const std::string& kind, const stage_actor& h) { return call(kind, h, 1.0); };
   a.encoder = [call](const vision_encoder_actor& h) { return call(std::string("vision_encoder"), h); };
   return a;
 }

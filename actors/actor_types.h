@@ -211,7 +211,8 @@ using pipeline_stage_actor =
 // submit: GenerateRequest from the client (admission); resume: a Handoff
 // from the client (Frontend::resume: the request and the tokens an earlier
 // run generated); event: StreamEvent and handoff: Handoff from stages;
-// attach: a stage and its kind, or a vision encoder. stage_store: the
+// attach: a stage, its kind and its node's cost (cost_aware placement), or
+// a vision encoder. stage_store: the
 // stage's node's kv_store (KV pool: placement and preloads).
 using router_actor =
     caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
@@ -219,7 +220,7 @@ using router_actor =
                      caf::reacts_to<event_atom, Bytes>, caf::reacts_to<handoff_atom, Bytes>,
                      caf::reacts_to<cancel_atom, uint64_t>,
                      caf::reacts_to<handoff_atom, Bytes, kv_sender_actor>,
-                     caf::replies_to<attach_atom, std::string, stage_actor>::with<bool>,
+                     caf::replies_to<attach_atom, std::string, stage_actor, double>::with<bool>,
                      caf::replies_to<attach_atom, std::string, vision_encoder_actor>::with<bool>,
                      caf::reacts_to<stage_store_atom, stage_actor, kv_store_actor>,
                      caf::reacts_to<tick_atom>, caf::replies_to<shutdown_atom>::with<bool>,

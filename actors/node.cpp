@@ -13,7 +13,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <iterator>
+#include <map>
 #include <thread>
+#include <type_traits>
 
 #include "actors/actor_set.h"
 #include "kernels/backend.h"
@@ -96,14 +98,17 @@ struct JoinState {
   std::vector<PipelineStage> pipeline_stages;  // attached and alive
   std::vector<std::pair<std::string, caf::actor>> stage_watchers;  // (pipeline, watcher)
   std::shared_ptr<std::atomic<int32_t>> experts_alive;
+  std::map<std::string, double> costs;  // node name -> NodeSpec::cost
   static inline const char* name = "cleave.join";
 };
 using join_pointer = join_actor::stateful_pointer<JoinState>;
 
 join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> secret,
                                   router_actor router, kv_store_actor kv,
-                                  std::shared_ptr<std::atomic<int32_t>> experts_alive) {
+                                  std::shared_ptr<std::atomic<int32_t>> experts_alive,
+                                  std::map<std::string, double> costs) {
   self->state.secret = std::move(secret);
+  self->state.costs = std::move(costs);
   self->state.router = router;
   self->state.kv = kv;
   self->state.experts_alive = std::move(experts_alive);
@@ -149,9 +154,17 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
     self->monitor(actor);
     self->state.watched.push_back({actor.address(), printable(node), kind});
     auto rp = self->make_response_promise<bool>();
-    self->request(self->state.router, kClientTimeout, attach_atom::value, kind, actor)
-        .then([=](bool ok) mutable { rp.deliver(ok); },
-              [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+    auto deliver = [=](bool ok) mutable { rp.deliver(ok); };
+    auto refused = [=](caf::error& e) mutable { rp.deliver(std::move(e)); };
+    if constexpr (std::is_same_v<std::decay_t<decltype(actor)>, stage_actor>) {
+      // A stage carries its node's cost (the script's node { cost }).
+      auto c = self->state.costs.find(node);
+      const double cost = c == self->state.costs.end() ? 1.0 : c->second;
+      self->request(self->state.router, kClientTimeout, attach_atom::value, kind, actor, cost)
+          .then(deliver, refused);
+    } else {
+      self->request(self->state.router, kClientTimeout, attach_atom::value, kind, actor).then(deliver, refused);
+    }
     return rp;
   };
   return {
@@ -486,7 +499,9 @@ class HeadNode final : public Node {
     rc.model_fingerprint = store.model_fingerprint;
     rc.kv_layout = store.layout;
     router_ = spawn_router(*system_, rc, sinks_, kv_);
-    join_ = system_->spawn(join_fn, options_.secret, router_, kv_, experts_alive_);
+    std::map<std::string, double> costs;
+    for (const NodeSpec& n : options_.spec.nodes) costs[n.name] = n.cost;
+    join_ = system_->spawn(join_fn, options_.secret, router_, kv_, experts_alive_, std::move(costs));
     // Stopped after the stages: join, router, store.
     actors_->add_service(caf::actor_cast<caf::actor>(join_));
     actors_->add_service(caf::actor_cast<caf::actor>(router_));

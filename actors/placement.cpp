@@ -177,6 +177,44 @@ class KvAware final : public PlacementPolicy {
   std::list<uint64_t> lru_;  // most recent first
 };
 
+class CostAware final : public PlacementPolicy {
+ public:
+  std::string_view name() const override { return "cost_aware"; }
+  int32_t pick(const PlacementRequest& r, const std::vector<Candidate>& cs) override {
+    // Lower is better: seconds x cost among the feasible, else seconds.
+    const Candidate* best = nullptr;
+    double best_key = 0;
+    bool best_feasible = false;
+    auto better = [&](const Candidate& c, double key, bool feasible) {
+      if (!best) return true;
+      if (feasible != best_feasible) return feasible;
+      if (key != best_key) return key < best_key;
+      if (c.in_flight != best->in_flight) return c.in_flight < best->in_flight;
+      return c.stage < best->stage;
+    };
+    bool predicted = false;
+    for (const Candidate& c : cs) predicted |= c.predicted_s >= 0;
+    for (const Candidate& c : cs) {
+      double key = 0;
+      bool feasible = true;
+      if (!predicted) {
+        key = double(c.in_flight + 1) * c.cost;
+      } else if (c.predicted_s < 0) {
+        continue;
+      } else {
+        feasible = r.limit_s <= 0 || c.predicted_s <= r.limit_s;
+        key = feasible ? c.predicted_s * c.cost : c.predicted_s;
+      }
+      if (better(c, key, feasible)) {
+        best = &c;
+        best_key = key;
+        best_feasible = feasible;
+      }
+    }
+    return best ? best->stage : -1;
+  }
+};
+
 }  // namespace
 
 Result<std::unique_ptr<PlacementPolicy>> make_placement_policy(const PlacementConfig& c) {
@@ -193,6 +231,7 @@ Result<std::unique_ptr<PlacementPolicy>> make_placement_policy(const PlacementCo
   if (c.policy == "round_robin") return std::unique_ptr<PlacementPolicy>(new RoundRobin());
   if (c.policy == "least_loaded_prefix") return std::unique_ptr<PlacementPolicy>(new LeastLoadedPrefix());
   if (c.policy == "kv_aware") return std::unique_ptr<PlacementPolicy>(new KvAware(c));
+  if (c.policy == "cost_aware") return std::unique_ptr<PlacementPolicy>(new CostAware());
   return Status(Code::invalid_argument,
                 "unknown router policy '" + c.policy + "' (expected one of " + placement_policy_list() + ")");
 }

@@ -20,6 +20,17 @@
 //                        stage's store holds (Candidate::pool_local) and
 //                        what other stores hold (pool_any): those blocks
 //                        cost fetch_weight each instead of prefill_weight.
+//   cost_aware           the highest measured performance over cost: the
+//                        router predicts the request's seconds on each
+//                        candidate (TTFT on an entry stage from its queue
+//                        and measured prefill rate, TPOT on a continuing
+//                        one; a stage not measured yet is predicted at its
+//                        role's mean measured rate) and scores 1 / (seconds
+//                        x its node's cost), among the candidates that meet
+//                        the request's limit (PlacementRequest::limit_s);
+//                        when none does, the fastest. While no candidate is
+//                        predicted: the fewest (in flight + 1) x cost. Ties
+//                        to fewer in flight, then the lowest index.
 #pragma once
 
 #include <cstdint>
@@ -48,13 +59,16 @@ struct PlacementConfig {
 
 // The policy names, in the order the docs list them.
 inline constexpr const char* kPlacementPolicies[] = {"least_loaded_prefix", "least_loaded",
-                                                     "round_robin", "kv_aware"};
+                                                     "round_robin", "kv_aware", "cost_aware"};
 std::string placement_policy_list();
 
 // What a policy may look at of a request.
 struct PlacementRequest {
   std::vector<uint64_t> blocks;  // chain hashes of the prompt's full blocks, in order
   int64_t load_blocks = 0;       // the blocks it adds to a stage's load (prompt + max_tokens)
+  // cost_aware: the most seconds Candidate::predicted_s may be (the
+  // request's TTFT or TPOT goal for the role placed); 0 = none.
+  double limit_s = 0;
 };
 // prompt_block_hashes over the request's tokens (and images' content
 // hashes, for the blocks they cover), with its load.
@@ -68,6 +82,10 @@ struct Candidate {
   // In a KV pool: the leading prompt blocks the stage's own store holds,
   // and those some store of the pool holds (>= pool_local).
   int32_t pool_local = 0, pool_any = 0;
+  // cost_aware: its node's cost (the script's node { cost = 1.5 }, > 0), and
+  // the request's predicted seconds there (< 0: nothing to predict from).
+  double cost = 1.0;
+  double predicted_s = -1;
 };
 
 class PlacementPolicy {

@@ -8,6 +8,7 @@
 #include "actors/actor_types.h"
 
 #include <algorithm>
+#include <cmath>
 #include <unordered_map>
 
 #include "actors/event_sinks.h"
@@ -28,6 +29,7 @@ struct RouterState {
     int32_t in_flight = 0;
     int64_t load_blocks = 0;  // PlacementRequest::load_blocks of those in flight
     kv_store_actor store;     // its node's store (stage_store), in a KV pool
+    double cost = 1.0;        // its node's (cost_aware placement)
   };
   struct Encoder {
     vision_encoder_actor handle;
@@ -43,6 +45,7 @@ struct RouterState {
     int32_t encoder = -1;     // the vision encoder it waits for
     bool continuing = false;  // handed off (or re-placed with tokens)
     bool resumed = false;     // Frontend::resume: continues after `generated` once encoded
+    Clock::time_point admitted_at;  // deadline_ms counts from here
     Clock::time_point last_progress;
     Clock::time_point last_token;  // for the TPOT the predictor measures
     int32_t last_token_stage = -1;
@@ -62,6 +65,7 @@ struct RouterState {
   // One policy for new requests (prefill / colocated), one for hand-offs
   // (decode / colocated): each learns from its own placements.
   std::unique_ptr<PlacementPolicy> entry_policy, continue_policy;
+  bool predict_placement = false;  // cost_aware: candidates carry predictions
   SloPredictor slo;
   Clock::time_point epoch = Clock::now();
   uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, rejected_slo = 0;
@@ -113,6 +117,7 @@ std::vector<Candidate> candidates(const RouterState& s, bool entry, const std::v
     const auto& st = s.stages[size_t(i)];
     if (!st.alive || !(entry ? st.entry : st.cont)) continue;
     Candidate c{i, st.in_flight, st.load_blocks};
+    c.cost = st.cost;
     if (any > 0 && st.store) {
       c.pool_local = s.config.kv_index->leading_run(pool_holder_name(st.store.address()), keys);
       c.pool_any = any;
@@ -120,6 +125,21 @@ std::vector<Candidate> candidates(const RouterState& s, bool entry, const std::v
     out.push_back(c);
   }
   return out;
+}
+
+// cost_aware: the request's predicted seconds on each candidate (TTFT on an
+// entry stage, TPOT on a continuing one) and the most it may take there.
+void predict(const RouterState& s, const RouterState::Pending& p, bool entry, PlacementRequest& r,
+             std::vector<Candidate>& cs) {
+  const std::vector<int32_t> peers = live_stages(s, entry);
+  const GenerateRequest& q = p.request;
+  for (Candidate& c : cs) {
+    const auto t = entry ? s.slo.estimate_ttft(c.stage, int64_t(q.prompt.size()), peers)
+                         : s.slo.estimate_tpot(c.stage, peers);
+    c.predicted_s = t.value_or(-1);
+  }
+  const double elapsed_ms = std::chrono::duration<double, std::milli>(Clock::now() - p.admitted_at).count();
+  r.limit_s = placement_limit_s(q, entry, elapsed_ms, int64_t(p.generated.size()));
 }
 
 // The chosen stage's store starts fetching the prompt blocks other stores
@@ -144,7 +164,9 @@ int32_t place_on_stage(router_pointer self, RouterState::Pending& p, bool entry)
   PlacementRequest r = placement_request(p.request, s.config.block_size);
   // Hand-offs stream their KV from the prefill: only new requests use the pool.
   const std::vector<BlockKey> keys = entry ? pool_keys(s, p.request) : std::vector<BlockKey>{};
-  const int32_t i = policy.pick(r, candidates(s, entry, keys));
+  std::vector<Candidate> cs = candidates(s, entry, keys);
+  if (s.predict_placement) predict(s, p, entry, r, cs);
+  const int32_t i = policy.pick(r, cs);
   if (i < 0) return i;
   policy.placed(r, i);
   p.stage = i;
@@ -474,7 +496,7 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
   p.request = std::move(request);
   p.generated = std::move(generated);
   p.resumed = resumed;
-  p.last_progress = Clock::now();
+  p.last_progress = p.admitted_at = Clock::now();
   s.pending.emplace(id, std::move(p));
   ++s.admitted;
   if (encode) place_encode(self, id);
@@ -492,6 +514,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
   CLEAVE_CHECK(entry.ok() && cont.ok());  // spawn_router's callers check the config
   s.entry_policy = std::move(entry.value());
   s.continue_policy = std::move(cont.value());
+  s.predict_placement = s.config.placement.policy == "cost_aware";
   s.sinks = std::move(sinks);
   s.kv = kv;
   self->monitor(kv);
@@ -578,7 +601,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
       [=](handoff_atom, const Bytes& bytes, kv_sender_actor source) {
         on_handoff(self, bytes, &source);
       },
-      [=](attach_atom, const std::string& kind, stage_actor stage) -> caf::result<bool> {
+      [=](attach_atom, const std::string& kind, stage_actor stage, double cost) -> caf::result<bool> {
         auto& s = self->state;
         const auto k = parse_actor_kind(kind);
         if (!k || !actor_kind_info(*k).stage)
@@ -590,6 +613,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         st.kind = *k;
         st.entry = actor_kind_info(*k).entry;
         st.cont = actor_kind_info(*k).continues;
+        st.cost = std::isfinite(cost) && cost > 0 ? cost : 1.0;
         if (auto e = s.early_stores.find(st.addr); e != s.early_stores.end()) {
           st.store = e->second;
           s.early_stores.erase(e);

@@ -21,6 +21,15 @@ std::string num(double v) {
 
 }  // namespace
 
+double placement_limit_s(const GenerateRequest& r, bool entry, double elapsed_ms, int64_t generated) {
+  double limit_ms = entry ? r.ttft_target_ms : r.tpot_target_ms;
+  if (r.deadline_ms <= 0) return limit_ms > 0 ? limit_ms / 1e3 : 0;
+  const double steps = entry ? 1.0 : double(std::max<int64_t>(1, int64_t(r.sampling.max_tokens) - generated));
+  const double share_ms = std::max(r.deadline_ms - elapsed_ms, 0.0) / steps;
+  limit_ms = limit_ms > 0 ? std::min(limit_ms, share_ms) : share_ms;
+  return limit_ms > 0 ? limit_ms / 1e3 : 1e-9;
+}
+
 SloPredictor::SloPredictor(double decay) : decay_(std::clamp(decay, 0.0, 1.0)) {}
 
 SloPredictor::Entry& SloPredictor::entry(int32_t stage) { return entries_[stage]; }
@@ -97,6 +106,30 @@ std::optional<double> SloPredictor::tpot(int32_t stage) const {
   auto it = tpot_.find(stage);
   if (it == tpot_.end()) return std::nullopt;
   return it->second;
+}
+
+std::optional<double> SloPredictor::estimate_ttft(int32_t stage, int64_t prompt_tokens,
+                                                  const std::vector<int32_t>& peers) const {
+  auto rate = prefill_rate(stage);
+  if (!rate) {
+    double sum = 0;
+    int n = 0;
+    for (int32_t p : peers)
+      if (auto r = prefill_rate(p)) sum += *r, ++n;
+    if (n == 0) return std::nullopt;
+    rate = sum / n;
+  }
+  return double(queued_tokens(stage) + prompt_tokens) / *rate;
+}
+
+std::optional<double> SloPredictor::estimate_tpot(int32_t stage, const std::vector<int32_t>& peers) const {
+  if (auto t = tpot(stage)) return t;
+  double sum = 0;
+  int n = 0;
+  for (int32_t p : peers)
+    if (auto t = tpot(p)) sum += *t, ++n;
+  if (n == 0) return std::nullopt;
+  return sum / n;
 }
 
 Status SloPredictor::check(const GenerateRequest& r, const std::vector<int32_t>& entry,

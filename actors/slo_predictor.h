@@ -31,6 +31,14 @@
 
 namespace cleave {
 
+// The most seconds cost_aware placement lets the request take on one stage
+// (PlacementRequest::limit_s): on an entry stage its TTFT goal, on a
+// continuing one its TPOT goal, each capped by what is left of its deadline
+// (elapsed_ms after admission) over the tokens still to come (`generated`
+// so far of max_tokens; 1 for the first token). 0 = no goal; a deadline
+// already past gives 1e-9 (no stage meets it: the fastest is chosen).
+double placement_limit_s(const GenerateRequest& r, bool entry, double elapsed_ms, int64_t generated);
+
 class SloPredictor {
  public:
   // decay: the weight an older sample keeps against a new one (0..1).
@@ -59,6 +67,12 @@ class SloPredictor {
   int64_t queued_tokens(int32_t stage) const;
   // Measured prefill tokens per second of `stage`; none while unmeasured.
   std::optional<double> prefill_rate(int32_t stage) const;
+  // For placement (cost_aware): ttft / tpot on `stage`, or, while it is
+  // unmeasured, at the mean prefill rate (mean TPOT) of the measured stages
+  // among `peers` (its queue still counts); none while none is measured.
+  std::optional<double> estimate_ttft(int32_t stage, int64_t prompt_tokens,
+                                      const std::vector<int32_t>& peers) const;
+  std::optional<double> estimate_tpot(int32_t stage, const std::vector<int32_t>& peers) const;
 
   // ok when every goal of `r` can be met on some stage of `entry` (TTFT) and
   // of `continuing` (TPOT), or cannot be predicted; else Code::rejected

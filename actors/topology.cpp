@@ -89,10 +89,11 @@ namespace fs = std::filesystem;
 constexpr int kNumKinds = int(kActorKindTable.size());
 constexpr int kKvStore = int(ActorKind::kv_store);
 
-constexpr const char* kNodeFields[] = {"name", "host",   "port", "threads", "device",
-                                       "head", "actors", "kv",   "expert",  "stage"};
+constexpr const char* kNodeFields[] = {"name", "host",   "port", "threads", "device", "head",
+                                       "actors", "kv",   "expert", "stage", "cost"};
 constexpr const char* kNodeFieldList =
-    "name, host, port, threads, device, head, actors, kv, expert, stage";
+    "name, host, port, threads, device, head, actors, kv, expert, stage, cost";
+constexpr double kMaxNodeCost = 1e6;
 constexpr const char* kStageFields[] = {"layers", "pipeline"};
 constexpr int kStage = int(ActorKind::stage);
 constexpr const char* kExpertFields[] = {"experts", "layers"};
@@ -374,6 +375,7 @@ struct RawNode {
   const char* kv_dir = "";
   size_t kv_dir_len = 0;
   lua_Integer port = 0, threads = 0, tier0 = 0, tier1 = 0;
+  double cost = 1.0;
   lua_Integer counts[kNumKinds] = {};
   lua_Integer expert_ids[kMaxExpertIds] = {};
   lua_Integer n_expert_ids = 0, first_layer = 0, last_layer = -1;
@@ -584,7 +586,17 @@ int lua_node(lua_State* L) {
       raise(L, "%s: bad device '%s' (expected \"cpu\" or \"cuda:N\")", what, device);
     r.device = device, r.device_len = len;
   }
-  int type = raw_field(L, 1, "head");
+  int type = raw_field(L, 1, "cost");
+  if (type == LUA_TNUMBER) {
+    r.cost = double(lua_tonumber(L, -1));
+    if (!(r.cost > 0) || !(r.cost <= kMaxNodeCost))
+      raise(L, "%s: cost must be a number above 0 and at most 1e6, got %f", what, lua_tonumber(L, -1));
+  } else if (type != LUA_TNIL) {
+    raise(L, "%s: field 'cost' must be a number (1 = the reference node), got %s", what,
+          lua_typename(L, type));
+  }
+  lua_pop(L, 1);
+  type = raw_field(L, 1, "head");
   if (type == LUA_TBOOLEAN)
     r.head = lua_toboolean(L, -1);
   else if (type != LUA_TNIL)
@@ -657,6 +669,7 @@ int lua_node(lua_State* L) {
   n.threads = int32_t(r.threads);
   n.device.assign(r.device, r.device_len);
   n.head = r.head;
+  n.cost = r.cost;
   for (int k = 0; k < kNumKinds; ++k)
     if (r.counts[k] > 0) n.actors.push_back({kActorKindTable[size_t(k)].name, int32_t(r.counts[k]), r.line});
   n.kv_tier0_bytes = uint64_t(r.tier0);

@@ -51,6 +51,9 @@ struct NodeSpec {
   int32_t threads = 0;          // 0: default
   std::string device = "cpu";   // "cpu" or "cuda:N"
   bool head = false;            // hosts the router; exactly one node is the head
+  // node { cost = 1.5 }: what its capacity costs against a node at 1
+  // (cost_aware placement scores measured performance over it); > 0.
+  double cost = 1.0;
   std::vector<ActorGroupSpec> actors;  // in kActorKindTable order, one group per kind
   uint64_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;  // per kv_store; 0 = default
   std::string kv_dir;           // RocksDB dir of that node's kv_store ("" = none)

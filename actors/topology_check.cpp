@@ -41,6 +41,11 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
     return at(c.nodes.front().line,
               "no head node: mark exactly one node head = true (it hosts the router)");
   for (const NodeSpec& n : c.nodes)
+    if (n.cost != 1.0 && c.placement.policy != "cost_aware")
+      return at(n.line, "node '" + n.name + "' has a cost, which only router policy 'cost_aware' reads (the "
+                        "router is '" + c.placement.policy + "'): set cluster { router = \"cost_aware\" } or "
+                        "drop the cost");
+  for (const NodeSpec& n : c.nodes)
     if (!n.head && n.count("kv_store") > 0 && !c.kv_pool)
       return at(n.line, "node '" + n.name + "' is not the head: a kv_store on a worker needs "
                         "cluster { kv_pool = true } (its store joins the head's pool)");

@@ -1,5 +1,6 @@
 // What `cleave topology check` and `show` print.
 #include <algorithm>
+#include <cstdio>
 #include <sstream>
 #include <vector>
 
@@ -65,16 +66,23 @@ std::string topology_summary(const ClusterSpec& c) {
   return s + ", router " + router_text(c.placement);
 }
 
+static std::string cost_text(double cost) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%g", cost);
+  return buf;
+}
+
 std::string placement_table(const ClusterSpec& c) {
   std::vector<std::vector<std::string>> rows = {
-      {"node", "address", "role", "threads", "device", "actors", "kv tier0", "kv tier1", "kv dir"}};
+      {"node", "address", "role", "threads", "device", "cost", "actors", "kv tier0", "kv tier1", "kv dir"}};
   for (const NodeSpec& n : c.nodes) {
     const bool kv = n.count("kv_store") > 0;
     auto tier = [&](uint64_t bytes) {
       return !kv ? std::string("-") : bytes == 0 ? std::string("default") : format_bytes(bytes);
     };
     rows.push_back({n.name, address_of(n), n.head ? "head" : "worker",
-                    n.threads == 0 ? "default" : std::to_string(n.threads), n.device, actors_of(n),
+                    n.threads == 0 ? "default" : std::to_string(n.threads), n.device, cost_text(n.cost),
+                    actors_of(n),
                     tier(n.kv_tier0_bytes), tier(n.kv_tier1_bytes),
                     !kv ? "-" : n.kv_dir.empty() ? "none" : n.kv_dir});
   }

@@ -182,6 +182,58 @@ TEST_CASE("kv_aware: the block table is bounded (LRU)") {
   CHECK(p->pick(b, {{0, 0, 0}, {2, 0, 0}}) == 2);
 }
 
+TEST_CASE("cost_aware: the best predicted seconds x cost among those within the limit") {
+  auto p = policy("cost_aware");
+  auto c = [](int32_t stage, int32_t in_flight, double cost, double predicted) {
+    Candidate x{stage, in_flight, 0};
+    x.cost = cost;
+    x.predicted_s = predicted;
+    return x;
+  };
+  auto limited = [](double limit) {
+    PlacementRequest r;
+    r.limit_s = limit;
+    return r;
+  };
+  struct Row {
+    PlacementRequest r;
+    std::vector<Candidate> cs;
+    int32_t want;
+  };
+  const PlacementRequest any;
+  for (const Row& row : {
+           // Equal speed: the cheaper node.
+           Row{any, {c(0, 0, 1.5, 0.1), c(1, 0, 1.0, 0.1)}, 1},
+           // Twice as fast at 1.5x the cost: 0.05 x 1.5 < 0.1 x 1.
+           Row{any, {c(0, 0, 1.5, 0.05), c(1, 0, 1.0, 0.1)}, 0},
+           // A queue on the cheap node: 0.2 x 1 > 0.1 x 1.5.
+           Row{any, {c(0, 3, 1.5, 0.1), c(1, 9, 1.0, 0.2)}, 0},
+           // The limit: the cheap one (0.3 s) misses 0.25 s, the dear one meets it.
+           Row{limited(0.25), {c(0, 0, 4.0, 0.2), c(1, 0, 1.0, 0.3)}, 0},
+           // Both meet it: the score decides (0.3 x 1 < 0.2 x 4).
+           Row{limited(0.5), {c(0, 0, 4.0, 0.2), c(1, 0, 1.0, 0.3)}, 1},
+           // None meets it: the fastest, whatever it costs.
+           Row{limited(0.1), {c(0, 0, 9.0, 0.2), c(1, 0, 1.0, 0.3), c(2, 0, 1.0, 0.25)}, 0},
+           // Equal scores: fewer in flight, then the lowest index.
+           Row{any, {c(0, 2, 2.0, 0.1), c(1, 1, 1.0, 0.2)}, 1},
+           Row{any, {c(4, 1, 2.0, 0.1), c(3, 1, 1.0, 0.2)}, 3},
+           // A candidate with nothing to predict from is skipped while others have a prediction.
+           Row{any, {c(0, 0, 0.1, -1), c(1, 5, 1.0, 0.4)}, 1},
+           // Nothing predicted anywhere: (in flight + 1) x cost.
+           Row{any, {c(0, 0, 3.0, -1), c(1, 1, 1.0, -1)}, 1},   // 3 vs 2
+           Row{any, {c(0, 0, 3.0, -1), c(1, 2, 1.0, -1)}, 0},   // 3 vs 3: fewer in flight
+           Row{any, {c(0, 1, 3.0, -1), c(1, 4, 1.0, -1)}, 1},   // 6 vs 5
+           Row{any, {}, -1},
+       }) {
+    CHECK(p->pick(row.r, row.cs) == row.want);
+  }
+  // Weights belong to kv_aware only.
+  PlacementConfig weighted;
+  weighted.policy = "cost_aware";
+  weighted.decode_weight = 2;
+  CHECK_FALSE(make_placement_policy(weighted).ok());
+}
+
 TEST_CASE("make_placement_policy refuses unknown names and misplaced or bad weights") {
   struct Bad {
     PlacementConfig c;
@@ -199,7 +251,7 @@ TEST_CASE("make_placement_policy refuses unknown names and misplaced or bad weig
   fetch_rr.policy = "least_loaded";
   fetch_rr.fetch_weight = 1;
   for (const Bad& b : {Bad{unknown, "unknown router policy 'fastest' (expected one of least_loaded_prefix, "
-                                    "least_loaded, round_robin, kv_aware)"},
+                                    "least_loaded, round_robin, kv_aware, cost_aware)"},
                        Bad{weighted_rr, "takes no prefill_weight"}, Bad{negative, ">= 0"},
                        Bad{fetch_rr, "fetch_weight (only kv_aware does)"}}) {
     auto p = make_placement_policy(b.c);

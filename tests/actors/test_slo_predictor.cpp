@@ -132,3 +132,55 @@ TEST_CASE("slo predictor: check rejects only what no live stage can meet") {
     }
   }
 }
+
+TEST_CASE("slo predictor: placement estimates an unmeasured stage at its peers' mean rate") {
+  SloPredictor p(1.0);
+  const std::vector<int32_t> entry = {0, 1, 2};
+  CHECK_FALSE(p.estimate_ttft(2, 100, entry));  // nothing measured anywhere
+  // Stage 0: 1,000 tokens/s; stage 1: 3,000 tokens/s; stage 2 unmeasured.
+  p.placed(0, 1, 1000, 0.0);
+  p.first_token(1, 1.0);
+  p.placed(1, 2, 3000, 0.0);
+  p.first_token(2, 1.0);
+  CHECK(*p.estimate_ttft(0, 500, entry) == doctest::Approx(0.5));     // its own rate
+  CHECK(*p.estimate_ttft(2, 500, entry) == doctest::Approx(0.25));    // 500 / 2,000
+  p.placed(2, 3, 1500, 2.0);                                          // queued there, still unmeasured
+  CHECK(*p.estimate_ttft(2, 500, entry) == doctest::Approx(1.0));     // (1,500 + 500) / 2,000
+  CHECK_FALSE(p.estimate_ttft(2, 500, {2}));                          // no measured peer
+  // TPOT: its own EWMA, else the peers' mean.
+  const std::vector<int32_t> cont = {5, 6, 7};
+  CHECK_FALSE(p.estimate_tpot(7, cont));
+  p.token_gap(5, 0.010);
+  p.token_gap(6, 0.030);
+  CHECK(*p.estimate_tpot(5, cont) == doctest::Approx(0.010));
+  CHECK(*p.estimate_tpot(7, cont) == doctest::Approx(0.020));
+}
+
+TEST_CASE("placement_limit_s: the role's goal, capped by the deadline's share of what is left") {
+  struct Row {
+    double ttft_ms, tpot_ms, deadline_ms;
+    int32_t max_tokens;
+    bool entry;
+    double elapsed_ms;
+    int64_t generated;
+    double want_s;
+  };
+  for (const Row& row : {
+           Row{0, 0, 0, 8, true, 0, 0, 0},             // no goal
+           Row{200, 0, 0, 8, true, 50, 0, 0.2},        // the TTFT goal
+           Row{200, 0, 0, 8, false, 50, 1, 0},         // a continuing stage has no TTFT goal
+           Row{0, 30, 0, 8, false, 50, 1, 0.03},       // the TPOT goal
+           Row{0, 0, 1000, 8, true, 100, 0, 0.9},      // first token: all that is left
+           Row{500, 0, 1000, 8, true, 100, 0, 0.5},    // the TTFT goal is tighter
+           Row{0, 0, 1000, 11, false, 200, 1, 0.08},   // 800 ms over the 10 tokens to come
+           Row{0, 50, 1000, 11, false, 200, 1, 0.05},  // the TPOT goal is tighter
+           Row{0, 0, 1000, 8, true, 1500, 0, 1e-9},    // past its deadline: nothing meets it
+       }) {
+    GenerateRequest r;
+    r.sampling.max_tokens = row.max_tokens;
+    r.ttft_target_ms = row.ttft_ms;
+    r.tpot_target_ms = row.tpot_ms;
+    r.deadline_ms = row.deadline_ms;
+    CHECK(placement_limit_s(r, row.entry, row.elapsed_ms, row.generated) == doctest::Approx(row.want_s));
+  }
+}

@@ -211,6 +211,29 @@ TEST_CASE("router: a policy name or a table with kv_aware weights") {
   }
 }
 
+TEST_CASE("node cost: a positive number for cost_aware placement, refused with any other router") {
+  const std::string nodes = "node { name = 'head', head = true, actors = { colocated = 1 } }\n"
+                            "node { name = 'dear', cost = 1.5, actors = { colocated = 1 } }\n";
+  auto c = load_ok("cluster { router = 'cost_aware' }\n" + nodes);
+  REQUIRE(c.nodes.size() == 2);
+  CHECK(c.nodes[0].cost == 1.0);
+  CHECK(c.nodes[1].cost == 1.5);
+  CHECK(placement_table(c).find("1.5") != std::string::npos);
+  // Declaring the router after the nodes is the same script.
+  CHECK(load_ok(nodes + "cluster { router = 'cost_aware' }\n").nodes[1].cost == 1.5);
+  // A cost no policy reads is refused at the node that sets it.
+  expect_error(nodes, 2, "node 'dear' has a cost, which only router policy 'cost_aware' reads");
+  expect_error("cluster { router = 'kv_aware' }\n" + nodes, 3, "(the router is 'kv_aware')");
+  // cost = 1 is the default: nothing to refuse.
+  CHECK(load_ok(kHead + "node { name = 'n', cost = 1, actors = { colocated = 1 } }\n").nodes[1].cost == 1.0);
+  for (const char* bad : {"0", "-2", "1e7", "0/0", "1/0"})
+    expect_error("cluster { router = 'cost_aware' }\n" + kHead + "node { name = 'n', cost = " + bad +
+                     ", actors = { colocated = 1 } }\n",
+                 3, "cost must be a number above 0 and at most 1e6");
+  expect_error(kHead + "node { name = 'n', cost = 'cheap', actors = { colocated = 1 } }\n", 2,
+               "field 'cost' must be a number");
+}
+
 TEST_CASE("param converts --set values to the type of its default") {
   const std::string script = R"(
 local n = param("n", 1)

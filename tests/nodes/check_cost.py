@@ -1,0 +1,79 @@
+#!/usr/bin/env python3
+"""Cost-aware placement across processes (tests/nodes/cost.lua): a head and
+colocated nodes A and B of the same speed, real processes on loopback. With
+router cost_aware and equal costs A and B share a burst of requests; with
+unequal ones the node of lower cost serves more of it
+(their predicted TTFT x cost is lower until its queue is `cost ratio` times
+longer), swapping the costs swaps the sides, and the tokens, text and per-step
+logits hashes are one `cleave generate --requests` process's (mono). A cost
+under any other router is refused when the script loads.
+
+usage: check_cost.py CLEAVE VOCAB WORKDIR"""
+import json
+import os
+import subprocess
+import sys
+
+CLEAVE, VOCAB, WORK = sys.argv[1:4]
+HERE = os.path.dirname(os.path.abspath(__file__))
+TOPOLOGY = os.path.join(HERE, "cost.lua")
+sys.path.insert(0, HERE)
+from node_process import NodeProcess, expect, failures, make_model, mono_results, results, stats_of, stop_all  # noqa: E402,E501
+
+os.makedirs(WORK, exist_ok=True)
+MODEL = os.path.join(WORK, "gqa4.gguf")
+make_model(CLEAVE, VOCAB, MODEL, "--dim", "64", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--ffn", "128",
+           "--ctx", "512")
+REQ = os.path.join(WORK, "burst.jsonl")
+N = 32
+with open(REQ, "w") as f:
+    for i in range(N):
+        prompt = [1] + [300 + (29 * i + 7 * j) % 3000 for j in range(48 + i % 5)]
+        f.write(json.dumps({"id": i, "prompt_ids": prompt, "max_tokens": 6,
+                            "temperature": 0 if i % 2 else 0.8, "seed": i}) + "\n")
+
+
+def run(tag, a_cost, b_cost):
+    """Both workers join, then the head runs the burst: (A's, B's) requests."""
+    sets = ["--set", f"a_cost={a_cost}", "--set", f"b_cost={b_cost}"]
+    common = ["--topology", TOPOLOGY, "-m", MODEL, "-t", "1", *sets]
+    out = os.path.join(WORK, tag + "out.jsonl")
+    head = NodeProcess([CLEAVE, "node", *common, "--name", "head", "--requests", REQ, "--out", out,
+                        "--wait-stages", "2"], os.path.join(WORK, tag + "head.err"))
+    m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
+    expect(tag + "head prints its port", m is not None, head.stderr())
+    port = m.group(2) if m else "1"
+    workers = {name: NodeProcess([CLEAVE, "node", *common, "--name", name, "--set", f"head_port={port}",
+                                  "--join-timeout", "20", "--no-rejoin"], os.path.join(WORK, tag + name + ".err"))
+               for name in ("A", "B")}
+    rc = head.wait(300)
+    for w in workers.values():
+        w.wait(30)
+    stop_all()
+    got = results(out)
+    expect(f"{tag}: every request has mono's tokens, text and logits hashes", rc == 0 and got == REF,
+           f"rc={rc} {head.stderr()[-1500:]}")
+    a = stats_of(workers["A"].stderr(), "A/colocated/0").get("requests", -1)
+    b = stats_of(workers["B"].stderr(), "B/colocated/0").get("requests", -1)
+    expect(f"{tag}: A and B served all {N} requests between them", a + b == N, (a, b))
+    return a, b
+
+
+try:
+    REF = mono_results(CLEAVE, MODEL, REQ)
+    a, b = run("equal_", 1, 1)
+    expect(f"equal costs: A and B share the burst ({a} vs {b})", abs(a - b) <= 2, (a, b))
+    a, b = run("b_cheap_", 3, 1)
+    expect(f"cost A=3, B=1: B serves more than A ({b} vs {a})", b > a, (a, b))
+    a, b = run("a_cheap_", 1, 3)
+    expect(f"cost A=1, B=3: A serves more than B ({a} vs {b})", a > b, (a, b))
+    p = subprocess.run([CLEAVE, "topology", "check", TOPOLOGY, "--set", "router=round_robin", "--set", "a_cost=2"],
+                       capture_output=True, text=True, timeout=60)
+    expect("a cost under router round_robin is refused, naming the node and the policy",
+           p.returncode == 1 and "node 'A' has a cost, which only router policy 'cost_aware' reads" in p.stderr,
+           (p.returncode, p.stderr))
+finally:
+    stop_all()
+
+print("FAILED: " + ", ".join(failures) if failures else "all cost-aware placement node checks passed")
+sys.exit(1 if failures else 0)
