@@ -94,6 +94,8 @@ using peer_offer_atom = caf::atom_constant<caf::atom("peeroffer")>;
 using peer_done_atom = caf::atom_constant<caf::atom("peerdone")>;
 using kv_preload_atom = caf::atom_constant<caf::atom("kvpreload")>;
 using stage_store_atom = caf::atom_constant<caf::atom("stagestore")>;
+using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using drain_watch_atom = caf::atom_constant<caf::atom("drainwatch")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -212,7 +214,10 @@ using pipeline_stage_actor =
 // from the client (Frontend::resume: the request and the tokens an earlier
 // run generated); event: StreamEvent and handoff: Handoff from stages;
 // attach: a stage, its kind and its node's cost (cost_aware placement), or
-// a vision encoder. stage_store: the
+// a vision encoder. drain: those stages take nothing new and their
+// requests move to others (re-placed with their tokens, KV from the store),
+// -> how many moved; unavailable when no stage of a role would be
+// left. stage_store: the
 // stage's node's kv_store (KV pool: placement and preloads).
 using router_actor =
     caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
@@ -223,6 +228,7 @@ using router_actor =
                      caf::replies_to<attach_atom, std::string, stage_actor, double>::with<bool>,
                      caf::replies_to<attach_atom, std::string, vision_encoder_actor>::with<bool>,
                      caf::reacts_to<stage_store_atom, stage_actor, kv_store_actor>,
+                     caf::replies_to<drain_atom, std::vector<stage_actor>>::with<uint64_t>,
                      caf::reacts_to<tick_atom>, caf::replies_to<shutdown_atom>::with<bool>,
                      caf::replies_to<stats_atom>::with<Bytes>>;
 
@@ -245,7 +251,10 @@ using expert_directory_actor =
 // (secret, node, kind, handle) a stage, encoder or expert actor (an expert
 // with its ExpertSet::spec); watch (secret, directory): the head sends the
 // directory every expert actor attached so far and each one that attaches
-// later.
+// later; drain (secret, node): the router drains the node's stages (their
+// requests move to other stages), then the node's watcher hears drain_atom
+// and the node exits -> the requests moved; drain_watch (secret, node,
+// watcher) names that watcher.
 using join_actor = caf::typed_actor<
     caf::replies_to<join_atom, std::string, std::string>::with<router_actor, kv_store_actor>,
     caf::replies_to<attach_atom, std::string, std::string, std::string, stage_actor>::with<bool>,
@@ -256,7 +265,9 @@ using join_actor = caf::typed_actor<
     caf::replies_to<attach_atom, std::string, std::string, std::string, int32_t, int32_t,
                     pipeline_stage_actor>::with<bool>,
     caf::replies_to<stage_find_atom, std::string, std::string, int32_t>::with<pipeline_stage_actor, int32_t>,
-    caf::replies_to<stage_watch_atom, std::string, std::string, caf::actor>::with<bool>>;
+    caf::replies_to<stage_watch_atom, std::string, std::string, caf::actor>::with<bool>,
+    caf::replies_to<drain_atom, std::string, std::string>::with<uint64_t>,
+    caf::replies_to<drain_watch_atom, std::string, std::string, caf::actor>::with<bool>>;
 
 // ---- Status <-> caf::error (actor_set.cpp) ----
 caf::error to_error(const Status& st);

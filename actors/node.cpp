@@ -99,6 +99,9 @@ struct JoinState {
   std::vector<std::pair<std::string, caf::actor>> stage_watchers;  // (pipeline, watcher)
   std::shared_ptr<std::atomic<int32_t>> experts_alive;
   std::map<std::string, double> costs;  // node name -> NodeSpec::cost
+  std::string head;                      // its node name: never drained
+  std::map<std::string, std::vector<stage_actor>> node_stages;  // attached and alive
+  std::map<std::string, caf::actor> drain_watchers;            // told when drained
   static inline const char* name = "cleave.join";
 };
 using join_pointer = join_actor::stateful_pointer<JoinState>;
@@ -106,9 +109,10 @@ using join_pointer = join_actor::stateful_pointer<JoinState>;
 join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> secret,
                                   router_actor router, kv_store_actor kv,
                                   std::shared_ptr<std::atomic<int32_t>> experts_alive,
-                                  std::map<std::string, double> costs) {
+                                  std::map<std::string, double> costs, std::string head) {
   self->state.secret = std::move(secret);
   self->state.costs = std::move(costs);
+  self->state.head = std::move(head);
   self->state.router = router;
   self->state.kv = kv;
   self->state.experts_alive = std::move(experts_alive);
@@ -126,6 +130,9 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
     std::erase_if(st.pipeline_stages,
                   [&](const JoinState::PipelineStage& p) { return p.handle.address() == dm.source; });
     std::erase_if(st.stage_watchers, [&](const auto& w) { return w.second.address() == dm.source; });
+    for (auto& [node, stages] : st.node_stages)
+      std::erase_if(stages, [&](const stage_actor& a) { return a.address() == dm.source; });
+    std::erase_if(st.drain_watchers, [&](const auto& w) { return w.second.address() == dm.source; });
     auto& w = self->state.watched;
     for (auto it = w.begin(); it != w.end(); ++it) {
       if (it->addr != dm.source) continue;
@@ -157,6 +164,7 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
     auto deliver = [=](bool ok) mutable { rp.deliver(ok); };
     auto refused = [=](caf::error& e) mutable { rp.deliver(std::move(e)); };
     if constexpr (std::is_same_v<std::decay_t<decltype(actor)>, stage_actor>) {
+      self->state.node_stages[printable(node)].push_back(actor);
       // A stage carries its node's cost (the script's node { cost }).
       auto c = self->state.costs.find(node);
       const double cost = c == self->state.costs.end() ? 1.0 : c->second;
@@ -168,6 +176,41 @@ join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> 
     return rp;
   };
   return {
+      [=](drain_atom, const std::string& secret, const std::string& node) -> caf::result<uint64_t> {
+        if (!admitted(secret)) {
+          log_line("refused to drain node " + printable(node) + ": wrong cluster secret");
+          return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        }
+        auto& st = self->state;
+        if (node == st.head)
+          return to_error(Status(Code::unsupported, "node '" + printable(node) +
+                                                                "' is the head (it hosts the router): it cannot drain"));
+        auto it = st.node_stages.find(node);
+        if (it == st.node_stages.end() || it->second.empty())
+          return to_error(Status(Code::not_found, "node '" + printable(node) + "' has no stage attached to drain"));
+        auto rp = self->make_response_promise<uint64_t>();
+        const std::string name = printable(node);
+        self->request(st.router, kClientTimeout, drain_atom::value, it->second)
+            .then(
+                [=](uint64_t moved) mutable {
+                  auto& st = self->state;
+                  log_line("cleave node head: drained node " + name + " (" + std::to_string(moved) +
+                           " requests moved to other stages)");
+                  st.node_stages.erase(name);
+                  if (auto w = st.drain_watchers.find(name); w != st.drain_watchers.end())
+                    caf::anon_send(w->second, drain_atom::value);
+                  rp.deliver(moved);
+                },
+                [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
+        return rp;
+      },
+      [=](drain_watch_atom, const std::string& secret, const std::string& node,
+          const caf::actor& watcher) -> caf::result<bool> {
+        if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        self->monitor(watcher);
+        self->state.drain_watchers[printable(node)] = watcher;
+        return true;
+      },
       [=](join_atom, const std::string& secret,
           const std::string& node) -> caf::result<router_actor, kv_store_actor> {
         if (!admitted(secret)) {
@@ -501,7 +544,7 @@ class HeadNode final : public Node {
     router_ = spawn_router(*system_, rc, sinks_, kv_);
     std::map<std::string, double> costs;
     for (const NodeSpec& n : options_.spec.nodes) costs[n.name] = n.cost;
-    join_ = system_->spawn(join_fn, options_.secret, router_, kv_, experts_alive_, std::move(costs));
+    join_ = system_->spawn(join_fn, options_.secret, router_, kv_, experts_alive_, std::move(costs), me_.name);
     // Stopped after the stages: join, router, store.
     actors_->add_service(caf::actor_cast<caf::actor>(join_));
     actors_->add_service(caf::actor_cast<caf::actor>(router_));
@@ -530,6 +573,10 @@ class HeadNode final : public Node {
   bool is_head() const override { return true; }
   std::string address() const override { return me_.host + ":" + std::to_string(port_); }
   bool lost_head() const override { return false; }
+  Result<uint64_t> drain() override {
+    return Status(Code::unsupported, "the head hosts the router: it cannot drain (stop the cluster instead)");
+  }
+  bool drained() const override { return false; }
 
   int32_t stages() override {
     for (const msg::Stats& s : stats())
@@ -668,8 +715,31 @@ class WorkerNode final : public Node {
                                           attach_through(*system_, join_, secret, me_.name, me_.stage.pipeline,
                                                          options_.join_timeout_s)));
     if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, secret, *actors_));
+    // Hears from the head when this node is drained.
+    auto drain_watcher = system_->spawn(
+        [](caf::event_based_actor*, std::shared_ptr<std::atomic<bool>> drained) {
+          return caf::behavior{[=](drain_atom) { drained->store(true); }};
+        },
+        drained_);
+    actors_->add_service(drain_watcher);
+    {
+      caf::scoped_actor self{*system_};
+      self->request(join_, kJoinTimeout, drain_watch_atom::value, secret, me_.name, drain_watcher)
+          .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
+    }
+    if (!st.ok()) return Status(st.code(), "the head at " + address() + " did not take node " + me_.name +
+                                               "'s drain watcher: " + st.message());
     return Status::Ok();
   }
+
+  Result<uint64_t> drain() override {
+    caf::scoped_actor self{*system_};
+    Result<uint64_t> out = Status(Code::unavailable, "no answer");
+    self->request(join_, kClientTimeout, drain_atom::value, options_.secret.value_or(""), me_.name)
+        .receive([&](uint64_t moved) { out = moved; }, [&](caf::error& e) { out = from_error(e); });
+    return out;
+  }
+  bool drained() const override { return drained_->load(); }
 
   bool is_head() const override { return false; }
   std::string address() const override { return head_.host + ":" + std::to_string(head_.port); }
@@ -708,6 +778,7 @@ class WorkerNode final : public Node {
   caf::actor_system_config config_;
   std::unique_ptr<caf::actor_system> system_;
   std::shared_ptr<std::atomic<bool>> head_lost_;
+  std::shared_ptr<std::atomic<bool>> drained_ = std::make_shared<std::atomic<bool>>(false);
   join_actor join_;
   router_actor router_;
   kv_store_actor kv_;  // this node's own store, else the head's
@@ -716,6 +787,29 @@ class WorkerNode final : public Node {
 };
 
 }  // namespace
+
+Result<uint64_t> drain_node(const ClusterSpec& spec, const std::string& name, double timeout_s) {
+  auto secret = read_cluster_secret(spec);
+  if (!secret.ok()) return secret.status();
+  const NodeSpec& head = spec.head();
+  if (head.port <= 0 || head.port > 65535)
+    return Status(Code::invalid_argument, "the head '" + head.name + "' has port " + std::to_string(head.port) +
+                                              " in the topology: drain needs its real port (e.g. --set " +
+                                              head.name + "_port=N)");
+  caf::actor_system_config config;
+  configure_node_impl(config, spec, 1);
+  caf::actor_system system{config};
+  auto join = system.middleman().remote_actor<join_actor>(head.host, uint16_t(head.port));
+  if (!join)
+    return Status(Code::unavailable, "cannot reach the head '" + head.name + "' at " + head.host + ":" +
+                                         std::to_string(head.port) + ": " + system.render(join.error()));
+  caf::scoped_actor self{system};
+  Result<uint64_t> out = Status(Code::unavailable, "no answer");
+  const auto limit = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(timeout_s));
+  self->request(*join, limit, drain_atom::value, secret->value_or(""), name)
+      .receive([&](uint64_t moved) { out = moved; }, [&](caf::error& e) { out = from_error(e); });
+  return out;
+}
 
 namespace actors {
 void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, int32_t threads) {

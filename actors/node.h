@@ -74,6 +74,14 @@ class Node : public Frontend {
   virtual int32_t stages() = 0;
   // Worker: the head went away (its router is down). Head: always false.
   virtual bool lost_head() const = 0;
+  // Worker: asks the head to drain this node: its stages take nothing new
+  // and their requests move to other stages (same tokens), -> how many
+  // moved. unavailable when no stage of a role would be left;
+  // unsupported on the head.
+  virtual Result<uint64_t> drain() = 0;
+  // Worker: the head drained this node (drain(), or `cleave node drain`
+  // from anywhere): it may exit without failing a request. Head: false.
+  virtual bool drained() const = 0;
   // Head only (unsupported on a worker): as Pipeline::submit.
   Status submit(GenerateRequest request, EventCallback on_event) override = 0;
   // Head: the router's and kv_store's counters; worker: its stages'.
@@ -85,6 +93,13 @@ class Node : public Frontend {
 // neither gives one. io_error for an unreadable file, invalid_argument for an
 // empty one.
 Result<std::optional<std::string>> read_cluster_secret(const ClusterSpec& spec);
+
+// `cleave node drain NAME`: asks the spec's head to drain worker `name`
+// (Node::drain), within timeout_s; the node exits once drained. The
+// secret as read_cluster_secret gives it. Errors: unavailable (the head
+// unreachable, a wrong secret), not_found (no such node with stages),
+// unsupported (the head), unavailable (the last stage of a role).
+Result<uint64_t> drain_node(const ClusterSpec& spec, const std::string& name, double timeout_s);
 
 // Compares in time that depends only on the lengths, not on where the
 // strings differ.

@@ -26,6 +26,7 @@ struct RouterState {
     ActorKind kind = ActorKind::colocated;
     bool entry = false, cont = false;  // takes new requests / handoffs
     bool alive = true;
+    bool draining = false;  // drained: alive, takes nothing new
     int32_t in_flight = 0;
     int64_t load_blocks = 0;  // PlacementRequest::load_blocks of those in flight
     kv_store_actor store;     // its node's store (stage_store), in a KV pool
@@ -75,6 +76,7 @@ struct RouterState {
   uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
   uint64_t encodes = 0, encoder_downs = 0, encode_replacements = 0;
   uint64_t preloads = 0, preload_blocks = 0;
+  uint64_t drained_stages = 0, migrated = 0;
   static inline const char* name = "cleave.router";
 };
 using router_pointer = router_actor::stateful_pointer<RouterState>;
@@ -83,18 +85,22 @@ double seconds_since_start(const RouterState& s) {
   return std::chrono::duration<double>(Clock::now() - s.epoch).count();
 }
 
+// A stage that takes work of the role: alive, not drained.
+bool serves(const RouterState::Stage& st, bool entry) {
+  return st.alive && !st.draining && (entry ? st.entry : st.cont);
+}
+
 // The live stages of the role, by index.
 std::vector<int32_t> live_stages(const RouterState& s, bool entry) {
   std::vector<int32_t> out;
   for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
-    if (s.stages[size_t(i)].alive && (entry ? s.stages[size_t(i)].entry : s.stages[size_t(i)].cont))
-      out.push_back(i);
+    if (serves(s.stages[size_t(i)], entry)) out.push_back(i);
   return out;
 }
 
 bool any_alive(const RouterState& s, bool entry) {
   for (const auto& st : s.stages)
-    if (st.alive && (entry ? st.entry : st.cont)) return true;
+    if (serves(st, entry)) return true;
   return false;
 }
 
@@ -115,7 +121,7 @@ std::vector<Candidate> candidates(const RouterState& s, bool entry, const std::v
   }
   for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
     const auto& st = s.stages[size_t(i)];
-    if (!st.alive || !(entry ? st.entry : st.cont)) continue;
+    if (!serves(st, entry)) continue;
     Candidate c{i, st.in_flight, st.load_blocks};
     c.cost = st.cost;
     if (any > 0 && st.store) {
@@ -398,6 +404,21 @@ RouterState::Pending* from_current_stage(router_pointer self, uint64_t id) {
   return &it->second;
 }
 
+// A request whose stage is gone or drained goes on elsewhere: from its
+// prompt when nothing came yet, else as a hand-off with the tokens so far.
+void replace(router_pointer self, uint64_t id) {
+  auto& p = self->state.pending.at(id);
+  p.stage = -1;
+  if (!p.continuing && p.generated.empty()) {
+    place_entry(self, id);
+  } else {
+    msg::Handoff h;
+    h.request = p.request;
+    h.generated = p.generated;
+    place_continue(self, id, codec::encode(h));
+  }
+}
+
 void on_stage_down(router_pointer self, int32_t index) {
   auto& s = self->state;
   auto& dead = s.stages[size_t(index)];
@@ -420,18 +441,50 @@ void on_stage_down(router_pointer self, int32_t index) {
     return;
   }
   for (uint64_t id : affected) {
-    auto& p = s.pending.at(id);
-    p.stage = -1;
     ++s.replacements;
-    if (!p.continuing && p.generated.empty()) {
-      place_entry(self, id);
-    } else {
-      msg::Handoff h;
-      h.request = p.request;
-      h.generated = p.generated;
-      place_continue(self, id, codec::encode(h));
-    }
+    replace(self, id);
   }
+}
+
+// Drained stages take nothing new; each request on one is dropped there and
+// placed again elsewhere, as if the stage had gone down (same tokens: the
+// new stage continues after those the router has; KV from the store).
+caf::result<uint64_t> drain(router_pointer self, const std::vector<stage_actor>& stages) {
+  auto& s = self->state;
+  std::vector<int32_t> which;
+  for (const stage_actor& h : stages)
+    for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
+      if (s.stages[size_t(i)].addr == h.address() && s.stages[size_t(i)].alive && !s.stages[size_t(i)].draining)
+        which.push_back(i);
+  for (int32_t i : which) s.stages[size_t(i)].draining = true;
+  for (bool entry : {true, false}) {
+    bool had = false;
+    for (int32_t i : which) had |= entry ? s.stages[size_t(i)].entry : s.stages[size_t(i)].cont;
+    if (!had || any_alive(s, entry)) continue;
+    for (int32_t i : which) s.stages[size_t(i)].draining = false;
+    return to_error(Status(Code::unavailable,
+                           std::string("draining would leave no live ") +
+                               (entry ? (s.config.disaggregated ? "prefill" : "stage") : (s.config.disaggregated ? "decode" : "stage")) +
+                               " actor to serve requests"));
+  }
+  std::vector<uint64_t> affected;
+  for (int32_t i : which) {
+    s.entry_policy->forget(i);
+    s.continue_policy->forget(i);
+    s.slo.forget_stage(i, seconds_since_start(s));
+    ++s.drained_stages;
+    for (auto& [id, p] : s.pending)
+      if (p.stage == i) affected.push_back(id);
+  }
+  std::sort(affected.begin(), affected.end());
+  for (uint64_t id : affected) {
+    auto& p = s.pending.at(id);
+    self->send(s.stages[size_t(p.stage)].handle, cancel_atom::value, id);
+    leave_stage(s, p);
+    ++s.migrated;
+    replace(self, id);
+  }
+  return uint64_t(affected.size());
 }
 
 // A prefill's hand-off: on to a decoder (which pulls the KV from source
@@ -639,6 +692,9 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         self->state.encoders.push_back(std::move(e));
         return true;
       },
+      [=](drain_atom, const std::vector<stage_actor>& stages) -> caf::result<uint64_t> {
+        return drain(self, stages);
+      },
       [=](tick_atom) {
         auto& s = self->state;
         const auto now = Clock::now();
@@ -667,7 +723,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0, alive_encoders = 0;
         for (const auto& e : s.encoders) alive_encoders += e.alive;
         for (const auto& st : s.stages) {
-          if (!st.alive) continue;
+          if (!st.alive || st.draining) continue;
           if (st.kind == ActorKind::prefill) ++alive_prefill;
           if (st.kind == ActorKind::decode) ++alive_decode;
           if (st.kind == ActorKind::colocated) ++alive_colocated;
@@ -688,6 +744,8 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"replacements", s.replacements},
                                        {"preloads", s.preloads},
                                        {"preload_blocks", s.preload_blocks},
+                                       {"drained_stages", s.drained_stages},
+                                       {"migrated", s.migrated},
                                        {"stage_downs", s.stage_downs},
                                        {"timeouts", s.timeouts},
                                        {"stray_events", s.stray_events},

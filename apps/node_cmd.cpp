@@ -3,7 +3,9 @@
 // One process of a cluster (actors/node.h). The head prints
 // "cleave node head listening on HOST:PORT" once it accepts joins; a worker
 // prints "cleave node NAME joined HOST:PORT with N stages". Both run until
-// SIGINT/SIGTERM; a worker exits 1 when the head goes away. With --requests
+// SIGINT/SIGTERM (SIGTERM drains a worker first: its requests move to
+// other stages) or, on a worker, until the head drains it (`cleave node
+// drain NAME`); a worker exits 1 when the head goes away. With --requests
 // the head waits for N attached stages, runs every request, writes one JSON
 // line per request (in input order) and exits 0.
 #include <CLI/CLI.hpp>
@@ -51,9 +53,20 @@ struct NodeArgs {
 NodeArgs g_args;
 HttpArgs g_http;
 CLI::App* g_node_cmd = nullptr;
+CLI::App* g_drain_cmd = nullptr;
+struct DrainArgs {
+  std::string name, topology;
+  std::vector<std::string> sets;
+  double timeout_s = 300;
+};
+DrainArgs g_drain;
 std::atomic<bool> g_stop{false};
+std::atomic<int> g_signal{0};
 
-void on_signal(int) { g_stop.store(true); }
+void on_signal(int sig) {
+  g_signal.store(sig);
+  g_stop.store(true);
+}
 
 [[noreturn]] void fail(const Status& st) { throw std::runtime_error(st.to_string()); }
 
@@ -141,9 +154,10 @@ int finish(std::unique_ptr<Node> node, int code) {
 CLI::App* add_node_command(CLI::App& app) {
   using cleave::g_args;
   auto* cmd = app.add_subcommand("node", "run one node of a cluster from a topology script");
-  cmd->add_option("--topology", g_args.topology, "Lua topology script")->required()->check(CLI::ExistingFile);
-  cmd->add_option("--name", g_args.name, "this node's name in the topology")->required();
-  cmd->add_option("-m,--model", g_args.model, "GGUF model file")->required()->check(CLI::ExistingFile);
+  // Required unless the command is `cleave node drain` (run_node_command checks).
+  cmd->add_option("--topology", g_args.topology, "Lua topology script")->check(CLI::ExistingFile);
+  cmd->add_option("--name", g_args.name, "this node's name in the topology");
+  cmd->add_option("-m,--model", g_args.model, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("--mmproj", g_args.mmproj,
                   "vision encoder GGUF: the node's vision_encoder actors run it; the head reads "
                   "images in --requests with it")
@@ -191,12 +205,36 @@ CLI::App* add_node_command(CLI::App& app) {
   // head: the OpenAI-compatible HTTP API in front of the cluster's router
   cleave::add_http_options(cmd, cleave::g_http, "--http-port");
   cleave::g_node_cmd = cmd;
+  auto* drain = cmd->add_subcommand(
+      "drain", "drain a worker of a running cluster: it takes nothing new, its requests move to other "
+               "nodes with their tokens (KV from the store), then it exits 0");
+  drain->add_option("name", cleave::g_drain.name, "the worker's name in the topology")->required();
+  drain->add_option("--topology", cleave::g_drain.topology, "the cluster's Lua topology script (the head's address)")
+      ->required()
+      ->check(CLI::ExistingFile);
+  drain->add_option("--set", cleave::g_drain.sets, "key=value for the script, as for the nodes (repeatable)");
+  drain->add_option("--timeout", cleave::g_drain.timeout_s, "seconds to wait for the head's answer")
+      ->check(CLI::Range(0.1, 3600.0));
+  cleave::g_drain_cmd = drain;
   return cmd;
 }
 
 int run_node_command() {
   using namespace cleave;
   const NodeArgs& a = g_args;
+  if (*g_drain_cmd) {
+    for (const CLI::Option* opt : g_node_cmd->get_options())
+      if (opt->count() > 0 && opt->get_name() != "--help")
+        throw CLI::ValidationError(opt->get_name(), "is a node's flag; `cleave node drain` takes NAME --topology "
+                                                    "--set --timeout");
+    const ClusterSpec spec = unwrap(load_topology_file(g_drain.topology, parse_sets(g_drain.sets)));
+    const uint64_t moved = unwrap(drain_node(spec, g_drain.name, g_drain.timeout_s));
+    std::printf("cleave node drain: node %s drained, %llu requests moved to other stages\n",
+                g_drain.name.c_str(), static_cast<unsigned long long>(moved));
+    return 0;
+  }
+  for (const char* flag : {"--topology", "--name", "--model"})
+    if (g_node_cmd->get_option(flag)->count() == 0) throw CLI::RequiredError(flag);
   if (a.requests.empty() != a.out.empty())
     throw CLI::ValidationError("--requests", "--requests and --out go together");
   NodeOptions o;
@@ -303,6 +341,10 @@ int run_node_command() {
       return finish(std::move(node), code);
     }
     while (!g_stop) {
+      if (node->drained()) {
+        std::fprintf(stderr, "cleave node %s: drained by the head; exiting\n", a.name.c_str());
+        break;
+      }
       if (node->lost_head()) {
         print_stats(*node, a.name);
         if (a.no_rejoin) fail(Status(Code::unavailable, "lost the head at " + node->address()));
@@ -323,6 +365,19 @@ int run_node_command() {
   }
   http_server.reset();  // no route runs once the node goes
   batch_api.reset();
-  print_stats(*node, a.name);  // stopped by a signal: what it did, as a --requests run prints
-  return finish(std::move(node), 0);
+  int code = 0;
+  if (g_signal.load() == SIGTERM && !node->is_head() && !node->drained()) {
+    // SIGTERM drains a worker first: no request it serves fails.
+    auto moved = node->drain();
+    if (moved.ok()) {
+      std::fprintf(stderr, "cleave node %s: SIGTERM: drained, %llu requests moved to other stages\n",
+                   a.name.c_str(), static_cast<unsigned long long>(*moved));
+    } else {
+      std::fprintf(stderr, "cleave node %s: SIGTERM: the head did not drain it (%s); stopping anyway\n",
+                   a.name.c_str(), moved.status().to_string().c_str());
+      code = 1;
+    }
+  }
+  print_stats(*node, a.name);  // stopped by a signal or drained: what it did, as a --requests run prints
+  return finish(std::move(node), code);
 }

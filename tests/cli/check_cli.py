@@ -390,6 +390,12 @@ expect_error("node: --api-key without --http-port is refused",
 expect_error("node: a worker does not serve HTTP",
              ["node", "--topology", bad_topo, "--name", "w", "-m", model, "--http-port", "0"], 2,
              "--http-port", "only the head")
+expect_error("node: --name is required (unless the command is drain)",
+             ["node", "--topology", bad_topo, "-m", model], 2, "--name is required")
+expect_error("node drain: a node's flag is refused",
+             ["node", "-m", model, "drain", "w", "--topology", bad_topo], 2, "--model", "node drain")
+expect_error("node drain: the head needs its real port",
+             ["node", "drain", "w", "--topology", bad_topo], 1, "drain needs its real port")
 
 # --experts: the FFN experts on their own hosts give mono's tokens and logits
 # hashes (generate --requests over every topology); bad sets are refused.

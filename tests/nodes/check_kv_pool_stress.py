@@ -20,7 +20,6 @@ Every answer (text, per-token logprobs, finish reason) must equal the one
    keeps none (no preloads, which always keep).
 
 usage: check_kv_pool_stress.py CLEAVE VOCAB WORKDIR"""
-import json
 import os
 import random
 import re
@@ -28,13 +27,12 @@ import signal
 import sys
 import threading
 import time
-import urllib.request
 
 CLEAVE, VOCAB, WORK = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "kv_pool.lua")
 sys.path.insert(0, HERE)
-from node_process import NodeProcess, expect, failures, make_model, stats_of, stop_all  # noqa: E402
+from node_process import NodeProcess, expect, failures, make_model, stats_of, stop_all, mono_answers, post_completion  # noqa: E402,E501
 
 os.makedirs(WORK, exist_ok=True)
 MODEL = os.path.join(WORK, "gqa4.gguf")
@@ -74,16 +72,7 @@ GAPS = [random.Random(17 + t).uniform(0.0, 0.03) for t in range(N)]
 
 
 def post(base, body):
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            j = json.loads(r.read())
-    except Exception as e:  # an HTTP error is an answer that differs from mono's
-        return {"error": str(e)[:300]}
-    c = j["choices"][0]
-    return {"text": c["text"], "finish_reason": c["finish_reason"],
-            "logprobs": (c.get("logprobs") or {}).get("token_logprobs")}
+    return post_completion(base, body)
 
 
 def send_all(base):
@@ -111,14 +100,7 @@ def send_all(base):
 
 
 def mono():
-    p = NodeProcess([CLEAVE, "serve", "-m", MODEL, "--port", "0", "-t", "1"], os.path.join(WORK, "mono.err"))
-    m = p.wait_line(r"listening on (http://[0-9.]+:\d+)", 60)
-    expect("mono serve starts", m is not None, p.stderr()[-2000:])
-    answers = [post(m.group(1), body) for body in REQS + FIRST_TOKEN] if m else []
-    p.proc.send_signal(signal.SIGTERM)
-    p.wait(30)
-    stop_all()
-    return answers
+    return mono_answers(CLEAVE, MODEL, REQS + FIRST_TOKEN, os.path.join(WORK, "mono.err"))
 
 
 def cluster(tag, sets=(), extra=(), send=None):

@@ -2,14 +2,16 @@
 process's stdout lines arrive on a queue, its stderr goes to a file, and
 stop_all() kills every one still running; results(), stats_of() and
 mono_results() read what the heads and `cleave generate` wrote; make_model()
-writes a test model."""
+writes a test model; post_completion() and mono_answers() ask an HTTP server."""
 import json
 import os
 import queue
 import re
+import signal
 import subprocess
 import threading
 import time
+import urllib.request
 
 procs = []
 failures = []
@@ -101,3 +103,31 @@ def make_model(cleave, vocab, out, *shape):
     p = subprocess.run([cleave, "make-model", "--out", out, "--vocab", vocab, *shape],
                        capture_output=True, text=True, timeout=120)
     expect("make-model " + os.path.basename(out), p.returncode == 0, p.stderr)
+
+
+def post_completion(base, body):
+    """POST /v1/completions: the first choice's text, finish reason and
+    per-token logprobs, or {"error": ...} (an answer that differs from mono's)."""
+    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            j = json.loads(r.read())
+    except Exception as e:
+        return {"error": str(e)[:300]}
+    c = j["choices"][0]
+    return {"text": c["text"], "finish_reason": c["finish_reason"],
+            "logprobs": (c.get("logprobs") or {}).get("token_logprobs")}
+
+
+def mono_answers(cleave, model, bodies, err_path):
+    """The one-process reference over HTTP: `cleave serve` on one thread
+    answers each body in turn."""
+    p = NodeProcess([cleave, "serve", "-m", model, "--port", "0", "-t", "1"], err_path)
+    m = p.wait_line(r"listening on (http://[0-9.]+:\d+)", 60)
+    expect("mono serve starts", m is not None, p.stderr()[-2000:])
+    answers = [post_completion(m.group(1), body) for body in bodies] if m else []
+    p.proc.send_signal(signal.SIGTERM)
+    p.wait(30)
+    stop_all()
+    return answers
