@@ -9,7 +9,7 @@ shift || true
 PACKAGES=(build-essential cmake pkg-config ccache doctest-dev nlohmann-json3-dev libcli11-dev
           librocksdb-dev libxxhash-dev python3 python3-numpy libcaf-dev capnproto libcapnp-dev
           clang libclang-rt-14-dev liblua5.4-dev libstb-dev libboost-dev prometheus python3-aiohttp
-          python3-matplotlib)
+          python3-matplotlib iproute2)
 missing=()
 # The HTTP tests drive the server with the official openai npm package: a
 # machine without Node.js gets Debian's (one that has it keeps its own npm).
