@@ -20,10 +20,8 @@ Every namespace and link goes when it ends, failed or not.
 
 usage: check_netns.py CLEAVE VOCAB WORKDIR"""
 import os
-import random
 import signal
 import sys
-import threading
 import time
 
 CLEAVE, VOCAB, WORK = sys.argv[1:4]
@@ -32,7 +30,8 @@ TOPOLOGY = os.path.join(HERE, "netns.lua")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "nodes"))
 import netns  # noqa: E402
-from node_process import NodeProcess, expect, failures, make_model, mono_answers, post_completion, stats_of, stop_all  # noqa: E402,E501
+from node_process import (NodeProcess, expect, failures, make_model, mono_answers, random_completions,  # noqa: E402
+                          run_clients, stats_of, stop_all, wait_until)
 
 why = netns.available()
 if why:
@@ -46,53 +45,11 @@ N, THREADS = 48, 4
 HEAD_PORT, HTTP_PORT, RELAY_PORT = 7411, 7412, 7500
 
 
-def requests():
-    rng = random.Random(31)
-    out = []
-    for i in range(N):
-        prompt = [1] + [200 + rng.randrange(3000) for _ in range(rng.randrange(20, 60))]
-        body = {"model": "gqa128", "prompt": prompt, "max_tokens": rng.randrange(24, 48), "logprobs": 1,
-                "ignore_eos": True}
-        body.update(temperature=0.8, seed=i) if i % 2 else body.update(temperature=0)
-        out.append(body)
-    return out
-
-
-REQS = requests()
+REQS = random_completions(31, N, "gqa128", (20, 60), (24, 48))
 
 
 def load(base, during):
-    """Every request on THREADS client threads; during(done) runs beside
-    them (done: a list whose [0] counts the answers so far)."""
-    answers = [None] * N
-    done, nxt = [0], [0]
-    lock = threading.Lock()
-
-    def client():
-        while True:
-            with lock:
-                i = nxt[0]
-                nxt[0] += 1
-            if i >= N:
-                return
-            a = post_completion(base, REQS[i])
-            with lock:
-                answers[i] = a
-                done[0] += 1
-    ts = [threading.Thread(target=client) for _ in range(THREADS)]
-    for t in ts:
-        t.start()
-    during(done)
-    for t in ts:
-        t.join()
-    return answers
-
-
-def wait_until(cond, timeout=60):
-    deadline = time.time() + timeout
-    while not cond() and time.time() < deadline:
-        time.sleep(0.02)
-    return cond()
+    return run_clients(base, REQS, THREADS, during)
 
 
 def same(tag, got, want):

@@ -11,18 +11,17 @@ or the last decoder is refused, naming why.
 
 usage: check_drain.py CLEAVE VOCAB WORKDIR"""
 import os
-import random
 import signal
 import subprocess
 import sys
-import threading
 import time
 
 CLEAVE, VOCAB, WORK = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "cluster.lua")
 sys.path.insert(0, HERE)
-from node_process import NodeProcess, expect, failures, make_model, stats_of, stop_all, mono_answers, post_completion  # noqa: E402,E501
+from node_process import (NodeProcess, expect, failures, make_model, mono_answers, random_completions,  # noqa: E402
+                          run_clients, stats_of, stop_all, wait_until)
 
 os.makedirs(WORK, exist_ok=True)
 MODEL = os.path.join(WORK, "gqa128.gguf")
@@ -31,23 +30,7 @@ make_model(CLEAVE, VOCAB, MODEL, "--dim", "128", "--layers", "4", "--heads", "4"
 N, THREADS = 96, 6
 
 
-def requests():
-    rng = random.Random(23)
-    out = []
-    for i in range(N):
-        prompt = [1] + [200 + rng.randrange(3000) for _ in range(rng.randrange(8, 40))]
-        body = {"model": "gqa128", "prompt": prompt, "max_tokens": rng.randrange(24, 64), "logprobs": 1,
-                "ignore_eos": True}
-        body.update(temperature=0.8, seed=i) if i % 2 else body.update(temperature=0)
-        out.append(body)
-    return out
-
-
-REQS = requests()
-
-
-def post(base, body):
-    return post_completion(base, body)
+REQS = random_completions(23, N, "gqa128", (8, 40), (24, 64))
 
 
 def mono():
@@ -86,47 +69,25 @@ try:
     nodes = {n: worker(n) for n in ("p0", "d0")}
     wait_joined(["p0", "d0"])
     time.sleep(0.5)  # their stages attach after the join
-    answers = [None] * N
-    done = [0]
-    nxt = [0]
-    lock = threading.Lock()
+    rc = {}
 
-    def client():
-        while True:
-            with lock:
-                i = nxt[0]
-                nxt[0] += 1
-            if i >= N:
-                return
-            a = post(url.group(1), REQS[i])
-            with lock:
-                answers[i] = a
-                done[0] += 1
-
-    def wait_done(k):
-        deadline = time.time() + 120
-        while done[0] < k and time.time() < deadline:
-            time.sleep(0.02)
-
-    ts = [threading.Thread(target=client) for _ in range(THREADS)]
-    for t in ts:
-        t.start()
-    # 1 -> 3 decoders under load.
-    wait_done(N // 6)
-    nodes["d1"] = worker("d1")
-    nodes["d2"] = worker("d2")
-    wait_joined(["d1", "d2"])
-    # 3 -> 1: one drained from the command line, one by SIGTERM.
-    wait_done(N // 2)
-    d = drain(port, "d1")
-    expect("`cleave node drain d1` answers 0 with the requests it moved",
-           d.returncode == 0 and "node d1 drained" in d.stdout, (d.returncode, d.stdout, d.stderr))
-    rc1 = nodes["d1"].wait(60)
-    wait_done(2 * N // 3)
-    nodes["d2"].proc.send_signal(signal.SIGTERM)
-    rc2 = nodes["d2"].wait(60)
-    for t in ts:
-        t.join()
+    def scale(done):
+        # 1 -> 3 decoders under load.
+        wait_until(lambda: done[0] >= N // 6, 120)
+        nodes["d1"] = worker("d1")
+        nodes["d2"] = worker("d2")
+        wait_joined(["d1", "d2"])
+        # 3 -> 1: one drained from the command line, one by SIGTERM.
+        wait_until(lambda: done[0] >= N // 2, 120)
+        d = drain(port, "d1")
+        expect("`cleave node drain d1` answers 0 with the requests it moved",
+               d.returncode == 0 and "node d1 drained" in d.stdout, (d.returncode, d.stdout, d.stderr))
+        rc["d1"] = nodes["d1"].wait(60)
+        wait_until(lambda: done[0] >= 2 * N // 3, 120)
+        nodes["d2"].proc.send_signal(signal.SIGTERM)
+        rc["d2"] = nodes["d2"].wait(60)
+    answers = run_clients(url.group(1), REQS, THREADS, scale)
+    rc1, rc2 = rc.get("d1"), rc.get("d2")
     # What is refused: the head, and the last decoder.
     head_refused = drain(port, "head")
     last_refused = drain(port, "d0")

@@ -6,6 +6,7 @@ writes a test model; post_completion() and mono_answers() ask an HTTP server."""
 import json
 import os
 import queue
+import random
 import re
 import signal
 import subprocess
@@ -131,3 +132,54 @@ def mono_answers(cleave, model, bodies, err_path):
     p.wait(30)
     stop_all()
     return answers
+
+
+def random_completions(seed, n, model, prompt_len, max_tokens):
+    """n /v1/completions bodies (fixed seed): prompts of ids with lengths in
+    prompt_len = (lo, hi), max_tokens in (lo, hi), logprobs, no early stop;
+    odd ones sampled (temperature 0.8, seed i), even ones greedy."""
+    rng = random.Random(seed)
+    out = []
+    for i in range(n):
+        prompt = [1] + [200 + rng.randrange(3000) for _ in range(rng.randrange(*prompt_len))]
+        body = {"model": model, "prompt": prompt, "max_tokens": rng.randrange(*max_tokens), "logprobs": 1,
+                "ignore_eos": True}
+        body.update(temperature=0.8, seed=i) if i % 2 else body.update(temperature=0)
+        out.append(body)
+    return out
+
+
+def run_clients(base, bodies, threads, during=None):
+    """Posts every body, `threads` at a time; during(done) runs beside them
+    (done[0] counts the answers so far). The answers, in body order."""
+    answers = [None] * len(bodies)
+    done, nxt = [0], [0]
+    lock = threading.Lock()
+
+    def client():
+        while True:
+            with lock:
+                i = nxt[0]
+                nxt[0] += 1
+            if i >= len(bodies):
+                return
+            a = post_completion(base, bodies[i])
+            with lock:
+                answers[i] = a
+                done[0] += 1
+    ts = [threading.Thread(target=client) for _ in range(threads)]
+    for t in ts:
+        t.start()
+    if during:
+        during(done)
+    for t in ts:
+        t.join()
+    return answers
+
+
+def wait_until(cond, timeout=60):
+    """Polls cond every 20 ms until it holds or timeout seconds pass; its last value."""
+    deadline = time.time() + timeout
+    while not cond() and time.time() < deadline:
+        time.sleep(0.02)
+    return cond()
