@@ -39,6 +39,7 @@ class ActorPipeline final : public Pipeline, private PipelineTestHooks {
     rc.request_timeout_s = options_.request_timeout_s;
     rc.placement = options_.placement;
     rc.scheduling_policy = options_.scheduler.policy;
+    rc.pd_controller = options_.pd_controller;
     router_ = spawn_router(*system_, rc, sinks_, kv_);
     actors_->add_service(caf::actor_cast<caf::actor>(router_));
     actors_->add_service(caf::actor_cast<caf::actor>(kv_));

@@ -33,6 +33,7 @@
 
 #include "actors/actor_kind.h"
 #include "actors/kv_stream.h"
+#include "actors/pd_controller.h"
 #include "actors/placement.h"
 #include "model/scheduling_policy.h"
 #include "common/status.h"
@@ -95,6 +96,7 @@ using peer_done_atom = caf::atom_constant<caf::atom("peerdone")>;
 using kv_preload_atom = caf::atom_constant<caf::atom("kvpreload")>;
 using stage_store_atom = caf::atom_constant<caf::atom("stagestore")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
+using role_atom = caf::atom_constant<caf::atom("role")>;
 using drain_watch_atom = caf::atom_constant<caf::atom("drainwatch")>;
 
 // Timeouts of every request between actors: nothing waits forever.
@@ -172,11 +174,14 @@ using kv_sender_actor =
 
 // submit: GenerateRequest; handoff: Handoff, with the kv_sender to pull the
 // KV from or without (then from the store) (the answer is admission only;
-// the outcome arrives as events).
+// the outcome arrives as events). role: "prefill" or "decode", a prefill or
+// decode stage switching roles once the router drained it (invalid_argument
+// while work remains, or for another kind).
 using stage_actor = caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
                                      caf::replies_to<handoff_atom, Bytes>::with<bool>,
                                      caf::replies_to<handoff_atom, Bytes, kv_sender_actor>::with<bool>,
                                      caf::reacts_to<cancel_atom, uint64_t>,
+                                     caf::replies_to<role_atom, std::string>::with<bool>,
                                      caf::reacts_to<step_atom>,
                                      caf::replies_to<stats_atom>::with<Bytes>>;
 
@@ -356,6 +361,9 @@ struct RouterConfig {
   // The stages' policy: under fcfs a request with a nonzero priority is
   // refused at admission (invalid_argument), before it reaches a stage.
   SchedulingPolicy scheduling_policy = SchedulingPolicy::fcfs;
+  // pd: move stages between prefill and decode against TTFT / TPOT goals
+  // (actors/pd_controller.h); off unless a goal is set.
+  PdControllerConfig pd_controller;
 };
 router_actor spawn_router(caf::actor_system& system, RouterConfig config,
                           std::shared_ptr<EventSinks> sinks, kv_store_actor kv);

@@ -377,6 +377,15 @@ Status check_options(const PipelineOptions& o) {
     return Status(Code::invalid_argument,
                   std::string("prefill_pipeline and decode_pipeline are for the pd topology; ") +
                       topology_name(o.topology) + " cuts with colocated_pipeline");
+  if (o.pd_controller.ttft_ms != 0 || o.pd_controller.tpot_ms != 0) {
+    if (o.topology != Topology::pd)
+      return Status(Code::invalid_argument, std::string("pd_controller moves stages between prefill and decode: "
+                                                        "it needs the pd topology, not ") +
+                                                topology_name(o.topology));
+    if (pipelined)
+      return Status(Code::invalid_argument, "pd_controller and pipeline stages together are not supported");
+    CLEAVE_RETURN_IF_ERROR(validate_pd_controller(o.pd_controller));
+  }
   if (o.actor_threads < 0)
     return Status(Code::invalid_argument, "actor_threads must not be negative, got " +
                                               std::to_string(o.actor_threads));

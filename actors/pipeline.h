@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "actors/kv_stream.h"
+#include "actors/pd_controller.h"
 #include "actors/placement.h"
 #include "frontend/frontend.h"
 #include "common/status.h"
@@ -92,6 +93,10 @@ struct PipelineOptions {
   // the least loaded one. Needs experts (invalid_argument otherwise).
   // Never changes a token.
   bool expert_replication = false;
+  // pd: the router moves stages between prefill and decode against these
+  // TTFT / TPOT goals (actors/pd_controller.h); off while no goal is set.
+  // Refused for another topology and with pipeline stages.
+  PdControllerConfig pd_controller;
   // Pipeline parallelism (model/layer_stage.h): each prefill, decode and
   // colocated actor is the first stage of a pipeline cut into these layer
   // ranges (in order, covering the model: check_cover's errors otherwise);

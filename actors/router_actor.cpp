@@ -26,7 +26,7 @@ struct RouterState {
     ActorKind kind = ActorKind::colocated;
     bool entry = false, cont = false;  // takes new requests / handoffs
     bool alive = true;
-    bool draining = false;  // drained: alive, takes nothing new
+    bool draining = false;  // drained (or switching roles): alive, takes nothing new
     int32_t in_flight = 0;
     int64_t load_blocks = 0;  // PlacementRequest::load_blocks of those in flight
     kv_store_actor store;     // its node's store (stage_store), in a KV pool
@@ -68,6 +68,9 @@ struct RouterState {
   std::unique_ptr<PlacementPolicy> entry_policy, continue_policy;
   bool predict_placement = false;  // cost_aware: candidates carry predictions
   SloPredictor slo;
+  std::unique_ptr<PdController> pd;  // the adaptive P:D ratio, when configured
+  Clock::time_point next_pd_decision;
+  bool switching = false;            // a role switch is under way
   Clock::time_point epoch = Clock::now();
   uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, rejected_slo = 0;
   uint64_t cancelled = 0;
@@ -77,6 +80,7 @@ struct RouterState {
   uint64_t encodes = 0, encoder_downs = 0, encode_replacements = 0;
   uint64_t preloads = 0, preload_blocks = 0;
   uint64_t drained_stages = 0, migrated = 0;
+  uint64_t role_switches = 0, role_switch_failures = 0, to_prefill = 0, to_decode = 0;
   static inline const char* name = "cleave.router";
 };
 using router_pointer = router_actor::stateful_pointer<RouterState>;
@@ -446,6 +450,88 @@ void on_stage_down(router_pointer self, int32_t index) {
   }
 }
 
+// Each request on the (draining) stages is dropped there and placed again
+// elsewhere, as if the stage had gone down. How many moved.
+uint64_t move_off(router_pointer self, const std::vector<int32_t>& which) {
+  auto& s = self->state;
+  std::vector<uint64_t> affected;
+  for (int32_t i : which) {
+    s.entry_policy->forget(i);
+    s.continue_policy->forget(i);
+    s.slo.forget_stage(i, seconds_since_start(s));
+    for (auto& [id, p] : s.pending)
+      if (p.stage == i) affected.push_back(id);
+  }
+  std::sort(affected.begin(), affected.end());
+  for (uint64_t id : affected) {
+    auto& p = s.pending.at(id);
+    self->send(s.stages[size_t(p.stage)].handle, cancel_atom::value, id);
+    leave_stage(s, p);
+    ++s.migrated;
+    replace(self, id);
+  }
+  return uint64_t(affected.size());
+}
+
+// The P:D controller moved stage i to the other role: it takes nothing new,
+// its requests move to stages of its role, then it switches and serves the
+// other phase (a refusal, say KV still arriving, leaves it as it was).
+void switch_role(router_pointer self, int32_t i) {
+  auto& s = self->state;
+  auto& st = s.stages[size_t(i)];
+  const bool to_prefill = st.kind == ActorKind::decode;
+  st.draining = true;
+  s.switching = true;
+  move_off(self, {i});
+  self->request(st.handle, kStageTimeout, role_atom::value, std::string(to_prefill ? "prefill" : "decode"))
+      .then(
+          [=](bool) {
+            auto& s = self->state;
+            auto& st = s.stages[size_t(i)];
+            s.switching = false;
+            st.draining = false;
+            st.kind = to_prefill ? ActorKind::prefill : ActorKind::decode;
+            st.entry = actor_kind_info(st.kind).entry;
+            st.cont = actor_kind_info(st.kind).continues;
+            ++s.role_switches;
+            ++(to_prefill ? s.to_prefill : s.to_decode);
+          },
+          [=](caf::error&) {
+            auto& s = self->state;
+            s.switching = false;
+            s.stages[size_t(i)].draining = false;
+            ++s.role_switch_failures;
+          });
+}
+
+// Every interval: the controller's verdict, and the least loaded stage of
+// the role that gives one up.
+void control_pd(router_pointer self) {
+  auto& s = self->state;
+  if (!s.pd || Clock::now() < s.next_pd_decision) return;
+  s.next_pd_decision = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                          std::chrono::duration<double>(s.pd->config().interval_s));
+  int32_t prefills = 0, decoders = 0;
+  for (const auto& st : s.stages) {
+    if (!st.alive || st.draining) continue;
+    prefills += st.kind == ActorKind::prefill;
+    decoders += st.kind == ActorKind::decode;
+  }
+  const RoleMove m = s.pd->decide(seconds_since_start(s), prefills, decoders);
+  if (m == RoleMove::none || s.switching) return;
+  const ActorKind from = m == RoleMove::to_prefill ? ActorKind::decode : ActorKind::prefill;
+  int32_t pick = -1;
+  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
+    const auto& st = s.stages[size_t(i)];
+    if (st.alive && !st.draining && st.kind == from &&
+        (pick < 0 || st.in_flight < s.stages[size_t(pick)].in_flight))
+      pick = i;
+  }
+  if (pick < 0) return;
+  s.pd->moved(seconds_since_start(s));
+  switch_role(self, pick);
+}
+
 // Drained stages take nothing new; each request on one is dropped there and
 // placed again elsewhere, as if the stage had gone down (same tokens: the
 // new stage continues after those the router has; KV from the store).
@@ -467,24 +553,8 @@ caf::result<uint64_t> drain(router_pointer self, const std::vector<stage_actor>&
                                (entry ? (s.config.disaggregated ? "prefill" : "stage") : (s.config.disaggregated ? "decode" : "stage")) +
                                " actor to serve requests"));
   }
-  std::vector<uint64_t> affected;
-  for (int32_t i : which) {
-    s.entry_policy->forget(i);
-    s.continue_policy->forget(i);
-    s.slo.forget_stage(i, seconds_since_start(s));
-    ++s.drained_stages;
-    for (auto& [id, p] : s.pending)
-      if (p.stage == i) affected.push_back(id);
-  }
-  std::sort(affected.begin(), affected.end());
-  for (uint64_t id : affected) {
-    auto& p = s.pending.at(id);
-    self->send(s.stages[size_t(p.stage)].handle, cancel_atom::value, id);
-    leave_stage(s, p);
-    ++s.migrated;
-    replace(self, id);
-  }
-  return uint64_t(affected.size());
+  s.drained_stages += which.size();
+  return move_off(self, which);
 }
 
 // A prefill's hand-off: on to a decoder (which pulls the KV from source
@@ -568,6 +638,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
   s.entry_policy = std::move(entry.value());
   s.continue_policy = std::move(cont.value());
   s.predict_placement = s.config.placement.policy == "cost_aware";
+  if (s.config.pd_controller.enabled()) s.pd = std::make_unique<PdController>(s.config.pd_controller);
   s.sinks = std::move(sinks);
   s.kv = kv;
   self->monitor(kv);
@@ -627,9 +698,11 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
           }
           if (e->index == 0) {
             s.slo.first_token(e->request_id, seconds_since_start(s));
+            if (s.pd) s.pd->observe_ttft(std::chrono::duration<double>(p->last_progress - p->admitted_at).count());
           } else if (p->last_token_stage == p->stage) {
-            s.slo.token_gap(p->stage,
-                            std::chrono::duration<double>(p->last_progress - p->last_token).count());
+            const double gap = std::chrono::duration<double>(p->last_progress - p->last_token).count();
+            s.slo.token_gap(p->stage, gap);
+            if (s.pd) s.pd->observe_tpot(gap);
           }
           p->last_token = p->last_progress;
           p->last_token_stage = p->stage;
@@ -708,6 +781,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                                      " made no progress for " +
                                                      std::to_string(s.config.request_timeout_s) + " s"));
         }
+        control_pd(self);
         self->delayed_send(caf::actor_cast<router_actor>(self), kTickInterval, tick_atom::value);
       },
       [=](shutdown_atom) -> bool {
@@ -745,6 +819,10 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"preloads", s.preloads},
                                        {"preload_blocks", s.preload_blocks},
                                        {"drained_stages", s.drained_stages},
+                                       {"role_switches", s.role_switches},
+                                       {"role_switches_to_prefill", s.to_prefill},
+                                       {"role_switches_to_decode", s.to_decode},
+                                       {"role_switch_failures", s.role_switch_failures},
                                        {"migrated", s.migrated},
                                        {"stage_downs", s.stage_downs},
                                        {"timeouts", s.timeouts},

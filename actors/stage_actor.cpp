@@ -231,6 +231,23 @@ caf::result<bool> submit_with_pool(stage_pointer self, GenerateRequest request) 
 // A handed-off request: the decoder skips the leading blocks its prefix
 // cache holds (incremental), streams the rest from the prefill's kv_sender
 // when there is one, else (or when the stream fails) reads the store.
+// The stream ends its kind needs (kept when it switches roles: pulls of KV
+// it handed off before still find its sender).
+void spawn_kv_ends(stage_pointer self) {
+  auto& s = self->state;
+  if (s.stream.direct && s.kind == ActorKind::prefill && !s.sender) {
+    s.outbox = std::make_shared<KvOutbox>();
+    // The data socket listens on the node's host (in-process pipelines have none: CAF only).
+    const size_t colon = s.stream.node_address.rfind(':');
+    s.sender = spawn_kv_sender_linked(
+        self, s.outbox, s.stream_counters, s.stream.fault_corrupt_chunk,
+        colon == std::string::npos ? std::string() : s.stream.node_address.substr(0, colon));
+  } else if (s.kind != ActorKind::prefill && !s.receiver) {
+    s.inbox = std::make_shared<KvInbox>();
+    s.receiver = spawn_kv_receiver_linked(self, s.inbox, s.stream_counters);
+  }
+}
+
 caf::result<bool> accept_handoff(stage_pointer self, const Bytes& bytes,
                                  const kv_sender_actor* source) {
   auto& s = self->state;
@@ -295,17 +312,7 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
   s.persist = kind != ActorKind::prefill;
   if (s.persist) s.core->keep_finished_blocks();
   s.stream = stream;
-  if (stream.direct && s.kind == ActorKind::prefill) {
-    s.outbox = std::make_shared<KvOutbox>();
-    // The data socket listens on the node's host (in-process pipelines have none: CAF only).
-    const size_t colon = stream.node_address.rfind(':');
-    s.sender = spawn_kv_sender_linked(
-        self, s.outbox, s.stream_counters, stream.fault_corrupt_chunk,
-        colon == std::string::npos ? std::string() : stream.node_address.substr(0, colon));
-  } else if (s.kind != ActorKind::prefill) {
-    s.inbox = std::make_shared<KvInbox>();
-    s.receiver = spawn_kv_receiver_linked(self, s.inbox, s.stream_counters);
-  }
+  spawn_kv_ends(self);
   // The router places by what this stage's store holds and preloads there.
   if (stream.pool) self->send(s.router, stage_store_atom::value, caf::actor_cast<stage_actor>(self), s.kv);
   return {
@@ -332,6 +339,23 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
       [=](cancel_atom, uint64_t id) {
         self->state.awaiting_kv.erase(id);
         self->state.core->cancel(id);
+      },
+      [=](role_atom, const std::string& role) -> caf::result<bool> {
+        auto& s = self->state;
+        const bool to_prefill = role == "prefill";
+        if ((!to_prefill && role != "decode") || (s.kind != ActorKind::prefill && s.kind != ActorKind::decode))
+          return to_error(Status(Code::invalid_argument, s.core->name() + ": cannot switch a " +
+                                                             actor_kind_info(s.kind).name + " stage to '" +
+                                                             role.substr(0, 32) + "'"));
+        if (!s.awaiting_kv.empty())
+          return to_error(Status(Code::invalid_argument, s.core->name() + ": cannot switch roles with " +
+                                                             std::to_string(s.awaiting_kv.size()) +
+                                                             " hand-offs waiting for their KV"));
+        if (Status st = s.core->set_prefill_only(to_prefill); !st.ok()) return to_error(st);
+        s.kind = to_prefill ? ActorKind::prefill : ActorKind::decode;
+        s.persist = !to_prefill;
+        spawn_kv_ends(self);  // a sender for a new prefill, a receiver for a new decoder
+        return true;
       },
       [=](step_atom) { run_step(self); },
       [=](stats_atom) -> Bytes {

@@ -170,6 +170,21 @@ void StageCore::keep_finished_blocks() {
   scheduler_->set_finish_hook([this](int32_t seq) { collect_new_blocks(seq, finished_blocks_); });
 }
 
+Status StageCore::set_prefill_only(bool on) {
+  if (has_work())
+    return Status(Code::invalid_argument, name_ + ": cannot switch roles with " + std::to_string(queue_depth()) +
+                                              " requests queued and " + std::to_string(scheduler_->running()) +
+                                              " running");
+  scheduler_->set_prefill_only(on);
+  if (on) {
+    scheduler_->set_finish_hook(nullptr);
+    finished_blocks_.clear();
+  } else {
+    keep_finished_blocks();
+  }
+  return Status::Ok();
+}
+
 std::vector<BlockRecord> StageCore::take_new_blocks() {
   std::vector<BlockRecord> out = std::move(finished_blocks_);
   finished_blocks_.clear();

@@ -73,6 +73,11 @@ class StageCore {
   // From now on take_new_blocks() also returns the blocks of requests that
   // finished since the last call (only for a caller that keeps calling it).
   void keep_finished_blocks();
+  // A role switch (a prefill stage becoming a decoder or back): only while
+  // nothing waits or runs (invalid_argument naming what does). A decoder
+  // keeps its finished requests' blocks for the store; a prefill hands
+  // them off and keeps none.
+  Status set_prefill_only(bool on);
 
   // Keys the store is asked for when resuming (see resume_kv_keys).
   std::vector<BlockKey> resume_keys(const GenerateRequest& request,

@@ -107,7 +107,7 @@ constexpr const char* kClusterFields[] = {"router",          "max_pending",
                                           "connection_timeout_s", "secret_env",
                                           "secret_file",    "kv_pool",
                                           "kv_replicate_reads", "kv_preload",
-                                          "scheduling_policy"};
+                                          "scheduling_policy", "pd_controller"};
 constexpr const char* kClusterFieldList =
     "router, max_pending, request_timeout_s, heartbeat_interval_s, connection_timeout_s, "
     "secret_env, secret_file, kv_pool, kv_replicate_reads, kv_preload, scheduling_policy";
@@ -746,6 +746,36 @@ void read_router(lua_State* L, int t, const char* what, RawRouter* r) {
     raise(L, "%s: unknown router policy '%s' (expected one of %s)", what, r->policy, policies.c_str());
 }
 
+// pd_controller = { ttft_ms = 500, tpot_ms = 50, interval_s = 1, confirm = 3,
+// cooldown_s = 5, margin = 0.25 }: types here; ranges and the roles it needs
+// in check_cluster (validate_pd_controller).
+void read_pd_controller(lua_State* L, int t, const char* what, PdControllerConfig* out) {
+  static constexpr const char* kFields[] = {"ttft_ms", "tpot_ms", "interval_s", "confirm", "cooldown_s", "margin"};
+  int type = raw_field(L, t, "pd_controller");
+  if (type == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (type != LUA_TTABLE)
+    raise(L, "%s: field 'pd_controller' must be a table like { ttft_ms = 500, tpot_ms = 50 }, got %s", what,
+          lua_typename(L, type));
+  const int ct = lua_gettop(L);
+  const char* cwhat = "cluster{}.pd_controller";
+  check_plain_table(L, ct, cwhat);
+  check_fields(L, ct, cwhat, kFields, "ttft_ms, tpot_ms, interval_s, confirm, cooldown_s, margin");
+  for (auto [key, v] : {std::pair<const char*, double*>{"ttft_ms", &out->ttft_ms}, {"tpot_ms", &out->tpot_ms},
+                        {"interval_s", &out->interval_s}, {"cooldown_s", &out->cooldown_s},
+                        {"margin", &out->margin}}) {
+    const int ft = raw_field(L, ct, key);
+    if (ft == LUA_TNUMBER) *v = double(lua_tonumber(L, -1));
+    else if (ft != LUA_TNIL) raise(L, "%s: %s must be a number, got %s", cwhat, key, lua_typename(L, ft));
+    lua_pop(L, 1);
+  }
+  lua_Integer confirm = out->confirm;
+  if (opt_integer(L, ct, "confirm", cwhat, &confirm)) out->confirm = int32_t(std::clamp<lua_Integer>(confirm, -1, 1 << 20));
+  lua_pop(L, 1);
+}
+
 // cluster { router = "least_loaded_prefix", max_pending = 1024, ... }
 int lua_cluster(lua_State* L) {
   Sandbox* sb = sandbox(L);
@@ -761,6 +791,8 @@ int lua_cluster(lua_State* L) {
   size_t env_len = 0, file_len = 0;
   RawRouter router;
   read_router(L, 1, what, &router);
+  PdControllerConfig pd;  // plain data: safe across raise()
+  read_pd_controller(L, 1, what, &pd);
   lua_Integer max_pending = sb->spec->max_pending;
   if (opt_integer(L, 1, "max_pending", what, &max_pending) &&
       (max_pending < 1 || max_pending > (1 << 24)))
@@ -825,6 +857,7 @@ int lua_cluster(lua_State* L) {
   c.kv_preload = kv_preload;
   c.max_pending = int32_t(max_pending);
   c.scheduling_policy = scheduling;
+  c.pd_controller = pd;
   c.request_timeout_s = request_timeout;
   c.heartbeat_interval_s = heartbeat;
   c.connection_timeout_s = connection_timeout;

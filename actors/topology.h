@@ -15,6 +15,7 @@
 #include <string_view>
 #include <vector>
 
+#include "actors/pd_controller.h"
 #include "actors/placement.h"
 #include "common/status.h"
 #include "model/experts.h"
@@ -76,6 +77,10 @@ struct ClusterSpec {
   // cluster { scheduling_policy = "priority" }: every stage's scheduler and
   // the router's admission (model/scheduling_policy.h).
   SchedulingPolicy scheduling_policy = SchedulingPolicy::fcfs;
+  // cluster { pd_controller = { ttft_ms = 500, tpot_ms = 50, ... } }: the
+  // router moves stages between prefill and decode (actors/pd_controller.h);
+  // needs prefill and decode actors.
+  PdControllerConfig pd_controller;
   double request_timeout_s = 300;
   double heartbeat_interval_s = 0.1, connection_timeout_s = 0.5;  // middleman supervision
   // Nodes read the cluster secret from secret_file when it is set, else from

@@ -66,6 +66,14 @@ std::string topology_summary(const ClusterSpec& c) {
   return s + ", router " + router_text(c.placement);
 }
 
+static std::string pd_text(const PdControllerConfig& p) {
+  if (!p.enabled()) return "";
+  char buf[160];
+  std::snprintf(buf, sizeof buf, ", pd controller (ttft %g ms, tpot %g ms, every %g s, confirm %d, cooldown %g s)",
+                p.ttft_ms, p.tpot_ms, p.interval_s, int(p.confirm), p.cooldown_s);
+  return buf;
+}
+
 static std::string cost_text(double cost) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", cost);
@@ -92,7 +100,7 @@ std::string placement_table(const ClusterSpec& c) {
 
   std::string out = "cluster: router " + router_text(c.placement) + ", max_pending " +
                     std::to_string(c.max_pending) + ", scheduling " +
-                    scheduling_policy_name(c.scheduling_policy) + ", request timeout " +
+                    scheduling_policy_name(c.scheduling_policy) + pd_text(c.pd_controller) + ", request timeout " +
                     format_seconds(c.request_timeout_s) + ", heartbeat " +
                     format_seconds(c.heartbeat_interval_s) + ", connection timeout " +
                     format_seconds(c.connection_timeout_s) + ", secret from " +

@@ -129,6 +129,8 @@ class Scheduler {
   void set_finish_hook(std::function<void(int32_t seq)> hook) { finish_hook_ = std::move(hook); }
 
   bool idle() const { return queue_.empty() && running_.empty(); }
+  // A stage switching between prefill and decode: only while idle.
+  void set_prefill_only(bool on) { options_.prefill_only = on; }
   int32_t queued() const { return int32_t(queue_.size()); }
   int32_t running() const { return int32_t(running_.size()); }
   bool has(uint64_t request_id) const;

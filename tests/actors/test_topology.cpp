@@ -234,6 +234,40 @@ TEST_CASE("node cost: a positive number for cost_aware placement, refused with a
                "field 'cost' must be a number");
 }
 
+TEST_CASE("cluster pd_controller: goals for the P:D controller, checked, and only with prefill and decode") {
+  const std::string pd = "node { name = 'head', head = true, actors = { prefill = 1, decode = 2 } }\n";
+  auto c = load_ok("cluster { pd_controller = { ttft_ms = 500, tpot_ms = 50, interval_s = 0.5, confirm = 2, "
+                   "cooldown_s = 10, margin = 0.5 } }\n" + pd);
+  CHECK(c.pd_controller.enabled());
+  CHECK(c.pd_controller.ttft_ms == 500);
+  CHECK(c.pd_controller.tpot_ms == 50);
+  CHECK(c.pd_controller.interval_s == 0.5);
+  CHECK(c.pd_controller.confirm == 2);
+  CHECK(c.pd_controller.cooldown_s == 10);
+  CHECK(c.pd_controller.margin == 0.5);
+  CHECK(placement_table(c).find("pd controller (ttft 500 ms, tpot 50 ms, every 0.5 s, confirm 2, cooldown 10 s)") !=
+        std::string::npos);
+  CHECK_FALSE(load_ok(pd).pd_controller.enabled());
+  struct Bad {
+    std::string script;
+    const char* message;
+  };
+  for (const Bad& b : {Bad{"cluster { pd_controller = { ttft_ms = 500 } }\n" + kHead, "needs prefill and decode actors"},
+                       Bad{"cluster { pd_controller = { interval_s = 2 } }\n" + pd, "needs a goal"},
+                       Bad{"cluster { pd_controller = { ttft_ms = -1 } }\n" + pd, "ttft_ms must be from 0 to 1e9"},
+                       Bad{"cluster { pd_controller = { ttft_ms = 5, confirm = 0 } }\n" + pd, "confirm must be 1 to 1000"},
+                       Bad{"cluster { pd_controller = { ttft_ms = 5, confirm = 1.5 } }\n" + pd, "whole number"},
+                       Bad{"cluster { pd_controller = { ttft_ms = 'fast' } }\n" + pd, "ttft_ms must be a number"},
+                       Bad{"cluster { pd_controller = { ttft = 5 } }\n" + pd, "ttft"},
+                       Bad{"cluster { pd_controller = 5 }\n" + pd, "field 'pd_controller' must be a table"}}) {
+    CAPTURE(b.script);
+    auto r = load_topology_string(b.script, "topo.lua");
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == Code::invalid_argument);
+    CHECK_MESSAGE(r.status().message().find(b.message) != std::string::npos, r.status().message());
+  }
+}
+
 TEST_CASE("param converts --set values to the type of its default") {
   const std::string script = R"(
 local n = param("n", 1)

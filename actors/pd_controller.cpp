@@ -1,0 +1,68 @@
+#include "actors/pd_controller.h"
+
+#include <cmath>
+
+namespace cleave {
+
+Status validate_pd_controller(const PdControllerConfig& c) {
+  auto bad = [](const std::string& what) { return Status(Code::invalid_argument, "pd_controller: " + what); };
+  for (auto [name, v] : {std::pair<const char*, double>{"ttft_ms", c.ttft_ms}, {"tpot_ms", c.tpot_ms}})
+    if (!std::isfinite(v) || v < 0 || v > 1e9)
+      return bad(std::string(name) + " must be from 0 to 1e9 ms, got " + std::to_string(v));
+  if (!c.enabled()) return bad("needs a goal: ttft_ms or tpot_ms above 0");
+  if (!(c.interval_s > 0) || !(c.interval_s <= 3600))
+    return bad("interval_s must be above 0 and at most 3600, got " + std::to_string(c.interval_s));
+  if (c.confirm < 1 || c.confirm > 1000) return bad("confirm must be 1 to 1000, got " + std::to_string(c.confirm));
+  if (!(c.cooldown_s >= 0) || !(c.cooldown_s <= 86400))
+    return bad("cooldown_s must be 0 to 86400, got " + std::to_string(c.cooldown_s));
+  if (!(c.margin >= 0) || !(c.margin <= 10)) return bad("margin must be 0 to 10, got " + std::to_string(c.margin));
+  return Status::Ok();
+}
+
+const char* role_move_name(RoleMove m) {
+  switch (m) {
+    case RoleMove::to_prefill: return "decode -> prefill";
+    case RoleMove::to_decode: return "prefill -> decode";
+    case RoleMove::none: break;
+  }
+  return "none";
+}
+
+void PdController::observe_ttft(double s) {
+  if (!(s >= 0)) return;
+  ttft_sum_ += s;
+  ++ttft_n_;
+}
+
+void PdController::observe_tpot(double s) {
+  if (!(s >= 0)) return;
+  tpot_sum_ += s;
+  ++tpot_n_;
+}
+
+RoleMove PdController::decide(double now, int32_t prefills, int32_t decoders) {
+  last_ttft_ = config_.ttft_ms > 0 && ttft_n_ > 0 ? ttft_sum_ / double(ttft_n_) * 1e3 / config_.ttft_ms : 0;
+  last_tpot_ = config_.tpot_ms > 0 && tpot_n_ > 0 ? tpot_sum_ / double(tpot_n_) * 1e3 / config_.tpot_ms : 0;
+  ttft_sum_ = tpot_sum_ = 0;
+  ttft_n_ = tpot_n_ = 0;
+  RoleMove verdict = RoleMove::none;
+  const double m = 1 + config_.margin;
+  if (last_ttft_ > 1 && last_ttft_ > last_tpot_ * m && decoders > 1) verdict = RoleMove::to_prefill;
+  else if (last_tpot_ > 1 && last_tpot_ > last_ttft_ * m && prefills > 1) verdict = RoleMove::to_decode;
+  if (verdict != streak_move_) {
+    streak_move_ = verdict;
+    streak_ = 0;
+  }
+  if (verdict == RoleMove::none) return verdict;
+  ++streak_;
+  if (streak_ < config_.confirm || now < cooldown_until_) return RoleMove::none;
+  return verdict;
+}
+
+void PdController::moved(double now) {
+  cooldown_until_ = now + config_.cooldown_s;
+  streak_move_ = RoleMove::none;
+  streak_ = 0;
+}
+
+}  // namespace cleave

@@ -1,0 +1,67 @@
+// The adaptive prefill:decode ratio: a plain class (no CAF) the router asks
+// every interval whether to move one stage between the roles, unit-tested
+// on tables (tests/actors/test_pd_controller.cpp).
+//
+// It compares the TTFT and TPOT measured over the last interval (the means
+// of what the router saw: admission to first token, gaps between a
+// request's tokens) with their goals. Prefill is short when TTFT is over
+// its goal and further over it than TPOT is over its own (by `margin`);
+// decode when the reverse. A verdict must hold for `confirm` intervals in a
+// row, no move comes within `cooldown_s` of the last one (hysteresis: the
+// ratio does not flap), and neither role falls below one stage. An interval
+// without samples of a kind counts that kind as on target.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/status.h"
+
+namespace cleave {
+
+struct PdControllerConfig {
+  double ttft_ms = 0, tpot_ms = 0;  // the goals; 0 = none (the controller is off when both are)
+  double interval_s = 1.0;          // how often the router asks
+  int32_t confirm = 3;              // intervals a verdict must hold
+  double cooldown_s = 5.0;          // after a move, none for this long
+  double margin = 0.25;             // how much further over its goal one side must be
+
+  bool enabled() const { return ttft_ms > 0 || tpot_ms > 0; }
+};
+
+// invalid_argument naming the field: goals finite and >= 0 (one > 0),
+// interval_s in (0, 3600], confirm in 1..1000, cooldown_s in [0, 86400],
+// margin in [0, 10].
+Status validate_pd_controller(const PdControllerConfig& c);
+
+enum class RoleMove { none, to_prefill, to_decode };
+const char* role_move_name(RoleMove m);
+
+class PdController {
+ public:
+  explicit PdController(PdControllerConfig config) : config_(config) {}
+  const PdControllerConfig& config() const { return config_; }
+
+  void observe_ttft(double seconds);
+  void observe_tpot(double seconds);
+  // At time `now` (seconds, any one clock), with this many live stages of
+  // each role: the move to make now. Ends the interval (its samples go).
+  // The caller reports a move it made with moved().
+  RoleMove decide(double now, int32_t prefills, int32_t decoders);
+  void moved(double now);
+
+  // The last interval's pressures (measured / goal; 0 without samples).
+  double ttft_pressure() const { return last_ttft_; }
+  double tpot_pressure() const { return last_tpot_; }
+
+ private:
+  PdControllerConfig config_;
+  double ttft_sum_ = 0, tpot_sum_ = 0;
+  int64_t ttft_n_ = 0, tpot_n_ = 0;
+  double last_ttft_ = 0, last_tpot_ = 0;
+  RoleMove streak_move_ = RoleMove::none;
+  int32_t streak_ = 0;
+  double cooldown_until_ = -1e300;
+};
+
+}  // namespace cleave

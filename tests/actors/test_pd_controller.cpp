@@ -1,0 +1,110 @@
+// The prefill:decode controller on tables (no actors): each row feeds one
+// interval's samples and expects the move; hysteresis, cooldown and the
+// one-stage floor follow from the rules in actors/pd_controller.h.
+#include <doctest/doctest.h>
+
+#include <vector>
+
+#include "actors/pd_controller.h"
+
+using namespace cleave;
+
+namespace {
+
+struct Interval {
+  std::vector<double> ttft_ms, tpot_ms;
+  int32_t prefills, decoders;
+  RoleMove want;
+};
+
+void run(PdController& c, const std::vector<Interval>& rows, double t0 = 0) {
+  double t = t0;
+  int row = 0;
+  for (const Interval& r : rows) {
+    CAPTURE(row);
+    for (double v : r.ttft_ms) c.observe_ttft(v / 1e3);
+    for (double v : r.tpot_ms) c.observe_tpot(v / 1e3);
+    t += c.config().interval_s;
+    const RoleMove m = c.decide(t, r.prefills, r.decoders);
+    CHECK(m == r.want);
+    if (m != RoleMove::none) c.moved(t);
+    ++row;
+  }
+}
+
+PdControllerConfig goals(double ttft_ms, double tpot_ms, int32_t confirm = 2, double cooldown_s = 3) {
+  PdControllerConfig c;
+  c.ttft_ms = ttft_ms;
+  c.tpot_ms = tpot_ms;
+  c.interval_s = 1;
+  c.confirm = confirm;
+  c.cooldown_s = cooldown_s;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("pd controller: TTFT over its goal moves a decoder to prefill once confirmed") {
+  PdController c(goals(100, 20));
+  const auto none = RoleMove::none, to_p = RoleMove::to_prefill;
+  run(c, {
+             {{300, 300}, {10}, 1, 3, none},  // TTFT 3x its goal, TPOT half: first interval of the streak
+             {{250}, {12}, 1, 3, to_p},       // confirmed: move
+             {{300}, {10}, 2, 2, none},       // cooldown (3 s) and a new streak
+             {{300}, {10}, 2, 2, none},
+             {{300}, {10}, 2, 2, to_p},       // 3 s after the move, streak 3 >= 2
+             {{300}, {10}, 3, 1, none},       // one decoder left: never below one
+         });
+  CHECK(c.ttft_pressure() == doctest::Approx(3.0));
+}
+
+TEST_CASE("pd controller: TPOT over its goal moves a prefill to decode; a changing verdict restarts the streak") {
+  PdController c(goals(100, 20, 3, 0));
+  const auto none = RoleMove::none, to_d = RoleMove::to_decode;
+  run(c, {
+             {{50}, {40}, 2, 1, none},
+             {{50}, {40}, 2, 1, none},
+             {{300}, {10}, 2, 1, none},  // the other way for one interval (and one decoder: no move)
+             {{50}, {40}, 2, 1, none},   // streak starts again
+             {{50}, {40}, 2, 1, none},
+             {{50}, {40}, 2, 1, to_d},
+             {{50}, {40}, 1, 2, none},  // one prefill left
+         });
+}
+
+TEST_CASE("pd controller: both over their goals within the margin, or no samples, is no move") {
+  PdController c(goals(100, 20, 1, 0));
+  const auto none = RoleMove::none;
+  run(c, {
+             {{200}, {36}, 2, 2, none},  // 2.0 vs 1.8: within 25 %
+             {{}, {}, 2, 2, none},        // no samples: on target
+             {{90}, {19}, 2, 2, none},    // both under their goals
+             {{300}, {}, 2, 2, RoleMove::to_prefill},  // no TPOT samples: TTFT alone decides
+         });
+  // TTFT only: TPOT pressure is 0.
+  PdController t(goals(100, 0, 1, 0));
+  run(t, {{{50}, {999}, 2, 2, none}, {{150}, {999}, 2, 2, RoleMove::to_prefill}});
+}
+
+TEST_CASE("pd controller: configuration refused by name") {
+  struct Bad {
+    PdControllerConfig c;
+    const char* message;
+  };
+  auto with = [](auto f) {
+    PdControllerConfig c = goals(100, 20);
+    f(c);
+    return c;
+  };
+  CHECK(validate_pd_controller(goals(100, 20)).ok());
+  for (const Bad& b : {Bad{with([](auto& c) { c.ttft_ms = c.tpot_ms = 0; }), "needs a goal"},
+                       Bad{with([](auto& c) { c.ttft_ms = -1; }), "ttft_ms"},
+                       Bad{with([](auto& c) { c.interval_s = 0; }), "interval_s"},
+                       Bad{with([](auto& c) { c.confirm = 0; }), "confirm"},
+                       Bad{with([](auto& c) { c.cooldown_s = -1; }), "cooldown_s"},
+                       Bad{with([](auto& c) { c.margin = 11; }), "margin"}}) {
+    Status st = validate_pd_controller(b.c);
+    CHECK(st.code() == Code::invalid_argument);
+    CHECK_MESSAGE(st.message().find(b.message) != std::string::npos, st.message());
+  }
+}

@@ -1,0 +1,89 @@
+// The adaptive P:D ratio with real actors: the router's controller
+// (actors/pd_controller.h) moves stages between prefill and decode under
+// load, each switching stage drains first (its requests move to stages of
+// its role), and no request's tokens, text, finish reason or final logits
+// change against the monolithic run.
+#include <doctest/doctest.h>
+
+#include <chrono>
+
+#include "actors/pipeline.h"
+#include "tests/actors/pipeline_load.h"
+#include "tests/actors/pipeline_util.h"
+
+using namespace cleave;
+using namespace cleave::testing;
+
+namespace {
+
+PdControllerConfig eager(double ttft_ms, double tpot_ms) {
+  PdControllerConfig c;
+  c.ttft_ms = ttft_ms;
+  c.tpot_ms = tpot_ms;
+  c.interval_s = 0.2;
+  c.confirm = 1;
+  c.cooldown_s = 0.2;
+  return c;
+}
+
+}  // namespace
+
+TEST_CASE("pd controller with real actors: stages switch roles toward the goal that is missed, tokens stay mono's") {
+  const Model& m = model(small_dense());
+  const auto requests = long_requests(m, 96, 9100);
+  const auto ref = mono_reference(m, requests);
+  struct Case {
+    const char* what;
+    int32_t p, d;
+    PdControllerConfig goals;
+    const char* grows;  // the role that gains stages
+  };
+  // A TTFT goal nothing meets (1 us) against a TPOT goal anything meets: the
+  // decoders go to prefill, down to one; and the reverse.
+  for (const Case& k : {Case{"TTFT missed", 1, 3, eager(0.001, 1e6), "prefill"},
+                        Case{"TPOT missed", 3, 1, eager(1e6, 0.001), "decode"}}) {
+    const std::string what = k.what;
+    CAPTURE(what);
+    PipelineOptions o = base_options(Topology::pd, k.p, k.d);
+    o.pd_controller = k.goals;
+    auto p = make_pipeline(m, o);
+    auto got = run_all(*p, requests);
+    check_identical(ref, got, k.what);
+    auto stats = p->stats();
+    const msg::Stats* router = find_stats(stats, "router");
+    REQUIRE(router);
+    const bool to_prefill = std::string(k.grows) == "prefill";
+    CHECK(router->get("failures") == 0);
+    CHECK(router->get("finished") == requests.size());
+    CHECK(router->get(to_prefill ? "role_switches_to_prefill" : "role_switches_to_decode") >= 1);
+    CHECK(router->get(to_prefill ? "role_switches_to_decode" : "role_switches_to_prefill") == 0);
+    CHECK(router->get("role_switch_failures") == 0);
+    // Never below one stage of a role.
+    CHECK(router->get("alive_prefill") >= 1);
+    CHECK(router->get("alive_decode") >= 1);
+    CHECK(router->get(to_prefill ? "alive_prefill" : "alive_decode") >= 2);
+    MESSAGE(what << ": " << router->get("role_switches") << " switches, " << router->get("migrated")
+                   << " requests moved; now P" << router->get("alive_prefill") << " D"
+                   << router->get("alive_decode"));
+  }
+}
+
+TEST_CASE("pd controller: refused outside pd, with pipeline stages, and with bad goals") {
+  const Model& m = model(small_dense());
+  auto refused = [&](PipelineOptions o, const char* needle) {
+    auto p = Pipeline::create(m.file, m.tokenizer, o);
+    REQUIRE_FALSE(p.ok());
+    CHECK(p.status().code() == Code::invalid_argument);
+    CHECK_MESSAGE(p.status().message().find(needle) != std::string::npos, p.status().message());
+  };
+  PipelineOptions colocated = base_options(Topology::colocated, 0, 0, 2);
+  colocated.pd_controller = eager(100, 10);
+  refused(colocated, "needs the pd topology");
+  PipelineOptions bad = base_options(Topology::pd, 1, 1);
+  bad.pd_controller = eager(100, 10);
+  bad.pd_controller.confirm = 0;
+  refused(bad, "confirm");
+  PipelineOptions negative = base_options(Topology::pd, 1, 1);
+  negative.pd_controller.ttft_ms = -5;
+  refused(negative, "ttft_ms");
+}
