@@ -34,6 +34,9 @@ using namespace cleave;
 // apps/node_cmd.cpp: `cleave node`.
 CLI::App* add_node_command(CLI::App& app);
 int run_node_command();
+// apps/plan_cmd.cpp: `cleave plan`.
+CLI::App* add_plan_command(CLI::App& app);
+int run_plan_command();
 // apps/serve_cmd.cpp: `cleave serve`; apps/http_options.h: -np, -to.
 CLI::App* add_serve_command(CLI::App& app);
 int run_serve_command(CLI::App* cmd);
@@ -612,6 +615,7 @@ int main(int argc, char** argv) {
   auto* topo = add_topology_command(app, topo_args);
   auto* node = add_node_command(app);  // apps/node_cmd.cpp
   auto* serve = add_serve_command(app);  // apps/serve_cmd.cpp
+  auto* plan = add_plan_command(app);    // apps/plan_cmd.cpp
 #ifdef CLEAVE_HAVE_JOBS
   auto* run_batch = add_run_batch_command(app);  // apps/batch_cmd.cpp
   auto* job = add_job_command(app);
@@ -650,6 +654,7 @@ int main(int argc, char** argv) {
     if (*topo) return run_topology(topo_args);
     if (*node) return run_node_command();
     if (*serve) return run_serve_command(serve);
+    if (*plan) return run_plan_command();
 #ifdef CLEAVE_HAVE_JOBS
     if (*run_batch) return run_run_batch_command(run_batch);
     if (*job) return run_job_command();

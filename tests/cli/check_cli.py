@@ -397,6 +397,27 @@ expect_error("node drain: a node's flag is refused",
 expect_error("node drain: the head needs its real port",
              ["node", "drain", "w", "--topology", bad_topo], 1, "drain needs its real port")
 
+# cleave plan: a profile from this machine (the small model), the front read
+# back from a saved profile, and its refusals.
+prof = os.path.join(WORK, "cli-profile.json")
+rc, out, err = run("plan", "-m", model, "--save-profile", prof, "--rate", "4", "--prompt-tokens", "16",
+                   "--output-tokens", "8", "--max-stages", "3", "--requests", "200", "--slo-ttft-ms", "1000")
+front = [l.split() for l in out.splitlines() if l.split()[:1] and l.split()[0].isdigit() and len(l.split()) == 11]
+expect("plan -m: profiles, simulates the 3 splits of 3 stages and prints a front",
+       rc == 0 and "3 splits simulated" in out and len(front) >= 1 and os.path.exists(prof), out + err)
+rc, out2, err = run("plan", "--profile", prof, "--rate", "4", "--prompt-tokens", "16", "--output-tokens", "8",
+                    "--max-stages", "3", "--requests", "200", "--slo-ttft-ms", "1000")
+expect("plan --profile: the saved profile gives the same front", rc == 0 and out2.split("\n", 1)[1] == out.split("\n", 1)[1],
+       out2 + err)
+expect_error("plan: a profile or a model is needed", ["plan", "--rate", "4"], 2, "--profile")
+expect_error("plan: a bad length range is refused", ["plan", "--profile", prof, "--rate", "4", "--prompt-tokens", "9:3"],
+             2, "--prompt-tokens", "LO:HI")
+bad_prof = os.path.join(WORK, "cli-bad-profile.json")
+with open(bad_prof, "w") as f:
+    f.write('{"prefill_ms_per_token": 0.1, "decode_ms": 1, "speed": 2}')
+expect_error("plan: an unknown profile field is refused by name", ["plan", "--profile", bad_prof, "--rate", "4"], 1,
+             "unknown field 'speed'")
+
 # --experts: the FFN experts on their own hosts give mono's tokens and logits
 # hashes (generate --requests over every topology); bad sets are refused.
 moe = os.path.join(WORK, "cli-moe.gguf")

@@ -1,0 +1,163 @@
+// The planner's simulation against results known in closed form: one
+// prefill stage serving one prompt per step under Poisson arrivals is an
+// M/D/1 queue (mean wait rho S / 2 (1 - rho)); an idle cluster gives each
+// request exactly its step costs; more stages never lower goodput on a
+// load that saturates fewer; the Pareto front keeps exactly the
+// undominated rows; profiles and workloads are checked by name.
+#include <doctest/doctest.h>
+
+#include "planner/plan.h"
+
+using namespace cleave;
+using namespace cleave::planner;
+
+namespace {
+
+StepProfile linear(double prefill_ms_per_token, double decode_ms, double decode_ms_per_row) {
+  StepProfile p;
+  p.prefill_ms_per_token = prefill_ms_per_token;
+  p.decode_ms = decode_ms;
+  p.decode_ms_per_row = decode_ms_per_row;
+  return p;
+}
+
+Workload fixed(double rate, int32_t prompt, int32_t output, int32_t n) {
+  Workload w;
+  w.rate = rate;
+  w.requests = n;
+  w.prompt_min = w.prompt_max = prompt;
+  w.output_min = w.output_max = output;
+  return w;
+}
+
+}  // namespace
+
+TEST_CASE("planner: one prefill stage, one prompt a step, is M/D/1") {
+  StepProfile p = linear(0.1, 1, 0);  // 100 tokens: S = 10 ms
+  p.max_batch_tokens = 100;           // one prompt per step
+  for (double rho : {0.3, 0.5, 0.8}) {
+    CAPTURE(rho);
+    const double service_ms = 10, rate = rho / (service_ms / 1e3);
+    const Outcome o = simulate(p, fixed(rate, 100, 1, 40000), {}, {1, 1});
+    const double wait_ms = rho * service_ms / (2 * (1 - rho));
+    CHECK(o.ttft_mean_ms == doctest::Approx(wait_ms + service_ms).epsilon(0.05));
+    CHECK(o.prefill_busy == doctest::Approx(rho).epsilon(0.05));
+  }
+}
+
+TEST_CASE("planner: an idle cluster gives each request exactly its step costs") {
+  StepProfile p = linear(0.05, 2, 1);  // prefill 200 tokens: 10 ms; a one-row decode step: 3 ms
+  p.prefill_ms = 1;
+  p.handoff_ms = 5;
+  p.handoff_ms_per_token = 0.01;  // 2 ms for 200 tokens
+  const Outcome o = simulate(p, fixed(0.01, 200, 11, 50), {}, {1, 1});  // 100 s apart
+  CHECK(o.ttft_p50_ms == doctest::Approx(11));
+  CHECK(o.ttft_p90_ms == doctest::Approx(11));
+  // 10 decode steps of 3 ms after a 7 ms hand-off, over 10 gaps.
+  CHECK(o.tpot_mean_ms == doctest::Approx((7 + 30) / 10.0));
+  CHECK(o.attainment == 1.0);
+  // Goals: TTFT 10 ms misses every request, 11 ms meets it.
+  CHECK(simulate(p, fixed(0.01, 200, 11, 50), {10, 0}, {1, 1}).attainment == 0.0);
+  CHECK(simulate(p, fixed(0.01, 200, 11, 50), {11, 0}, {1, 1}).goodput == doctest::Approx(0.01));
+  CHECK(simulate(p, fixed(0.01, 200, 11, 50), {0, 3.8}, {1, 1}).attainment == 1.0);
+  CHECK(simulate(p, fixed(0.01, 200, 11, 50), {0, 3.8}, {1, 2}).attainment == 1.0);
+  CHECK(simulate(p, fixed(0.01, 200, 11, 50), {0, 3.6}, {1, 1}).attainment == 0.0);
+}
+
+TEST_CASE("planner: a decoder's batch shares its steps; a long prompt runs in chunks") {
+  // Four requests at once on one decoder of 4 rows: each step costs 2 + 4 x 1.
+  StepProfile p = linear(0.001, 2, 1);
+  p.max_seqs = 4;
+  Workload w = fixed(1e5, 10, 6, 4);  // 4 requests 10 us apart: one prefill step each
+  const Outcome o = simulate(p, w, {}, {4, 1});
+  // 5 steps of 6 ms, the first gap up to one 1-row step (3 ms) longer.
+  CHECK(o.tpot_p90_ms >= 6.0);
+  CHECK(o.tpot_p90_ms <= 6.0 + 3.0 / 5);
+  p.max_seqs = 1;  // one row: the later ones wait for the earlier ones
+  CHECK(simulate(p, w, {}, {4, 1}).tpot_p90_ms > 10);
+  // A 1,000-token prompt with a 256-token budget: 4 steps of 1 + 0.01 x chunk.
+  StepProfile c = linear(0.01, 1, 0);
+  c.prefill_ms = 1;
+  c.max_batch_tokens = 256;
+  CHECK(simulate(c, fixed(0.01, 1000, 1, 5), {}, {1, 1}).ttft_p50_ms == doctest::Approx(4 + 10));
+}
+
+TEST_CASE("planner: search covers every split, more decoders help a decode-bound load, the front is undominated") {
+  StepProfile p = linear(0.01, 5, 2);
+  p.max_seqs = 4;
+  const Workload w = fixed(40, 64, 64, 2000);
+  const Slo slo{200, 20};
+  const auto all = search(p, w, slo, 6);
+  CHECK(all.size() == 15);  // p + d <= 6, both >= 1
+  auto find = [&](int32_t pf, int32_t d) {
+    for (const auto& o : all)
+      if (o.placement.prefill == pf && o.placement.decode == d) return o;
+    FAIL("missing");
+    return Outcome{};
+  };
+  CHECK(find(1, 5).goodput >= find(1, 2).goodput);
+  CHECK(find(1, 5).tpot_p90_ms < find(1, 1).tpot_p90_ms);
+  const auto front = pareto_front(all);
+  REQUIRE_FALSE(front.empty());
+  for (const auto& f : front)
+    for (const auto& o : all) {
+      // (strictly, beyond the front's 1 % tolerance)
+      const bool dominates = o.goodput >= f.goodput * 1.01 && o.ttft_p90_ms * 1.01 <= f.ttft_p90_ms &&
+                             o.tpot_p90_ms * 1.01 <= f.tpot_p90_ms && o.placement.cost() < f.placement.cost();
+      CHECK_FALSE(dominates);
+    }
+  // The cheapest configuration is always on the front (nothing is cheaper).
+  bool cheapest = false;
+  for (const auto& f : front) cheapest |= f.placement.cost() == 2;
+  CHECK(cheapest);
+  // Deterministic for a seed.
+  CHECK(simulate(p, w, slo, {2, 3}).ttft_p90_ms == simulate(p, w, slo, {2, 3}).ttft_p90_ms);
+}
+
+TEST_CASE("planner: a hand-made front on a table") {
+  auto row = [](int32_t pf, int32_t d, double goodput, double ttft, double tpot) {
+    Outcome o;
+    o.placement = {pf, d};
+    o.goodput = goodput;
+    o.ttft_p90_ms = ttft;
+    o.tpot_p90_ms = tpot;
+    return o;
+  };
+  const auto front = pareto_front({row(1, 1, 5, 100, 10),    // cheapest: kept
+                                   row(1, 2, 8, 100, 8),     // better, dearer: kept
+                                   row(2, 1, 8, 120, 9),     // same cost as (1,2), worse everywhere: dropped
+                                   row(2, 2, 8, 90, 8),      // lower TTFT, dearer: kept
+                                   row(3, 3, 8, 90, 8),      // dearer, no better: dropped
+                                   row(1, 3, 8.02, 99.5, 8)}); // dearer than (1,2), better by < 1 %: dropped
+  REQUIRE(front.size() == 3);
+  CHECK(front[0].placement.decode == 2);  // goodput 8, cost 3 first
+  CHECK(front[0].placement.prefill == 1);
+  CHECK(front[1].placement.prefill == 2);
+  CHECK(front[2].goodput == 5);
+}
+
+TEST_CASE("planner: profiles and workloads are checked by name") {
+  CHECK(validate_profile(linear(0.1, 1, 1)).ok());
+  CHECK(validate_profile(linear(-1, 1, 1)).message().find("prefill_ms_per_token") != std::string::npos);
+  CHECK(validate_profile(linear(0, 1, 1)).message().find("a prefill step must take some time") != std::string::npos);
+  auto parsed = parse_profile(profile_json(linear(0.25, 3, 0.5)));
+  REQUIRE(parsed.ok());
+  CHECK(parsed->prefill_ms_per_token == 0.25);
+  CHECK(parsed->decode_ms_per_row == 0.5);
+  for (auto [text, needle] : {std::pair<const char*, const char*>{"[1]", "not a JSON object"},
+                              {"{\"prefill_ms\": \"x\"}", "prefill_ms must be a number"},
+                              {"{\"speed\": 1}", "unknown field 'speed'"},
+                              {"{\"max_seqs\": 1.5}", "max_seqs must be an integer"},
+                              {"{\"prefill_ms_per_token\": 1, \"decode_ms\": 1, \"max_seqs\": 0}", "max_seqs must be 1"}}) {
+    auto r = parse_profile(text);
+    REQUIRE_FALSE(r.ok());
+    CHECK_MESSAGE(r.status().message().find(needle) != std::string::npos, r.status().message());
+  }
+  Workload w;
+  CHECK(validate_workload(w).ok());
+  w.rate = 0;
+  CHECK(validate_workload(w).message().find("rate") != std::string::npos);
+  w = Workload{};
+  w.prompt_max = 1;
+  CHECK(validate_workload(w).message().find("prompt tokens") != std::string::npos);
+}
