@@ -25,7 +25,7 @@ namespace cleave {
 namespace {
 
 struct PlanArgs {
-  std::string profile, model, save_profile, prompt = "128", output = "64";
+  std::string profile, model, save_profile, prompt = "128", output = "64", profile_topology = "pd";
   planner::Workload workload;
   planner::Slo slo;
   int32_t max_stages = 8, threads = 1, max_seqs = 8, max_batch_tokens = 512;
@@ -89,15 +89,18 @@ GenerateRequest request(uint64_t id, int32_t prompt, int32_t tokens) {
 
 // A short profiling run on this machine: prefill steps of two sizes and
 // decode steps of one row and of max_seqs rows (the best of 3 each), fitted
-// to a + b x tokens and c + d x rows. The context term and the hand-off
-// are not measured here (0 unless --handoff-ms).
+// to a + b x tokens and c + d x rows. Through a P/D pipeline (one prefill
+// and one decode actor, the default) the figures carry what serving adds
+// to a step (messages, the store's copy of new blocks, the hand-off, which
+// lands in the decode fit); mono measures the bare engine. The context term
+// is not measured (0); --handoff-ms adds a fixed hand-off.
 planner::StepProfile measure(const PlanArgs& a) {
   auto file = GgufFile::open(a.model);
   if (!file.ok()) fail(file.status());
   std::shared_ptr<const Tokenizer> tok;
   if (auto t = Tokenizer::from_gguf(**file); t.ok()) tok = std::move(*t);
   PipelineOptions o;
-  o.topology = Topology::mono;
+  o.topology = a.profile_topology == "mono" ? Topology::mono : Topology::pd;
   o.engine.threads = a.threads;
   o.engine.max_seqs = a.max_seqs;
   auto lm = LlamaModel::load(*file);
@@ -157,6 +160,10 @@ CLI::App* add_plan_command(CLI::App& app) {
   cmd->add_option("--max-seqs", g_plan.max_seqs, "with -m: a decoder's rows")->check(CLI::Range(1, 4096))->needs(model);
   cmd->add_option("--max-batch-tokens", g_plan.max_batch_tokens, "with -m: a prefill step's tokens")
       ->check(CLI::Range(64, 1 << 20))->needs(model);
+  cmd->add_option("--profile-topology", g_plan.profile_topology,
+                  "with -m: profile through a P/D pipeline (pd, what serving adds included) or the bare engine (mono)")
+      ->check(CLI::IsMember({"pd", "mono"}))
+      ->needs(model);
   cmd->add_option("--handoff-ms", g_plan.handoff_ms, "with -m: the prefill -> decode hand-off (not profiled)")
       ->check(CLI::Range(0.0, 1e6))->needs(model);
   cmd->add_option("--rate", g_plan.workload.rate, "requests per second (Poisson)")->required()->check(CLI::Range(1e-6, 1e6));
@@ -205,7 +212,8 @@ int run_plan_command() {
               a.workload.output_max, a.workload.requests, a.slo.ttft_ms, a.slo.tpot_ms);
   const auto all = planner::search(profile, a.workload, a.slo, a.max_stages, a.prefill_cost, a.decode_cost);
   const auto front = planner::pareto_front(all);
-  std::printf("%zu splits simulated; Pareto front (goodput, p90 TTFT, p90 TPOT, cost):\n", all.size());
+  std::printf("%zu split%s simulated; Pareto front (goodput, p90 TTFT, p90 TPOT, cost):\n", all.size(),
+              all.size() == 1 ? "" : "s");
   std::printf("%8s %8s %8s %10s %8s %11s %11s %11s %11s %8s %8s\n", "prefill", "decode", "cost", "goodput/s",
               "attain", "ttft_p50ms", "ttft_p90ms", "tpot_p50ms", "tpot_p90ms", "p_busy", "d_busy");
   for (const auto& o : front)

@@ -410,6 +410,13 @@ rc, out2, err = run("plan", "--profile", prof, "--rate", "4", "--prompt-tokens",
 expect("plan --profile: the saved profile gives the same front", rc == 0 and out2.split("\n", 1)[1] == out.split("\n", 1)[1],
        out2 + err)
 expect_error("plan: a profile or a model is needed", ["plan", "--rate", "4"], 2, "--profile")
+rc, out3, err = run("plan", "-m", model, "--profile-topology", "mono", "--rate", "4", "--prompt-tokens", "16",
+                    "--output-tokens", "8", "--max-stages", "2", "--requests", "50")
+expect("plan -m --profile-topology mono: profiles the bare engine", rc == 0 and "1 split simulated" in out3, out3 + err)
+expect_error("plan: --profile-topology takes pd or mono", ["plan", "-m", model, "--profile-topology", "colocated",
+                                                           "--rate", "4"], 2, "--profile-topology")
+expect_error("plan: --profile-topology needs -m", ["plan", "--profile", prof, "--profile-topology", "mono",
+                                                   "--rate", "4"], 2, "--profile-topology")
 expect_error("plan: a bad length range is refused", ["plan", "--profile", prof, "--rate", "4", "--prompt-tokens", "9:3"],
              2, "--prompt-tokens", "LO:HI")
 bad_prof = os.path.join(WORK, "cli-bad-profile.json")
