@@ -18,6 +18,7 @@
 #include <type_traits>
 
 #include "actors/actor_set.h"
+#include "actors/node_join.h"
 #include "kernels/backend.h"
 #include "model/llama.h"
 
@@ -54,245 +55,11 @@ namespace {
 
 using namespace actors;
 
-void log_line(const std::string& line) {
-  std::fprintf(stderr, "%s\n", line.c_str());
-  std::fflush(stderr);
-}
-
-double epoch_seconds() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
-// A name from the wire, safe to print.
-std::string printable(const std::string& s) {
-  std::string out;
-  for (char c : s.substr(0, 64)) out += (c >= 0x20 && c < 0x7f) ? c : '?';
-  return out;
-}
-
 std::string seconds_text(double s) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g s", s);
   return buf;
 }
-struct JoinState {
-  std::optional<std::string> secret;
-  router_actor router;
-  kv_store_actor kv;
-  struct Watched {
-    caf::actor_addr addr;
-    std::string node, kind;
-  };
-  std::vector<Watched> watched;
-  struct Expert {
-    expert_actor handle;
-    std::string spec, endpoint, node;
-  };
-  std::vector<Expert> experts;                       // attached and alive
-  std::vector<expert_directory_actor> directories;  // told of every expert
-  struct PipelineStage {
-    std::string pipeline;
-    LayerRange layers;
-    pipeline_stage_actor handle;
-  };
-  std::vector<PipelineStage> pipeline_stages;  // attached and alive
-  std::vector<std::pair<std::string, caf::actor>> stage_watchers;  // (pipeline, watcher)
-  std::shared_ptr<std::atomic<int32_t>> experts_alive;
-  std::map<std::string, double> costs;  // node name -> NodeSpec::cost
-  std::string head;                      // its node name: never drained
-  std::map<std::string, std::vector<stage_actor>> node_stages;  // attached and alive
-  std::map<std::string, caf::actor> drain_watchers;            // told when drained
-  static inline const char* name = "cleave.join";
-};
-using join_pointer = join_actor::stateful_pointer<JoinState>;
-
-join_actor::behavior_type join_fn(join_pointer self, std::optional<std::string> secret,
-                                  router_actor router, kv_store_actor kv,
-                                  std::shared_ptr<std::atomic<int32_t>> experts_alive,
-                                  std::map<std::string, double> costs, std::string head) {
-  self->state.secret = std::move(secret);
-  self->state.costs = std::move(costs);
-  self->state.head = std::move(head);
-  self->state.router = router;
-  self->state.kv = kv;
-  self->state.experts_alive = std::move(experts_alive);
-  self->set_down_handler([=](caf::down_msg& dm) {
-    auto& st = self->state;
-    std::erase_if(st.directories, [&](const expert_directory_actor& d) { return d.address() == dm.source; });
-    const size_t before = st.experts.size();
-    std::erase_if(st.experts, [&](const JoinState::Expert& e) { return e.handle.address() == dm.source; });
-    if (st.experts.size() != before) st.experts_alive->store(int32_t(st.experts.size()));
-    for (const auto& p : st.pipeline_stages) {
-      if (p.handle.address() != dm.source) continue;
-      for (const auto& [pipeline, w] : st.stage_watchers)
-        if (pipeline == p.pipeline) caf::anon_send(w, stage_down_atom::value, p.layers.first);
-    }
-    std::erase_if(st.pipeline_stages,
-                  [&](const JoinState::PipelineStage& p) { return p.handle.address() == dm.source; });
-    std::erase_if(st.stage_watchers, [&](const auto& w) { return w.second.address() == dm.source; });
-    for (auto& [node, stages] : st.node_stages)
-      std::erase_if(stages, [&](const stage_actor& a) { return a.address() == dm.source; });
-    std::erase_if(st.drain_watchers, [&](const auto& w) { return w.second.address() == dm.source; });
-    auto& w = self->state.watched;
-    for (auto it = w.begin(); it != w.end(); ++it) {
-      if (it->addr != dm.source) continue;
-      char when[32];
-      std::snprintf(when, sizeof when, "%.3f", epoch_seconds());
-      log_line("cleave node head: node " + it->node + " lost its " + it->kind + " stage (" +
-               caf::to_string(dm.reason) + ") at " + when);
-      w.erase(it);
-      return;
-    }
-  });
-  auto admitted = [=](const std::string& secret) {
-    return !self->state.secret || secrets_equal(*self->state.secret, secret);
-  };
-  // A stage or a vision encoder of a node: watched here (to log which node
-  // lost it) and handed to the router, which monitors it.
-  auto attach = [=](const std::string& secret, const std::string& node, const std::string& kind,
-                    const auto& actor, bool kind_ok) -> caf::result<bool> {
-    if (!admitted(secret)) {
-      log_line("refused node " + printable(node) + ": wrong cluster secret");
-      return to_error(Status(Code::unavailable, "wrong cluster secret"));
-    }
-    if (!kind_ok)
-      return to_error(Status(Code::invalid_argument, "cannot attach a '" + printable(kind) +
-                                                         "' actor as this kind of actor"));
-    self->monitor(actor);
-    self->state.watched.push_back({actor.address(), printable(node), kind});
-    auto rp = self->make_response_promise<bool>();
-    auto deliver = [=](bool ok) mutable { rp.deliver(ok); };
-    auto refused = [=](caf::error& e) mutable { rp.deliver(std::move(e)); };
-    if constexpr (std::is_same_v<std::decay_t<decltype(actor)>, stage_actor>) {
-      self->state.node_stages[printable(node)].push_back(actor);
-      // A stage carries its node's cost (the script's node { cost }).
-      auto c = self->state.costs.find(node);
-      const double cost = c == self->state.costs.end() ? 1.0 : c->second;
-      self->request(self->state.router, kClientTimeout, attach_atom::value, kind, actor, cost)
-          .then(deliver, refused);
-    } else {
-      self->request(self->state.router, kClientTimeout, attach_atom::value, kind, actor).then(deliver, refused);
-    }
-    return rp;
-  };
-  return {
-      [=](drain_atom, const std::string& secret, const std::string& node) -> caf::result<uint64_t> {
-        if (!admitted(secret)) {
-          log_line("refused to drain node " + printable(node) + ": wrong cluster secret");
-          return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        }
-        auto& st = self->state;
-        if (node == st.head)
-          return to_error(Status(Code::unsupported, "node '" + printable(node) +
-                                                                "' is the head (it hosts the router): it cannot drain"));
-        auto it = st.node_stages.find(node);
-        if (it == st.node_stages.end() || it->second.empty())
-          return to_error(Status(Code::not_found, "node '" + printable(node) + "' has no stage attached to drain"));
-        auto rp = self->make_response_promise<uint64_t>();
-        const std::string name = printable(node);
-        self->request(st.router, kClientTimeout, drain_atom::value, it->second)
-            .then(
-                [=](uint64_t moved) mutable {
-                  auto& st = self->state;
-                  log_line("cleave node head: drained node " + name + " (" + std::to_string(moved) +
-                           " requests moved to other stages)");
-                  st.node_stages.erase(name);
-                  if (auto w = st.drain_watchers.find(name); w != st.drain_watchers.end())
-                    caf::anon_send(w->second, drain_atom::value);
-                  rp.deliver(moved);
-                },
-                [=](caf::error& e) mutable { rp.deliver(std::move(e)); });
-        return rp;
-      },
-      [=](drain_watch_atom, const std::string& secret, const std::string& node,
-          const caf::actor& watcher) -> caf::result<bool> {
-        if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        self->monitor(watcher);
-        self->state.drain_watchers[printable(node)] = watcher;
-        return true;
-      },
-      [=](join_atom, const std::string& secret,
-          const std::string& node) -> caf::result<router_actor, kv_store_actor> {
-        if (!admitted(secret)) {
-          log_line("refused node " + printable(node) + ": wrong cluster secret");
-          return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        }
-        log_line("cleave node head: node " + printable(node) + " joined");
-        return {self->state.router, self->state.kv};
-      },
-      [=](attach_atom, const std::string& secret, const std::string& node, const std::string& kind,
-          stage_actor stage) -> caf::result<bool> {
-        const auto k = parse_actor_kind(kind);
-        return attach(secret, node, kind, stage, k && actor_kind_info(*k).stage);
-      },
-      [=](attach_atom, const std::string& secret, const std::string& node, const std::string& kind,
-          vision_encoder_actor encoder) -> caf::result<bool> {
-        return attach(secret, node, kind, encoder, kind == "vision_encoder");
-      },
-      // An expert actor: every node's directory hears of it (the stages
-      // dispatch to it from their next layer on).
-      [=](attach_atom, const std::string& secret, const std::string& node, expert_actor expert,
-          const std::string& spec, const std::string& endpoint) -> caf::result<bool> {
-        if (!admitted(secret)) {
-          log_line("refused node " + printable(node) + ": wrong cluster secret");
-          return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        }
-        auto& st = self->state;
-        self->monitor(expert);
-        st.watched.push_back({expert.address(), printable(node), "expert"});
-        st.experts.push_back({expert, spec, endpoint, printable(node)});
-        st.experts_alive->store(int32_t(st.experts.size()));
-        for (const auto& d : st.directories) self->send(d, expert_host_atom::value, expert, spec, endpoint);
-        log_line("cleave node head: node " + printable(node) + " hosts an expert actor (" +
-                 printable(spec) + ")");
-        return true;
-      },
-      // A later pipeline stage: found by its pipeline's first stage.
-      [=](attach_atom, const std::string& secret, const std::string& node, const std::string& pipeline,
-          int32_t first, int32_t last, pipeline_stage_actor stage) -> caf::result<bool> {
-        if (!admitted(secret)) {
-          log_line("refused node " + printable(node) + ": wrong cluster secret");
-          return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        }
-        auto& st = self->state;
-        self->monitor(stage);
-        st.watched.push_back({stage.address(), printable(node), "stage"});
-        std::erase_if(st.pipeline_stages, [&](const JoinState::PipelineStage& p) {
-          return p.pipeline == pipeline && p.layers.first == first;  // a restarted one replaces it
-        });
-        st.pipeline_stages.push_back({pipeline, LayerRange{first, last}, stage});
-        log_line("cleave node head: node " + printable(node) + " hosts pipeline '" +
-                 printable(pipeline) + "' layers " + LayerRange{first, last}.to_string());
-        return true;
-      },
-      [=](stage_find_atom, const std::string& secret, const std::string& pipeline,
-          int32_t first) -> caf::result<pipeline_stage_actor, int32_t> {
-        if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        for (const auto& p : self->state.pipeline_stages)
-          if (p.pipeline == pipeline && p.layers.first == first)
-            return caf::result<pipeline_stage_actor, int32_t>(p.handle, p.layers.last);
-        return to_error(Status(Code::not_found, "no stage of pipeline '" + printable(pipeline) +
-                                                    "' from layer " + std::to_string(first) +
-                                                    " has attached"));
-      },
-      [=](stage_watch_atom, const std::string& secret, const std::string& pipeline,
-          const caf::actor& watcher) -> caf::result<bool> {
-        if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        self->monitor(watcher);
-        self->state.stage_watchers.emplace_back(pipeline, watcher);
-        return true;
-      },
-      [=](expert_watch_atom, const std::string& secret, expert_directory_actor directory) -> caf::result<bool> {
-        if (!admitted(secret)) return to_error(Status(Code::unavailable, "wrong cluster secret"));
-        auto& st = self->state;
-        self->monitor(directory);
-        st.directories.push_back(directory);
-        for (const auto& e : st.experts) self->send(directory, expert_host_atom::value, e.handle, e.spec, e.endpoint);
-        return true;
-      },
-  };
-}
-
 // Middleman, heartbeats and the handle types that cross the wire: the same
 // Middleman, heartbeats and the handle types that cross the wire: the same
 // on every node.
@@ -464,16 +231,17 @@ struct NodeStore {
   uint64_t model_fingerprint = 0;
   KvLayout layout;
 };
-NodeStore make_node_store(const NodeOptions& o, const NodeSpec& me, HostedActors& hosted) {
+NodeStore make_node_store(const NodeOptions& o, const NodeSpec& me, HostedActors* hosted,
+                          const std::shared_ptr<const GgufFile>& file, const std::string& kv_dir) {
   NodeStore out;
   std::unique_ptr<Engine> probe;
   Engine* engine = nullptr;
-  if (!hosted.stages.empty()) {
-    engine = &hosted.stages.front().second->engine();
+  if (hosted && !hosted->stages.empty()) {
+    engine = &hosted->stages.front().second->engine();
   } else {
     EngineOptions eo = o.engine;
     eo.max_seqs = 1;
-    auto e = Engine::create(o.file, eo);
+    auto e = Engine::create(file, eo);
     if (!e.ok()) {
       out.store = e.status();
       return out;
@@ -486,27 +254,62 @@ NodeStore make_node_store(const NodeOptions& o, const NodeSpec& me, HostedActors
   out.n_embd = engine->config().dim;
   out.model_fingerprint = engine->model_fingerprint();
   out.layout = engine->kv_layout();
-  out.store = make_kv_store(size_t(me.kv_tier0_bytes), size_t(me.kv_tier1_bytes), me.kv_dir,
+  out.store = make_kv_store(size_t(me.kv_tier0_bytes), size_t(me.kv_tier1_bytes), kv_dir,
                             out.model_fingerprint, out.layout, me.kv_durable);
   return out;
 }
+
+// One model's front end on the head: its router (with its own event sinks)
+// and store. The head's own model is models_[0].
+class ModelFront final : public Frontend {
+ public:
+  ModelFront(caf::actor_system& system, std::string path) : system_(system), path_(std::move(path)) {}
+
+  Status submit(GenerateRequest request, EventCallback on_event) override {
+    Status st = validate_request(request, context, n_vocab, n_embd);
+    if (!st.ok()) return st;
+    return submit_to_router(system_, route.router, *sinks, std::move(request), std::move(on_event));
+  }
+  Status resume(GenerateRequest request, std::vector<int32_t> generated, EventCallback on_event) override {
+    Status st = validate_request(request, context, n_vocab, n_embd);
+    if (!st.ok()) return st;
+    return submit_to_router(system_, route.router, *sinks, std::move(request), std::move(on_event),
+                            std::move(generated));
+  }
+  Status cancel(uint64_t request_id) override { return cancel_at_router(route.router, *sinks, request_id); }
+  // The router's and the store's (the head's own stages are in Node::stats()).
+  std::vector<msg::Stats> stats() override {
+    std::vector<msg::Stats> out;
+    caf::scoped_actor self{system_};
+    collect_stats(self, route.router, out);
+    collect_stats(self, route.kv, out);
+    return out;
+  }
+  const std::string& path() const { return path_; }
+
+  ModelRoute route;
+  std::shared_ptr<EventSinks> sinks = std::make_shared<EventSinks>();
+  int32_t context = 0, n_vocab = 0, n_embd = 0;
+
+ private:
+  caf::actor_system& system_;
+  std::string path_;
+};
 
 class HeadNode final : public Node {
  public:
   explicit HeadNode(const NodeOptions& o, const NodeSpec& me) : options_(o), me_(me) {
     configure_node(config_, o.spec, 0);
     system_ = std::make_unique<caf::actor_system>(config_);
-    sinks_ = std::make_shared<EventSinks>();
     actors_ = std::make_unique<ActorSet>(*system_);
   }
 
   ~HeadNode() override {
-    shutdown_router(*system_, router_);
+    for (auto& m : models_) shutdown_router(*system_, m->route.router);
     if (port_ > 0) system_->middleman().unpublish(join_, port_);
     actors_.reset();
     join_ = join_actor{};
-    router_ = router_actor{};
-    kv_ = kv_store_actor{};
+    models_.clear();
     system_.reset();
   }
 
@@ -514,42 +317,71 @@ class HeadNode final : public Node {
     CLEAVE_RETURN_IF_ERROR(check_device(me_));
     auto hosted = make_node_actors(options_, me_);
     if (!hosted.ok()) return hosted.status();
-    NodeStore store = make_node_store(options_, me_, *hosted);
-    if (!store.store.ok()) return store.store.status();
-    context_ = store.context;
-    n_vocab_ = store.n_vocab;
-    n_embd_ = store.n_embd;
-    KvStoreRole role;
+    // A router and a store for every model the cluster serves; the head's
+    // own stages serve the first.
+    const std::vector<std::string> paths = cluster_models(options_.spec);
     std::shared_ptr<KvPoolIndex> index;
-    if (options_.spec.kv_pool) {
-      index = std::make_shared<KvPoolIndex>();
-      role.index = index;
-      role.replicate_reads = options_.spec.kv_replicate_reads;
-      role.fault_corrupt_served = options_.kv_fault_corrupt_served;
-      role.fault_stale_index = options_.kv_fault_stale_index;
-      role.data_host = me_.host;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      const std::string& path = paths[i];
+      std::shared_ptr<const GgufFile> file = options_.file;
+      if (i > 0) {
+        auto f = options_.model_files.find(path);
+        if (f == options_.model_files.end() || !f->second)
+          return Status(Code::invalid_argument, "the head needs the file of model '" + path +
+                                                    "' (NodeOptions::model_files)");
+        file = f->second;
+      }
+      // Another model's RocksDB lives beside the head's, in a directory of
+      // its own: one store per model fingerprint.
+      std::string kv_dir = me_.kv_dir;
+      if (i > 0 && !kv_dir.empty()) kv_dir += "/model-" + std::to_string(i);
+      NodeStore store = make_node_store(options_, me_, i == 0 ? &hosted.value() : nullptr, file, kv_dir);
+      if (!store.store.ok()) return store.store.status();
+      auto front = std::make_unique<ModelFront>(*system_, path);
+      front->context = store.context;
+      front->n_vocab = store.n_vocab;
+      front->n_embd = store.n_embd;
+      KvStoreRole role;
+      if (options_.spec.kv_pool) {  // one model (the loader refuses a pool with several)
+        index = std::make_shared<KvPoolIndex>();
+        role.index = index;
+        role.replicate_reads = options_.spec.kv_replicate_reads;
+        role.fault_corrupt_served = options_.kv_fault_corrupt_served;
+        role.fault_stale_index = options_.kv_fault_stale_index;
+        role.data_host = me_.host;
+      }
+      front->route.kv = spawn_kv_store(*system_, std::move(store.store.value()), role);
+      RouterConfig rc;
+      rc.disaggregated = options_.spec.count("prefill", path) > 0;
+      rc.max_pending = options_.spec.max_pending;
+      rc.block_size = options_.engine.block_size;
+      rc.request_timeout_s = options_.spec.request_timeout_s;
+      rc.placement = options_.spec.placement;
+      rc.scheduling_policy = options_.spec.scheduling_policy;
+      rc.pd_controller = options_.spec.pd_controller;
+      rc.kv_index = index;
+      rc.kv_preload = options_.spec.kv_preload;
+      rc.model_fingerprint = store.model_fingerprint;
+      rc.kv_layout = store.layout;
+      front->route.router = spawn_router(*system_, rc, front->sinks, front->route.kv);
+      models_.push_back(std::move(front));
     }
-    kv_ = spawn_kv_store(*system_, std::move(store.store.value()), role);
-    RouterConfig rc;
-    rc.disaggregated = options_.spec.count("prefill") > 0;
-    rc.max_pending = options_.spec.max_pending;
-    rc.block_size = options_.engine.block_size;
-    rc.request_timeout_s = options_.spec.request_timeout_s;
-    rc.placement = options_.spec.placement;
-    rc.scheduling_policy = options_.spec.scheduling_policy;
-    rc.pd_controller = options_.spec.pd_controller;
-    rc.kv_index = index;
-    rc.kv_preload = options_.spec.kv_preload;
-    rc.model_fingerprint = store.model_fingerprint;
-    rc.kv_layout = store.layout;
-    router_ = spawn_router(*system_, rc, sinks_, kv_);
-    std::map<std::string, double> costs;
-    for (const NodeSpec& n : options_.spec.nodes) costs[n.name] = n.cost;
-    join_ = system_->spawn(join_fn, options_.secret, router_, kv_, experts_alive_, std::move(costs), me_.name);
-    // Stopped after the stages: join, router, store.
+    JoinConfig jc;
+    jc.secret = options_.secret;
+    for (const auto& m : models_) jc.models.push_back(m->route);
+    for (const NodeSpec& n : options_.spec.nodes) {
+      jc.costs[n.name] = n.cost;
+      jc.node_model[n.name] = size_t(std::find(paths.begin(), paths.end(), n.model) - paths.begin());
+    }
+    jc.head = me_.name;
+    jc.experts_alive = experts_alive_;
+    join_ = spawn_join(*system_, std::move(jc));
+    // Stopped after the stages: join, routers, stores.
     actors_->add_service(caf::actor_cast<caf::actor>(join_));
-    actors_->add_service(caf::actor_cast<caf::actor>(router_));
-    actors_->add_service(caf::actor_cast<caf::actor>(kv_));
+    for (const auto& m : models_) {
+      actors_->add_service(caf::actor_cast<caf::actor>(m->route.router));
+      actors_->add_service(caf::actor_cast<caf::actor>(m->route.kv));
+    }
     // reuse: a restarted head binds its port again while the dead one's
     // connections still wait in TIME_WAIT (its workers rejoin there).
     auto port = system_->middleman().publish(join_, uint16_t(me_.port), me_.host.c_str(), /*reuse=*/true);
@@ -564,7 +396,8 @@ class HeadNode final : public Node {
     // which node lost what.
     const bool attention = !hosted->expert_fallbacks.empty();
     hosted->expert_socket_host = me_.host;
-    CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
+    CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", own().route.router,
+                                          own().route.kv, stream,
                                           attach_through(*system_, join_, options_.secret.value_or(""), me_.name,
                                                          me_.stage.pipeline, options_.join_timeout_s)));
     if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, options_.secret.value_or(""), *actors_));
@@ -580,43 +413,46 @@ class HeadNode final : public Node {
   bool drained() const override { return false; }
 
   int32_t stages() override {
-    for (const msg::Stats& s : stats())
-      if (s.actor == "router")
-        return int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated") +
-                       s.get("alive_vision_encoder")) + experts_alive_->load();
-    return 0;
+    int32_t n = experts_alive_->load();
+    for (const auto& m : models_)
+      for (const msg::Stats& s : m->stats())
+        if (s.actor == "router")
+          n += int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated") +
+                       s.get("alive_vision_encoder"));
+    return n;
+  }
+
+  std::vector<std::pair<std::string, Frontend*>> model_frontends() override {
+    std::vector<std::pair<std::string, Frontend*>> out;
+    for (const auto& m : models_) out.emplace_back(m->path(), m.get());
+    return out;
   }
 
   Status submit(GenerateRequest request, EventCallback on_event) override {
-    Status st = validate_request(request, context_, n_vocab_, n_embd_);
-    if (!st.ok()) return st;
-    return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event));
+    return own().submit(std::move(request), std::move(on_event));
   }
-
   Status resume(GenerateRequest request, std::vector<int32_t> generated, EventCallback on_event) override {
-    Status st = validate_request(request, context_, n_vocab_, n_embd_);
-    if (!st.ok()) return st;
-    return submit_to_router(*system_, router_, *sinks_, std::move(request), std::move(on_event),
-                            std::move(generated));
+    return own().resume(std::move(request), std::move(generated), std::move(on_event));
   }
+  Status cancel(uint64_t request_id) override { return own().cancel(request_id); }
 
-  Status cancel(uint64_t request_id) override { return cancel_at_router(router_, *sinks_, request_id); }
-
-  // The router's and the store's, then the head's own stages and encoders.
-  std::vector<msg::Stats> stats() override { return collect_all_stats(*system_, router_, kv_, *actors_); }
+  // The head's model's router and store, then the head's own stages and
+  // encoders (other models' counters come from model_frontends()).
+  std::vector<msg::Stats> stats() override {
+    return collect_all_stats(*system_, own().route.router, own().route.kv, *actors_);
+  }
 
  private:
+  ModelFront& own() { return *models_.front(); }
+
   NodeOptions options_;
   NodeSpec me_;
   caf::actor_system_config config_;
   std::unique_ptr<caf::actor_system> system_;
-  std::shared_ptr<EventSinks> sinks_;
-  kv_store_actor kv_;
-  router_actor router_;
+  std::vector<std::unique_ptr<ModelFront>> models_;
   join_actor join_;
   std::unique_ptr<ActorSet> actors_;
   uint16_t port_ = 0;
-  int32_t context_ = 0, n_vocab_ = 0, n_embd_ = 0;
   std::shared_ptr<std::atomic<int32_t>> experts_alive_ = std::make_shared<std::atomic<int32_t>>(0);
 };
 
@@ -698,7 +534,7 @@ class WorkerNode final : public Node {
     // A kv_store here joins the head's pool; this node's stages use it.
     stream.pool = options_.spec.kv_pool;
     if (me_.count("kv_store") > 0) {
-      NodeStore store = make_node_store(options_, me_, *hosted);
+      NodeStore store = make_node_store(options_, me_, &hosted.value(), options_.file, me_.kv_dir);
       if (!store.store.ok()) return store.store.status();
       KvStoreRole role;
       role.directory = kv_;
@@ -746,6 +582,7 @@ class WorkerNode final : public Node {
   std::string address() const override { return head_.host + ":" + std::to_string(head_.port); }
   bool lost_head() const override { return head_lost_->load(); }
   int32_t stages() override { return actors_->size(); }
+  std::vector<std::pair<std::string, Frontend*>> model_frontends() override { return {}; }
 
   Status submit(GenerateRequest, EventCallback) override {
     return Status(Code::unsupported, "requests go to the head, not to worker node " + me_.name);

@@ -1,7 +1,8 @@
 // One process of a multi-node cluster (`cleave node`), behind a CAF-free
 // interface; the implementation lives in actors/node.cpp.
 //
-//   head    spawns the router and the kv_store, hosts its own stage actors,
+//   head    spawns a router and a kv_store for every model the script
+//           names (node{}.model, one by default), hosts its own stage actors,
 //           and publishes a join actor on its host:port (CAF middleman).
 //   worker  connects to the head (retrying until a deadline: nodes start in
 //           any order), joins with the cluster secret, gets the router and
@@ -15,6 +16,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -29,8 +31,11 @@ namespace cleave {
 struct NodeOptions {
   ClusterSpec spec;
   std::string name;  // this node's name in spec
-  std::shared_ptr<const GgufFile> file;
+  std::shared_ptr<const GgufFile> file;  // this node's model (its NodeSpec::model, else -m)
   std::shared_ptr<const Tokenizer> tokenizer;  // may be null
+  // Head: the file of every other model the cluster serves, by its
+  // NodeSpec::model value (cluster_models); each gets a router and a store.
+  std::map<std::string, std::shared_ptr<const GgufFile>> model_files;
   EngineOptions engine;        // per stage engine; threads from the NodeSpec when it sets them
   SchedulerOptions scheduler;  // prefill_only is set for prefill stages
   // vision_encoder actors: the mmproj they run (required when the node
@@ -82,6 +87,10 @@ class Node : public Frontend {
   // Worker: the head drained this node (drain(), or `cleave node drain`
   // from anywhere): it may exit without failing a request. Head: false.
   virtual bool drained() const = 0;
+  // Head: one front end per model the cluster serves, in cluster_models()
+  // order, each with its NodeSpec::model value; the first is the head's own
+  // (what submit() serves). Worker: none.
+  virtual std::vector<std::pair<std::string, Frontend*>> model_frontends() = 0;
   // Head only (unsupported on a worker): as Pipeline::submit.
   Status submit(GenerateRequest request, EventCallback on_event) override = 0;
   // Head: the router's and kv_store's counters; worker: its stages'.

@@ -59,6 +59,22 @@ int32_t ClusterSpec::count(const std::string& kind) const {
   return n;
 }
 
+int32_t ClusterSpec::count(const std::string& kind, const std::string& model) const {
+  int32_t n = 0;
+  for (const NodeSpec& node : nodes)
+    if (node.model == model) n += node.count(kind);
+  return n;
+}
+
+std::vector<std::string> cluster_models(const ClusterSpec& spec) {
+  std::vector<std::string> out;
+  for (const NodeSpec& n : spec.nodes)
+    if (n.head) out.push_back(n.model);
+  for (const NodeSpec& n : spec.nodes)
+    if (std::find(out.begin(), out.end(), n.model) == out.end()) out.push_back(n.model);
+  return out;
+}
+
 namespace topology_detail {
 
 std::string format_bytes(uint64_t b) {
@@ -89,11 +105,12 @@ namespace fs = std::filesystem;
 constexpr int kNumKinds = int(kActorKindTable.size());
 constexpr int kKvStore = int(ActorKind::kv_store);
 
-constexpr const char* kNodeFields[] = {"name", "host",   "port", "threads", "device", "head",
-                                       "actors", "kv",   "expert", "stage", "cost"};
+constexpr const char* kNodeFields[] = {"name", "host",   "port",  "threads", "device", "head",
+                                       "actors", "kv",   "expert", "stage", "cost",   "model"};
 constexpr const char* kNodeFieldList =
-    "name, host, port, threads, device, head, actors, kv, expert, stage, cost";
+    "name, host, port, threads, device, head, actors, kv, expert, stage, cost, model";
 constexpr double kMaxNodeCost = 1e6;
+constexpr size_t kMaxModelPath = 4096;
 constexpr const char* kStageFields[] = {"layers", "pipeline"};
 constexpr int kStage = int(ActorKind::stage);
 constexpr const char* kExpertFields[] = {"experts", "layers"};
@@ -372,6 +389,8 @@ struct RawNode {
   size_t host_len = 9;
   const char* device = "cpu";
   size_t device_len = 3;
+  const char* model = "";
+  size_t model_len = 0;
   const char* kv_dir = "";
   size_t kv_dir_len = 0;
   lua_Integer port = 0, threads = 0, tier0 = 0, tier1 = 0;
@@ -586,6 +605,11 @@ int lua_node(lua_State* L) {
       raise(L, "%s: bad device '%s' (expected \"cpu\" or \"cuda:N\")", what, device);
     r.device = device, r.device_len = len;
   }
+  if (const char* model = opt_string(L, 1, "model", what, &len)) {
+    if (len == 0 || len > kMaxModelPath || std::strlen(model) != len)
+      raise(L, "%s: model must be a GGUF file's path of 1 to %d bytes without NUL", what, int(kMaxModelPath));
+    r.model = model, r.model_len = len;
+  }
   int type = raw_field(L, 1, "cost");
   if (type == LUA_TNUMBER) {
     r.cost = double(lua_tonumber(L, -1));
@@ -668,6 +692,7 @@ int lua_node(lua_State* L) {
   n.port = int32_t(r.port);
   n.threads = int32_t(r.threads);
   n.device.assign(r.device, r.device_len);
+  n.model.assign(r.model, r.model_len);
   n.head = r.head;
   n.cost = r.cost;
   for (int k = 0; k < kNumKinds; ++k)

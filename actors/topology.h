@@ -55,6 +55,10 @@ struct NodeSpec {
   // node { cost = 1.5 }: what its capacity costs against a node at 1
   // (cost_aware placement scores measured performance over it); > 0.
   double cost = 1.0;
+  // node { model = "path.gguf" }: the model its actors serve; "" = the one
+  // the command's -m names. Nodes of one model share a router and a KV
+  // store on the head (cluster_models).
+  std::string model;
   std::vector<ActorGroupSpec> actors;  // in kActorKindTable order, one group per kind
   uint64_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;  // per kv_store; 0 = default
   std::string kv_dir;           // RocksDB dir of that node's kv_store ("" = none)
@@ -99,7 +103,13 @@ struct ClusterSpec {
   const NodeSpec* find(const std::string& name) const;
   const NodeSpec& head() const;  // a loaded spec always has exactly one
   int32_t count(const std::string& kind) const;  // over all nodes
+  // Over the nodes that serve `model` (a NodeSpec::model value).
+  int32_t count(const std::string& kind, const std::string& model) const;
 };
+
+// The models a cluster serves (NodeSpec::model values, "" for the -m one):
+// the head's first, then in declaration order, each once.
+std::vector<std::string> cluster_models(const ClusterSpec& spec);
 
 struct TopologyLimits {
   uint64_t max_instructions = 10'000'000;

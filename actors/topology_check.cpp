@@ -1,6 +1,7 @@
 // The checks of a whole cluster that the loader runs once every node is
 // declared.
 #include <map>
+#include <string_view>
 
 #include "actors/topology_internal.h"
 
@@ -50,29 +51,53 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
       return at(n.line, "node '" + n.name + "' is not the head: a kv_store on a worker needs "
                         "cluster { kv_pool = true } (its store joins the head's pool)");
 
-  auto first_with = [&](const char* kind) -> const NodeSpec* {
-    for (const NodeSpec& n : c.nodes)
-      if (n.count(kind) > 0) return &n;
-    return nullptr;
-  };
-  const int32_t prefill = c.count("prefill"), decode = c.count("decode");
-  const int32_t colocated = c.count("colocated");
-  if (prefill + decode + colocated == 0)
-    return at(head->line,
-              "no actor serves requests: add prefill and decode, or colocated, to some node");
-  if (decode > 0 && prefill + colocated == 0)
-    return at(first_with("decode")->line,
-              "decode actors but no prefill or colocated actor in the cluster (P/D needs both)");
-  if (prefill > 0 && decode + colocated == 0)
-    return at(first_with("prefill")->line,
-              "prefill actors but no decode or colocated actor in the cluster (P/D needs both)");
-  if (c.pd_controller.ttft_ms != 0 || c.pd_controller.tpot_ms != 0 || c.pd_controller.confirm != 3 ||
-      c.pd_controller.interval_s != 1.0 || c.pd_controller.cooldown_s != 5.0 || c.pd_controller.margin != 0.25) {
-    if (Status st = validate_pd_controller(c.pd_controller); !st.ok()) return at(head->line, "cluster{}." + st.message());
-    if (prefill == 0 || decode == 0)
-      return at(head->line, "cluster{}.pd_controller moves stages between prefill and decode: the cluster needs "
-                            "prefill and decode actors (it has " + std::to_string(prefill) + " and " +
-                            std::to_string(decode) + ")");
+  // Several models: each model's nodes make a cluster of their own behind
+  // the head's router for that model; what spans models is refused.
+  const std::vector<std::string> models = cluster_models(c);
+  if (models.size() > 1) {
+    if (c.kv_pool)
+      return at(head->line, "cluster{}.kv_pool with several models (node{}.model): a pool serves one model");
+    for (const NodeSpec& n : c.nodes) {
+      const char* what = n.stage.set || n.count("stage") > 0 ? "stage{} pipelines"
+                         : n.count("expert") > 0             ? "expert actors"
+                         : n.count("vision_encoder") > 0     ? "vision_encoder actors"
+                                                             : nullptr;
+      if (what)
+        return at(n.line, "node '" + n.name + "': " + what + " with several models (node{}.model) are not "
+                          "supported; serve that model in a cluster of its own");
+    }
+  }
+  for (const std::string& model : models) {
+    const std::string of = models.size() == 1 ? "" : model.empty() ? " for the -m model" : " for model '" + model + "'";
+    auto first_with = [&](const char* kind) -> const NodeSpec* {
+      for (const NodeSpec& n : c.nodes)
+        if (n.model == model && n.count(kind) > 0) return &n;
+      return nullptr;
+    };
+    auto first_of_model = [&]() -> const NodeSpec* {
+      for (const NodeSpec& n : c.nodes)
+        if (n.model == model) return &n;
+      return head;
+    };
+    const int32_t prefill = c.count("prefill", model), decode = c.count("decode", model);
+    const int32_t colocated = c.count("colocated", model);
+    if (prefill + decode + colocated == 0)
+      return at(models.size() == 1 ? head->line : first_of_model()->line,
+                "no actor serves requests" + of + ": add prefill and decode, or colocated, to some node");
+    if (decode > 0 && prefill + colocated == 0)
+      return at(first_with("decode")->line,
+                "decode actors but no prefill or colocated actor in the cluster" + of + " (P/D needs both)");
+    if (prefill > 0 && decode + colocated == 0)
+      return at(first_with("prefill")->line,
+                "prefill actors but no decode or colocated actor in the cluster" + of + " (P/D needs both)");
+    if (c.pd_controller.ttft_ms != 0 || c.pd_controller.tpot_ms != 0 || c.pd_controller.confirm != 3 ||
+        c.pd_controller.interval_s != 1.0 || c.pd_controller.cooldown_s != 5.0 || c.pd_controller.margin != 0.25) {
+      if (Status st = validate_pd_controller(c.pd_controller); !st.ok()) return at(head->line, "cluster{}." + st.message());
+      if (prefill == 0 || decode == 0)
+        return at(head->line, "cluster{}.pd_controller moves stages between prefill and decode: the cluster" + of +
+                              " needs prefill and decode actors (it has " + std::to_string(prefill) + " and " +
+                              std::to_string(decode) + ")");
+    }
   }
   return Status::Ok();
 }

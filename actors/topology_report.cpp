@@ -63,7 +63,9 @@ std::string topology_summary(const ClusterSpec& c) {
   if (!kinds.empty()) s += " (" + kinds + ")";
   for (const NodeSpec& n : c.nodes)
     if (n.head) s += ", head '" + n.name + "' at " + address_of(n);
-  return s + ", router " + router_text(c.placement);
+  s += ", router " + router_text(c.placement);
+  if (const size_t models = cluster_models(c).size(); models > 1) s += ", " + std::to_string(models) + " models";
+  return s;
 }
 
 static std::string pd_text(const PdControllerConfig& p) {
@@ -93,6 +95,12 @@ std::string placement_table(const ClusterSpec& c) {
                     actors_of(n),
                     tier(n.kv_tier0_bytes), tier(n.kv_tier1_bytes),
                     !kv ? "-" : n.kv_dir.empty() ? "none" : n.kv_dir});
+  }
+  // A model column when the script names models (node{}.model).
+  if (cluster_models(c).size() > 1 || !c.nodes.front().model.empty()) {
+    rows[0].push_back("model");
+    for (size_t i = 0; i < c.nodes.size(); ++i)
+      rows[i + 1].push_back(c.nodes[i].model.empty() ? "(-m)" : c.nodes[i].model);
   }
   std::vector<size_t> width(rows[0].size(), 0);
   for (const auto& row : rows)

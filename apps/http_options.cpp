@@ -61,8 +61,9 @@ Result<std::unique_ptr<server::Server>> start_http(const HttpArgs& a) {
   return server::Server::start(o);
 }
 
-Status serve_through(server::Server& srv, const HttpArgs& a, const ServedFiles& f, Frontend& frontend,
-                     std::shared_ptr<void>& batch_api) {
+namespace {
+
+Result<server::ServedModel> describe(const HttpArgs& a, const ServedFiles& f) {
   server::ServedModelArgs m;
   m.model = f.model;
   m.mmproj = f.mmproj;
@@ -72,7 +73,36 @@ Status serve_through(server::Server& srv, const HttpArgs& a, const ServedFiles& 
   m.chat_template = a.chat_template;
   m.context = f.context;
   m.prefill_chunk = f.prefill_chunk;
-  auto model = server::describe_served_model(m);
+  return server::describe_served_model(m);
+}
+
+}  // namespace
+
+Status serve_models(server::Server& srv, const HttpArgs& a, const std::vector<ServedFrontend>& models,
+                    std::shared_ptr<void>& batch_api) {
+  if (models.size() == 1) return serve_through(srv, a, models[0].files, *models[0].frontend, batch_api);
+  std::vector<server::ServedEntry> entries;
+  std::string names;
+  for (const ServedFrontend& m : models) {
+    auto model = describe(a, m.files);
+    if (!model.ok()) return Status(model.status().code(), m.files.model_path + ": " + model.status().message());
+    for (const server::ServedEntry& e : entries)
+      if (e.model.name == model->name)
+        return Status(Code::invalid_argument, "two models are both named '" + model->name + "' (" +
+                                                  m.files.model_path + " and another): the API could not "
+                                                  "tell them apart; give one a different general.name or file name");
+    names += (names.empty() ? "" : ", ") + model->name;
+    entries.push_back({std::move(*model), m.frontend});
+  }
+  srv.ready(std::move(entries));
+  std::printf("cleave serve listening on http://%s:%d (models %s)\n", a.host.c_str(), srv.port(), names.c_str());
+  std::fflush(stdout);
+  return Status::Ok();
+}
+
+Status serve_through(server::Server& srv, const HttpArgs& a, const ServedFiles& f, Frontend& frontend,
+                     std::shared_ptr<void>& batch_api) {
+  auto model = describe(a, f);
   if (!model.ok()) return model.status();
   const std::string name = model->name, tmpl = model->chat_template;
   if (!a.batch_dir.empty()) {

@@ -54,4 +54,16 @@ Result<std::unique_ptr<server::Server>> start_http(const HttpArgs& args);
 Status serve_through(server::Server& server, const HttpArgs& args, const ServedFiles& files,
                      Frontend& frontend, std::shared_ptr<void>& batch_api);
 
+// Several models, each through its own front end (a cluster head's routers,
+// Node::model_frontends); requests name them by "model", the first is the
+// default. One model is serve_through. invalid_argument when two models get
+// the same name; the flags that name one model (--alias, --chat-template,
+// --batch-dir) are the caller's to refuse.
+struct ServedFrontend {
+  ServedFiles files;
+  Frontend* frontend = nullptr;
+};
+Status serve_models(server::Server& server, const HttpArgs& args, const std::vector<ServedFrontend>& models,
+                    std::shared_ptr<void>& batch_api);
+
 }  // namespace cleave

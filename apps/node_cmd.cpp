@@ -73,11 +73,18 @@ void on_signal(int sig) {
 // One line per actor on stderr: what moved where (the head: router and
 // store; a worker: its stages, with their KV stream counters).
 void print_stats(Node& node, const std::string& name) {
-  for (const msg::Stats& s : node.stats()) {
-    std::string line = "cleave node " + name + ": stats " + s.actor;
-    for (const auto& [k, v] : s.counters) line += " " + k + "=" + std::to_string(v);
-    std::fprintf(stderr, "%s\n", line.c_str());
-  }
+  auto print = [&](const std::vector<msg::Stats>& stats, const std::string& prefix) {
+    for (const msg::Stats& s : stats) {
+      std::string line = "cleave node " + name + ": stats " + prefix + s.actor;
+      for (const auto& [k, v] : s.counters) line += " " + k + "=" + std::to_string(v);
+      std::fprintf(stderr, "%s\n", line.c_str());
+    }
+  };
+  print(node.stats(), "");
+  // A head serving several models: the other models' routers and stores,
+  // named by their model ("model:PATH/router").
+  const auto models = node.model_frontends();
+  for (size_t i = 1; i < models.size(); ++i) print(models[i].second->stats(), "model:" + models[i].first + "/");
 }
 
 template <class T>
@@ -233,7 +240,7 @@ int run_node_command() {
                 g_drain.name.c_str(), static_cast<unsigned long long>(moved));
     return 0;
   }
-  for (const char* flag : {"--topology", "--name", "--model"})
+  for (const char* flag : {"--topology", "--name"})
     if (g_node_cmd->get_option(flag)->count() == 0) throw CLI::RequiredError(flag);
   if (a.requests.empty() != a.out.empty())
     throw CLI::ValidationError("--requests", "--requests and --out go together");
@@ -268,7 +275,29 @@ int run_node_command() {
     throw CLI::ValidationError("--pipeline-micro-batches",
                                "'" + a.name + "' is not a pipeline's first stage (stage{} on its prefill, "
                                "decode or colocated actor)");
-  o.file = unwrap(GgufFile::open(a.model));
+  // Which model file this node runs: its node{}.model, else -m. The head
+  // opens every model the cluster serves (a router and a store each).
+  const std::vector<std::string> models = cluster_models(o.spec);
+  auto model_path = [&](const std::string& script_model, const std::string& whose) -> std::string {
+    if (!script_model.empty()) return script_model;
+    if (a.model.empty())
+      throw CLI::ValidationError("--model", whose + " serves the -m model (no model in its node{}): give -m");
+    return a.model;
+  };
+  if (me && !me->model.empty() && !a.model.empty() && a.model != me->model)
+    throw CLI::ValidationError("--model", "'" + a.name + "' serves model '" + me->model + "' (its node{}.model), not " +
+                                              a.model + ": drop -m or make them agree");
+  if (models.size() > 1 && me && me->head) {
+    for (const char* flag : {"--alias", "--chat-template", "--batch-dir", "--requests", "--mmproj"})
+      if (g_node_cmd->get_option(flag)->count() > 0)
+        throw CLI::ValidationError(flag, "names or serves one model; this cluster serves " +
+                                             std::to_string(models.size()) + " (node{}.model)");
+  }
+  const std::string my_model = model_path(me ? me->model : "", "'" + a.name + "'");
+  o.file = unwrap(GgufFile::open(my_model));
+  if (me && me->head)
+    for (size_t i = 1; i < models.size(); ++i)
+      o.model_files[models[i]] = unwrap(GgufFile::open(model_path(models[i], "a node")));
   auto tok = Tokenizer::from_gguf(*o.file);
   if (tok.ok()) o.tokenizer = std::move(*tok);
   int32_t image_tokens = 0;
@@ -321,13 +350,23 @@ int run_node_command() {
   }
   std::fflush(stdout);
   if (http_server) {
-    ServedFiles f;
-    f.model = o.file;
-    f.mmproj = o.mmproj;
-    f.tokenizer = o.tokenizer;
-    f.model_path = a.model;
-    f.context = a.ctx;
-    Status st = serve_through(*http_server, g_http, f, *node, batch_api);
+    // One entry per model, the head's own first (its tokenizer is loaded).
+    std::vector<ServedFrontend> served;
+    for (const auto& [path, frontend] : node->model_frontends()) {
+      ServedFiles f;
+      f.model = path == (me ? me->model : "") ? o.file : o.model_files.at(path);
+      f.mmproj = o.mmproj;
+      if (f.model == o.file) {
+        f.tokenizer = o.tokenizer;
+      } else {
+        auto t = Tokenizer::from_gguf(*f.model);
+        if (t.ok()) f.tokenizer = std::move(*t);
+      }
+      f.model_path = path.empty() ? a.model : path;
+      f.context = a.ctx;
+      served.push_back({std::move(f), frontend});
+    }
+    Status st = serve_models(*http_server, g_http, served, batch_api);
     if (!st.ok()) {
       std::fprintf(stderr, "cleave: error: %s\n", st.to_string().c_str());
       http_server.reset();

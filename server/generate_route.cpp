@@ -38,6 +38,7 @@ struct Choice {
 // everything below runs under mu, and the responder keeps our write order.
 struct Exchange {
   Server::Impl* srv = nullptr;
+  Frontend* frontend = nullptr;  // the named model's: every choice's submit and cancel
   std::shared_ptr<HttpResponder> out;
   RequestKind kind = RequestKind::completion;
   bool stream = false, include_usage = false, has_logprobs = false;
@@ -207,13 +208,14 @@ void Server::Impl::generate(RequestKind kind, const HttpRequest& request, std::s
   auto parsed = kind == RequestKind::chat ? parse_chat_request(request.body, options.parse)
                                           : parse_completion_request(request.body, options.parse);
   if (!parsed.ok()) return reply_error(out, route, parsed.error());
-  if (!parsed->model.empty() && parsed->model != model.name)
-    return reply_error(out, route,
-                       ApiError{404, "The model `" + parsed->model.substr(0, 200) + "` does not exist.",
-                                "not_found_error", "model", "model_not_found"});
+  const ServedEntry* entry = find_model(parsed->model);
+  if (!entry) return reply_error(out, route, unknown_model(parsed->model));
+  const ServedModel& model = entry->model;
+  Frontend* frontend = entry->frontend;
   const int32_t n = parsed->n;
   auto ex = std::make_shared<Exchange>();
   ex->srv = this;
+  ex->frontend = frontend;
   ex->out = out;
   ex->kind = kind;
   ex->stream = parsed->stream;
@@ -245,7 +247,7 @@ void Server::Impl::generate(RequestKind kind, const HttpRequest& request, std::s
 
   // The client going away cancels whatever still runs.
   std::weak_ptr<Exchange> weak = ex;
-  out->on_close([this, weak] {
+  out->on_close([this, weak, frontend] {
     auto ex = weak.lock();
     if (!ex) return;
     std::vector<uint64_t> ids;
@@ -275,10 +277,10 @@ void Server::Impl::generate(RequestKind kind, const HttpRequest& request, std::s
     GenerateRequest r = base;
     r.request_id = ex->choices[size_t(i)].id;
     r.rng_stream = uint64_t(i);
-    track(r.request_id);
+    track(r.request_id, frontend);
     Status st = frontend->submit(std::move(r), [ex, i, this](const msg::StreamEvent& e) {
       bool terminal = false;
-      for (uint64_t id : ex->on_event(i, e, terminal)) (void)frontend->cancel(id);
+      for (uint64_t id : ex->on_event(i, e, terminal)) (void)ex->frontend->cancel(id);
       // Last: once no request is tracked, the server may be gone.
       if (terminal) untrack(ex->choices[size_t(i)].id);
     });

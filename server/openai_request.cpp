@@ -535,33 +535,44 @@ ApiResult<GenerateRequest> build_generate_request(ParsedRequest p, const PromptC
 ApiResult<TokenizeRequest> parse_tokenize_request(std::string_view body) {
   return guarded([&] {
     const json j = parse_body(body);
-    only_keys(j, {"content", "add_special", "with_pieces"}, "");
+    only_keys(j, {"content", "add_special", "with_pieces", "model"}, "");
     TokenizeRequest t;
     const json* c = opt(j, "content");
     if (!c) refuse("content", "\"content\" is required");
     t.content = string_of(*c, "content");
     if (auto v = opt(j, "add_special")) t.add_special = bool_of(*v, "add_special");
     if (auto v = opt(j, "with_pieces")) t.with_pieces = bool_of(*v, "with_pieces");
+    if (auto v = opt(j, "model")) t.model = string_of(*v, "model");
     return t;
   });
 }
 
-ApiResult<std::vector<int32_t>> parse_detokenize_request(std::string_view body, int32_t n_vocab) {
+ApiResult<DetokenizeRequest> parse_detokenize_request(std::string_view body, const VocabOf& n_vocab_of) {
   return guarded([&] {
     const json j = parse_body(body);
-    only_keys(j, {"tokens"}, "");
+    only_keys(j, {"tokens", "model"}, "");
+    DetokenizeRequest d;
+    if (auto v = opt(j, "model")) d.model = string_of(*v, "model");
     const json* t = opt(j, "tokens");
     if (!t) refuse("tokens", "\"tokens\" is required");
     if (!t->is_array()) refuse("tokens", std::string("\"tokens\" must be a list of token ids, got ") + t->type_name());
-    std::vector<int32_t> ids;
+    // The bound is the named model's, so the model is looked up first.
+    ApiResult<int32_t> n_vocab = n_vocab_of(d.model);
+    if (!n_vocab.ok()) throw Refused{n_vocab.error()};
     for (size_t i = 0; i < t->size(); ++i) {
       const std::string name = "tokens[" + std::to_string(i) + "]";
-      auto v = json_int((*t)[i], name, 0, int64_t(n_vocab) - 1);
+      auto v = json_int((*t)[i], name, 0, int64_t(*n_vocab) - 1);
       if (!v.ok()) refuse("tokens", v.status().message());
-      ids.push_back(int32_t(*v));
+      d.tokens.push_back(int32_t(*v));
     }
-    return ids;
+    return d;
   });
+}
+
+ApiResult<std::vector<int32_t>> parse_detokenize_request(std::string_view body, int32_t n_vocab) {
+  auto d = parse_detokenize_request(body, [n_vocab](const std::string&) -> ApiResult<int32_t> { return n_vocab; });
+  if (!d.ok()) return d.error();
+  return std::move(d->tokens);
 }
 
 }  // namespace cleave::server

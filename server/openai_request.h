@@ -57,6 +57,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -158,15 +159,27 @@ struct PromptContext {
 ApiResult<GenerateRequest> build_generate_request(ParsedRequest parsed, const PromptContext& ctx);
 
 // /tokenize, llama-server's body: {"content": string, "add_special": bool
-// (default false: no BOS), "with_pieces": bool (default false)}.
+// (default false: no BOS), "with_pieces": bool (default false)}, and vLLM's
+// "model": string (optional: the served model whose tokenizer to use).
 struct TokenizeRequest {
   std::string content;
   bool add_special = false;
   bool with_pieces = false;
+  std::string model;  // empty when not given
 };
 ApiResult<TokenizeRequest> parse_tokenize_request(std::string_view body);
 
-// /detokenize: {"tokens": [id, ...]}, each in [0, n_vocab).
+// /detokenize: {"tokens": [id, ...], "model": string (optional)}, each id in
+// [0, n_vocab) of the model the body names.
+struct DetokenizeRequest {
+  std::vector<int32_t> tokens;
+  std::string model;  // empty when not given
+};
+// `n_vocab_of(model)` ("" when the body names none): that model's vocabulary
+// size, or the error that answers the request (a model not served).
+using VocabOf = std::function<ApiResult<int32_t>(const std::string& model)>;
+ApiResult<DetokenizeRequest> parse_detokenize_request(std::string_view body, const VocabOf& n_vocab_of);
+// One vocabulary, whatever model the body names: the ids.
 ApiResult<std::vector<int32_t>> parse_detokenize_request(std::string_view body, int32_t n_vocab);
 
 // Well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).

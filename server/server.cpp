@@ -2,6 +2,7 @@
 // models, metrics, tokenize and detokenize.
 #include "server/server.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "server/openai_response.h"
@@ -124,16 +125,27 @@ void Server::Impl::handle(HttpRequest request, std::shared_ptr<HttpResponder> ou
   if (name == "/v1/completions") return generate(RequestKind::completion, request, std::move(out));
   if (name == "/v1/chat/completions") return generate(RequestKind::chat, request, std::move(out));
   if (name == "/v1/models") {
-    ModelCard card;
-    card.id = model.name;
-    card.created = model.created;
-    card.max_model_len = model.context;
-    return reply(out, name, 200, "application/json", models_response({card}));
+    std::vector<ModelCard> cards;
+    for (const ServedEntry& e : models) {
+      ModelCard card;
+      card.id = e.model.name;
+      card.created = e.model.created;
+      card.max_model_len = e.model.context;
+      cards.push_back(std::move(card));
+    }
+    return reply(out, name, 200, "application/json", models_response(cards));
   }
   if (name == "/metrics") {
     if (!options.metrics)
       return reply_error(out, name, ApiError::not_found("metrics are off: start the server with --metrics"));
-    const std::vector<msg::Stats> stats = frontend->stats();
+    // Every front end once: two models may share one.
+    std::vector<msg::Stats> stats;
+    std::vector<Frontend*> asked;
+    for (const ServedEntry& e : models) {
+      if (std::find(asked.begin(), asked.end(), e.frontend) != asked.end()) continue;
+      asked.push_back(e.frontend);
+      for (msg::Stats& st : e.frontend->stats()) stats.push_back(std::move(st));
+    }
     metrics.update_from_stats(stats);
     // vLLM's kv_cache_usage_perc: blocks running sequences hold, over every stage's pool.
     uint64_t used = 0, total = 0;
@@ -144,17 +156,26 @@ void Server::Impl::handle(HttpRequest request, std::shared_ptr<HttpResponder> ou
     if (total > 0) metrics.set_kv_cache_usage(double(used) / double(total));
     return reply(out, name, 200, ServerMetrics::content_type(), metrics.render());
   }
-  const TokenText piece = [this](int32_t t) { return model.tokenizer->token_bytes(t); };
   if (name == "/tokenize") {
     auto parsed = parse_tokenize_request(request.body);
     if (!parsed.ok()) return reply_error(out, name, parsed.error());
-    const std::vector<int32_t> ids = model.tokenizer->encode(parsed->content, parsed->add_special);
-    return reply(out, name, 200, "application/json", tokenize_response(ids, parsed->with_pieces, piece));
+    const ServedEntry* entry = find_model(parsed->model);
+    if (!entry) return reply_error(out, name, unknown_model(parsed->model));
+    const Tokenizer& tok = *entry->model.tokenizer;
+    const std::vector<int32_t> ids = tok.encode(parsed->content, parsed->add_special);
+    return reply(out, name, 200, "application/json",
+                 tokenize_response(ids, parsed->with_pieces, [&tok](int32_t t) { return tok.token_bytes(t); }));
   }
-  // /detokenize
-  auto ids = parse_detokenize_request(request.body, model.n_vocab);
-  if (!ids.ok()) return reply_error(out, name, ids.error());
-  return reply(out, name, 200, "application/json", detokenize_response(model.tokenizer->decode(*ids)));
+  // /detokenize: the ids are checked against the vocabulary of the model the body names.
+  const ServedEntry* entry = nullptr;
+  auto parsed = parse_detokenize_request(request.body, [&](const std::string& model) -> ApiResult<int32_t> {
+    entry = find_model(model);
+    if (!entry) return unknown_model(model);
+    return entry->model.n_vocab;
+  });
+  if (!parsed.ok()) return reply_error(out, name, parsed.error());
+  return reply(out, name, 200, "application/json",
+               detokenize_response(entry->model.tokenizer->decode(parsed->tokens)));
 }
 
 Result<std::unique_ptr<Server>> Server::start(const ServeOptions& options) {
@@ -174,12 +195,13 @@ Server::Server(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Server::~Server() {
   impl_->http.reset();  // joins the io threads: no route runs after this
   // Requests still running call back into impl_: end them and wait.
-  std::vector<uint64_t> ids;
+  // Each on the front end that admitted it.
+  std::vector<std::pair<uint64_t, Frontend*>> ids;
   {
     std::lock_guard<std::mutex> lock(impl_->live_mu);
     ids.assign(impl_->live.begin(), impl_->live.end());
   }
-  for (uint64_t id : ids) (void)impl_->frontend->cancel(id);
+  for (const auto& [id, frontend] : ids) (void)frontend->cancel(id);
   std::unique_lock<std::mutex> lock(impl_->live_mu);
   if (!impl_->live_cv.wait_for(lock, std::chrono::seconds(30), [&] { return impl_->live.empty(); })) {
     // A front end that never ends them: leaking beats a callback into freed memory.
@@ -192,10 +214,20 @@ void Server::add_routes(std::string prefix, RouteHandler handler) {
   impl_->extra_routes.emplace_back(std::move(prefix), std::move(handler));
 }
 
-void Server::ready(ServedModel model, Frontend& frontend) {
-  impl_->model = std::move(model);
-  impl_->frontend = &frontend;
+void Server::ready(std::vector<ServedEntry> models) {
+  CLEAVE_CHECK(!models.empty());
+  for (size_t i = 0; i < models.size(); ++i) {
+    CLEAVE_CHECK(models[i].frontend != nullptr);
+    for (size_t j = 0; j < i; ++j) CLEAVE_CHECK(models[j].model.name != models[i].model.name);
+  }
+  impl_->models = std::move(models);
   impl_->loaded.store(true);
+}
+
+void Server::ready(ServedModel model, Frontend& frontend) {
+  std::vector<ServedEntry> models;
+  models.push_back({std::move(model), &frontend});
+  ready(std::move(models));
 }
 
 int Server::port() const { return impl_->http->port(); }

@@ -1,13 +1,18 @@
 // `cleave serve` and a cluster head's HTTP front: the OpenAI-compatible
 // routes over any Frontend (one engine, colocated, P/D, E/P/D, a cluster's
-// router). The transport (http_server.h), the request parsing and response
-// shapes (openai_request.h, openai_response.h), chat templates and metrics
-// live in their own files; this one owns routing, the API key and the
-// served model. No CAF.
+// router), for one model or several, each through its own Frontend. The
+// transport (http_server.h), the request parsing and response shapes
+// (openai_request.h, openai_response.h), chat templates and metrics live in
+// their own files; this one owns routing, the API key and the served
+// models. No CAF.
 //
 //   POST /v1/completions, /v1/chat/completions   (stream or not, n choices)
 //   GET  /v1/models, /health, /metrics (with metrics on)
 //   POST /tokenize, /detokenize                  (llama-server's bodies)
+//
+// A request names its model by "model" (/tokenize and /detokenize too, as
+// vLLM's); none: the first served one; an unknown one: 404 model_not_found.
+// /v1/models lists them all; /metrics reads every front end's stats.
 //
 // Every route but /health needs the API key when one is set (Authorization:
 // Bearer KEY, compared in constant time). Until ready() the server answers
@@ -19,6 +24,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 #include "frontend/frontend.h"
@@ -41,6 +47,11 @@ struct ServedModel {
   int64_t created = 0;                         // Unix seconds (/v1/models)
 };
 
+struct ServedEntry {
+  ServedModel model;
+  Frontend* frontend = nullptr;  // must outlive the server
+};
+
 struct ServeOptions {
   HttpServerOptions http;
   std::string api_key;  // empty: no key needed
@@ -56,7 +67,11 @@ class Server {
   // the port cannot be bound.
   static Result<std::unique_ptr<Server>> start(const ServeOptions& options);
   ~Server();
-  // Serves `model` through `frontend`, which must outlive the server.
+  // Serves every entry; requests name one by "model" (its ServedModel::name);
+  // the first entry is the default for requests that give no model. Names
+  // are unique, the list non-empty and every frontend set (else abort).
+  void ready(std::vector<ServedEntry> models);
+  // One model: `frontend` must outlive the server.
   void ready(ServedModel model, Frontend& frontend);
   // Routes a layer above serves (the Batch API, jobs/batch_service.h):
   // every target equal to `prefix` or under `prefix/`, any method, after the

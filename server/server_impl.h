@@ -3,12 +3,12 @@
 
 #include <atomic>
 #include <condition_variable>
-#include <condition_variable>
 #include <memory>
 #include <mutex>
 #include <random>
-#include <unordered_set>
-#include <unordered_set>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
 
 #include "server/metrics.h"
 #include "server/server.h"
@@ -21,20 +21,31 @@ struct Server::Impl {
   std::unique_ptr<HttpServer> http;  // last member to be set, first to go
 
   // Set once by ready(); read by every route after `loaded` turns true.
-  ServedModel model;
-  Frontend* frontend = nullptr;
+  std::vector<ServedEntry> models;  // the first: requests that name none
   std::atomic<bool> loaded{false};
+  // The entry a request's "model" names (empty: the first); null when none does.
+  const ServedEntry* find_model(std::string_view name) const {
+    if (name.empty()) return &models.front();
+    for (const ServedEntry& e : models)
+      if (e.model.name == name) return &e;
+    return nullptr;
+  }
+  static ApiError unknown_model(std::string_view name) {
+    return ApiError{404, "The model `" + std::string(name.substr(0, 200)) + "` does not exist.",
+                    "not_found_error", "model", "model_not_found"};
+  }
 
   std::atomic<uint64_t> next_request_id{1};  // runtime ids, one per choice
   std::atomic<uint64_t> next_response{1};
-  // Runtime requests admitted and not ended: the destructor cancels them and
-  // waits, since their callbacks reach into this object.
+  // Runtime requests admitted and not ended, with the front end that took
+  // each: the destructor cancels them there and waits, since their
+  // callbacks reach into this object.
   std::mutex live_mu;
   std::condition_variable live_cv;
-  std::unordered_set<uint64_t> live;
-  void track(uint64_t id) {
+  std::unordered_map<uint64_t, Frontend*> live;
+  void track(uint64_t id, Frontend* frontend) {
     std::lock_guard<std::mutex> lock(live_mu);
-    live.insert(id);
+    live.emplace(id, frontend);
   }
   void untrack(uint64_t id) {
     std::lock_guard<std::mutex> lock(live_mu);

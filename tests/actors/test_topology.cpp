@@ -234,6 +234,54 @@ TEST_CASE("node cost: a positive number for cost_aware placement, refused with a
                "field 'cost' must be a number");
 }
 
+TEST_CASE("node model: several models in one cluster, each checked as a cluster of its own") {
+  const std::string two = "node { name = 'head', head = true, actors = { colocated = 1 } }\n"
+                          "node { name = 'p', model = 'b.gguf', actors = { prefill = 1 } }\n"
+                          "node { name = 'd', model = 'b.gguf', actors = { decode = 2 } }\n"
+                          "node { name = 'c', model = 'c.gguf', actors = { colocated = 1 } }\n";
+  auto c = load_ok(two);
+  CHECK(c.nodes[0].model.empty());
+  CHECK(c.nodes[1].model == "b.gguf");
+  CHECK(cluster_models(c) == std::vector<std::string>{"", "b.gguf", "c.gguf"});
+  CHECK(c.count("decode", "b.gguf") == 2);
+  CHECK(c.count("decode", "") == 0);
+  CHECK(c.count("colocated", "c.gguf") == 1);
+  CHECK(topology_summary(c).find(", 3 models") != std::string::npos);
+  CHECK(placement_table(c).find("b.gguf") != std::string::npos);
+  // The head's model comes first whatever the declaration order.
+  auto h = load_ok("node { name = 'w', model = 'x.gguf', actors = { colocated = 1 } }\n"
+                   "node { name = 'head', head = true, model = 'y.gguf', actors = { colocated = 1 } }\n");
+  CHECK(cluster_models(h) == std::vector<std::string>{"y.gguf", "x.gguf"});
+  // One model's P/D needs both sides even when another model has them.
+  expect_error(kHead + "node { name = 'p', model = 'b.gguf', actors = { prefill = 1 } }\n"
+                       "node { name = 'd', actors = { decode = 1 } }\n",
+               2, "prefill actors but no decode or colocated actor in the cluster for model 'b.gguf'");
+  expect_error("node { name = 'head', head = true, model = 'a.gguf', actors = { prefill = 1 } }\n"
+               "node { name = 'w', model = 'b.gguf', actors = { colocated = 1 } }\n",
+               1, "for model 'a.gguf'");
+  // A model whose nodes host nothing that serves.
+  expect_error(kHead + "node { name = 'k', model = 'b.gguf' }\n", 2,
+               "no actor serves requests for model 'b.gguf'");
+  // What spans models is refused, naming it.
+  expect_error("cluster { kv_pool = true }\n" + two, 2, "kv_pool with several models");
+  expect_error(two + "node { name = 'e', actors = { vision_encoder = 1 } }\n", 5,
+               "node 'e': vision_encoder actors with several models");
+  expect_error(two + "node { name = 'x', actors = { expert = 1 } }\n", 5, "node 'x': expert actors with several models");
+  expect_error(kHead + "node { name = 'f', model = 'b.gguf', stage = { layers = {0, 1} }, actors = { colocated = 1 } }\n"
+                       "node { name = 'g', model = 'b.gguf', stage = { layers = {2, 3} }, actors = { stage = 1 } }\n",
+               2, "node 'f': stage{} pipelines with several models");
+  // The field itself.
+  expect_error(kHead + "node { name = 'n', model = '', actors = { colocated = 1 } }\n", 2,
+               "model must be a GGUF file's path of 1 to 4096 bytes");
+  expect_error(kHead + "node { name = 'n', model = 7, actors = { colocated = 1 } }\n", 2, "model");
+  expect_error(kHead + "node { name = 'n', model = string.rep('a', 4097), actors = { colocated = 1 } }\n", 2,
+               "model must be a GGUF file's path");
+  // One model named on every node is a one-model cluster: pools and the rest are fine.
+  auto one = load_ok("cluster { kv_pool = true }\nnode { name = 'head', head = true, model = 'a.gguf', "
+                     "actors = { colocated = 1, kv_store = 1 } }\n");
+  CHECK(cluster_models(one).size() == 1);
+}
+
 TEST_CASE("cluster pd_controller: goals for the P:D controller, checked, and only with prefill and decode") {
   const std::string pd = "node { name = 'head', head = true, actors = { prefill = 1, decode = 2 } }\n";
   auto c = load_ok("cluster { pd_controller = { ttft_ms = 500, tpot_ms = 50, interval_s = 0.5, confirm = 2, "

@@ -510,6 +510,9 @@ TEST_CASE("openai requests: /tokenize and /detokenize bodies") {
   REQUIRE(d.ok());
   CHECK_FALSE(d->add_special);  // llama-server's default
   CHECK_FALSE(d->with_pieces);
+  CHECK(d->model.empty());
+  // vLLM's "model": which served model's tokenizer.
+  CHECK(parse_tokenize_request(R"({"content": "x", "model": "m2"})")->model == "m2");
   struct Bad {
     std::string body, param;
   };
@@ -517,6 +520,7 @@ TEST_CASE("openai requests: /tokenize and /detokenize bodies") {
                                        {R"({"content": 1})", "content"},
                                        {R"({"content": "x", "add_special": 1})", "add_special"},
                                        {R"({"content": "x", "parse_special": true})", "parse_special"},
+                                       {R"({"content": "x", "model": 1})", "model"},
                                        {"nope", ""}}) {
     CAPTURE(b.body);
     auto r = parse_tokenize_request(b.body);
@@ -541,6 +545,25 @@ TEST_CASE("openai requests: /tokenize and /detokenize bodies") {
   CHECK(oov.error().message.find("\"tokens[1]\" 32000 is above 31999") != std::string::npos);
   // An empty vocabulary takes no id at all (the bound is -1: no wrap to a huge one).
   CHECK_FALSE(parse_detokenize_request(R"({"tokens": [5]})", 0).ok());
+  // "model": the ids are checked against that model's vocabulary, and an
+  // error from the lookup (a model not served) is the answer.
+  auto vocab_of = [](const std::string& model) -> ApiResult<int32_t> {
+    if (model.empty()) return 10;
+    if (model == "big") return 100;
+    return ApiError{404, "no " + model, "not_found_error", "model", "model_not_found"};
+  };
+  auto big = parse_detokenize_request(R"({"tokens": [50], "model": "big"})", vocab_of);
+  REQUIRE(big.ok());
+  CHECK(big->model == "big");
+  CHECK(big->tokens == std::vector<int32_t>{50});
+  auto small = parse_detokenize_request(R"({"tokens": [50]})", vocab_of);
+  REQUIRE_FALSE(small.ok());
+  CHECK(small.error().param == "tokens");
+  auto unknown = parse_detokenize_request(R"({"tokens": [1], "model": "x"})", vocab_of);
+  REQUIRE_FALSE(unknown.ok());
+  CHECK(unknown.error().status == 404);
+  CHECK(unknown.error().code == "model_not_found");
+  CHECK(parse_detokenize_request(R"({"tokens": [1], "model": 2})", vocab_of).error().param == "model");
 }
 
 TEST_CASE("openai requests: UTF-8 validation") {

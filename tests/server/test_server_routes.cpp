@@ -10,7 +10,10 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdlib>
+#include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -327,4 +330,297 @@ TEST_CASE("server: a TTFT, TPOT or deadline goal that cannot be met is refused a
     CHECK(metrics.find("cleave_requests_rejected_slo_total 3") != std::string::npos);
     srv->reset();
   }
+}
+
+namespace {
+
+// A front end that records what reached it: each request is answered at
+// once with one token (its label, so a response shows who ran it) and
+// "length", or with hold, kept until end_held() (cancel only records).
+// The submit after refuse_after admitted ones is refused busy.
+class RecordingFrontend : public Frontend {
+ public:
+  explicit RecordingFrontend(std::string label) : label_(std::move(label)) {}
+  std::atomic<bool> hold{false};
+  std::atomic<size_t> refuse_after{SIZE_MAX};
+
+  Status submit(GenerateRequest request, EventCallback on_event) override {
+    const uint64_t id = request.request_id;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (submitted_.size() == refuse_after) return Status(Code::busy, "full");
+      submitted_.push_back(std::move(request));
+      if (hold) {
+        held_.emplace_back(id, std::move(on_event));
+        return Status::Ok();
+      }
+    }
+    msg::StreamEvent t;
+    t.request_id = id;
+    t.token = 0;
+    t.text = label_;
+    on_event(t);
+    msg::StreamEvent f;
+    f.kind = msg::StreamEvent::Kind::finished;
+    f.request_id = id;
+    f.index = 1;
+    f.finish_reason = "length";
+    on_event(f);
+    return Status::Ok();
+  }
+  Status cancel(uint64_t request_id) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    cancelled_.push_back(request_id);
+    cv_.notify_all();
+    return Status::Ok();
+  }
+  Status resume(GenerateRequest, std::vector<int32_t>, EventCallback) override {
+    return Status(Code::unsupported, "fake");
+  }
+  std::vector<msg::Stats> stats() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    ++stats_calls_;
+    return {msg::Stats{label_, {{"submitted", submitted_.size()}}}};
+  }
+
+  // Fails the held request `id` with `error`.
+  void fail_held(uint64_t id, Status error) {
+    EventCallback cb;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      for (auto it = held_.begin(); it != held_.end(); ++it)
+        if (it->first == id) {
+          cb = std::move(it->second);
+          held_.erase(it);
+          break;
+        }
+    }
+    REQUIRE(cb);
+    msg::StreamEvent e;
+    e.kind = msg::StreamEvent::Kind::failed;
+    e.request_id = id;
+    e.error = std::move(error);
+    cb(e);
+  }
+  // Ends every held request as a cancel would (failed, aborted).
+  void end_held() {
+    std::vector<std::pair<uint64_t, EventCallback>> held;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      held.swap(held_);
+    }
+    for (auto& [id, cb] : held) {
+      msg::StreamEvent e;
+      e.kind = msg::StreamEvent::Kind::failed;
+      e.request_id = id;
+      e.error = Status(Code::aborted, "cancelled");
+      cb(e);
+    }
+  }
+  // Waits up to `wait` for at least n cancels; the ids cancelled.
+  std::vector<uint64_t> cancelled(size_t n = 0, std::chrono::milliseconds wait = {}) {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait_for(lock, wait, [&] { return cancelled_.size() >= n; });
+    return cancelled_;
+  }
+  std::vector<GenerateRequest> submitted() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return submitted_;
+  }
+  int stats_calls() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return stats_calls_;
+  }
+
+ private:
+  const std::string label_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<GenerateRequest> submitted_;
+  std::vector<std::pair<uint64_t, EventCallback>> held_;
+  std::vector<uint64_t> cancelled_;
+  int stats_calls_ = 0;
+};
+
+}  // namespace
+
+TEST_CASE("server: several models, each through its own front end, chosen by \"model\"") {
+  ServeOptions o;
+  o.http.port = 0;
+  o.metrics = true;
+  auto srv = Server::start(o);
+  REQUIRE(srv.ok());
+  // "a": the shapes model (its own template, which refuses system
+  // messages); "b": GPT-2's vocabulary, chatml, another context and chunk;
+  // "c": a's front end again.
+  ServedModelArgs args;
+  args.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
+  args.tokenizer = std::move(*Tokenizer::from_gguf(*args.model));
+  args.model_path = kShapes + "shapes-lm-f32.gguf";
+  args.name = "a";
+  auto a = describe_served_model(args);
+  REQUIRE(a.ok());
+  a->prefill_chunk = 32;
+  auto gpt2 = GgufFile::open(std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-gpt-2.gguf");
+  REQUIRE(gpt2.ok());
+  std::shared_ptr<const Tokenizer> tok_b = std::move(*Tokenizer::from_gguf(**gpt2));
+  ServedModel b;
+  b.name = "b";
+  b.context = 1000;
+  b.n_vocab = tok_b->n_vocab();
+  b.tokenizer = tok_b;
+  b.chat_template = "chatml";
+  b.prefill_chunk = 64;
+  ServedModel c = *a;
+  c.name = "c";
+  const std::shared_ptr<const Tokenizer> tok_a = a->tokenizer;
+  const int32_t context_a = a->context;
+  RecordingFrontend fa("fake-a"), fb("fake-b");
+  (*srv)->ready({{std::move(*a), &fa}, {std::move(b), &fb}, {std::move(c), &fa}});
+  const int port = (*srv)->port();
+  const std::string prompt = "how many shapes";
+  REQUIRE(tok_a->encode(prompt, true) != tok_b->encode(prompt, true));  // the tokenizers tell apart
+
+  // Each name reaches its own front end, with its tokenizer, context and chunk.
+  auto [st_b, body_b] = http(port, "POST", "/v1/completions", R"({"model":"b","prompt":")" + prompt + "\"}");
+  REQUIRE(st_b == 200);
+  auto jb = nlohmann::json::parse(body_b);
+  CHECK(jb["model"] == "b");
+  CHECK(jb["choices"][0]["text"] == "fake-b");
+  CHECK(fa.submitted().empty());
+  REQUIRE(fb.submitted().size() == 1);
+  const GenerateRequest rb = fb.submitted()[0];
+  CHECK(rb.prompt == tok_b->encode(prompt, true));
+  CHECK(rb.prefill_chunk == 64);
+  CHECK(rb.sampling.max_tokens == 16);  // completions' default
+  // No model: the first entry.
+  auto [st_d, body_d] = http(port, "POST", "/v1/completions", R"({"prompt":")" + prompt + "\"}");
+  REQUIRE(st_d == 200);
+  auto jd = nlohmann::json::parse(body_d);
+  CHECK(jd["model"] == "a");
+  CHECK(jd["choices"][0]["text"] == "fake-a");
+  REQUIRE(fa.submitted().size() == 1);
+  CHECK(fa.submitted()[0].prompt == tok_a->encode(prompt, true));
+  CHECK(fa.submitted()[0].prefill_chunk == 32);
+  CHECK(fb.submitted().size() == 1);
+  // "c" shares a's front end but answers as itself.
+  auto [st_c, body_c] = http(port, "POST", "/v1/completions", R"({"model":"c","prompt":"x"})");
+  REQUIRE(st_c == 200);
+  CHECK(nlohmann::json::parse(body_c)["model"] == "c");
+  CHECK(fa.submitted().size() == 2);
+  // Chat: b's template takes a system message (a's refuses it), and the
+  // default max_tokens fills b's context, not a's.
+  const std::string chat =
+      R"({"model":"b","messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]})";
+  auto [st_chat, body_chat] = http(port, "POST", "/v1/chat/completions", chat);
+  REQUIRE_MESSAGE(st_chat == 200, body_chat);
+  CHECK(nlohmann::json::parse(body_chat)["model"] == "b");
+  REQUIRE(fb.submitted().size() == 2);
+  const GenerateRequest chat_b = fb.submitted()[1];
+  CHECK(chat_b.sampling.max_tokens == 1000 - int32_t(chat_b.prompt.size()));
+  CHECK(chat_b.sampling.max_tokens > context_a);
+  CHECK(http(port, "POST", "/v1/chat/completions",
+             R"({"messages":[{"role":"system","content":"be brief"},{"role":"user","content":"hi"}]})")
+            .first == 400);
+  // An unknown name: 404 model_not_found on both routes, nothing submitted.
+  for (const auto& [route, body] : std::vector<std::pair<std::string, std::string>>{
+           {"/v1/completions", R"({"model":"nope","prompt":"x"})"},
+           {"/v1/chat/completions", R"({"model":"nope","messages":[{"role":"user","content":"x"}]})"}}) {
+    CAPTURE(route);
+    auto [st, got] = http(port, "POST", route, body);
+    CHECK(st == 404);
+    auto j = nlohmann::json::parse(got);
+    CHECK(j["error"]["code"] == "model_not_found");
+    CHECK(j["error"]["message"] == "The model `nope` does not exist.");
+  }
+  CHECK(fa.submitted().size() == 2);
+  CHECK(fb.submitted().size() == 2);
+
+  // /v1/models: every entry, in order, with its own context.
+  auto [st_m, body_m] = http(port, "GET", "/v1/models");
+  REQUIRE(st_m == 200);
+  auto jm = nlohmann::json::parse(body_m);
+  REQUIRE(jm["data"].size() == 3);
+  CHECK(jm["data"][0]["id"] == "a");
+  CHECK(jm["data"][1]["id"] == "b");
+  CHECK(jm["data"][2]["id"] == "c");
+  CHECK(jm["data"][0]["max_model_len"] == context_a);
+  CHECK(jm["data"][1]["max_model_len"] == 1000);
+
+  // /tokenize and /detokenize: "model" picks the tokenizer; none: a's.
+  auto tokens_of = [&](const std::string& body) {
+    auto [st, got] = http(port, "POST", "/tokenize", body);
+    REQUIRE_MESSAGE(st == 200, got);
+    return nlohmann::json::parse(got)["tokens"].get<std::vector<int32_t>>();
+  };
+  const std::string content = R"("content":"hello world","add_special":true)";
+  CHECK(tokens_of("{" + content + R"(,"model":"b"})") == tok_b->encode("hello world", true));
+  CHECK(tokens_of("{" + content + "}") == tok_a->encode("hello world", true));
+  CHECK(tokens_of("{" + content + R"(,"model":"a"})") == tok_a->encode("hello world", true));
+  auto [st_t, body_t] = http(port, "POST", "/tokenize", "{" + content + R"(,"model":"nope"})");
+  CHECK(st_t == 404);
+  CHECK(nlohmann::json::parse(body_t)["error"]["code"] == "model_not_found");
+  CHECK(http(port, "POST", "/tokenize", "{" + content + R"(,"model":5})").first == 400);
+  // An id only b's vocabulary has: b decodes it, a refuses it.
+  const int32_t big = tok_b->n_vocab() - 1;
+  REQUIRE(big >= tok_a->n_vocab());
+  const std::string ids = R"("tokens":[)" + std::to_string(big) + "]";
+  auto [st_db, body_db] = http(port, "POST", "/detokenize", "{" + ids + R"(,"model":"b"})");
+  REQUIRE_MESSAGE(st_db == 200, body_db);
+  CHECK(nlohmann::json::parse(body_db)["content"] == tok_b->decode({big}));
+  CHECK(http(port, "POST", "/detokenize", "{" + ids + "}").first == 400);
+  auto [st_dn, body_dn] = http(port, "POST", "/detokenize", "{" + ids + R"(,"model":"nope"})");
+  CHECK(st_dn == 404);
+  CHECK(nlohmann::json::parse(body_dn)["error"]["code"] == "model_not_found");
+
+  // /metrics: both front ends' stats, a's asked once though two entries share it.
+  auto [st_x, metrics] = http(port, "GET", "/metrics");
+  REQUIRE(st_x == 200);
+  CHECK(metrics.find(R"(cleave_actor_stat{actor="fake-a",name="submitted"} 2)") != std::string::npos);
+  CHECK(metrics.find(R"(cleave_actor_stat{actor="fake-b",name="submitted"} 2)") != std::string::npos);
+  CHECK(fa.stats_calls() == 1);
+  CHECK(fb.stats_calls() == 1);
+
+  // Cancels go to the front end that took the request. A choice of b's
+  // that fails cancels its sibling there.
+  fb.hold = true;
+  auto wait_submitted = [&](size_t n) {
+    for (int k = 0; k < 500 && fb.submitted().size() < n; ++k)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    REQUIRE(fb.submitted().size() == n);
+  };
+  const int two = send_request(port, "POST", "/v1/completions", R"({"model":"b","prompt":"x","n":2})");
+  wait_submitted(4);
+  const uint64_t first = fb.submitted()[2].request_id, second = fb.submitted()[3].request_id;
+  fb.fail_held(first, Status(Code::invalid_argument, "bad"));
+  CHECK(fb.cancelled(1, std::chrono::seconds(5)) == std::vector<uint64_t>{second});
+  fb.end_held();
+  std::string answer;
+  char buf[4096];
+  for (ssize_t n; (n = ::recv(two, buf, sizeof buf, 0)) > 0;) answer.append(buf, size_t(n));
+  ::close(two);
+  CHECK(answer.substr(0, 12) == "HTTP/1.0 400");  // the failed choice's error
+  // A choice b refuses at admission cancels the ones b took before it.
+  fb.refuse_after = 5;
+  auto [busy, busy_body] = http(port, "POST", "/v1/completions", R"({"model":"b","prompt":"x","n":2})");
+  CHECK(busy == 503);
+  REQUIRE(fb.submitted().size() == 5);
+  const uint64_t admitted = fb.submitted()[4].request_id;
+  CHECK(fb.cancelled() == std::vector<uint64_t>{second, admitted});
+  fb.end_held();
+  fb.refuse_after = SIZE_MAX;
+  // A request b still runs when the server goes: cancelled when its
+  // connection closes, then by the destructor (fb ends it only on end_held()).
+  const int fd = send_request(port, "POST", "/v1/completions", R"({"model":"b","prompt":"x"})");
+  wait_submitted(6);
+  const uint64_t held_id = fb.submitted()[5].request_id;
+  std::thread ender([&] {
+    fb.cancelled(4, std::chrono::seconds(5));
+    fb.end_held();
+  });
+  srv->reset();
+  ender.join();
+  ::close(fd);
+  CHECK(fa.cancelled().empty());
+  CHECK(fb.cancelled() == std::vector<uint64_t>{second, admitted, held_id, held_id});
 }
