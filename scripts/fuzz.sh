@@ -23,7 +23,8 @@
 #       Configures (clang, -DCLEAVE_FUZZ=ON, first time only) and builds every
 #       target, and writes the seed corpora under BUILD_DIR/seeds/ (ctest
 #       fuzz_build, the fixture of the fuzz_* tests). The other modes build
-#       first too.
+#       first too. FUZZ_DEBUG_INFO (-g, -g1, -g0; read when the build is
+#       first configured) sets its debug info, -g by default.
 #
 # Seeds are written by the build from the code itself (fuzz_codec_seeds,
 # fuzz_seeds) or copied (examples/*.lua, examples/*.png). Every input that
@@ -43,7 +44,7 @@ declare -A BIN=([codec]=schema/fuzz_codec [gguf]=tests/fuzz/fuzz_gguf
 declare -A OPTS=([codec]="" [gguf]="" [image]="" [topology]="-close_fd_mask=2" [request]=""
                  [openai]="-max_len=16384")
 
-usage() { sed -n '2,31p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 build() {
   mkdir -p "$build"
@@ -51,7 +52,7 @@ build() {
   if [[ ! -f $build/CMakeCache.txt ]]; then
     # RocksDB, CUDA and the test suites are not needed here.
     CC=clang CXX=clang++ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
-      -DCLEAVE_FUZZ=ON -DCLEAVE_CUDA=OFF -DCLEAVE_STORAGE=OFF -DBUILD_TESTING=OFF \
+      -DCLEAVE_DEBUG_INFO="${FUZZ_DEBUG_INFO:--g}" -DCLEAVE_FUZZ=ON -DCLEAVE_CUDA=OFF -DCLEAVE_STORAGE=OFF -DBUILD_TESTING=OFF \
       >"$build/configure.log" 2>&1 || { cat "$build/configure.log"; exit 1; }
   fi
   cmake --build "$build" -j"${FUZZ_JOBS:-2}" --target fuzz_codec fuzz_codec_seeds fuzz_gguf \
