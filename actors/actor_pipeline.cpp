@@ -40,6 +40,7 @@ class ActorPipeline final : public Pipeline, private PipelineTestHooks {
     rc.placement = options_.placement;
     rc.scheduling_policy = options_.scheduler.policy;
     rc.pd_controller = options_.pd_controller;
+    rc.autoscale = options_.autoscale;
     router_ = spawn_router(*system_, rc, sinks_, kv_);
     actors_->add_service(caf::actor_cast<caf::actor>(router_));
     actors_->add_service(caf::actor_cast<caf::actor>(kv_));

@@ -34,6 +34,7 @@
 #include "actors/actor_kind.h"
 #include "actors/kv_stream.h"
 #include "actors/pd_controller.h"
+#include "actors/scale_controller.h"
 #include "actors/placement.h"
 #include "model/scheduling_policy.h"
 #include "common/status.h"
@@ -364,6 +365,9 @@ struct RouterConfig {
   // pd: move stages between prefill and decode against TTFT / TPOT goals
   // (actors/pd_controller.h); off unless a goal is set.
   PdControllerConfig pd_controller;
+  // Park and unpark entry stages against a TTFT goal
+  // (actors/scale_controller.h); off unless the goal is set.
+  AutoscaleConfig autoscale;
 };
 router_actor spawn_router(caf::actor_system& system, RouterConfig config,
                           std::shared_ptr<EventSinks> sinks, kv_store_actor kv);

@@ -359,6 +359,7 @@ class HeadNode final : public Node {
       rc.placement = options_.spec.placement;
       rc.scheduling_policy = options_.spec.scheduling_policy;
       rc.pd_controller = options_.spec.pd_controller;
+      rc.autoscale = options_.spec.autoscale;
       rc.kv_index = index;
       rc.kv_preload = options_.spec.kv_preload;
       rc.model_fingerprint = store.model_fingerprint;

@@ -386,6 +386,21 @@ Status check_options(const PipelineOptions& o) {
       return Status(Code::invalid_argument, "pd_controller and pipeline stages together are not supported");
     CLEAVE_RETURN_IF_ERROR(validate_pd_controller(o.pd_controller));
   }
+  if (!(o.autoscale == AutoscaleConfig{})) {
+    if (o.topology == Topology::mono)
+      return Status(Code::invalid_argument, "autoscale parks and unparks stages behind the router: it needs the "
+                                            "colocated or pd topology, not mono");
+    if (pipelined)
+      return Status(Code::invalid_argument, "autoscale and pipeline stages together are not supported");
+    if (o.pd_controller.enabled())
+      return Status(Code::invalid_argument, "autoscale and pd_controller together are not supported (both move entry stages)");
+    CLEAVE_RETURN_IF_ERROR(validate_autoscale(o.autoscale));
+    const int32_t entry = o.topology == Topology::pd ? o.prefill_actors : o.colocated_actors;
+    if (o.autoscale.min_stages > entry)
+      return Status(Code::invalid_argument, "autoscale: min_stages " + std::to_string(o.autoscale.min_stages) +
+                                                " is more than the " + std::to_string(entry) +
+                                                (o.topology == Topology::pd ? " prefill" : " colocated") + " actors");
+  }
   if (o.actor_threads < 0)
     return Status(Code::invalid_argument, "actor_threads must not be negative, got " +
                                               std::to_string(o.actor_threads));

@@ -26,6 +26,7 @@
 
 #include "actors/kv_stream.h"
 #include "actors/pd_controller.h"
+#include "actors/scale_controller.h"
 #include "actors/placement.h"
 #include "frontend/frontend.h"
 #include "common/status.h"
@@ -97,6 +98,11 @@ struct PipelineOptions {
   // TTFT / TPOT goals (actors/pd_controller.h); off while no goal is set.
   // Refused for another topology and with pipeline stages.
   PdControllerConfig pd_controller;
+  // colocated / pd: the router parks and unparks the entry stages (prefill
+  // in pd) against a TTFT goal (actors/scale_controller.h); off while no
+  // goal is set. Refused for mono, with pipeline stages and with
+  // pd_controller.
+  AutoscaleConfig autoscale;
   // Pipeline parallelism (model/layer_stage.h): each prefill, decode and
   // colocated actor is the first stage of a pipeline cut into these layer
   // ranges (in order, covering the model: check_cover's errors otherwise);

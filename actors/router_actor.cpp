@@ -27,6 +27,7 @@ struct RouterState {
     bool entry = false, cont = false;  // takes new requests / handoffs
     bool alive = true;
     bool draining = false;  // drained (or switching roles): alive, takes nothing new
+    bool parked = false;    // autoscale: alive, takes nothing new until unparked
     int32_t in_flight = 0;
     int64_t load_blocks = 0;  // PlacementRequest::load_blocks of those in flight
     kv_store_actor store;     // its node's store (stage_store), in a KV pool
@@ -71,6 +72,11 @@ struct RouterState {
   std::unique_ptr<PdController> pd;  // the adaptive P:D ratio, when configured
   Clock::time_point next_pd_decision;
   bool switching = false;            // a role switch is under way
+  std::unique_ptr<ScaleController> scaler;  // autoscale of the entry stages, when configured
+  Clock::time_point next_scale_decision;
+  double scaled_until = 0;       // stage_seconds counts up to here (seconds_since_start)
+  double stage_seconds = 0;      // active entry stages integrated over time
+  uint64_t scale_ups = 0, scale_downs = 0;
   Clock::time_point epoch = Clock::now();
   uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, rejected_slo = 0;
   uint64_t cancelled = 0;
@@ -91,7 +97,7 @@ double seconds_since_start(const RouterState& s) {
 
 // A stage that takes work of the role: alive, not drained.
 bool serves(const RouterState::Stage& st, bool entry) {
-  return st.alive && !st.draining && (entry ? st.entry : st.cont);
+  return st.alive && !st.draining && !st.parked && (entry ? st.entry : st.cont);
 }
 
 // The live stages of the role, by index.
@@ -423,6 +429,8 @@ void replace(router_pointer self, uint64_t id) {
   }
 }
 
+void control_autoscale(router_pointer self);
+
 void on_stage_down(router_pointer self, int32_t index) {
   auto& s = self->state;
   auto& dead = s.stages[size_t(index)];
@@ -433,6 +441,7 @@ void on_stage_down(router_pointer self, int32_t index) {
   s.continue_policy->forget(index);
   s.slo.forget_stage(index, seconds_since_start(s));
   ++s.stage_downs;
+  control_autoscale(self);  // a parked stage takes the dead one's place
   std::vector<uint64_t> affected;
   for (auto& [id, p] : s.pending)
     if (p.stage == index) affected.push_back(id);
@@ -532,6 +541,46 @@ void control_pd(router_pointer self) {
   switch_role(self, pick);
 }
 
+// Autoscale: every interval the controller says how many entry stages take
+// new requests; the rest are parked (what they hold finishes there). Between
+// decisions only min_stages is kept up (a stage went down). Unparks the
+// cheapest first (then the oldest), parks the least loaded.
+void control_autoscale(router_pointer self) {
+  auto& s = self->state;
+  if (!s.scaler) return;
+  const double now = seconds_since_start(s);
+  std::vector<int32_t> active, parked;
+  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
+    const auto& st = s.stages[size_t(i)];
+    if (st.alive && !st.draining && st.entry) (st.parked ? parked : active).push_back(i);
+  }
+  s.stage_seconds += double(active.size()) * std::max(0.0, now - s.scaled_until);
+  s.scaled_until = now;
+  const int32_t n = int32_t(active.size()), available = n + int32_t(parked.size());
+  int32_t target = std::max(n, std::min(s.scaler->config().min_stages, available));
+  if (Clock::now() >= s.next_scale_decision) {
+    s.next_scale_decision = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                               std::chrono::duration<double>(s.scaler->config().interval_s));
+    target = s.scaler->decide(now, n, available);
+  }
+  auto& st = s.stages;
+  for (int32_t have = n; have < target && !parked.empty(); ++have) {
+    auto best = std::min_element(parked.begin(), parked.end(),
+                                 [&](int32_t a, int32_t b) { return st[size_t(a)].cost < st[size_t(b)].cost; });
+    st[size_t(*best)].parked = false;
+    parked.erase(best);
+    ++s.scale_ups;
+  }
+  for (int32_t have = n; have > target; --have) {
+    auto idle = std::min_element(active.begin(), active.end(), [&](int32_t a, int32_t b) {
+      return st[size_t(a)].in_flight < st[size_t(b)].in_flight;
+    });
+    st[size_t(*idle)].parked = true;
+    active.erase(idle);
+    ++s.scale_downs;
+  }
+}
+
 // Drained stages take nothing new; each request on one is dropped there and
 // placed again elsewhere, as if the stage had gone down (same tokens: the
 // new stage continues after those the router has; KV from the store).
@@ -543,6 +592,7 @@ caf::result<uint64_t> drain(router_pointer self, const std::vector<stage_actor>&
       if (s.stages[size_t(i)].addr == h.address() && s.stages[size_t(i)].alive && !s.stages[size_t(i)].draining)
         which.push_back(i);
   for (int32_t i : which) s.stages[size_t(i)].draining = true;
+  control_autoscale(self);  // parked stages take the drained ones' places
   for (bool entry : {true, false}) {
     bool had = false;
     for (int32_t i : which) had |= entry ? s.stages[size_t(i)].entry : s.stages[size_t(i)].cont;
@@ -585,6 +635,7 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
   auto& s = self->state;
   const uint64_t id = request.request_id;
   if (s.closed) return to_error(Status(Code::unavailable, "pipeline is shutting down"));
+  if (s.scaler && generated.empty()) s.scaler->observe_arrival();  // the demand, admitted or not
   if (int32_t(s.pending.size()) >= s.config.max_pending) {
     ++s.rejected_busy;
     return to_error(Status(Code::busy, "max_pending (" + std::to_string(s.config.max_pending) +
@@ -639,6 +690,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
   s.continue_policy = std::move(cont.value());
   s.predict_placement = s.config.placement.policy == "cost_aware";
   if (s.config.pd_controller.enabled()) s.pd = std::make_unique<PdController>(s.config.pd_controller);
+  if (s.config.autoscale.enabled()) s.scaler = std::make_unique<ScaleController>(s.config.autoscale);
   s.sinks = std::move(sinks);
   s.kv = kv;
   self->monitor(kv);
@@ -698,7 +750,9 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
           }
           if (e->index == 0) {
             s.slo.first_token(e->request_id, seconds_since_start(s));
-            if (s.pd) s.pd->observe_ttft(std::chrono::duration<double>(p->last_progress - p->admitted_at).count());
+            const double ttft = std::chrono::duration<double>(p->last_progress - p->admitted_at).count();
+            if (s.pd) s.pd->observe_ttft(ttft);
+            if (s.scaler) s.scaler->observe_ttft(ttft);
           } else if (p->last_token_stage == p->stage) {
             const double gap = std::chrono::duration<double>(p->last_progress - p->last_token).count();
             s.slo.token_gap(p->stage, gap);
@@ -744,6 +798,12 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
           st.store = e->second;
           s.early_stores.erase(e);
         }
+        if (s.scaler && st.entry) {
+          // The first min_stages entry stages take requests; the rest start parked.
+          int32_t active = 0;
+          for (const auto& o : s.stages) active += o.alive && !o.draining && !o.parked && o.entry;
+          st.parked = active >= s.scaler->config().min_stages;
+        }
         self->monitor(stage);
         s.stages.push_back(std::move(st));
         return true;
@@ -782,6 +842,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                                      std::to_string(s.config.request_timeout_s) + " s"));
         }
         control_pd(self);
+        control_autoscale(self);
         self->delayed_send(caf::actor_cast<router_actor>(self), kTickInterval, tick_atom::value);
       },
       [=](shutdown_atom) -> bool {
@@ -796,8 +857,10 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         auto& s = self->state;
         uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0, alive_encoders = 0;
         for (const auto& e : s.encoders) alive_encoders += e.alive;
+        uint64_t active_entry = 0, parked_entry = 0;
         for (const auto& st : s.stages) {
           if (!st.alive || st.draining) continue;
+          if (st.entry) ++(st.parked ? parked_entry : active_entry);
           if (st.kind == ActorKind::prefill) ++alive_prefill;
           if (st.kind == ActorKind::decode) ++alive_decode;
           if (st.kind == ActorKind::colocated) ++alive_colocated;
@@ -824,6 +887,11 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"role_switches_to_decode", s.to_decode},
                                        {"role_switch_failures", s.role_switch_failures},
                                        {"migrated", s.migrated},
+                                       {"autoscale_active", active_entry},
+                                       {"autoscale_parked", parked_entry},
+                                       {"autoscale_ups", s.scale_ups},
+                                       {"autoscale_downs", s.scale_downs},
+                                       {"autoscale_stage_ms", uint64_t(std::llround(s.stage_seconds * 1e3))},
                                        {"stage_downs", s.stage_downs},
                                        {"timeouts", s.timeouts},
                                        {"stray_events", s.stray_events},

@@ -124,10 +124,12 @@ constexpr const char* kClusterFields[] = {"router",          "max_pending",
                                           "connection_timeout_s", "secret_env",
                                           "secret_file",    "kv_pool",
                                           "kv_replicate_reads", "kv_preload",
-                                          "scheduling_policy", "pd_controller"};
+                                          "scheduling_policy", "pd_controller",
+                                          "autoscale"};
 constexpr const char* kClusterFieldList =
     "router, max_pending, request_timeout_s, heartbeat_interval_s, connection_timeout_s, "
-    "secret_env, secret_file, kv_pool, kv_replicate_reads, kv_preload, scheduling_policy";
+    "secret_env, secret_file, kv_pool, kv_replicate_reads, kv_preload, scheduling_policy, "
+    "pd_controller, autoscale";
 
 constexpr size_t kMaxNodes = 4096;
 constexpr lua_Integer kMaxCount = 4096;       // actors of one kind on one node
@@ -801,6 +803,53 @@ void read_pd_controller(lua_State* L, int t, const char* what, PdControllerConfi
   lua_pop(L, 1);
 }
 
+// autoscale = { ttft_ms = 500, min_stages = 1, interval_s = 1, confirm = 2,
+// cooldown_s = 5, low = 0.5, forecast = "holt", stage_rps = 4, horizon_s = 5,
+// alpha = 0.5, beta = 0.3 }: types here (the forecast's name as a pointer
+// into the script's table: nothing here may own memory across raise());
+// ranges in check_cluster (validate_autoscale).
+struct RawAutoscale {
+  AutoscaleConfig* out;
+  const char* forecast = nullptr;
+  size_t forecast_len = 0;
+};
+void read_autoscale(lua_State* L, int t, const char* what, RawAutoscale* raw) {
+  static constexpr const char* kFields[] = {"ttft_ms",  "min_stages", "interval_s", "confirm",
+                                            "cooldown_s", "low",      "forecast",   "stage_rps",
+                                            "horizon_s", "alpha",     "beta"};
+  int type = raw_field(L, t, "autoscale");
+  if (type == LUA_TNIL) {
+    lua_pop(L, 1);
+    return;
+  }
+  if (type != LUA_TTABLE)
+    raise(L, "%s: field 'autoscale' must be a table like { ttft_ms = 500, forecast = \"holt\", stage_rps = 4 }, got %s",
+          what, lua_typename(L, type));
+  const int ct = lua_gettop(L);
+  const char* cwhat = "cluster{}.autoscale";
+  check_plain_table(L, ct, cwhat);
+  check_fields(L, ct, cwhat, kFields,
+               "ttft_ms, min_stages, interval_s, confirm, cooldown_s, low, forecast, stage_rps, horizon_s, alpha, beta");
+  AutoscaleConfig* out = raw->out;
+  for (auto [key, v] : {std::pair<const char*, double*>{"ttft_ms", &out->ttft_ms}, {"interval_s", &out->interval_s},
+                        {"cooldown_s", &out->cooldown_s}, {"low", &out->low}, {"stage_rps", &out->stage_rps},
+                        {"horizon_s", &out->horizon_s}, {"alpha", &out->alpha}, {"beta", &out->beta}}) {
+    const int ft = raw_field(L, ct, key);
+    if (ft == LUA_TNUMBER) *v = double(lua_tonumber(L, -1));
+    else if (ft != LUA_TNIL) raise(L, "%s: %s must be a number, got %s", cwhat, key, lua_typename(L, ft));
+    lua_pop(L, 1);
+  }
+  for (auto [key, v] : {std::pair<const char*, int32_t*>{"min_stages", &out->min_stages}, {"confirm", &out->confirm}}) {
+    lua_Integer n = *v;
+    if (opt_integer(L, ct, key, cwhat, &n)) *v = int32_t(std::clamp<lua_Integer>(n, -1, 1 << 20));
+  }
+  const int ft = raw_field(L, ct, "forecast");
+  if (ft == LUA_TSTRING) raw->forecast = lua_tolstring(L, -1, &raw->forecast_len);
+  else if (ft != LUA_TNIL) raise(L, "%s: forecast must be a string (\"none\" or \"holt\"), got %s", cwhat, lua_typename(L, ft));
+  lua_pop(L, 1);  // the string stays alive in the script's table
+  lua_pop(L, 1);
+}
+
 // cluster { router = "least_loaded_prefix", max_pending = 1024, ... }
 int lua_cluster(lua_State* L) {
   Sandbox* sb = sandbox(L);
@@ -818,6 +867,9 @@ int lua_cluster(lua_State* L) {
   read_router(L, 1, what, &router);
   PdControllerConfig pd;  // plain data: safe across raise()
   read_pd_controller(L, 1, what, &pd);
+  ClusterSpec& spec = *sb->spec;
+  RawAutoscale autoscale{&spec.autoscale};
+  read_autoscale(L, 1, what, &autoscale);
   lua_Integer max_pending = sb->spec->max_pending;
   if (opt_integer(L, 1, "max_pending", what, &max_pending) &&
       (max_pending < 1 || max_pending > (1 << 24)))
@@ -883,6 +935,7 @@ int lua_cluster(lua_State* L) {
   c.max_pending = int32_t(max_pending);
   c.scheduling_policy = scheduling;
   c.pd_controller = pd;
+  if (autoscale.forecast != nullptr) c.autoscale.forecast.assign(autoscale.forecast, autoscale.forecast_len);
   c.request_timeout_s = request_timeout;
   c.heartbeat_interval_s = heartbeat;
   c.connection_timeout_s = connection_timeout;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/pd_controller.h"
+#include "actors/scale_controller.h"
 #include "actors/placement.h"
 #include "common/status.h"
 #include "model/experts.h"
@@ -85,6 +86,10 @@ struct ClusterSpec {
   // router moves stages between prefill and decode (actors/pd_controller.h);
   // needs prefill and decode actors.
   PdControllerConfig pd_controller;
+  // cluster { autoscale = { ttft_ms = 500, forecast = "holt", ... } }: the
+  // router parks and unparks entry stages against a TTFT goal
+  // (actors/scale_controller.h); not with pd_controller.
+  AutoscaleConfig autoscale;
   double request_timeout_s = 300;
   double heartbeat_interval_s = 0.1, connection_timeout_s = 0.5;  // middleman supervision
   // Nodes read the cluster secret from secret_file when it is set, else from

@@ -98,6 +98,17 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
                               " needs prefill and decode actors (it has " + std::to_string(prefill) + " and " +
                               std::to_string(decode) + ")");
     }
+    if (!(c.autoscale == AutoscaleConfig{})) {
+      if (Status st = validate_autoscale(c.autoscale); !st.ok()) return at(head->line, "cluster{}." + st.message());
+      if (c.pd_controller.enabled())
+        return at(head->line, "cluster{}.autoscale and cluster{}.pd_controller together are not supported "
+                              "(both move entry stages)");
+      const int32_t entry = prefill + colocated;
+      if (entry < c.autoscale.min_stages)
+        return at(head->line, "cluster{}.autoscale: min_stages " + std::to_string(c.autoscale.min_stages) +
+                              " is more than the " + std::to_string(entry) +
+                              " prefill and colocated actors of the cluster" + of);
+    }
   }
   return Status::Ok();
 }

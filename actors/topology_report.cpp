@@ -76,6 +76,19 @@ static std::string pd_text(const PdControllerConfig& p) {
   return buf;
 }
 
+static std::string autoscale_text(const AutoscaleConfig& a) {
+  if (!a.enabled()) return "";
+  char buf[224];
+  if (a.holt())
+    std::snprintf(buf, sizeof buf,
+                  ", autoscale (ttft %g ms, min %d, every %g s, holt forecast %g s ahead at %g req/s per stage)",
+                  a.ttft_ms, int(a.min_stages), a.interval_s, a.horizon_s, a.stage_rps);
+  else
+    std::snprintf(buf, sizeof buf, ", autoscale (ttft %g ms, min %d, every %g s, reactive, confirm %d, cooldown %g s)",
+                  a.ttft_ms, int(a.min_stages), a.interval_s, int(a.confirm), a.cooldown_s);
+  return buf;
+}
+
 static std::string cost_text(double cost) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%g", cost);
@@ -108,7 +121,8 @@ std::string placement_table(const ClusterSpec& c) {
 
   std::string out = "cluster: router " + router_text(c.placement) + ", max_pending " +
                     std::to_string(c.max_pending) + ", scheduling " +
-                    scheduling_policy_name(c.scheduling_policy) + pd_text(c.pd_controller) + ", request timeout " +
+                    scheduling_policy_name(c.scheduling_policy) + pd_text(c.pd_controller) +
+                    autoscale_text(c.autoscale) + ", request timeout " +
                     format_seconds(c.request_timeout_s) + ", heartbeat " +
                     format_seconds(c.heartbeat_interval_s) + ", connection timeout " +
                     format_seconds(c.connection_timeout_s) + ", secret from " +

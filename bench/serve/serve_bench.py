@@ -107,6 +107,28 @@ def arrival_times(n, rate, seed):
     return out
 
 
+def ramp_arrival_times(n, r0, r1, seconds, seed):
+    """A Poisson process whose rate rises linearly from r0 to r1 per second
+    over `seconds`, then stays at r1 (time rescaling: the k-th arrival is
+    where the integrated rate reaches the k-th sum of unit exponentials)."""
+    rng = random.Random(seed * 1000003 + 17)
+    k = (r1 - r0) / (2 * seconds)  # integrated rate: r0 t + k t^2 up to `seconds`
+    at_end = r0 * seconds + k * seconds * seconds
+    e, out = 0.0, []
+    for _ in range(n):
+        out.append(ramp_inverse(e, r0, r1, k, seconds, at_end))
+        e += rng.expovariate(1.0)
+    return out
+
+
+def ramp_inverse(e, r0, r1, k, seconds, at_end):
+    if e >= at_end:
+        return seconds + (e - at_end) / r1
+    if abs(k) < 1e-15:
+        return e / r0
+    return (-r0 + math.sqrt(r0 * r0 + 4 * k * e)) / (2 * k)
+
+
 # ---- statistics ----
 
 def percentile(values, p):
@@ -292,7 +314,8 @@ def meets_slo(rec, args):
 
 
 async def run_rate(args, prompts, rate):
-    times = arrival_times(len(prompts), rate, args.seed)
+    times = (ramp_arrival_times(len(prompts), *args.ramp, args.seed) if args.ramp
+             else arrival_times(len(prompts), rate, args.seed))
     records = [Record(i, p.prompt_len, p.output_len) for i, p in enumerate(prompts)]
     sem = asyncio.Semaphore(args.max_concurrency) if args.max_concurrency else None
     timeout = aiohttp.ClientTimeout(total=args.request_timeout)
@@ -326,7 +349,8 @@ async def run_rate(args, prompts, rate):
     for r in records:
         r.meets_slo = meets_slo(r, args)
     summary = summarize(records, duration, args)
-    summary["request_rate"] = "inf" if math.isinf(rate) else rate
+    summary["request_rate"] = (f"ramp {args.ramp[0]:g}->{args.ramp[1]:g} over {args.ramp[2]:g} s" if args.ramp
+                               else "inf" if math.isinf(rate) else rate)
     summary["max_concurrency"] = args.max_concurrency
     summary["peak_in_flight"] = peak
     return {"request_rate": rate if not math.isinf(rate) else "inf",
@@ -380,6 +404,16 @@ def parse_rate(s):
     return r
 
 
+def parse_ramp(s):
+    try:
+        r0, r1, t = (float(x) for x in s.split(":"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ramp wants FROM:TO:SECONDS (rates per second): {s}")
+    if not (r0 >= 0 and r1 > 0 and t > 0 and math.isfinite(r0 + r1 + t)):
+        raise argparse.ArgumentTypeError(f"--ramp wants FROM >= 0, TO > 0 and SECONDS > 0: {s}")
+    return (r0, r1, t)
+
+
 def parse_range(s):
     lo, hi = (int(x) for x in s.replace(":", ",").split(","))
     if not 0 <= lo < hi:
@@ -397,6 +431,9 @@ def build_parser():
     ap.add_argument("--num-prompts", type=int, default=100)
     ap.add_argument("--request-rate", type=parse_rate, default=math.inf,
                     help="requests per second, Poisson arrivals; inf: all at once (default)")
+    ap.add_argument("--ramp", type=parse_ramp, default=None,
+                    help="FROM:TO:SECONDS: a Poisson rate rising linearly from FROM to TO req/s over SECONDS, "
+                         "then staying at TO (instead of --request-rate / --sweep-rates)")
     ap.add_argument("--sweep-rates", default=None,
                     help="comma-separated rates run in sequence (e.g. 1,2,4,8,inf); one JSON with all")
     ap.add_argument("--max-concurrency", type=int, default=None,
@@ -435,6 +472,9 @@ def build_parser():
 async def main_async(args):
     if args.wait_ready > 0 and not await wait_ready(args):
         print(f"server at {args.base_url} not ready after {args.wait_ready} s", file=sys.stderr)
+        return 2
+    if args.ramp and (args.sweep_rates or not math.isinf(args.request_rate)):
+        print("--ramp replaces --request-rate and --sweep-rates: give one of them", file=sys.stderr)
         return 2
     prompts = synthetic_dataset(args)
     rates = ([parse_rate(r) for r in args.sweep_rates.split(",") if r.strip()]

@@ -76,6 +76,14 @@ inline PipelineOptions base_options(Topology t, int prefill = 1, int decode = 1,
   return o;
 }
 
+// Pipeline::create refuses `o` with invalid_argument naming `needle`.
+inline void check_refused(const Model& m, const PipelineOptions& o, const char* needle) {
+  auto p = Pipeline::create(m.file, m.tokenizer, o);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().code() == Code::invalid_argument);
+  CHECK_MESSAGE(p.status().message().find(needle) != std::string::npos, p.status().message());
+}
+
 inline std::unique_ptr<Pipeline> make_pipeline(const Model& m, const PipelineOptions& o) {
   auto p = Pipeline::create(m.file, m.tokenizer, o);
   REQUIRE_MESSAGE(p.ok(), p.status().to_string());

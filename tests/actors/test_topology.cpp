@@ -316,6 +316,58 @@ TEST_CASE("cluster pd_controller: goals for the P:D controller, checked, and onl
   }
 }
 
+TEST_CASE("cluster autoscale: a TTFT goal for the entry stages, reactive or with Holt's forecast, checked") {
+  const std::string three = "node { name = 'head', head = true, actors = { colocated = 3 } }\n";
+  auto c = load_ok("cluster { autoscale = { ttft_ms = 400, min_stages = 2, interval_s = 0.5, cooldown_s = 4, "
+                   "forecast = 'holt', stage_rps = 3.5, horizon_s = 6, alpha = 0.4, beta = 0.2, confirm = 3, "
+                   "low = 0.3 } }\n" + three);
+  CHECK(c.autoscale.enabled());
+  CHECK(c.autoscale.ttft_ms == 400);
+  CHECK(c.autoscale.min_stages == 2);
+  CHECK(c.autoscale.interval_s == 0.5);
+  CHECK(c.autoscale.cooldown_s == 4);
+  CHECK(c.autoscale.holt());
+  CHECK(c.autoscale.stage_rps == 3.5);
+  CHECK(c.autoscale.horizon_s == 6);
+  CHECK(c.autoscale.alpha == 0.4);
+  CHECK(c.autoscale.beta == 0.2);
+  CHECK(c.autoscale.confirm == 3);
+  CHECK(c.autoscale.low == 0.3);
+  CHECK(placement_table(c).find("autoscale (ttft 400 ms, min 2, every 0.5 s, holt forecast 6 s ahead at 3.5 req/s "
+                                "per stage)") != std::string::npos);
+  auto r = load_ok("cluster { autoscale = { ttft_ms = 300 } }\n" + three);
+  CHECK(r.autoscale.forecast == "none");
+  CHECK(placement_table(r).find("autoscale (ttft 300 ms, min 1, every 1 s, reactive, confirm 2, cooldown 5 s)") !=
+        std::string::npos);
+  CHECK_FALSE(load_ok(three).autoscale.enabled());
+  const std::string pd = "node { name = 'head', head = true, actors = { prefill = 2, decode = 1 } }\n";
+  CHECK(load_ok("cluster { autoscale = { ttft_ms = 300, min_stages = 2 } }\n" + pd).autoscale.min_stages == 2);
+  struct Bad {
+    std::string script;
+    const char* message;
+  };
+  for (const Bad& b :
+       {Bad{"cluster { autoscale = { forecast = 'holt', stage_rps = 2 } }\n" + three, "ttft_ms must be above 0"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, forecast = 'holt' } }\n" + three, "needs stage_rps"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, stage_rps = 2 } }\n" + three, "stage_rps needs forecast"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, forecast = 'arima' } }\n" + three, "forecast must be"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, forecast = 7 } }\n" + three, "forecast must be a string"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, min_stages = 4 } }\n" + three, "min_stages 4 is more than the 3"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, min_stages = 3 } }\n" + pd, "min_stages 3 is more than the 2"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, min_stages = 1.5 } }\n" + three, "whole number"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, low = 1 } }\n" + three, "low must be"},
+        Bad{"cluster { autoscale = { ttft_ms = 300, speed = 1 } }\n" + three, "speed"},
+        Bad{"cluster { autoscale = true }\n" + three, "field 'autoscale' must be a table"},
+        Bad{"cluster { autoscale = { ttft_ms = 300 }, pd_controller = { ttft_ms = 300 } }\n" + pd,
+            "autoscale and cluster{}.pd_controller together"}}) {
+    CAPTURE(b.script);
+    auto res = load_topology_string(b.script, "topo.lua");
+    REQUIRE_FALSE(res.ok());
+    CHECK(res.status().code() == Code::invalid_argument);
+    CHECK_MESSAGE(res.status().message().find(b.message) != std::string::npos, res.status().message());
+  }
+}
+
 TEST_CASE("param converts --set values to the type of its default") {
   const std::string script = R"(
 local n = param("n", 1)

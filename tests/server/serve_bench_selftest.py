@@ -160,6 +160,25 @@ def test_units(sb):
     check(t[0] == 0.0 and t == sb.arrival_times(20000, 50.0, 7), "arrivals start at 0, same for the same seed")
     check(t != sb.arrival_times(20000, 50.0, 8), "another seed, other arrivals")
     check(sb.arrival_times(5, math.inf, 0) == [0.0] * 5, "rate inf: all at once")
+    # A ramp 10 -> 90 /s over 100 s, then 90 /s: the count in each 20 s window
+    # is the integrated rate there (Poisson: within 4 standard deviations).
+    r = sb.ramp_arrival_times(20000, 10.0, 90.0, 100.0, 7)
+    check(r[0] == 0.0 and all(b >= a for a, b in zip(r, r[1:])), "ramp arrivals start at 0, in order")
+    for lo in range(0, 100, 20):
+        expect = 10 * 20 + 0.4 * ((lo + 20) ** 2 - lo ** 2)  # r0 t + (r1 - r0) t^2 / (2 T)
+        got = sum(1 for x in r if lo <= x < lo + 20)
+        check(abs(got - expect) < 4 * math.sqrt(expect), f"ramp window {lo}-{lo + 20} s: {got} ~ {expect:.0f}")
+    after = [x for x in r if 100 <= x < 120]
+    check(abs(len(after) - 1800) < 4 * math.sqrt(1800), f"after the ramp 90/s: {len(after)} in 20 s ~ 1800")
+    flat = sb.ramp_arrival_times(20000, 50.0, 50.0, 10.0, 7)
+    check(abs(len([x for x in flat if x < 100]) - 5000) < 4 * math.sqrt(5000), "a flat ramp is Poisson at its rate")
+    ap0 = sb.build_parser()
+    for bad in ("5:1", "a:b:c", "1:0:10", "1:2:0", "-1:2:3"):
+        try:
+            ap0.parse_args(["--ramp", bad])
+            check(False, f"--ramp {bad} refused")
+        except SystemExit:
+            pass
     check(sb.percentile([1, 2, 3, 4], 50) == 2.5 and abs(sb.percentile([1, 2, 3, 4], 90) - 3.7) < 1e-12
           and sb.percentile([5], 99) == 5 and sb.percentile([], 50) is None,
           "percentiles interpolate as numpy's default")
