@@ -1,0 +1,117 @@
+#!/usr/bin/python3
+"""Adaptive P:D against fixed ratios on a load that shifts: prompt-heavy,
+then decode-heavy, then prompt-heavy again, each phase an open-loop Poisson
+load from bench/serve/serve_bench.py against one `cleave node` head that
+hosts `--stages` stage actors (one engine thread each) split into prefill
+and decode. Every fixed split P:D with P + D = stages runs the three phases
+back to back on one server, and so does the adaptive cluster
+(cluster { pd_controller = {...} } with the same goals, starting from the
+split given by --adaptive-start); goodput is the requests per second of a
+phase that met both the TTFT and the TPOT goal.
+
+Goals and rates come from this machine in the same run: each phase's
+unloaded TTFT and TPOT on P1 D1 (4 requests one by one) times --slo-factor
+are its goals, and each phase's rate is --load x the best closed-loop
+throughput of the fixed splits in that phase (8 in flight).
+
+usage: pd_shift.py CLEAVE VOCAB WORKDIR [--stages 3] [--runs 3] [--json FILE]"""
+import argparse
+import json
+import os
+import statistics
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from served_head import head_script, make_model, router_stats, run_bench, serve, stop  # noqa: E402
+
+ap = argparse.ArgumentParser()
+ap.add_argument("cleave")
+ap.add_argument("vocab")
+ap.add_argument("work")
+ap.add_argument("--stages", type=int, default=3)
+ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--phase-s", type=float, default=20, help="seconds of arrivals per phase")
+ap.add_argument("--load", type=float, default=0.8)
+ap.add_argument("--slo-factor", type=float, default=4)
+ap.add_argument("--adaptive-start", default="2:1")
+ap.add_argument("--json")
+a = ap.parse_args()
+os.makedirs(a.work, exist_ok=True)
+model = os.path.join(a.work, "shift.gguf")
+make_model(a.cleave, a.vocab, model)
+# (name, prompt tokens, output tokens)
+PHASES = [("prompt-heavy", 480, 8), ("decode-heavy", 24, 96), ("prompt-heavy again", 480, 8)]
+
+
+def script(p, d, controller):
+    return head_script(os.path.join(a.work, f"shift_{p}_{d}_{int(bool(controller))}.lua"),
+                       f"prefill = {p}, decode = {d}", f"pd_controller = {{ {controller} }}" if controller else "")
+
+
+def start(p, d, controller=""):
+    return serve(a.cleave, model, script(p, d, controller), "shift")
+
+
+def bench(url, tag, phase, extra, slo=None):
+    _, prompt, output = phase
+    slo_args = ["--slo-ttft-ms", f"{slo[0]:.3f}", "--slo-tpot-ms", f"{slo[1]:.3f}"] if slo else []
+    return run_bench(url, "shift", os.path.join(a.work, tag + ".json"), prompt, output,
+                     [*slo_args, *extra])["summary"]
+
+
+splits = [(p, a.stages - p) for p in range(1, a.stages)]
+# Goals: unloaded latency on P1 D1, times the factor.
+proc, url = start(1, 1)
+slo = []
+for i, ph in enumerate(PHASES[:2]):
+    s = bench(url, f"unloaded_{i}", ph, ["--num-prompts", "4", "--max-concurrency", "1"])
+    slo.append((a.slo_factor * s["ttft_ms"]["p50"], a.slo_factor * s["tpot_ms"]["p50"]))
+stop(proc)
+slo.append(slo[0])
+# Rates: the best fixed split's closed-loop throughput in each phase.
+best = [0.0, 0.0]
+for p, d in splits:
+    proc, url = start(p, d)
+    for i, ph in enumerate(PHASES[:2]):
+        s = bench(url, f"closed_{p}_{d}_{i}", ph, ["--num-prompts", "48", "--max-concurrency", "8"])
+        best[i] = max(best[i], s["request_throughput"])
+    stop(proc)
+rates = [a.load * best[0], a.load * best[1], a.load * best[0]]
+for ph, r, g in zip(PHASES, rates, slo):
+    print(f"{ph[0]:19s} {ph[1]} prompt / {ph[2]} output tokens at {r:.2f} req/s for {a.phase_s:g} s; "
+          f"goals TTFT {g[0]:.1f} ms, TPOT {g[1]:.2f} ms")
+
+p0, d0 = (int(x) for x in a.adaptive_start.split(":"))
+controller = (f"ttft_ms = {slo[0][0]:.3f}, tpot_ms = {slo[1][1]:.3f}, interval_s = 1, confirm = 2, "
+              f"cooldown_s = 4")
+configs = [(f"fixed P{p}:D{d}", p, d, "") for p, d in splits] + [(f"adaptive from P{p0}:D{d0}", p0, d0, controller)]
+results = {c[0]: [] for c in configs}
+for run in range(a.runs):
+    for name, p, d, ctl in configs:
+        proc, url = start(p, d, ctl)
+        goodput = []
+        for i, (ph, r, g) in enumerate(zip(PHASES, rates, slo)):
+            n = max(1, int(r * a.phase_s))
+            s = bench(url, f"{name.replace(' ', '_').replace(':', '')}_{run}_{i}", ph,
+                      ["--num-prompts", str(n), "--request-rate", f"{r:.4f}"], g)
+            goodput.append(s["good_requests"] / s["duration_s"])
+        switches = int(router_stats(url).get("role_switches", 0)) if ctl else 0
+        stop(proc)
+        results[name].append({"goodput": goodput, "switches": switches})
+        print(f"run {run + 1} {name:20s} goodput " + "  ".join(f"{x:.2f}" for x in goodput) +
+              (f"  ({switches} role switches)" if ctl else ""), flush=True)
+
+print("\n| cluster | " + " | ".join(f"{ph[0]} goodput (req/s)" for ph in PHASES) + " | role switches |")
+print("|---|" + "---|" * (len(PHASES) + 1))
+for name, *_ in configs:
+    rows = results[name]
+    cells = []
+    for i in range(len(PHASES)):
+        v = [r["goodput"][i] for r in rows]
+        cells.append(f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})")
+    sw = [r["switches"] for r in rows]
+    print(f"| {name} | " + " | ".join(cells) + f" | {statistics.median(sw):g} |")
+print(f"(median over {a.runs} runs, range in brackets; offered "
+      + ", ".join(f"{r:.2f}" for r in rates) + " req/s)")
+if a.json:
+    json.dump({"phases": PHASES, "rates": rates, "slo": slo, "results": results}, open(a.json, "w"), indent=1)
