@@ -5,20 +5,20 @@
 #   scripts/sanitize.sh asan-unit   [BUILD_DIR=build-asan]   (in .ci/run)
 #       ASan + UBSan over the libraries without actors: the kernels, the
 #       engine (model/), storage, the Cap'n Proto codec, the JSONL front end
-#       and the planner, every case of their doctest suites. About 10 min
-#       on 2 cores from cold.
+#       and the planner, every case of their doctest suites. About 20 min
+#       on 2 cores from cold (18 of them building).
 #   scripts/sanitize.sh tsan-storage [BUILD_DIR=build-tsan]  (in .ci/run)
 #       ThreadSanitizer on the storage concurrency tests: racing
 #       publishers, put/get with the background worker, the prefetch queue,
-#       threads on one MemoryTier and on RocksDB. About 4 min from cold.
+#       threads on one MemoryTier and on RocksDB. About 1 min from cold.
 #   scripts/sanitize.sh asan        [BUILD_DIR=build-asan]
 #       The whole suite (every ctest test, the node processes too) under
-#       ASan + UBSan. About 60 min on 2 cores from cold: a developer's run
+#       ASan + UBSan. Roughly an hour on 2 cores from cold: a developer's run
 #       before a change to actors/, server/ or jobs/.
 #   scripts/sanitize.sh tsan        [BUILD_DIR=build-tsan]
 #       tsan-storage, then the in-process actor tests, the HTTP server and
 #       the job runner against CAF built with TSan (.ci/caf_tsan.sh; 8-12
-#       min once, then cached). About 30 min from cold.
+#       min once, then cached). Roughly half an hour from cold.
 #
 # The packages come from scripts/setup.sh (run it, or scripts/test.sh, first).
 set -euo pipefail
