@@ -400,6 +400,11 @@ Status check_options(const PipelineOptions& o) {
       return Status(Code::invalid_argument, "autoscale: min_stages " + std::to_string(o.autoscale.min_stages) +
                                                 " is more than the " + std::to_string(entry) +
                                                 (o.topology == Topology::pd ? " prefill" : " colocated") + " actors");
+    const int32_t encoders = o.mmproj ? o.vision_actors : 0;
+    if (o.autoscale.encoders() && o.autoscale.min_encoders > encoders)
+      return Status(Code::invalid_argument, "autoscale: min_encoders " + std::to_string(o.autoscale.min_encoders) +
+                                                " is more than the " + std::to_string(encoders) +
+                                                " vision_encoder actors");
   }
   if (o.actor_threads < 0)
     return Status(Code::invalid_argument, "actor_threads must not be negative, got " +

@@ -37,6 +37,7 @@ struct RouterState {
     vision_encoder_actor handle;
     caf::actor_addr addr;
     bool alive = true;
+    bool parked = false;  // autoscale of the encoders: alive, takes nothing new until unparked
     int32_t in_flight = 0;
   };
   struct Pending {
@@ -48,6 +49,8 @@ struct RouterState {
     bool continuing = false;  // handed off (or re-placed with tokens)
     bool resumed = false;     // Frontend::resume: continues after `generated` once encoded
     Clock::time_point admitted_at;  // deadline_ms counts from here
+    Clock::time_point language_from;  // admitted, or its embeddings came: the stages' TTFT counts from here
+    Clock::time_point encode_started;
     Clock::time_point last_progress;
     Clock::time_point last_token;  // for the TPOT the predictor measures
     int32_t last_token_stage = -1;
@@ -73,10 +76,12 @@ struct RouterState {
   Clock::time_point next_pd_decision;
   bool switching = false;            // a role switch is under way
   std::unique_ptr<ScaleController> scaler;  // autoscale of the entry stages, when configured
+  std::unique_ptr<ScaleController> encoder_scaler;  // and of the vision encoders (encode_ms)
   Clock::time_point next_scale_decision;
   double scaled_until = 0;       // stage_seconds counts up to here (seconds_since_start)
   double stage_seconds = 0;      // active entry stages integrated over time
-  uint64_t scale_ups = 0, scale_downs = 0;
+  double encoder_seconds = 0;    // active encoders integrated over time (encoder autoscale)
+  uint64_t scale_ups = 0, scale_downs = 0, encoder_ups = 0, encoder_downs_scaled = 0;
   Clock::time_point epoch = Clock::now();
   uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, rejected_slo = 0;
   uint64_t cancelled = 0;
@@ -316,17 +321,22 @@ void place_resumed(router_pointer self, uint64_t id) {
 void place_encode(router_pointer self, uint64_t id) {
   auto& s = self->state;
   auto& p = s.pending.at(id);
+  // An active encoder; a parked one only when no active one is alive.
   int32_t best = -1;
-  for (int32_t i = 0; i < int32_t(s.encoders.size()); ++i) {
-    const auto& e = s.encoders[size_t(i)];
-    if (e.alive && (best < 0 || e.in_flight < s.encoders[size_t(best)].in_flight)) best = i;
+  for (bool take_parked : {false, true}) {
+    for (int32_t i = 0; i < int32_t(s.encoders.size()); ++i) {
+      const auto& e = s.encoders[size_t(i)];
+      if (e.alive && e.parked == take_parked && (best < 0 || e.in_flight < s.encoders[size_t(best)].in_flight))
+        best = i;
+    }
+    if (best >= 0) break;
   }
   if (best < 0) {
     ++s.rejected_unavailable;
     return fail(self, id, Status(Code::unavailable, "no live vision_encoder actor"));
   }
   p.encoder = best;
-  p.last_progress = Clock::now();
+  p.last_progress = p.encode_started = Clock::now();
   ++s.encoders[size_t(best)].in_flight;
   ++s.encodes;
   msg::EncodeRequest m;
@@ -383,16 +393,21 @@ void on_embeddings(router_pointer self, uint64_t id, int32_t encoder, const Byte
   }
   p.encode_origin = m->origin;
   p.encode_seconds = m->seconds;
-  p.last_progress = Clock::now();
+  p.last_progress = p.language_from = Clock::now();
+  if (s.encoder_scaler)
+    s.encoder_scaler->observe_ttft(std::chrono::duration<double>(p.last_progress - p.encode_started).count());
   if (p.resumed) place_resumed(self, id);
   else place_entry(self, id);
 }
+
+void control_autoscale(router_pointer self);
 
 void on_encoder_down(router_pointer self, int32_t index) {
   auto& s = self->state;
   s.encoders[size_t(index)].alive = false;
   s.encoders[size_t(index)].in_flight = 0;
   ++s.encoder_downs;
+  control_autoscale(self);  // a parked encoder takes the dead one's place
   std::vector<uint64_t> affected;
   for (auto& [id, p] : s.pending)
     if (p.encoder == index) affected.push_back(id);
@@ -428,8 +443,6 @@ void replace(router_pointer self, uint64_t id) {
     place_continue(self, id, codec::encode(h));
   }
 }
-
-void control_autoscale(router_pointer self);
 
 void on_stage_down(router_pointer self, int32_t index) {
   auto& s = self->state;
@@ -541,44 +554,61 @@ void control_pd(router_pointer self) {
   switch_role(self, pick);
 }
 
-// Autoscale: every interval the controller says how many entry stages take
-// new requests; the rest are parked (what they hold finishes there). Between
-// decisions only min_stages is kept up (a stage went down). Unparks the
-// cheapest first (then the oldest), parks the least loaded.
+// Autoscale: every interval the controllers say how many entry stages (and,
+// with encode_ms, vision encoders) take new work, within the shared budget
+// (max_active); the rest are parked (what they hold finishes there).
+// Between decisions only the floors are kept up (one went down). Unparks
+// the cheapest first (then the oldest), parks the least loaded.
 void control_autoscale(router_pointer self) {
   auto& s = self->state;
   if (!s.scaler) return;
   const double now = seconds_since_start(s);
-  std::vector<int32_t> active, parked;
+  std::vector<int32_t> stage_at, encoder_at;
+  std::vector<ScaleUnit> stages, encoders;
   for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
     const auto& st = s.stages[size_t(i)];
-    if (st.alive && !st.draining && st.entry) (st.parked ? parked : active).push_back(i);
+    if (!st.alive || st.draining || !st.entry) continue;
+    stage_at.push_back(i);
+    stages.push_back({st.parked, st.in_flight, st.cost});
   }
-  s.stage_seconds += double(active.size()) * std::max(0.0, now - s.scaled_until);
+  for (int32_t i = 0; s.encoder_scaler && i < int32_t(s.encoders.size()); ++i) {
+    const auto& e = s.encoders[size_t(i)];
+    if (!e.alive) continue;
+    encoder_at.push_back(i);
+    encoders.push_back({e.parked, e.in_flight, 1.0});
+  }
+  auto side = [](const std::vector<ScaleUnit>& units, int32_t min) {
+    int32_t active = 0;
+    for (const ScaleUnit& u : units) active += !u.parked;
+    const int32_t floor = std::min(min, int32_t(units.size()));
+    return std::pair<int32_t, ScaleSide>{active, ScaleSide{std::max(active, floor), floor, 0}};
+  };
+  auto [n_stages, stage_side] = side(stages, s.scaler->config().min_stages);
+  auto [n_encoders, encoder_side] = side(encoders, s.scaler->config().min_encoders);
+  const double dt = std::max(0.0, now - s.scaled_until);
+  s.stage_seconds += double(n_stages) * dt;
+  s.encoder_seconds += double(n_encoders) * dt;
   s.scaled_until = now;
-  const int32_t n = int32_t(active.size()), available = n + int32_t(parked.size());
-  int32_t target = std::max(n, std::min(s.scaler->config().min_stages, available));
   if (Clock::now() >= s.next_scale_decision) {
     s.next_scale_decision = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                                std::chrono::duration<double>(s.scaler->config().interval_s));
-    target = s.scaler->decide(now, n, available);
+    stage_side.target = s.scaler->decide(now, n_stages, int32_t(stages.size()));
+    stage_side.pressure = s.scaler->pressure();
+    if (s.encoder_scaler) {
+      encoder_side.target = s.encoder_scaler->decide(now, n_encoders, int32_t(encoders.size()));
+      encoder_side.pressure = s.encoder_scaler->pressure();
+      fit_budget(stage_side, encoder_side, s.scaler->config().max_active);
+    }
   }
-  auto& st = s.stages;
-  for (int32_t have = n; have < target && !parked.empty(); ++have) {
-    auto best = std::min_element(parked.begin(), parked.end(),
-                                 [&](int32_t a, int32_t b) { return st[size_t(a)].cost < st[size_t(b)].cost; });
-    st[size_t(*best)].parked = false;
-    parked.erase(best);
-    ++s.scale_ups;
-  }
-  for (int32_t have = n; have > target; --have) {
-    auto idle = std::min_element(active.begin(), active.end(), [&](int32_t a, int32_t b) {
-      return st[size_t(a)].in_flight < st[size_t(b)].in_flight;
-    });
-    st[size_t(*idle)].parked = true;
-    active.erase(idle);
-    ++s.scale_downs;
-  }
+  const ScaleSteps stage_steps = apply_scale_target(stages, stage_side.target);
+  s.scale_ups += uint64_t(stage_steps.ups);
+  s.scale_downs += uint64_t(stage_steps.downs);
+  for (size_t k = 0; k < stages.size(); ++k) s.stages[size_t(stage_at[k])].parked = stages[k].parked;
+  if (!s.encoder_scaler) return;
+  const ScaleSteps encoder_steps = apply_scale_target(encoders, encoder_side.target);
+  s.encoder_ups += uint64_t(encoder_steps.ups);
+  s.encoder_downs_scaled += uint64_t(encoder_steps.downs);
+  for (size_t k = 0; k < encoders.size(); ++k) s.encoders[size_t(encoder_at[k])].parked = encoders[k].parked;
 }
 
 // Drained stages take nothing new; each request on one is dropped there and
@@ -635,7 +665,9 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
   auto& s = self->state;
   const uint64_t id = request.request_id;
   if (s.closed) return to_error(Status(Code::unavailable, "pipeline is shutting down"));
+  const bool encode = needs_encoding(request);
   if (s.scaler && generated.empty()) s.scaler->observe_arrival();  // the demand, admitted or not
+  if (s.encoder_scaler && encode) s.encoder_scaler->observe_arrival();
   if (int32_t(s.pending.size()) >= s.config.max_pending) {
     ++s.rejected_busy;
     return to_error(Status(Code::busy, "max_pending (" + std::to_string(s.config.max_pending) +
@@ -652,7 +684,6 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
                                                   ? "no live decode actor"
                                                   : "no live stage actor"));
   }
-  const bool encode = needs_encoding(request);
   if (encode && !any_encoder_alive(s)) {
     ++s.rejected_unavailable;
     return to_error(Status(Code::unavailable, "request " + std::to_string(id) +
@@ -670,7 +701,7 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
   p.request = std::move(request);
   p.generated = std::move(generated);
   p.resumed = resumed;
-  p.last_progress = p.admitted_at = Clock::now();
+  p.last_progress = p.admitted_at = p.language_from = Clock::now();
   s.pending.emplace(id, std::move(p));
   ++s.admitted;
   if (encode) place_encode(self, id);
@@ -691,6 +722,8 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
   s.predict_placement = s.config.placement.policy == "cost_aware";
   if (s.config.pd_controller.enabled()) s.pd = std::make_unique<PdController>(s.config.pd_controller);
   if (s.config.autoscale.enabled()) s.scaler = std::make_unique<ScaleController>(s.config.autoscale);
+  if (s.config.autoscale.enabled() && s.config.autoscale.encoders())
+    s.encoder_scaler = std::make_unique<ScaleController>(s.config.autoscale.encoder_config());
   s.sinks = std::move(sinks);
   s.kv = kv;
   self->monitor(kv);
@@ -752,7 +785,9 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
             s.slo.first_token(e->request_id, seconds_since_start(s));
             const double ttft = std::chrono::duration<double>(p->last_progress - p->admitted_at).count();
             if (s.pd) s.pd->observe_ttft(ttft);
-            if (s.scaler) s.scaler->observe_ttft(ttft);
+            // Parking stages cannot change the encoders' wait: the stages' goal counts from the embeddings.
+            if (s.scaler)
+              s.scaler->observe_ttft(std::chrono::duration<double>(p->last_progress - p->language_from).count());
           } else if (p->last_token_stage == p->stage) {
             const double gap = std::chrono::duration<double>(p->last_progress - p->last_token).count();
             s.slo.token_gap(p->stage, gap);
@@ -818,11 +853,18 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         if (s.early_stores.size() < 4096) s.early_stores.emplace(stage.address(), store);
       },
       [=](attach_atom, const std::string&, vision_encoder_actor encoder) -> bool {
+        auto& s = self->state;
         RouterState::Encoder e;
         e.addr = encoder.address();
         e.handle = encoder;
+        if (s.encoder_scaler) {
+          // The first min_encoders take requests; the rest start parked.
+          int32_t active = 0;
+          for (const auto& o : s.encoders) active += o.alive && !o.parked;
+          e.parked = active >= s.encoder_scaler->config().min_stages;
+        }
         self->monitor(encoder);
-        self->state.encoders.push_back(std::move(e));
+        s.encoders.push_back(std::move(e));
         return true;
       },
       [=](drain_atom, const std::vector<stage_actor>& stages) -> caf::result<uint64_t> {
@@ -855,8 +897,11 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
       },
       [=](stats_atom) -> Bytes {
         auto& s = self->state;
-        uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0, alive_encoders = 0;
-        for (const auto& e : s.encoders) alive_encoders += e.alive;
+        uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0, alive_encoders = 0, parked_encoders = 0;
+        for (const auto& e : s.encoders) {
+          alive_encoders += e.alive;
+          parked_encoders += e.alive && e.parked;
+        }
         uint64_t active_entry = 0, parked_entry = 0;
         for (const auto& st : s.stages) {
           if (!st.alive || st.draining) continue;
@@ -892,6 +937,11 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"autoscale_ups", s.scale_ups},
                                        {"autoscale_downs", s.scale_downs},
                                        {"autoscale_stage_ms", uint64_t(std::llround(s.stage_seconds * 1e3))},
+                                       {"autoscale_encoders_active", alive_encoders - parked_encoders},
+                                       {"autoscale_encoders_parked", parked_encoders},
+                                       {"autoscale_encoder_ups", s.encoder_ups},
+                                       {"autoscale_encoder_downs", s.encoder_downs_scaled},
+                                       {"autoscale_encoder_ms", uint64_t(std::llround(s.encoder_seconds * 1e3))},
                                        {"stage_downs", s.stage_downs},
                                        {"timeouts", s.timeouts},
                                        {"stray_events", s.stray_events},

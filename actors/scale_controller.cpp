@@ -22,6 +22,19 @@ Status validate_autoscale(const AutoscaleConfig& c) {
   if (c.forecast != "none" && c.forecast != "holt")
     return bad("forecast must be \"none\" or \"holt\", got \"" + c.forecast.substr(0, 64) + "\"");
   const AutoscaleConfig d;
+  if (!c.encoders()) {
+    if (c.encode_ms != 0) return bad("encode_ms must be above 0 and at most 1e9 ms, got " + num(c.encode_ms));
+    if (c.min_encoders != d.min_encoders) return bad("min_encoders needs encode_ms (the encoders' goal)");
+    if (c.max_active != d.max_active) return bad("max_active needs encode_ms (the encoders' goal)");
+  } else {
+    if (!std::isfinite(c.encode_ms) || c.encode_ms > 1e9)
+      return bad("encode_ms must be above 0 and at most 1e9 ms, got " + num(c.encode_ms));
+    if (c.min_encoders < 1 || c.min_encoders > 4096)
+      return bad("min_encoders must be 1 to 4096, got " + std::to_string(c.min_encoders));
+    if (c.max_active != 0 && (c.max_active < c.min_stages + c.min_encoders || c.max_active > 8192))
+      return bad("max_active must be 0 (no budget) or from min_stages + min_encoders (" +
+                 std::to_string(c.min_stages + c.min_encoders) + ") to 8192, got " + std::to_string(c.max_active));
+  }
   if (!c.holt()) {
     for (auto [name, v, dv] : {std::tuple<const char*, double, double>{"stage_rps", c.stage_rps, d.stage_rps},
                                {"horizon_s", c.horizon_s, d.horizon_s},
@@ -38,6 +51,52 @@ Status validate_autoscale(const AutoscaleConfig& c) {
   for (auto [name, v] : {std::pair<const char*, double>{"alpha", c.alpha}, {"beta", c.beta}})
     if (!(v > 0) || !(v <= 1)) return bad(std::string(name) + " must be above 0 and at most 1, got " + num(v));
   return Status::Ok();
+}
+
+AutoscaleConfig AutoscaleConfig::encoder_config() const {
+  AutoscaleConfig e;
+  e.ttft_ms = encode_ms;
+  e.min_stages = min_encoders;
+  e.interval_s = interval_s;
+  e.confirm = confirm;
+  e.cooldown_s = cooldown_s;
+  e.low = low;
+  return e;
+}
+
+void fit_budget(ScaleSide& stages, ScaleSide& encoders, int32_t budget) {
+  if (budget <= 0) return;
+  while (stages.target + encoders.target > budget) {
+    const bool stages_can = stages.target > stages.floor, encoders_can = encoders.target > encoders.floor;
+    if (!stages_can && !encoders_can) return;
+    const bool cut_stages = stages_can && (!encoders_can || stages.pressure <= encoders.pressure);
+    --(cut_stages ? stages : encoders).target;
+  }
+}
+
+ScaleSteps apply_scale_target(std::vector<ScaleUnit>& units, int32_t target) {
+  ScaleSteps steps;
+  int32_t active = 0;
+  for (const ScaleUnit& u : units) active += !u.parked;
+  while (active < target) {
+    ScaleUnit* best = nullptr;
+    for (ScaleUnit& u : units)
+      if (u.parked && (!best || u.cost < best->cost)) best = &u;
+    if (!best) break;
+    best->parked = false;
+    ++active;
+    ++steps.ups;
+  }
+  while (active > target) {
+    ScaleUnit* idle = nullptr;
+    for (ScaleUnit& u : units)
+      if (!u.parked && (!idle || u.in_flight < idle->in_flight)) idle = &u;
+    if (!idle) break;
+    idle->parked = true;
+    --active;
+    ++steps.downs;
+  }
+  return steps;
 }
 
 void HoltForecast::update(double x) {

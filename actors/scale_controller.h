@@ -12,10 +12,18 @@
 // and trend smoothed by alpha and beta): the stages the rate forecast
 // `horizon_s` ahead needs, at `stage_rps` requests per second each, come up
 // before TTFT rises; a step down also needs the forecast to allow it.
+//
+// Vision encoders scale the same way against their own goal (encode_ms: a
+// request's wait for its embeddings, queue and batch included), with a
+// second controller (reactive) over image requests. With max_active the
+// two share one budget of actors taking work: when together they ask for
+// more, the side further under its goal gives way (fit_budget), so
+// capacity follows the mix of image and text requests.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "common/status.h"
 
@@ -32,9 +40,16 @@ struct AutoscaleConfig {
   double stage_rps = 0;      // holt: requests/s one stage serves within the goal
   double horizon_s = 5.0;    // holt: how far ahead the rate is forecast
   double alpha = 0.5, beta = 0.3;  // holt: level and trend smoothing, in (0, 1]
+  double encode_ms = 0;      // the vision encoders' goal; 0 = encoders not scaled
+  int32_t min_encoders = 1;  // active encoders never fewer
+  int32_t max_active = 0;    // entry stages + encoders taking work at once; 0 = no budget
 
   bool enabled() const { return ttft_ms > 0; }
   bool holt() const { return forecast == "holt"; }
+  bool encoders() const { return encode_ms > 0; }
+  // The encoders' controller: reactive, encode_ms as its goal, min_encoders
+  // as its floor, the same interval, confirm, cooldown and low.
+  AutoscaleConfig encoder_config() const;
   bool operator==(const AutoscaleConfig&) const = default;  // set at all: != AutoscaleConfig{}
 };
 
@@ -43,8 +58,37 @@ struct AutoscaleConfig {
 // cooldown_s in [0, 86400], low in [0, 1), forecast none|holt, and for
 // holt stage_rps in (0, 1e6], horizon_s in [0, 86400], alpha and beta in
 // (0, 1]; stage_rps, horizon_s, alpha and beta away from their defaults
-// without holt are refused (they would change nothing).
+// without holt are refused (they would change nothing); encode_ms in
+// (0, 1e9] when set, min_encoders 1..4096 and max_active in
+// [min_stages + min_encoders, 8192] (or 0), both only with encode_ms.
 Status validate_autoscale(const AutoscaleConfig& c);
+
+// One side of a shared budget: what its controller asks for, its floor and
+// how far over its goal it is (mean latency / goal; 0 without samples).
+struct ScaleSide {
+  int32_t target = 0;
+  int32_t floor = 0;
+  double pressure = 0;
+};
+// Cuts the two targets until they sum to at most `budget`, one at a time
+// from the side with the lower pressure (stages first on a tie), never
+// below a floor: the side further over its goal keeps its capacity.
+// budget <= 0: unchanged.
+void fit_budget(ScaleSide& stages, ScaleSide& encoders, int32_t budget);
+
+// One alive actor of a scaled kind, as the router sees it.
+struct ScaleUnit {
+  bool parked = false;
+  int32_t in_flight = 0;
+  double cost = 1.0;  // its node's (cost_aware); encoders 1
+};
+struct ScaleSteps {
+  int32_t ups = 0, downs = 0;
+};
+// Parks or unparks units until `target` of them take work: unparks the
+// cheapest parked one (the first among equals), parks the least loaded
+// active one (the first among equals).
+ScaleSteps apply_scale_target(std::vector<ScaleUnit>& units, int32_t target);
 
 // Holt's linear (double exponential) smoothing of one series sampled at
 // even steps: level l and trend b; the first sample sets l, b = 0.

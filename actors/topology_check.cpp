@@ -108,6 +108,11 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
         return at(head->line, "cluster{}.autoscale: min_stages " + std::to_string(c.autoscale.min_stages) +
                               " is more than the " + std::to_string(entry) +
                               " prefill and colocated actors of the cluster" + of);
+      const int32_t encoders = c.count("vision_encoder", model);
+      if (c.autoscale.encoders() && encoders < c.autoscale.min_encoders)
+        return at(head->line, "cluster{}.autoscale: min_encoders " + std::to_string(c.autoscale.min_encoders) +
+                              " is more than the " + std::to_string(encoders) +
+                              " vision_encoder actors of the cluster" + of);
     }
   }
   return Status::Ok();

@@ -86,7 +86,15 @@ static std::string autoscale_text(const AutoscaleConfig& a) {
   else
     std::snprintf(buf, sizeof buf, ", autoscale (ttft %g ms, min %d, every %g s, reactive, confirm %d, cooldown %g s)",
                   a.ttft_ms, int(a.min_stages), a.interval_s, int(a.confirm), a.cooldown_s);
-  return buf;
+  std::string out = buf;
+  if (a.encoders()) {
+    out.pop_back();  // the closing parenthesis
+    std::snprintf(buf, sizeof buf, "; encoders: encode %g ms, min %d", a.encode_ms, int(a.min_encoders));
+    out += buf;
+    if (a.max_active > 0) out += ", at most " + std::to_string(a.max_active) + " stages and encoders at once";
+    out += ")";
+  }
+  return out;
 }
 
 static std::string cost_text(double cost) {

@@ -51,6 +51,12 @@ AutoscaleConfig holt(double stage_rps, double horizon_s, int32_t confirm = 2) {
   return c;
 }
 
+void refused(const AutoscaleConfig& c, const char* needle) {
+  Status st = validate_autoscale(c);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK_MESSAGE(st.message().find(needle) != std::string::npos, st.message());
+}
+
 }  // namespace
 
 TEST_CASE("holt forecast: a constant stays constant, a line is followed with its slope, never below 0") {
@@ -150,11 +156,6 @@ TEST_CASE("autoscale, holt: a steady rate holds its stages; a fall parks them on
 }
 
 TEST_CASE("autoscale: validation names the field") {
-  auto refused = [](AutoscaleConfig c, const char* needle) {
-    Status st = validate_autoscale(c);
-    CHECK(st.code() == Code::invalid_argument);
-    CHECK_MESSAGE(st.message().find(needle) != std::string::npos, st.message());
-  };
   CHECK(validate_autoscale(reactive()).ok());
   CHECK(validate_autoscale(holt(4, 2)).ok());
   AutoscaleConfig c = reactive();
@@ -197,4 +198,113 @@ TEST_CASE("autoscale: validation names the field") {
   c = reactive();
   c.ttft_ms = std::nan("");
   refused(c, "ttft_ms");
+}
+
+TEST_CASE("autoscale, encoders: their controller is reactive on encode_ms with min_encoders as its floor") {
+  AutoscaleConfig cfg = holt(4, 2);
+  cfg.encode_ms = 50;
+  cfg.min_encoders = 2;
+  const AutoscaleConfig e = cfg.encoder_config();
+  CHECK(e.ttft_ms == 50);
+  CHECK(e.min_stages == 2);
+  CHECK_FALSE(e.holt());  // the forecast is the stages' alone
+  CHECK_FALSE(e.encoders());
+  CHECK(e.interval_s == cfg.interval_s);
+  CHECK(e.confirm == cfg.confirm);
+  CHECK(e.cooldown_s == cfg.cooldown_s);
+  CHECK(e.low == cfg.low);
+  ScaleController c(e);
+  run(c, {
+             {2, {80, 90}, 2, 4, 2},  // over 50 ms, streak 1 of 2
+             {2, {80}, 2, 4, 3},      // confirmed: one more
+             {0, {}, 3, 4, 3},        // quiet (text only): streak 1, within the cooldown
+             {0, {}, 3, 4, 3},        // streak 2, 2 s after the step: still within 3 s
+             {0, {}, 3, 4, 2},        // down
+             {0, {}, 2, 4, 2},        // the floor
+             {0, {}, 2, 4, 2},
+         });
+}
+
+TEST_CASE("autoscale, shared budget: the side further over its goal keeps its capacity, floors hold") {
+  struct Row {
+    ScaleSide stages, encoders;
+    int32_t budget;
+    int32_t want_stages, want_encoders;
+  };
+  for (const Row& r : std::vector<Row>{
+           {{3, 1, 0.5}, {2, 1, 2.0}, 0, 3, 2},    // no budget: unchanged
+           {{3, 1, 0.5}, {2, 1, 2.0}, 5, 3, 2},    // within it
+           {{3, 1, 0.5}, {2, 1, 2.0}, 4, 2, 2},    // image-heavy: a stage gives way
+           {{3, 1, 0.5}, {2, 1, 2.0}, 3, 1, 2},    // ... down to its floor
+           {{3, 1, 0.5}, {3, 1, 2.0}, 3, 1, 2},    // then the encoders give way too
+           {{3, 1, 1.8}, {3, 1, 0.2}, 4, 3, 1},    // text-heavy: encoders give way
+           {{2, 1, 0.0}, {3, 1, 1.5}, 3, 1, 2},    // no text at all: pressure 0
+           {{2, 1, 1.0}, {2, 1, 1.0}, 3, 1, 2},    // a tie: the stages give way first
+           {{2, 2, 0.1}, {2, 1, 3.0}, 3, 2, 1},    // the stages' floor holds
+           {{1, 1, 0.0}, {1, 1, 0.0}, 2, 1, 1},
+       }) {
+    CAPTURE(r.budget);
+    CAPTURE(r.stages.target);
+    CAPTURE(r.encoders.target);
+    ScaleSide st = r.stages, en = r.encoders;
+    fit_budget(st, en, r.budget);
+    CHECK(st.target == r.want_stages);
+    CHECK(en.target == r.want_encoders);
+  }
+}
+
+TEST_CASE("autoscale: units are unparked cheapest first and parked least loaded first") {
+  auto parked = [](const std::vector<ScaleUnit>& u) {
+    std::string out;
+    for (const ScaleUnit& x : u) out += x.parked ? 'p' : 'a';
+    return out;
+  };
+  std::vector<ScaleUnit> u = {{false, 3, 1.0}, {true, 0, 2.0}, {true, 0, 1.5}, {true, 0, 1.5}};
+  ScaleSteps s = apply_scale_target(u, 3);
+  CHECK(s.ups == 2);
+  CHECK(s.downs == 0);
+  CHECK(parked(u) == "apaa");  // 1.5 and 1.5 before 2.0; the first among equals
+  u[2].in_flight = 5;
+  u[3].in_flight = 1;
+  s = apply_scale_target(u, 1);
+  CHECK(s.downs == 2);
+  CHECK(parked(u) == "ppap");  // the least loaded first: 3 (1 in flight), then 0 (3); 2 (5) stays
+  u = {{false, 4, 1}, {false, 2, 1}, {false, 7, 1}};
+  CHECK(apply_scale_target(u, 2).downs == 1);
+  CHECK(parked(u) == "apa");
+  CHECK(apply_scale_target(u, 9).ups == 1);  // never more than there are
+  CHECK(parked(u) == "aaa");
+  CHECK(apply_scale_target(u, 0).downs == 3);
+}
+
+TEST_CASE("autoscale, encoders: validation names the field") {
+  AutoscaleConfig c = reactive();
+  c.encode_ms = 200;
+  c.min_encoders = 2;
+  c.max_active = 3;
+  CHECK(validate_autoscale(c).ok());
+  c.max_active = 0;
+  CHECK(validate_autoscale(c).ok());
+  c.max_active = 2;  // below min_stages 1 + min_encoders 2
+  refused(c, "max_active must be 0 (no budget) or from min_stages + min_encoders (3)");
+  c.max_active = 9000;
+  refused(c, "max_active");
+  c = reactive();
+  c.encode_ms = -1;
+  refused(c, "encode_ms");
+  c.encode_ms = std::nan("");
+  refused(c, "encode_ms");
+  c = reactive();
+  c.encode_ms = 2e9;
+  refused(c, "encode_ms");
+  c = reactive();
+  c.min_encoders = 2;
+  refused(c, "min_encoders needs encode_ms");
+  c = reactive();
+  c.max_active = 4;
+  refused(c, "max_active needs encode_ms");
+  c = reactive();
+  c.encode_ms = 100;
+  c.min_encoders = 0;
+  refused(c, "min_encoders must be 1 to 4096");
 }

@@ -368,6 +368,44 @@ TEST_CASE("cluster autoscale: a TTFT goal for the entry stages, reactive or with
   }
 }
 
+TEST_CASE("cluster autoscale of the vision encoders: encode_ms, min_encoders, max_active, checked") {
+  const std::string epd =
+      "node { name = 'head', head = true, actors = { prefill = 2, decode = 1, vision_encoder = 3 } }\n";
+  auto c = load_ok("cluster { autoscale = { ttft_ms = 400, encode_ms = 150, min_encoders = 2, max_active = 4 } }\n" +
+                   epd);
+  CHECK(c.autoscale.encoders());
+  CHECK(c.autoscale.encode_ms == 150);
+  CHECK(c.autoscale.min_encoders == 2);
+  CHECK(c.autoscale.max_active == 4);
+  CHECK_MESSAGE(placement_table(c).find("autoscale (ttft 400 ms, min 1, every 1 s, reactive, confirm 2, cooldown 5 s; "
+                                        "encoders: encode 150 ms, min 2, at most 4 stages and encoders at once)") !=
+                    std::string::npos,
+                placement_table(c));
+  auto d = load_ok("cluster { autoscale = { ttft_ms = 400, encode_ms = 150 } }\n" + epd);
+  CHECK(d.autoscale.min_encoders == 1);
+  CHECK(d.autoscale.max_active == 0);
+  CHECK(placement_table(d).find("; encoders: encode 150 ms, min 1)") != std::string::npos);
+  const std::string text_only = "node { name = 'head', head = true, actors = { colocated = 2 } }\n";
+  for (auto [script, message] : std::vector<std::pair<std::string, const char*>>{
+           {"cluster { autoscale = { ttft_ms = 400, encode_ms = 150, min_encoders = 4 } }\n" + epd,
+            "min_encoders 4 is more than the 3 vision_encoder actors"},
+           {"cluster { autoscale = { ttft_ms = 400, encode_ms = 150 } }\n" + text_only,
+            "min_encoders 1 is more than the 0 vision_encoder actors"},
+           {"cluster { autoscale = { ttft_ms = 400, min_encoders = 2 } }\n" + epd, "min_encoders needs encode_ms"},
+           {"cluster { autoscale = { ttft_ms = 400, max_active = 3 } }\n" + epd, "max_active needs encode_ms"},
+           {"cluster { autoscale = { ttft_ms = 400, encode_ms = 150, max_active = 1 } }\n" + epd,
+            "max_active must be 0 (no budget) or from min_stages + min_encoders (2)"},
+           {"cluster { autoscale = { ttft_ms = 400, encode_ms = '150' } }\n" + epd, "encode_ms must be a number"},
+           {"cluster { autoscale = { ttft_ms = 400, encode_ms = 150, max_active = 2.5 } }\n" + epd, "whole number"},
+           {"cluster { autoscale = { encode_ms = 150 } }\n" + epd, "ttft_ms must be above 0"}}) {
+    CAPTURE(script);
+    auto res = load_topology_string(script, "topo.lua");
+    REQUIRE_FALSE(res.ok());
+    CHECK(res.status().code() == Code::invalid_argument);
+    CHECK_MESSAGE(res.status().message().find(message) != std::string::npos, res.status().message());
+  }
+}
+
 TEST_CASE("param converts --set values to the type of its default") {
   const std::string script = R"(
 local n = param("n", 1)

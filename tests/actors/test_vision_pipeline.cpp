@@ -12,6 +12,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <thread>
 
 #include "actors/pipeline.h"
 #include "model/make_model.h"
@@ -147,6 +148,22 @@ std::vector<Completion> reference(const std::vector<GenerateRequest>& requests) 
   return ref;
 }
 
+// Completions folded from the pipeline's events, by request id.
+struct Done {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::map<uint64_t, Completion> done, partial;
+  EventCallback callback(uint64_t id) {
+    return [this, id](const msg::StreamEvent& e) {
+      std::lock_guard<std::mutex> lock(mu);
+      Completion& c = partial[id];
+      if (!fold_event(c, e, 0)) return;
+      done[id] = c;
+      cv.notify_all();
+    };
+  }
+};
+
 size_t count_image_requests(const std::vector<GenerateRequest>& rs) {
   size_t n = 0;
   for (const auto& r : rs) n += !r.images.empty();
@@ -201,20 +218,9 @@ TEST_CASE("vision pipeline failure: a killed encoder's requests finish on anothe
   const auto requests = image_requests(64, 3000);
   const auto ref = reference(requests);
   auto p = make_pipeline(options(Topology::pd, 1, 1, 0, 2));
-  struct Done {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::map<uint64_t, Completion> done, partial;
-  } d;
+  Done d;
   for (const auto& r : requests) {
-    const uint64_t id = r.request_id;
-    REQUIRE(p->submit(r, [&d, id](const msg::StreamEvent& e) {
-                std::lock_guard<std::mutex> lock(d.mu);
-                Completion& c = d.partial[id];
-                if (!fold_event(c, e, 0)) return;
-                d.done[id] = c;
-                d.cv.notify_all();
-              }).ok());
+    REQUIRE(p->submit(r, d.callback(r.request_id)).ok());
     if (r.request_id == 3005) REQUIRE(hooks(*p).kill_actor("vision_encoder", 0).ok());  // with work queued behind it
   }
   {
@@ -321,4 +327,110 @@ TEST_CASE("vision pipeline options: vision_actors and the projector width are ch
   CHECK(p.status().code() == Code::invalid_argument);
   CHECK(p.status().message().find("96") != std::string::npos);
   fs::remove(path);
+}
+
+namespace {
+
+// Submits the requests in waves of 8, `gap` apart (each is placed on the
+// encoders and stages active at that moment; within a wave the least
+// loaded spread it) and returns the completions in order.
+std::vector<Completion> in_waves(Pipeline& p, const std::vector<GenerateRequest>& requests,
+                                 std::chrono::milliseconds gap) {
+  Done d;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i > 0 && i % 8 == 0) std::this_thread::sleep_for(gap);
+    REQUIRE(p.submit(requests[i], d.callback(requests[i].request_id)).ok());
+  }
+  std::unique_lock<std::mutex> lock(d.mu);
+  REQUIRE_MESSAGE(d.cv.wait_for(lock, std::chrono::seconds(120), [&] { return d.done.size() == requests.size(); }),
+                  "only " << d.done.size() << " of " << requests.size() << " finished");
+  std::vector<Completion> out;
+  for (const auto& r : requests) out.push_back(d.done.at(r.request_id));
+  return out;
+}
+
+uint64_t counter(Pipeline& p, const std::string& actor, const char* name) {
+  const auto stats = p.stats();
+  const msg::Stats* s = find_stats(stats, actor);
+  REQUIRE_MESSAGE(s, actor);
+  return s->get(name);
+}
+
+}  // namespace
+
+TEST_CASE("vision pipeline autoscale: encoders follow the image load within the shared budget, answers stay mono's") {
+  std::vector<GenerateRequest> images, text;
+  for (auto& r : image_requests(96, 5000)) (r.images.empty() ? text : images).push_back(std::move(r));
+  REQUIRE(images.size() == 72);
+  const auto ref_images = reference(images), ref_text = reference(text);
+  struct Case {
+    const char* what;
+    double ttft_ms, encode_ms;
+    bool encoders_grow;
+  };
+  // Goals of 1 us nothing meets, 1e6 ms anything meets. Two colocated
+  // stages and three encoders under a budget of three: at most one stage
+  // and two encoders, or two stages and one encoder.
+  for (const Case& k : {Case{"images over the encoders' goal", 1e6, 0.001, true},
+                        Case{"language over its goal", 0.001, 1e6, false}}) {
+    const std::string what = k.what;
+    CAPTURE(what);
+    PipelineOptions o = options(Topology::colocated, 0, 0, 2, 3);
+    o.autoscale.ttft_ms = k.ttft_ms;
+    o.autoscale.encode_ms = k.encode_ms;
+    o.autoscale.max_active = 3;
+    o.autoscale.interval_s = 0.1;
+    o.autoscale.confirm = 1;
+    o.autoscale.cooldown_s = 3;  // no step down between the image phase's waves
+    auto p = make_pipeline(o);
+    CHECK(counter(*p, "router", "autoscale_encoders_active") == 1);  // min_encoders; the rest parked
+    CHECK(counter(*p, "router", "autoscale_encoders_parked") == 2);
+    check_identical(ref_images, in_waves(*p, images, std::chrono::milliseconds(250)), what + ", images");
+    check_identical(ref_text, in_waves(*p, text, std::chrono::milliseconds(250)), what + ", text");
+    auto stats = p->stats();
+    const msg::Stats* router = find_stats(stats, "router");
+    REQUIRE(router);
+    CHECK(router->get("failures") == 0);
+    CHECK(router->get("finished") == images.size() + text.size());
+    CHECK(sum_counter(stats, "vision_encoder", "replies") == images.size());
+    CHECK(find_stats(stats, "vision_encoder/0")->get("requests") > 0);
+    // Never past the budget: the third encoder takes nothing in either case.
+    CHECK(find_stats(stats, "vision_encoder/2")->get("requests") == 0);
+    if (k.encoders_grow) {
+      CHECK(router->get("autoscale_encoder_ups") >= 1);
+      CHECK(find_stats(stats, "vision_encoder/1")->get("requests") > 0);
+      CHECK(find_stats(stats, "colocated/1")->get("scheduler_submitted") == 0);  // the stage gave way
+      // Text only now: the encoders' controller hears nothing and parks
+      // them back to min_encoders once the cooldown is over.
+      const auto limit = Clock::now() + std::chrono::seconds(20);
+      while (counter(*p, "router", "autoscale_encoders_active") != 1 && Clock::now() < limit)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      CHECK(counter(*p, "router", "autoscale_encoders_active") == 1);
+      CHECK(counter(*p, "router", "autoscale_encoder_downs") >= 1);
+    } else {
+      CHECK(router->get("autoscale_encoder_ups") == 0);
+      CHECK(find_stats(stats, "vision_encoder/1")->get("requests") == 0);
+      CHECK(router->get("autoscale_ups") >= 1);
+      CHECK(find_stats(stats, "colocated/1")->get("scheduler_submitted") > 0);
+    }
+    MESSAGE(what << ": encoders " << router->get("autoscale_encoder_ups") << " up, "
+                 << router->get("autoscale_encoder_downs") << " down, " << router->get("autoscale_encoder_ms")
+                 << " encoder-ms; stages " << router->get("autoscale_ups") << " up");
+  }
+}
+
+TEST_CASE("vision pipeline autoscale: encoder fields are refused without encoders or beyond them") {
+  PipelineOptions text_only = options(Topology::colocated, 0, 0, 2, 0);
+  text_only.autoscale.ttft_ms = 100;
+  text_only.autoscale.encode_ms = 100;
+  auto p = Pipeline::create(vlm().lm, vlm().tokenizer, text_only);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().message().find("min_encoders 1 is more than the 0 vision_encoder actors") != std::string::npos);
+  PipelineOptions few = options(Topology::pd, 1, 1, 0, 2);
+  few.autoscale.ttft_ms = 100;
+  few.autoscale.encode_ms = 100;
+  few.autoscale.min_encoders = 3;
+  p = Pipeline::create(vlm().lm, vlm().tokenizer, few);
+  REQUIRE_FALSE(p.ok());
+  CHECK(p.status().message().find("min_encoders 3 is more than the 2") != std::string::npos);
 }
