@@ -99,6 +99,7 @@ using stage_store_atom = caf::atom_constant<caf::atom("stagestore")>;
 using drain_atom = caf::atom_constant<caf::atom("drain")>;
 using role_atom = caf::atom_constant<caf::atom("role")>;
 using drain_watch_atom = caf::atom_constant<caf::atom("drainwatch")>;
+using topology_atom = caf::atom_constant<caf::atom("topology")>;
 
 // Timeouts of every request between actors: nothing waits forever.
 constexpr auto kKvTimeout = std::chrono::seconds(10);
@@ -260,7 +261,9 @@ using expert_directory_actor =
 // later; drain (secret, node): the router drains the node's stages (their
 // requests move to other stages), then the node's watcher hears drain_atom
 // and the node exits -> the requests moved; drain_watch (secret, node,
-// watcher) names that watcher.
+// watcher) names that watcher; topology (secret) -> [script name, script,
+// key, value, ...]: what the head loaded, for a node that joins with --join
+// HOST:PORT.
 using join_actor = caf::typed_actor<
     caf::replies_to<join_atom, std::string, std::string>::with<router_actor, kv_store_actor>,
     caf::replies_to<attach_atom, std::string, std::string, std::string, stage_actor>::with<bool>,
@@ -273,7 +276,8 @@ using join_actor = caf::typed_actor<
     caf::replies_to<stage_find_atom, std::string, std::string, int32_t>::with<pipeline_stage_actor, int32_t>,
     caf::replies_to<stage_watch_atom, std::string, std::string, caf::actor>::with<bool>,
     caf::replies_to<drain_atom, std::string, std::string>::with<uint64_t>,
-    caf::replies_to<drain_watch_atom, std::string, std::string, caf::actor>::with<bool>>;
+    caf::replies_to<drain_watch_atom, std::string, std::string, caf::actor>::with<bool>,
+    caf::replies_to<topology_atom, std::string>::with<std::vector<std::string>>>;
 
 // ---- Status <-> caf::error (actor_set.cpp) ----
 caf::error to_error(const Status& st);

@@ -376,6 +376,11 @@ class HeadNode final : public Node {
     }
     jc.head = me_.name;
     jc.experts_alive = experts_alive_;
+    jc.topology = {options_.spec.source_name, options_.spec.source};
+    for (const auto& [key, value] : options_.spec.source_args) {
+      jc.topology.push_back(key);
+      jc.topology.push_back(value);
+    }
     join_ = spawn_join(*system_, std::move(jc));
     // Stopped after the stages: join, routers, stores.
     actors_->add_service(caf::actor_cast<caf::actor>(join_));
@@ -648,6 +653,41 @@ Result<uint64_t> drain_node(const ClusterSpec& spec, const std::string& name, do
   self->request(*join, limit, drain_atom::value, secret->value_or(""), name)
       .receive([&](uint64_t moved) { out = moved; }, [&](caf::error& e) { out = from_error(e); });
   return out;
+}
+
+Result<ClusterSpec> fetch_topology(const std::string& host, int32_t port, const std::optional<std::string>& secret,
+                                   double timeout_s) {
+  const std::string where = host + ":" + std::to_string(port);
+  if (port <= 0 || port > 65535) return Status(Code::invalid_argument, "--join: bad port in '" + where + "'");
+  caf::actor_system_config config;
+  configure_node_impl(config, ClusterSpec{}, 1);
+  caf::actor_system system{config};
+  // The head may not be up yet: keep trying until the deadline, as a worker does.
+  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(timeout_s * 1e3));
+  join_actor join;
+  for (;;) {
+    auto j = system.middleman().remote_actor<join_actor>(host, uint16_t(port));
+    if (j) {
+      join = *j;
+      break;
+    }
+    if (Clock::now() >= deadline)
+      return Status(Code::unavailable, "cannot reach the head at " + where + " within " + seconds_text(timeout_s) +
+                                           ": " + system.render(j.error()));
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  caf::scoped_actor self{system};
+  Status st;
+  std::vector<std::string> got;
+  self->request(join, kJoinTimeout, topology_atom::value, secret.value_or(""))
+      .receive([&](std::vector<std::string>& v) { got = std::move(v); }, [&](caf::error& e) { st = from_error(e); });
+  if (!st.ok()) return Status(st.code(), "the head at " + where + " refused the topology: " + st.message());
+  if (got.size() < 2 || got.size() % 2 != 0 || got.size() > 2 + 2 * 4096)
+    return Status(Code::corruption, "the head at " + where + " sent a malformed topology (" +
+                                        std::to_string(got.size()) + " strings)");
+  std::map<std::string, std::string> args;
+  for (size_t i = 2; i < got.size(); i += 2) args[got[i]] = got[i + 1];
+  return load_joined_topology(got[1], got[0], args, host, port);
 }
 
 namespace actors {

@@ -110,6 +110,15 @@ Result<std::optional<std::string>> read_cluster_secret(const ClusterSpec& spec);
 // unsupported (the head), unavailable (the last stage of a role).
 Result<uint64_t> drain_node(const ClusterSpec& spec, const std::string& name, double timeout_s);
 
+// `cleave node --join HOST:PORT`: the cluster's spec from the head there
+// (its script and --set pairs, load_joined_topology), dialling until
+// timeout_s, asking with `secret` (the caller reads it from its own
+// configuration: the head's script must not choose which file a joining
+// node sends it). Errors: unavailable (unreachable, a wrong secret),
+// corruption (a malformed answer), the script's own errors.
+Result<ClusterSpec> fetch_topology(const std::string& host, int32_t port, const std::optional<std::string>& secret,
+                                   double timeout_s);
+
 // Compares in time that depends only on the lengths, not on where the
 // strings differ.
 bool secrets_equal(std::string_view a, std::string_view b);

@@ -157,6 +157,13 @@ join_actor::behavior_type join_fn(join_pointer self, JoinConfig config) {
         self->state.drain_watchers[printable(node)] = watcher;
         return true;
       },
+      [=](topology_atom, const std::string& secret) -> caf::result<std::vector<std::string>> {
+        if (!admitted(secret)) {
+          log_line("refused to send the topology: wrong cluster secret");
+          return to_error(Status(Code::unavailable, "wrong cluster secret"));
+        }
+        return self->state.config.topology;
+      },
       [=](join_atom, const std::string& secret,
           const std::string& node) -> caf::result<router_actor, kv_store_actor> {
         if (!admitted(secret)) {

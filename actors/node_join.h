@@ -28,6 +28,9 @@ struct JoinConfig {
   std::map<std::string, double> costs;       // node name -> NodeSpec::cost
   std::string head;                          // its node name: never drained
   std::shared_ptr<std::atomic<int32_t>> experts_alive;  // expert actors attached and alive
+  // For nodes that join with --join HOST:PORT: what the head loaded
+  // (source_name, source, then each --set key and value).
+  std::vector<std::string> topology;
 };
 
 join_actor spawn_join(caf::actor_system& system, JoinConfig config);

@@ -20,6 +20,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdarg>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -385,6 +386,65 @@ Result<ClusterSpec> load_topology_string(const std::string& script, const std::s
   CLEAVE_RETURN_IF_ERROR(check_cluster(spec, chunkname));
   if (Status st = check_topology_pipelines(spec, nullptr); !st.ok())
     return Status(st.code(), chunkname + ": " + st.message());
+  spec.source = script;
+  spec.source_name = chunkname;
+  spec.source_args = args;
+  return spec;
+}
+
+Status add_joining_node(ClusterSpec& spec, const std::string& name, const std::string& actors) {
+  using namespace topology_detail;
+  auto bad = [&](const std::string& what) { return Status(Code::invalid_argument, "--join: " + what); };
+  if (!valid_name(name.data(), name.size()))
+    return bad("node name '" + name.substr(0, 64) + "' must be 1 to 64 of [A-Za-z0-9_-]");
+  if (spec.find(name))
+    return bad("the script declares '" + name + "': drop --actors (its actors come from the script)");
+  if (spec.nodes.size() >= kMaxNodes) return bad("the cluster has " + std::to_string(kMaxNodes) + " nodes already");
+  NodeSpec node;
+  node.name = name;
+  node.model = spec.head().model;
+  std::vector<int32_t> counts(kActorKindTable.size(), 0);
+  std::stringstream in(actors);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    const size_t eq = item.find('=');
+    const std::string kind = item.substr(0, eq), count = eq == std::string::npos ? "" : item.substr(eq + 1);
+    const int k = kind_index(kind.c_str());
+    if (k < 0 || is_planned_actor_kind(kind))
+      return bad("unknown actor kind '" + kind.substr(0, 64) + "' in --actors (a joining node takes prefill, "
+                 "decode, colocated, vision_encoder)");
+    if (kind != "prefill" && kind != "decode" && kind != "colocated" && kind != "vision_encoder")
+      return bad("a joining node cannot host '" + kind + "' (it needs fields of the script: declare the node there)");
+    char* end = nullptr;
+    errno = 0;
+    const long n = count.empty() ? 0 : std::strtol(count.c_str(), &end, 10);
+    if (count.empty() || errno != 0 || *end != '\0' || n < 1 || n > kMaxCount)
+      return bad("actor count for '" + kind + "' must be 1 to " + std::to_string(kMaxCount) + ", got '" +
+                 count.substr(0, 32) + "' (--actors KIND=N,...)");
+    if (counts[size_t(k)] != 0) return bad("'" + kind + "' given twice in --actors");
+    counts[size_t(k)] = int32_t(n);
+  }
+  for (size_t k = 0; k < counts.size(); ++k)
+    if (counts[k] > 0) node.actors.push_back({kActorKindTable[k].name, counts[k], 0});
+  if (node.actors.empty()) return bad("--actors names no actor (e.g. --actors decode=1)");
+  spec.nodes.push_back(std::move(node));
+  return Status::Ok();
+}
+
+Result<ClusterSpec> load_joined_topology(const std::string& source, const std::string& source_name,
+                                         const std::map<std::string, std::string>& args,
+                                         const std::string& head_host, int32_t head_port) {
+  using topology_detail::kMaxScriptBytes;
+  if (source.size() > kMaxScriptBytes)
+    return Status(Code::invalid_argument, "the head's topology script is " + std::to_string(source.size()) +
+                                              " bytes, over the limit of " + std::to_string(kMaxScriptBytes));
+  auto spec = load_topology_string(source, source_name.empty() ? "head-topology" : source_name.substr(0, 256), args);
+  if (!spec.ok()) return spec.status();
+  for (NodeSpec& n : spec->nodes)
+    if (n.head) {
+      n.host = head_host;
+      n.port = head_port;
+    }
   return spec;
 }
 

@@ -104,6 +104,11 @@ struct ClusterSpec {
   // kv_preload = false: the router does not start the chosen stage's fetch
   // ahead of it (the stage fetches when it takes the request).
   bool kv_preload = true;
+  // What it was loaded from (load_topology_*): the script's text, the name
+  // its messages use and the --set pairs. A head hands them to a node that
+  // joins with `cleave node --join HOST:PORT` (load_joined_topology).
+  std::string source, source_name;
+  std::map<std::string, std::string> source_args;
 
   const NodeSpec* find(const std::string& name) const;
   const NodeSpec& head() const;  // a loaded spec always has exactly one
@@ -123,6 +128,23 @@ struct TopologyLimits {
   // count does not see (e.g. string.rep of big strings in a loop).
   double max_seconds = 5.0;
 };
+
+// A node the script does not declare, joining a running cluster with
+// `cleave node --join HOST:PORT --name NAME --actors decode=2,...`:
+// appended as a worker (127.0.0.1, a free port, the head's model) with
+// those actors. Kinds: prefill, decode, colocated, vision_encoder (the
+// others need fields of the script: kv_store, expert, stage); counts
+// 1..4096, each kind once (the loaded cluster already serves both
+// sides). invalid_argument naming the problem: a name the script
+// declares, a bad name, an unknown or refused kind, a bad count.
+Status add_joining_node(ClusterSpec& spec, const std::string& name, const std::string& actors);
+
+// The spec a head hands a joining node: its script text and --set pairs
+// loaded again, with the head's host and port set to where it was reached
+// (the script may name port 0).
+Result<ClusterSpec> load_joined_topology(const std::string& source, const std::string& source_name,
+                                         const std::map<std::string, std::string>& args,
+                                         const std::string& head_host, int32_t head_port);
 
 // args: the `--set key=value` pairs, visible to the script as the table
 // `args` (strings) and through param(name, default), which converts to the

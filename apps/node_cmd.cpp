@@ -1,5 +1,7 @@
 // cleave node --topology FILE --name NODE -m MODEL [--mmproj MMPROJ] [--set k=v]...
 //              [--requests IN.jsonl --out OUT.jsonl --wait-stages N]
+// cleave node --join HOST:PORT --name NODE [--actors decode=2,...] -m MODEL
+//              (the script and its --set values come from the head there)
 // One process of a cluster (actors/node.h). The head prints
 // "cleave node head listening on HOST:PORT" once it accepts joins; a worker
 // prints "cleave node NAME joined HOST:PORT with N stages". Both run until
@@ -39,6 +41,7 @@ namespace {
 
 struct NodeArgs {
   std::string topology, name, model, mmproj, requests, out;
+  std::string join, actors, secret_file;  // --join HOST:PORT, what a node the script lacks hosts
   std::vector<std::string> sets;
   int32_t wait_stages = 1, threads = 1, ctx = 0, max_seqs = 8, expert_micro_batches = 1;
   int32_t pipeline_micro_batches = 1;
@@ -180,6 +183,15 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_option("--pipeline-micro-batches", g_args.pipeline_micro_batches,
                   cleave::kPipelineMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
+  cmd->add_option("--join", g_args.join,
+                  "HOST:PORT of a running cluster's head: join it with the head's topology script and --set "
+                  "values (instead of --topology)");
+  cmd->add_option("--actors", g_args.actors,
+                  "with --join, for a node the script does not declare: what it hosts, e.g. decode=2,prefill=1 "
+                  "(prefill, decode, colocated, vision_encoder)");
+  cmd->add_option("--secret-file", g_args.secret_file,
+                  "with --join: the cluster secret's file (default: $CLEAVE_CLUSTER_SECRET; the head's script "
+                  "does not choose where a joining node reads it)");
   cmd->add_option("--join-timeout", g_args.join_timeout_s, "worker: seconds to keep trying the head")
       ->check(CLI::Range(0.0, 3600.0));
   cmd->add_flag("--no-rejoin", g_args.no_rejoin,
@@ -240,12 +252,45 @@ int run_node_command() {
                 g_drain.name.c_str(), static_cast<unsigned long long>(moved));
     return 0;
   }
-  for (const char* flag : {"--topology", "--name"})
-    if (g_node_cmd->get_option(flag)->count() == 0) throw CLI::RequiredError(flag);
+  const bool joining = !a.join.empty();
+  if (g_node_cmd->get_option("--name")->count() == 0) throw CLI::RequiredError("--name");
+  if (joining) {
+    for (const char* flag : {"--topology", "--set"})
+      if (g_node_cmd->get_option(flag)->count() > 0)
+        throw CLI::ValidationError(flag, "does not go with --join (the head's script and --set values apply)");
+  } else {
+    if (g_node_cmd->get_option("--topology")->count() == 0) throw CLI::RequiredError("--topology");
+    for (const char* flag : {"--actors", "--secret-file"})
+      if (g_node_cmd->get_option(flag)->count() > 0)
+        throw CLI::ValidationError(flag, "needs --join (a script's nodes take their actors and secret from it)");
+  }
   if (a.requests.empty() != a.out.empty())
     throw CLI::ValidationError("--requests", "--requests and --out go together");
   NodeOptions o;
-  o.spec = unwrap(load_topology_file(a.topology, parse_sets(a.sets)));
+  std::optional<std::string> join_secret;
+  if (joining) {
+    const size_t colon = a.join.rfind(':');
+    const std::string host = colon == std::string::npos ? "" : a.join.substr(0, colon);
+    const std::string port_text = colon == std::string::npos ? "" : a.join.substr(colon + 1);
+    char* end = nullptr;
+    const long port = port_text.empty() ? 0 : std::strtol(port_text.c_str(), &end, 10);
+    if (host.empty() || port_text.empty() || *end != '\0' || port < 1 || port > 65535)
+      throw CLI::ValidationError("--join", "must be HOST:PORT with a port from 1 to 65535, got '" + a.join + "'");
+    ClusterSpec mine;  // where this node reads the secret: its own flag or environment
+    mine.secret_file = a.secret_file;
+    join_secret = unwrap(read_cluster_secret(mine));
+    o.spec = unwrap(fetch_topology(host, int32_t(port), join_secret, a.join_timeout_s));
+    const NodeSpec* declared = o.spec.find(a.name);
+    if (declared && declared->head)
+      throw CLI::ValidationError("--name", "'" + a.name + "' is the head of the cluster at " + a.join);
+    if (!declared && a.actors.empty())
+      throw CLI::ValidationError("--actors", "'" + a.name + "' is not in the head's script: say what it hosts, "
+                                             "e.g. --actors decode=1");
+    if (!a.actors.empty())
+      if (Status st = add_joining_node(o.spec, a.name, a.actors); !st.ok()) fail(st);
+  } else {
+    o.spec = unwrap(load_topology_file(a.topology, parse_sets(a.sets)));
+  }
   o.name = a.name;
   const NodeSpec* me = o.spec.find(a.name);
   if (me && !me->head && !a.requests.empty())
@@ -320,7 +365,7 @@ int run_node_command() {
   o.engine.expert_micro_batches = a.expert_micro_batches;
   o.engine.pipeline_micro_batches = a.pipeline_micro_batches;
   o.expert_replication = a.enable_eplb;
-  o.secret = unwrap(read_cluster_secret(o.spec));
+  o.secret = joining ? join_secret : unwrap(read_cluster_secret(o.spec));
   o.join_timeout_s = a.join_timeout_s;
   o.kv_stream.chunk_bytes = a.kv_chunk_bytes;
   o.kv_stream.window = a.kv_window;

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <tuple>
+#include <vector>
 #include <unistd.h>
 
 #include "actors/actor_kind.h"
@@ -404,6 +406,65 @@ TEST_CASE("cluster autoscale of the vision encoders: encode_ms, min_encoders, ma
     CHECK(res.status().code() == Code::invalid_argument);
     CHECK_MESSAGE(res.status().message().find(message) != std::string::npos, res.status().message());
   }
+}
+
+TEST_CASE("a joining node: --actors parsed into a worker of the head's model, refusals named") {
+  const std::string pd = "node { name = 'head', head = true, port = param('head_port', 0), actors = { prefill = 1 } }\n"
+                         "node { name = 'd0', actors = { decode = 1 } }\n";
+  auto c = load_topology_string(pd, "pd.lua", {{"head_port", "7000"}});
+  REQUIRE(c.ok());
+  CHECK(c->source == pd);  // what a head hands a joining node
+  CHECK(c->source_name == "pd.lua");
+  CHECK(c->source_args.at("head_port") == "7000");
+  ClusterSpec spec = *c;
+  REQUIRE(add_joining_node(spec, "e1", "vision_encoder=2,decode=3").ok());
+  const NodeSpec* e1 = spec.find("e1");
+  REQUIRE(e1);
+  CHECK_FALSE(e1->head);
+  CHECK(e1->host == "127.0.0.1");
+  CHECK(e1->port == 0);
+  CHECK(e1->model == spec.head().model);
+  CHECK(e1->count("decode") == 3);
+  CHECK(e1->count("vision_encoder") == 2);
+  REQUIRE(e1->actors.size() == 2);
+  CHECK(e1->actors[0].kind == "decode");  // in kActorKindTable order, as the loader makes them
+  CHECK(spec.count("decode") == 4);
+  for (auto [name, actors, message] : std::vector<std::tuple<std::string, std::string, const char*>>{
+           {"d0", "decode=1", "the script declares 'd0'"},
+           {"e1", "decode=1", "the script declares 'e1'"},
+           {"bad name", "decode=1", "must be 1 to 64 of"},
+           {"e2", "", "names no actor"},
+           {"e2", "decoder=1", "unknown actor kind 'decoder'"},
+           {"e2", "kv_store=1", "cannot host 'kv_store'"},
+           {"e2", "expert=1", "cannot host 'expert'"},
+           {"e2", "decode=0", "must be 1 to 4096, got '0'"},
+           {"e2", "decode=5000", "must be 1 to 4096"},
+           {"e2", "decode=2x", "got '2x'"},
+           {"e2", "decode", "got ''"},
+           {"e2", "decode=1,decode=2", "'decode' given twice"}}) {
+    CAPTURE(name);
+    CAPTURE(actors);
+    ClusterSpec s = spec;
+    Status st = add_joining_node(s, name, actors);
+    CHECK(st.code() == Code::invalid_argument);
+    CHECK_MESSAGE(st.message().find(message) != std::string::npos, st.message());
+    CHECK(s.nodes.size() == spec.nodes.size());  // nothing added
+  }
+  // A prefill joining a colocated cluster hands off to the colocated stages.
+  auto only = load_topology_string("node { name = 'head', head = true, actors = { colocated = 1 } }\n", "c.lua");
+  REQUIRE(only.ok());
+  ClusterSpec s = *only;
+  CHECK(add_joining_node(s, "p9", "prefill=1").ok());
+  // The head's script as a joining node loads it: the head's address is
+  // where it was reached, whatever the script says.
+  auto joined = load_joined_topology(pd, "pd.lua", {}, "10.1.2.3", 7123);
+  REQUIRE(joined.ok());
+  CHECK(joined->head().host == "10.1.2.3");
+  CHECK(joined->head().port == 7123);
+  auto broken = load_joined_topology("node { name = 'x' ", "head.lua", {}, "h", 1);
+  CHECK(broken.status().code() == Code::invalid_argument);
+  CHECK(load_joined_topology(std::string((1 << 20) + 1, ' '), "big.lua", {}, "h", 1).status().message().find(
+            "over the limit") != std::string::npos);
 }
 
 TEST_CASE("param converts --set values to the type of its default") {
