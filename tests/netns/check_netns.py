@@ -30,17 +30,14 @@ TOPOLOGY = os.path.join(HERE, "netns.lua")
 sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(HERE, "..", "nodes"))
 import netns  # noqa: E402
-from node_process import (NodeProcess, expect, failures, make_model, mono_answers, random_completions,  # noqa: E402
+from node_process import (NodeProcess, expect, failures, make_gqa128, mono_answers, random_completions,  # noqa: E402
                           run_clients, stats_of, stop_all, wait_until)
 
 why = netns.available()
 if why:
     print("SKIP: network namespaces unavailable: " + why)
     sys.exit(77)
-os.makedirs(WORK, exist_ok=True)
-MODEL = os.path.join(WORK, "gqa128.gguf")
-make_model(CLEAVE, VOCAB, MODEL, "--dim", "128", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--ffn", "256",
-           "--ctx", "512")
+MODEL = make_gqa128(CLEAVE, VOCAB, WORK)
 N, THREADS = 48, 4
 HEAD_PORT, HTTP_PORT, RELAY_PORT = 7411, 7412, 7500
 

@@ -21,13 +21,10 @@ CLEAVE, VOCAB, WORK = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "join.lua")
 sys.path.insert(0, HERE)
-from node_process import (NodeProcess, expect, failures, make_model, mono_answers, random_completions,  # noqa: E402
+from node_process import (NodeProcess, expect, failures, make_gqa128, mono_answers, random_completions,  # noqa: E402
                           run_clients, stats_of, stop_all, wait_until)
 
-os.makedirs(WORK, exist_ok=True)
-MODEL = os.path.join(WORK, "gqa128.gguf")
-make_model(CLEAVE, VOCAB, MODEL, "--dim", "128", "--layers", "4", "--heads", "4", "--kv-heads", "2", "--ffn", "256",
-           "--ctx", "512")
+MODEL = make_gqa128(CLEAVE, VOCAB, WORK)
 N, THREADS = 72, 6
 SECRET = "join-test-secret-41"
 SECRET_FILE = os.path.join(WORK, "secret")

@@ -106,6 +106,16 @@ def make_model(cleave, vocab, out, *shape):
     expect("make-model " + os.path.basename(out), p.returncode == 0, p.stderr)
 
 
+def make_gqa128(cleave, vocab, work):
+    """The serving tests' model (dim 128, 4 layers, GQA 4:2, context 512) in
+    work: its path."""
+    os.makedirs(work, exist_ok=True)
+    path = os.path.join(work, "gqa128.gguf")
+    make_model(cleave, vocab, path, "--dim", "128", "--layers", "4", "--heads", "4", "--kv-heads", "2",
+               "--ffn", "256", "--ctx", "512")
+    return path
+
+
 def post_completion(base, body):
     """POST /v1/completions: the first choice's text, finish reason and
     per-token logprobs, or {"error": ...} (an answer that differs from mono's)."""
