@@ -1,5 +1,5 @@
-// cleave plan (--profile FILE | -m MODEL [--save-profile OUT]) --rate R
-//             [--requests N] [--prompt-tokens LO[:HI]] [--output-tokens LO[:HI]]
+// cleave plan (--profile FILE | -m MODEL) [--calibrate-metrics FILE] [--save-profile OUT]
+//             (--rate R [--requests N] [--prompt-tokens LO[:HI]] [--output-tokens LO[:HI]] | --trace FILE)
 //             [--slo-ttft-ms X] [--slo-tpot-ms Y] --max-stages N
 //             [--prefill-cost C] [--decode-cost C] [--seed S]
 // Searches prefill:decode splits with planner/'s simulation over measured
@@ -26,12 +26,14 @@ namespace {
 
 struct PlanArgs {
   std::string profile, model, save_profile, prompt = "128", output = "64", profile_topology = "pd";
+  std::string trace, calibrate_metrics, calibrate_baseline;
   planner::Workload workload;
   planner::Slo slo;
   int32_t max_stages = 8, threads = 1, max_seqs = 8, max_batch_tokens = 512;
   double prefill_cost = 1.0, decode_cost = 1.0, handoff_ms = 0;
 };
 PlanArgs g_plan;
+CLI::App* g_plan_cmd = nullptr;
 
 [[noreturn]] void fail(const Status& st) { throw std::runtime_error(st.to_string()); }
 
@@ -155,7 +157,18 @@ CLI::App* add_plan_command(CLI::App& app) {
   auto* model = cmd->add_option("-m,--model", g_plan.model, "profile this GGUF model on this machine first")
                     ->check(CLI::ExistingFile);
   profile->excludes(model);
-  cmd->add_option("--save-profile", g_plan.save_profile, "with -m: write the measured profile here")->needs(model);
+  cmd->add_option("--calibrate-metrics", g_plan.calibrate_metrics,
+                  "Prometheus text of a P/D server that served a real load (curl URL/metrics): scale each role's "
+                  "step costs by how much slower its steps ran there than the profile says")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--calibrate-baseline", g_plan.calibrate_baseline,
+                  "the same server's metrics from before that load: only what the load added counts")
+      ->check(CLI::ExistingFile);
+  cmd->add_option("--save-profile", g_plan.save_profile, "write the profile (measured with -m, calibrated) here");
+  cmd->add_option("--trace", g_plan.trace,
+                  "simulate a recorded trace instead of Poisson arrivals: JSON lines of arrival_s, prompt_tokens, "
+                  "output_tokens")
+      ->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", g_plan.threads, "with -m: threads of the profiled engine")->check(CLI::Range(1, 1024))->needs(model);
   cmd->add_option("--max-seqs", g_plan.max_seqs, "with -m: a decoder's rows")->check(CLI::Range(1, 4096))->needs(model);
   cmd->add_option("--max-batch-tokens", g_plan.max_batch_tokens, "with -m: a prefill step's tokens")
@@ -166,7 +179,8 @@ CLI::App* add_plan_command(CLI::App& app) {
       ->needs(model);
   cmd->add_option("--handoff-ms", g_plan.handoff_ms, "with -m: the prefill -> decode hand-off (not profiled)")
       ->check(CLI::Range(0.0, 1e6))->needs(model);
-  cmd->add_option("--rate", g_plan.workload.rate, "requests per second (Poisson)")->required()->check(CLI::Range(1e-6, 1e6));
+  cmd->add_option("--rate", g_plan.workload.rate, "requests per second (Poisson; required without --trace)")
+      ->check(CLI::Range(1e-6, 1e6));
   cmd->add_option("--requests", g_plan.workload.requests, "requests simulated per split")->check(CLI::Range(1, 10000000));
   cmd->add_option("--prompt-tokens", g_plan.prompt, "prompt tokens: N or LO:HI (uniform)");
   cmd->add_option("--output-tokens", g_plan.output, "generated tokens: N or LO:HI (uniform)");
@@ -176,6 +190,7 @@ CLI::App* add_plan_command(CLI::App& app) {
   cmd->add_option("--prefill-cost", g_plan.prefill_cost, "cost of a prefill stage's node")->check(CLI::Range(1e-6, 1e6));
   cmd->add_option("--decode-cost", g_plan.decode_cost, "cost of a decode stage's node")->check(CLI::Range(1e-6, 1e6));
   cmd->add_option("--seed", g_plan.workload.seed, "arrivals and lengths");
+  cleave::g_plan_cmd = cmd;
   return cmd;
 }
 
@@ -184,8 +199,29 @@ int run_plan_command() {
   PlanArgs& a = g_plan;
   if (a.profile.empty() == a.model.empty())
     throw CLI::ValidationError("--profile", "give a saved --profile or a -m model to profile");
-  std::tie(a.workload.prompt_min, a.workload.prompt_max) = range_of("--prompt-tokens", a.prompt);
-  std::tie(a.workload.output_min, a.workload.output_max) = range_of("--output-tokens", a.output);
+  auto read_file = [](const std::string& path) {
+    std::ifstream f(path);
+    std::stringstream text;
+    text << f.rdbuf();
+    if (!f) fail(Status(Code::io_error, "cannot read " + path));
+    return text.str();
+  };
+  const CLI::App& cmd = *g_plan_cmd;
+  if (!a.trace.empty()) {
+    // The trace says when each request comes and how long it is.
+    for (const char* flag : {"--rate", "--requests", "--prompt-tokens", "--output-tokens", "--seed"})
+      if (cmd.get_option(flag)->count() > 0)
+        throw CLI::ValidationError(flag, "does not go with --trace (the trace gives arrivals and lengths)");
+    auto t = planner::parse_trace(read_file(a.trace));
+    if (!t.ok()) fail(Status(t.status().code(), a.trace + ": " + t.status().message()));
+    a.workload.trace = std::move(*t);
+    a.workload.rate = planner::trace_rate(a.workload.trace);
+    a.workload.requests = int32_t(a.workload.trace.size());
+  } else {
+    if (cmd.get_option("--rate")->count() == 0) throw CLI::RequiredError("--rate (or --trace)");
+    std::tie(a.workload.prompt_min, a.workload.prompt_max) = range_of("--prompt-tokens", a.prompt);
+    std::tie(a.workload.output_min, a.workload.output_max) = range_of("--output-tokens", a.output);
+  }
   if (Status st = planner::validate_workload(a.workload); !st.ok()) fail(st);
   planner::StepProfile profile;
   if (!a.profile.empty()) {
@@ -197,19 +233,43 @@ int run_plan_command() {
     profile = *p;
   } else {
     profile = measure(a);
-    if (!a.save_profile.empty()) {
-      std::ofstream out(a.save_profile);
-      out << planner::profile_json(profile) << "\n";
-      if (!out) fail(Status(Code::io_error, "cannot write " + a.save_profile));
+  }
+  if (!a.calibrate_baseline.empty() && a.calibrate_metrics.empty())
+    throw CLI::ValidationError("--calibrate-baseline", "needs --calibrate-metrics (the snapshot after the load)");
+  if (!a.calibrate_metrics.empty()) {
+    auto run = planner::parse_served_metrics(read_file(a.calibrate_metrics));
+    if (!run.ok()) fail(Status(run.status().code(), a.calibrate_metrics + ": " + run.status().message()));
+    if (!a.calibrate_baseline.empty()) {
+      auto before = planner::parse_served_metrics(read_file(a.calibrate_baseline));
+      if (!before.ok()) fail(Status(before.status().code(), a.calibrate_baseline + ": " + before.status().message()));
+      run = planner::served_between(*before, *run);
+      if (!run.ok()) fail(run.status());
     }
+    auto c = planner::calibrate(profile, *run);
+    if (!c.ok()) fail(Status(c.status().code(), a.calibrate_metrics + ": " + c.status().message()));
+    std::printf("calibrated from %s: prefill steps x%.3f (%.0f steps), decode steps x%.3f (%.0f steps)\n",
+                a.calibrate_metrics.c_str(), c->prefill_factor, run->prefill.steps, c->decode_factor,
+                run->decode.steps);
+    profile = planner::calibrated(profile, *c);
+  }
+  if (!a.save_profile.empty()) {
+    if (a.model.empty() && a.calibrate_metrics.empty())
+      throw CLI::ValidationError("--save-profile", "needs -m or --calibrate-metrics (else it would copy --profile)");
+    std::ofstream out(a.save_profile);
+    out << planner::profile_json(profile) << "\n";
+    if (!out) fail(Status(Code::io_error, "cannot write " + a.save_profile));
   }
   std::printf("profile: prefill %.4g + %.4g ms/token (batch %d tokens), decode %.4g + %.4g ms/row (%d rows), "
               "hand-off %.4g + %.4g ms/token\n",
               profile.prefill_ms, profile.prefill_ms_per_token, profile.max_batch_tokens, profile.decode_ms,
               profile.decode_ms_per_row, profile.max_seqs, profile.handoff_ms, profile.handoff_ms_per_token);
-  std::printf("load: %g requests/s, prompt %d..%d, output %d..%d tokens, %d requests; goals TTFT %g ms, TPOT %g ms\n",
-              a.workload.rate, a.workload.prompt_min, a.workload.prompt_max, a.workload.output_min,
-              a.workload.output_max, a.workload.requests, a.slo.ttft_ms, a.slo.tpot_ms);
+  if (!a.workload.trace.empty())
+    std::printf("load: trace %s, %d requests at %.4g requests/s; goals TTFT %g ms, TPOT %g ms\n", a.trace.c_str(),
+                a.workload.requests, a.workload.rate, a.slo.ttft_ms, a.slo.tpot_ms);
+  else
+    std::printf("load: %g requests/s, prompt %d..%d, output %d..%d tokens, %d requests; goals TTFT %g ms, TPOT %g ms\n",
+                a.workload.rate, a.workload.prompt_min, a.workload.prompt_max, a.workload.output_min,
+                a.workload.output_max, a.workload.requests, a.slo.ttft_ms, a.slo.tpot_ms);
   const auto all = planner::search(profile, a.workload, a.slo, a.max_stages, a.prefill_cost, a.decode_cost);
   const auto front = planner::pareto_front(all);
   std::printf("%zu split%s simulated; Pareto front (goodput, p90 TTFT, p90 TPOT, cost):\n", all.size(),

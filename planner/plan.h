@@ -30,14 +30,66 @@ Status validate_profile(const StepProfile& p);
 Result<StepProfile> parse_profile(const std::string& json);
 std::string profile_json(const StepProfile& p);
 
+// One request of a recorded trace.
+struct TraceRequest {
+  double arrival_ms = 0;  // after the trace's start
+  int32_t prompt = 1, output = 1;
+};
+
 struct Workload {
   double rate = 1.0;                           // Poisson arrivals per second
   int32_t requests = 2000;                     // how many the simulation runs
   int32_t prompt_min = 128, prompt_max = 128;  // uniform, tokens
   int32_t output_min = 64, output_max = 64;    // uniform, tokens generated
   uint64_t seed = 1;
+  // A recorded trace instead (non-empty): its arrivals and lengths replace
+  // rate, requests, the lengths and the seed, and its rate is (n - 1) over
+  // the span from first to last arrival (trace_rate).
+  std::vector<TraceRequest> trace;
 };
 Status validate_workload(const Workload& w);
+
+// JSON Lines, one request a line: {"arrival_s": 0.25, "prompt_tokens": 128,
+// "output_tokens": 64} (arrivals from the trace's start, in any order: the
+// result is sorted by them). invalid_argument naming the line and field:
+// not an object, unknown field, arrival finite in [0, 1e7] s, tokens 1 to
+// 16777216, at least 2 and at most 10,000,000 requests.
+Result<std::vector<TraceRequest>> parse_trace(const std::string& jsonl);
+// Requests per second of a trace of at least 2: (n - 1) / (last - first arrival).
+double trace_rate(const std::vector<TraceRequest>& trace);
+
+// What one role's stages did while serving, from their counters (the
+// stages' steps, step_us, prefill_tokens, decode_rows; Prometheus text of
+// `cleave serve --metrics` / `cleave node --http-port --metrics`).
+struct ServedSteps {
+  double steps = 0, step_ms = 0, prefill_tokens = 0, decode_rows = 0;
+};
+struct ServedRun {
+  ServedSteps prefill, decode;  // summed over the prefill stages, the decode stages
+};
+// Sums cleave_actor_stat{actor="[NODE/]prefill/N" | "[NODE/]decode/N"} of
+// steps, step_us, prefill_tokens and decode_rows. invalid_argument when no
+// prefill or no decode stage is in the text (a colocated stage's steps mix
+// both phases: they cannot calibrate either).
+Result<ServedRun> parse_served_metrics(const std::string& prometheus_text);
+// What `after` adds to `before` (two snapshots of the same server's
+// counters around a load): invalid_argument when a counter went down (a
+// restarted server, or the files swapped).
+Result<ServedRun> served_between(const ServedRun& before, const ServedRun& after);
+
+// How much slower each role's steps ran while serving than the profile
+// says for the same steps: measured step time over a + b x tokens (prefill)
+// and c + d x rows (decode) summed over those steps.
+struct Calibration {
+  double prefill_factor = 1, decode_factor = 1;
+};
+// invalid_argument when a role has fewer than min_steps steps (too few to
+// say) or a factor falls outside [0.1, 10] (the profile is of another model
+// or machine).
+Result<Calibration> calibrate(const StepProfile& profile, const ServedRun& run, double min_steps = 20);
+// The profile with each role's step costs scaled by its factor (the
+// hand-off as it was).
+StepProfile calibrated(const StepProfile& profile, const Calibration& c);
 
 struct Slo {
   double ttft_ms = 0, tpot_ms = 0;  // 0 = none

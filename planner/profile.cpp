@@ -31,6 +31,16 @@ Status validate_profile(const StepProfile& p) {
 }
 
 Status validate_workload(const Workload& w) {
+  if (!w.trace.empty()) {
+    for (const TraceRequest& r : w.trace)
+      if (!std::isfinite(r.arrival_ms) || r.arrival_ms < 0 || r.prompt < 1 || r.output < 1 || r.prompt > (1 << 24) ||
+          r.output > (1 << 24))
+        return bad("a trace request needs an arrival >= 0 and 1 to 16777216 prompt and output tokens");
+    for (size_t i = 1; i < w.trace.size(); ++i)
+      if (w.trace[i].arrival_ms < w.trace[i - 1].arrival_ms) return bad("a trace's arrivals must be in order");
+    if (w.trace.size() < 2 || !(trace_rate(w.trace) > 0)) return bad("a trace needs at least 2 requests spread in time");
+    return Status::Ok();
+  }
   if (!std::isfinite(w.rate) || w.rate <= 0 || w.rate > 1e6)
     return bad("rate must be above 0 and at most 1e6 requests/s, got " + std::to_string(w.rate));
   if (w.requests < 1 || w.requests > 10'000'000)

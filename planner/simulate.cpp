@@ -56,16 +56,26 @@ class Sim {
  public:
   Sim(const StepProfile& p, const Workload& w, const Placement& pl)
       : p_(p), prefill_(size_t(pl.prefill)), decode_(size_t(pl.decode)) {
-    std::mt19937_64 rng(w.seed);
-    std::exponential_distribution<double> gap(w.rate);
-    std::uniform_int_distribution<int32_t> prompt(w.prompt_min, w.prompt_max), output(w.output_min, w.output_max);
-    double t = 0;
-    requests_.resize(size_t(w.requests));
-    for (auto& r : requests_) {
-      t += gap(rng) * 1e3;  // ms
-      r.arrival = t;
-      r.prompt = prompt(rng);
-      r.output = output(rng);
+    if (!w.trace.empty()) {
+      for (const TraceRequest& tr : w.trace) {
+        Request r;
+        r.arrival = tr.arrival_ms;
+        r.prompt = tr.prompt;
+        r.output = tr.output;
+        requests_.push_back(r);
+      }
+    } else {
+      std::mt19937_64 rng(w.seed);
+      std::exponential_distribution<double> gap(w.rate);
+      std::uniform_int_distribution<int32_t> prompt(w.prompt_min, w.prompt_max), output(w.output_min, w.output_max);
+      double t = 0;
+      requests_.resize(size_t(w.requests));
+      for (auto& r : requests_) {
+        t += gap(rng) * 1e3;  // ms
+        r.arrival = t;
+        r.prompt = prompt(rng);
+        r.output = output(rng);
+      }
     }
     for (int32_t i = 0; i < int32_t(requests_.size()); ++i) push(requests_[size_t(i)].arrival, Kind::arrival, i);
   }
@@ -214,7 +224,7 @@ Outcome simulate(const StepProfile& profile, const Workload& workload, const Slo
   }
   const size_t n = sim.requests().size();
   o.attainment = n ? double(met) / double(n) : 0;
-  o.goodput = workload.rate * o.attainment;
+  o.goodput = (workload.trace.empty() ? workload.rate : trace_rate(workload.trace)) * o.attainment;
   auto mean = [](const std::vector<double>& v) {
     double s = 0;
     for (double x : v) s += x;

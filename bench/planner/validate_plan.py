@@ -2,28 +2,38 @@
 """`cleave plan` against real runs: the planner's predicted SLO attainment
 and goodput of P/D with one prefill and one decode stage, against `cleave
 serve --topology pd` (1 thread per engine) driven by bench/serve/serve_bench.py
-at the same Poisson rates with fixed lengths; the profile comes from
-`cleave plan -m` on the same machine in the same run. Then the planner's
-front for a 64-stage cluster at a rate 32 times the largest here.
+with fixed lengths. The profile comes from `cleave plan -m` on the same
+machine in the same run; it is then calibrated (`--calibrate-metrics`) from
+the stages' own step counters while the server serves a load of its own
+(--calibrate-rate, another seed), snapshots of /metrics before and after.
+Each measured run is simulated on its own trace (`--trace`: the same
+arrivals and lengths, so both sides see the same bursts), with the raw and
+the calibrated profile; goodput on both sides is attainment x the trace's
+rate. Then the planner's front for a 64-stage cluster at a rate 32 times
+the largest here.
 
-usage: validate_plan.py CLEAVE VOCAB WORKDIR [--rates 4,8,12,16,20] [--prompts 200]
-       [--prompt-tokens 128] [--output-tokens 64] [--slo-ttft-ms 100] [--slo-tpot-ms 10] [--json FILE]"""
+usage: validate_plan.py CLEAVE VOCAB WORKDIR [--rates 8,16,24,32,36,40] [--prompts 120] [--runs 3]
+       [--calibrate-rate 24] [--prompt-tokens 128] [--output-tokens 64] [--slo-ttft-ms 100]
+       [--slo-tpot-ms 10] [--json FILE]"""
 import argparse
 import json
 import os
 import re
 import signal
+import statistics
 import subprocess
-import sys
 import time
+import urllib.request
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ap = argparse.ArgumentParser()
 ap.add_argument("cleave")
 ap.add_argument("vocab")
 ap.add_argument("work")
-ap.add_argument("--rates", default="4,8,12,16,20")
-ap.add_argument("--prompts", type=int, default=200)
+ap.add_argument("--rates", default="8,16,24,32,36,40")
+ap.add_argument("--prompts", type=int, default=120)
+ap.add_argument("--runs", type=int, default=3)
+ap.add_argument("--calibrate-rate", type=float, default=24)
 ap.add_argument("--prompt-tokens", type=int, default=128)
 ap.add_argument("--output-tokens", type=int, default=64)
 ap.add_argument("--slo-ttft-ms", type=float, default=100)
@@ -36,12 +46,13 @@ subprocess.run([a.cleave, "make-model", "--out", model, "--vocab", a.vocab, "--d
                 "--heads", "4", "--kv-heads", "2", "--ffn", "768", "--ctx", "1024", "--type", "f16"],
                check=True, capture_output=True, timeout=300)
 profile = os.path.join(a.work, "profile.json")
-common = ["--prompt-tokens", str(a.prompt_tokens), "--output-tokens", str(a.output_tokens),
-          "--slo-ttft-ms", str(a.slo_ttft_ms), "--slo-tpot-ms", str(a.slo_tpot_ms)]
+calibrated = os.path.join(a.work, "calibrated.json")
+goals = ["--slo-ttft-ms", str(a.slo_ttft_ms), "--slo-tpot-ms", str(a.slo_tpot_ms)]
+lengths = ["--prompt-tokens", str(a.prompt_tokens), "--output-tokens", str(a.output_tokens)]
 
 
-def plan(rate, stages, extra):
-    p = subprocess.run([a.cleave, "plan", *extra, "--rate", str(rate), "--max-stages", str(stages), *common],
+def plan(args, stages=2):
+    p = subprocess.run([a.cleave, "plan", *args, "--max-stages", str(stages), *goals],
                        capture_output=True, text=True, timeout=600, check=True)
     rows = []
     for line in p.stdout.splitlines():
@@ -52,39 +63,82 @@ def plan(rate, stages, extra):
     return p.stdout, rows
 
 
-out, _ = plan(1, 2, ["-m", model, "--save-profile", profile, "-t", "1", "--max-seqs", "8"])
+class Server:
+    def __enter__(self):
+        self.proc = subprocess.Popen([a.cleave, "serve", "-m", model, "--topology", "pd", "-t", "1", "--parallel",
+                                      "8", "--port", "0", "--metrics"], stdout=subprocess.PIPE,
+                                     stderr=subprocess.DEVNULL, text=True)
+        self.url = None
+        deadline = time.time() + 60
+        while time.time() < deadline and self.url is None:
+            m = re.search(r"listening on (http://[0-9.]+:\d+)", self.proc.stdout.readline())
+            self.url = m.group(1) if m else None
+        return self
+
+    def metrics(self, path):
+        with open(path, "w") as f:
+            f.write(urllib.request.urlopen(self.url + "/metrics", timeout=30).read().decode())
+
+    def bench(self, rate, seed, out):
+        subprocess.run(["/usr/bin/python3", os.path.join(HERE, "..", "serve", "serve_bench.py"), "--base-url",
+                        self.url, "--model", "plan", "--num-prompts", str(a.prompts), "--request-rate", str(rate),
+                        "--input-mean", str(a.prompt_tokens), "--input-sigma", "0", "--output-mean",
+                        str(a.output_tokens), "--output-sigma", "0", "--slo-ttft-ms", str(a.slo_ttft_ms),
+                        "--slo-tpot-ms", str(a.slo_tpot_ms), "--seed", str(seed), "--json", out],
+                       check=True, capture_output=True, timeout=1800)
+        return json.load(open(out))["runs"][0]
+
+    def __exit__(self, *exc):
+        self.proc.send_signal(signal.SIGTERM)
+        self.proc.wait(timeout=60)
+
+
+out, _ = plan(["-m", model, "--save-profile", profile, "-t", "1", "--max-seqs", "8", "--rate", "1", *lengths])
 print(out.splitlines()[0])
+# Calibration: a warm server's step counters over a load of its own.
+with Server() as s:
+    s.bench(a.calibrate_rate, 100, os.path.join(a.work, "warm.json"))
+    s.metrics(os.path.join(a.work, "before.txt"))
+    s.bench(a.calibrate_rate, 101, os.path.join(a.work, "calibrate.json"))
+    s.metrics(os.path.join(a.work, "after.txt"))
+out, _ = plan(["--profile", profile, "--calibrate-metrics", os.path.join(a.work, "after.txt"), "--calibrate-baseline",
+               os.path.join(a.work, "before.txt"), "--save-profile", calibrated, "--rate", "1", *lengths])
+print(out.splitlines()[0])
+print(out.splitlines()[1])
+
 rows = []
 for rate in [float(r) for r in a.rates.split(",")]:
-    _, pred = plan(rate, 2, ["--profile", profile])
-    serve = subprocess.Popen([a.cleave, "serve", "-m", model, "--topology", "pd", "-t", "1", "--parallel", "8",
-                              "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    url = None
-    deadline = time.time() + 60
-    while time.time() < deadline and url is None:
-        m = re.search(r"listening on (http://[0-9.]+:\d+)", serve.stdout.readline())
-        url = m.group(1) if m else None
-    res = os.path.join(a.work, f"serve_{rate}.json")
-    subprocess.run(["/usr/bin/python3", os.path.join(HERE, "..", "serve", "serve_bench.py"), "--base-url", url,
-                    "--model", "plan", "--num-prompts", str(a.prompts), "--request-rate", str(rate),
-                    "--input-mean", str(a.prompt_tokens), "--input-sigma", "0", "--output-mean",
-                    str(a.output_tokens), "--output-sigma", "0", "--slo-ttft-ms", str(a.slo_ttft_ms),
-                    "--slo-tpot-ms", str(a.slo_tpot_ms), "--seed", "1", "--json", res],
-                   check=True, capture_output=True, timeout=1800)
-    serve.send_signal(signal.SIGTERM)
-    serve.wait(timeout=60)
-    s = json.load(open(res))["runs"][0]["summary"] if "runs" in json.load(open(res)) else json.load(open(res))["summary"]
-    measured = {"attainment": s["slo_attainment"], "goodput": rate * s["slo_attainment"],
-                "ttft_p90_ms": s["ttft_ms"]["p90"], "tpot_p90_ms": s["tpot_ms"]["p90"]}
-    p = pred[0]
-    err = abs(p["goodput"] - measured["goodput"]) / measured["goodput"] if measured["goodput"] else None
-    rows.append({"rate": rate, "predicted": p, "measured": measured, "goodput_error": err})
-    print(f"rate {rate:5.1f}/s  goodput predicted {p['goodput']:6.2f} measured {measured['goodput']:6.2f} "
-          f"({'-' if err is None else f'{err * 100:.1f} %'})  attainment {p['attainment']:.3f} / "
-          f"{measured['attainment']:.3f}  TTFT p90 {p['ttft_p90_ms']:.1f} / {measured['ttft_p90_ms']:.1f} ms  "
-          f"TPOT p90 {p['tpot_p90_ms']:.2f} / {measured['tpot_p90_ms']:.2f} ms")
+    runs = []
+    for run in range(a.runs):
+        with Server() as s:
+            res = s.bench(rate, 1 + run, os.path.join(a.work, f"serve_{rate}_{run}.json"))
+        trace = os.path.join(a.work, f"trace_{rate}_{run}.jsonl")
+        with open(trace, "w") as f:
+            for r in res["requests"]:
+                f.write(json.dumps({"arrival_s": r["scheduled_s"], "prompt_tokens": r["prompt_len"],
+                                    "output_tokens": r["expected_output_len"]}) + "\n")
+        _, raw = plan(["--profile", profile, "--trace", trace])
+        _, cal = plan(["--profile", calibrated, "--trace", trace])
+        span = max(r["scheduled_s"] for r in res["requests"]) - min(r["scheduled_s"] for r in res["requests"])
+        trace_rate = (len(res["requests"]) - 1) / span
+        sm = res["summary"]
+        measured = {"attainment": sm["slo_attainment"], "goodput": trace_rate * sm["slo_attainment"],
+                    "ttft_p90_ms": sm["ttft_ms"]["p90"], "tpot_p90_ms": sm["tpot_ms"]["p90"]}
+        err = lambda p: abs(p["goodput"] - measured["goodput"]) / measured["goodput"] if measured["goodput"] else None
+        runs.append({"measured": measured, "raw": raw[0], "calibrated": cal[0], "raw_error": err(raw[0]),
+                     "calibrated_error": err(cal[0])})
+        c = cal[0]
+        print(f"rate {rate:5.1f}/s run {run}: goodput measured {measured['goodput']:6.2f}, calibrated "
+              f"{c['goodput']:6.2f} ({runs[-1]['calibrated_error'] * 100:.1f} %), raw {raw[0]['goodput']:6.2f} "
+              f"({runs[-1]['raw_error'] * 100:.1f} %); TTFT p90 {measured['ttft_p90_ms']:.1f} / {c['ttft_p90_ms']:.1f} ms, "
+              f"TPOT p90 {measured['tpot_p90_ms']:.2f} / {c['tpot_p90_ms']:.2f} ms", flush=True)
+    med = lambda k: statistics.median(r[k] for r in runs)
+    rows.append({"rate": rate, "runs": runs, "median_calibrated_error": med("calibrated_error"),
+                 "median_raw_error": med("raw_error")})
+    print(f"rate {rate:5.1f}/s: median goodput error calibrated {rows[-1]['median_calibrated_error'] * 100:.1f} %, "
+          f"raw {rows[-1]['median_raw_error'] * 100:.1f} %", flush=True)
 big_rate = 32 * max(float(r) for r in a.rates.split(","))
-big, _ = plan(big_rate, 64, ["--profile", profile, "--requests", "4000"])
+big, _ = plan(["--profile", calibrated, "--rate", str(big_rate), "--requests", "4000", *lengths], 64)
 print(big)
 if a.json:
     json.dump({"rows": rows, "cluster64": big}, open(a.json, "w"), indent=1)

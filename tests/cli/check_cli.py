@@ -424,6 +424,48 @@ with open(bad_prof, "w") as f:
     f.write('{"prefill_ms_per_token": 0.1, "decode_ms": 1, "speed": 2}')
 expect_error("plan: an unknown profile field is refused by name", ["plan", "--profile", bad_prof, "--rate", "4"], 1,
              "unknown field 'speed'")
+# A recorded trace instead of Poisson arrivals, and calibration from a
+# served run's metrics (Prometheus text as a P/D server's /metrics writes it).
+trace = os.path.join(WORK, "cli-trace.jsonl")
+with open(trace, "w") as f:
+    for i in range(40):
+        f.write(json.dumps({"arrival_s": i * 0.25, "prompt_tokens": 16, "output_tokens": 8}) + "\n")
+rc, out, err = run("plan", "--profile", prof, "--trace", trace, "--max-stages", "2")
+expect("plan --trace: simulates the trace at its own rate", rc == 0 and "40 requests at 4 requests/s" in out, out + err)
+for flag, value in (("--rate", "4"), ("--requests", "10"), ("--prompt-tokens", "16"), ("--seed", "3")):
+    expect_error(f"plan: {flag} with --trace is refused", ["plan", "--profile", prof, "--trace", trace, flag, value],
+                 2, flag, "does not go with --trace")
+expect_error("plan: --rate or --trace is needed", ["plan", "--profile", prof], 2, "--rate")
+with open(os.path.join(WORK, "cli-bad-trace.jsonl"), "w") as f:
+    f.write('{"arrival_s": 0, "prompt_tokens": 16, "output_tokens": 8}\n{"arrival_s": "soon"}\n')
+expect_error("plan: a bad trace line is refused by line and field",
+             ["plan", "--profile", prof, "--trace", os.path.join(WORK, "cli-bad-trace.jsonl")], 1, "line 2",
+             "arrival_s")
+profile_fit = json.load(open(prof))
+metrics = os.path.join(WORK, "cli-metrics.txt")
+with open(metrics, "w") as f:  # steps exactly twice the profile's (prefill) and 1.5 times (decode)
+    pre = 100 * (profile_fit["prefill_ms"] + 16 * profile_fit["prefill_ms_per_token"]) * 2
+    dec = 1000 * (profile_fit["decode_ms"] + 4 * profile_fit["decode_ms_per_row"]) * 1.5
+    f.write(f'cleave_actor_stat{{actor="prefill/0",name="steps"}} 100\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="step_us"}} {int(round(pre * 1e3))}\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="prefill_tokens"}} 1600\n'
+            f'cleave_actor_stat{{actor="decode/0",name="steps"}} 1000\n'
+            f'cleave_actor_stat{{actor="decode/0",name="step_us"}} {int(round(dec * 1e3))}\n'
+            f'cleave_actor_stat{{actor="decode/0",name="decode_rows"}} 4000\n')
+cal = os.path.join(WORK, "cli-calibrated.json")
+rc, out, err = run("plan", "--profile", prof, "--calibrate-metrics", metrics, "--save-profile", cal, "--trace", trace,
+                   "--max-stages", "2")
+saved = json.load(open(cal)) if os.path.exists(cal) else {}
+expect("plan --calibrate-metrics: each role's steps scaled by what they took while serving",
+       rc == 0 and "prefill steps x2.000" in out and "decode steps x1.500" in out and
+       abs(saved.get("decode_ms_per_row", 0) / (1.5 * profile_fit["decode_ms_per_row"]) - 1) < 1e-6, out + err)
+expect_error("plan: --calibrate-baseline needs --calibrate-metrics",
+             ["plan", "--profile", prof, "--calibrate-baseline", metrics, "--rate", "4"], 2, "--calibrate-baseline")
+expect_error("plan: metrics that name no prefill or decode stage are refused",
+             ["plan", "--profile", prof, "--calibrate-metrics", os.path.join(WORK, "cli-trace.jsonl"), "--rate", "4"],
+             1, "the metrics name no prefill stage")
+expect_error("plan: --save-profile that would copy --profile is refused",
+             ["plan", "--profile", prof, "--save-profile", cal, "--rate", "4"], 2, "--save-profile")
 
 # --experts: the FFN experts on their own hosts give mono's tokens and logits
 # hashes (generate --requests over every topology); bad sets are refused.

@@ -6,6 +6,11 @@
 // undominated rows; profiles and workloads are checked by name.
 #include <doctest/doctest.h>
 
+#include <random>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "planner/plan.h"
 
 using namespace cleave;
@@ -160,4 +165,126 @@ TEST_CASE("planner: profiles and workloads are checked by name") {
   w = Workload{};
   w.prompt_max = 1;
   CHECK(validate_workload(w).message().find("prompt tokens") != std::string::npos);
+}
+
+TEST_CASE("planner: a trace replaces the Poisson arrivals, and the same arrivals give the same outcome") {
+  const StepProfile p = linear(0.01, 1, 0.5);  // prefill 0.01 ms/token, decode 1 + 0.5 rows
+  // Far apart: each request alone, its step costs exactly (as an idle cluster).
+  Workload w;
+  w.trace = {{0, 100, 5}, {1000, 200, 3}, {2000, 100, 9}};
+  const Outcome o = simulate(p, w, Slo{}, Placement{});
+  CHECK(o.ttft_p90_ms == doctest::Approx(2.0));   // the 200-token prompt
+  CHECK(o.tpot_p90_ms == doctest::Approx(1.5));   // one row a step
+  CHECK(o.goodput == doctest::Approx(1.0));       // 2 gaps over 2 s, everything meets no goal
+  CHECK(trace_rate(w.trace) == doctest::Approx(1.0));
+  // A trace written from a generated workload's arrivals gives its outcome.
+  Workload gen = fixed(40, 64, 16, 300);
+  gen.seed = 7;
+  Workload replay;
+  {
+    std::mt19937_64 rng(gen.seed);  // as the simulation draws them
+    std::exponential_distribution<double> gap(gen.rate);
+    std::uniform_int_distribution<int32_t> prompt(64, 64), output(16, 16);
+    double t = 0;
+    for (int i = 0; i < gen.requests; ++i) {
+      t += gap(rng) * 1e3;
+      const int32_t pr = prompt(rng), out = output(rng);
+      replay.trace.push_back({t, pr, out});
+    }
+  }
+  const Slo slo{8, 3};
+  const Outcome a = simulate(p, gen, slo, Placement{1, 2}), b = simulate(p, replay, slo, Placement{1, 2});
+  CHECK(a.attainment == b.attainment);
+  CHECK(a.ttft_p90_ms == b.ttft_p90_ms);
+  CHECK(a.tpot_p90_ms == b.tpot_p90_ms);
+  CHECK(b.goodput == doctest::Approx(trace_rate(replay.trace) * b.attainment));
+}
+
+TEST_CASE("planner: traces are parsed and checked by line and field") {
+  auto t = parse_trace("{\"arrival_s\": 0.5, \"prompt_tokens\": 10, \"output_tokens\": 2}\n\n"
+                       "{\"output_tokens\": 3, \"arrival_s\": 0.25, \"prompt_tokens\": 20}\n");
+  REQUIRE(t.ok());
+  REQUIRE(t->size() == 2);
+  CHECK((*t)[0].arrival_ms == 250);  // sorted by arrival
+  CHECK((*t)[0].prompt == 20);
+  CHECK((*t)[1].output == 2);
+  CHECK(trace_rate(*t) == doctest::Approx(4.0));
+  const std::string ok = "{\"arrival_s\": 0, \"prompt_tokens\": 1, \"output_tokens\": 1}\n";
+  for (auto [text, needle] : std::vector<std::pair<std::string, const char*>>{
+           {ok, "at least 2 requests"},
+           {ok + ok, "arrives at once"},
+           {ok + "[1]\n", "line 2: not a JSON object"},
+           {ok + "{\"arrival_s\": -1, \"prompt_tokens\": 1, \"output_tokens\": 1}", "line 2: arrival_s must be"},
+           {ok + "{\"arrival_s\": 1, \"prompt_tokens\": 0, \"output_tokens\": 1}", "prompt_tokens must be an integer"},
+           {ok + "{\"arrival_s\": 1, \"prompt_tokens\": 1, \"output_tokens\": 1.5}", "output_tokens must be"},
+           {ok + "{\"arrival_s\": 1, \"prompt_tokens\": 1}", "missing output_tokens"},
+           {ok + "{\"arrival_s\": 1, \"prompt_tokens\": 1, \"output_tokens\": 1, \"model\": \"x\"}",
+            "unknown field 'model'"}}) {
+    auto r = parse_trace(text);
+    REQUIRE_FALSE(r.ok());
+    CHECK(r.status().code() == Code::invalid_argument);
+    CHECK_MESSAGE(r.status().message().find(needle) != std::string::npos, r.status().message());
+  }
+  Workload w;
+  w.trace = {{5, 1, 1}, {1, 1, 1}};
+  CHECK(validate_workload(w).message().find("in order") != std::string::npos);
+}
+
+TEST_CASE("planner: calibration scales each role by its served steps over the profile's prediction") {
+  const std::string metrics =
+      "# TYPE cleave_actor_stat gauge\n"
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"steps\"} 100\n"
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"step_us\"} 300000\n"
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"prefill_tokens\"} 12800\n"
+      "cleave_actor_stat{actor=\"p1/prefill/0\",name=\"steps\"} 100\n"  // a node's, summed in
+      "cleave_actor_stat{actor=\"p1/prefill/0\",name=\"step_us\"} 300000\n"
+      "cleave_actor_stat{actor=\"p1/prefill/0\",name=\"prefill_tokens\"} 12800\n"
+      "cleave_actor_stat{actor=\"decode/0\",name=\"steps\"} 1000\n"
+      "cleave_actor_stat{actor=\"decode/0\",name=\"step_us\"} 5000000\n"
+      "cleave_actor_stat{actor=\"decode/0\",name=\"decode_rows\"} 4000\n"
+      "cleave_actor_stat{actor=\"colocated/0\",name=\"steps\"} 77\n"  // mixes both phases: not counted
+      "cleave_actor_stat{actor=\"router\",name=\"steps\"} 5\n"
+      "cleave_stage_steps_total{stage=\"decode/0\"} 1000\n";
+  auto run = parse_served_metrics(metrics);
+  REQUIRE(run.ok());
+  CHECK(run->prefill.steps == 200);
+  CHECK(run->prefill.step_ms == 600);
+  CHECK(run->prefill.prefill_tokens == 25600);
+  CHECK(run->decode.steps == 1000);
+  CHECK(run->decode.step_ms == 5000);
+  CHECK(run->decode.decode_rows == 4000);
+  // Profile: prefill 1 + 0.0125 x 128 = 2.6 ms a step against 3 served;
+  // decode 1 + 0.5 x 4 = 3 ms against 5.
+  StepProfile p = linear(0.0125, 1, 0.5);
+  p.prefill_ms = 1;
+  p.handoff_ms = 2;
+  auto c = calibrate(p, *run);
+  REQUIRE(c.ok());
+  CHECK(c->prefill_factor == doctest::Approx(3.0 / 2.6));
+  CHECK(c->decode_factor == doctest::Approx(5.0 / 3.0));
+  const StepProfile q = calibrated(p, *c);
+  CHECK(q.prefill_ms_per_token == doctest::Approx(0.0125 * 3.0 / 2.6));
+  CHECK(q.decode_ms == doctest::Approx(5.0 / 3.0));
+  CHECK(q.decode_ms_per_row == doctest::Approx(0.5 * 5.0 / 3.0));
+  CHECK(q.handoff_ms == 2);
+  // Between two snapshots only what the load added counts.
+  ServedRun before = *run;
+  before.decode.steps = 500;
+  before.decode.step_ms = 1000;
+  before.decode.decode_rows = 1000;
+  auto d = served_between(before, *run);
+  REQUIRE(d.ok());
+  CHECK(d->decode.steps == 500);
+  CHECK(d->decode.step_ms == 4000);
+  CHECK(d->prefill.steps == 0);
+  CHECK(served_between(*run, before).status().message().find("went down") != std::string::npos);
+  // Refusals.
+  CHECK(calibrate(p, *d).status().message().find("0 prefill steps, too few") != std::string::npos);
+  StepProfile other = p;
+  other.decode_ms = 100;  // another machine's or model's
+  CHECK(calibrate(other, *run).status().message().find("decode steps took") != std::string::npos);
+  CHECK(parse_served_metrics("cleave_actor_stat{actor=\"colocated/0\",name=\"steps\"} 5\n")
+            .status()
+            .message()
+            .find("no prefill stage") != std::string::npos);
 }
