@@ -16,6 +16,8 @@ Status validate_pd_controller(const PdControllerConfig& c) {
   if (!(c.cooldown_s >= 0) || !(c.cooldown_s <= 86400))
     return bad("cooldown_s must be 0 to 86400, got " + std::to_string(c.cooldown_s));
   if (!(c.margin >= 0) || !(c.margin <= 10)) return bad("margin must be 0 to 10, got " + std::to_string(c.margin));
+  if (!(c.switch_grace_s >= 0) || !(c.switch_grace_s <= 3600))
+    return bad("switch_grace_s must be 0 to 3600, got " + std::to_string(c.switch_grace_s));
   return Status::Ok();
 }
 

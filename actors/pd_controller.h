@@ -25,13 +25,17 @@ struct PdControllerConfig {
   int32_t confirm = 3;              // intervals a verdict must hold
   double cooldown_s = 5.0;          // after a move, none for this long
   double margin = 0.25;             // how much further over its goal one side must be
+  // A switching stage first finishes what it holds, this long at most;
+  // what is left then moves to stages of its role (recomputed or read from
+  // the store there). 0: moves at once.
+  double switch_grace_s = 2.0;
 
   bool enabled() const { return ttft_ms > 0 || tpot_ms > 0; }
 };
 
 // invalid_argument naming the field: goals finite and >= 0 (one > 0),
 // interval_s in (0, 3600], confirm in 1..1000, cooldown_s in [0, 86400],
-// margin in [0, 10].
+// margin in [0, 10], switch_grace_s in [0, 3600].
 Status validate_pd_controller(const PdControllerConfig& c);
 
 enum class RoleMove { none, to_prefill, to_decode };

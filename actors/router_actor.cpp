@@ -75,6 +75,8 @@ struct RouterState {
   std::unique_ptr<PdController> pd;  // the adaptive P:D ratio, when configured
   Clock::time_point next_pd_decision;
   bool switching = false;            // a role switch is under way
+  int32_t switch_stage = -1;         // the stage finishing its requests before it switches
+  Clock::time_point switch_deadline;  // then whatever it still holds moves to stages of its role
   std::unique_ptr<ScaleController> scaler;  // autoscale of the entry stages, when configured
   std::unique_ptr<ScaleController> encoder_scaler;  // and of the vision encoders (encode_ms)
   Clock::time_point next_scale_decision;
@@ -224,6 +226,8 @@ bool any_encoder_alive(const RouterState& s) {
   return false;
 }
 
+void finish_switch(router_pointer self);
+
 void finish(router_pointer self, uint64_t id, const msg::StreamEvent& e) {
   auto& s = self->state;
   auto it = s.pending.find(id);
@@ -235,6 +239,7 @@ void finish(router_pointer self, uint64_t id, const msg::StreamEvent& e) {
   if (e.kind == msg::StreamEvent::Kind::finished) ++s.finished;
   else ++s.failed;
   s.sinks->emit(e);
+  finish_switch(self);
 }
 
 // Fails a pending request and tells its stage to drop it.
@@ -495,15 +500,33 @@ uint64_t move_off(router_pointer self, const std::vector<int32_t>& which) {
   return uint64_t(affected.size());
 }
 
-// The P:D controller moved stage i to the other role: it takes nothing new,
-// its requests move to stages of its role, then it switches and serves the
-// other phase (a refusal, say KV still arriving, leaves it as it was).
+// The P:D controller moved stage i to the other role: it takes nothing new
+// and finishes what it holds (switch_grace_s at most: what is left then
+// moves to stages of its role), then it switches and serves the other phase
+// (a refusal, say KV still arriving, leaves it as it was).
 void switch_role(router_pointer self, int32_t i) {
   auto& s = self->state;
-  auto& st = s.stages[size_t(i)];
-  const bool to_prefill = st.kind == ActorKind::decode;
-  st.draining = true;
+  s.stages[size_t(i)].draining = true;
   s.switching = true;
+  s.switch_stage = i;
+  s.switch_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                         std::chrono::duration<double>(s.pd->config().switch_grace_s));
+  finish_switch(self);
+}
+
+// The switching stage's last request is done, or its grace is over.
+void finish_switch(router_pointer self) {
+  auto& s = self->state;
+  if (s.switch_stage < 0) return;
+  const int32_t i = s.switch_stage;
+  auto& st = s.stages[size_t(i)];
+  if (st.alive && st.in_flight > 0 && Clock::now() < s.switch_deadline) return;
+  s.switch_stage = -1;
+  if (!st.alive) {  // went down meanwhile: its requests were re-placed
+    s.switching = false;
+    return;
+  }
+  const bool to_prefill = st.kind == ActorKind::decode;
   move_off(self, {i});
   self->request(st.handle, kStageTimeout, role_atom::value, std::string(to_prefill ? "prefill" : "decode"))
       .then(
@@ -656,6 +679,7 @@ void on_handoff(router_pointer self, const Bytes& bytes, const kv_sender_actor* 
   leave_stage(s, *p);
   p->stage = -1;
   place_continue(self, id, bytes, source);
+  finish_switch(self);
 }
 
 // Admission of a submitted or resumed request (resume: `generated` tokens
@@ -883,6 +907,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                                      " made no progress for " +
                                                      std::to_string(s.config.request_timeout_s) + " s"));
         }
+        finish_switch(self);
         control_pd(self);
         control_autoscale(self);
         self->delayed_send(caf::actor_cast<router_actor>(self), kTickInterval, tick_atom::value);

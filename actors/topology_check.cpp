@@ -91,7 +91,8 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
       return at(first_with("prefill")->line,
                 "prefill actors but no decode or colocated actor in the cluster" + of + " (P/D needs both)");
     if (c.pd_controller.ttft_ms != 0 || c.pd_controller.tpot_ms != 0 || c.pd_controller.confirm != 3 ||
-        c.pd_controller.interval_s != 1.0 || c.pd_controller.cooldown_s != 5.0 || c.pd_controller.margin != 0.25) {
+        c.pd_controller.interval_s != 1.0 || c.pd_controller.cooldown_s != 5.0 || c.pd_controller.margin != 0.25 ||
+        c.pd_controller.switch_grace_s != PdControllerConfig{}.switch_grace_s) {
       if (Status st = validate_pd_controller(c.pd_controller); !st.ok()) return at(head->line, "cluster{}." + st.message());
       if (prefill == 0 || decode == 0)
         return at(head->line, "cluster{}.pd_controller moves stages between prefill and decode: the cluster" + of +

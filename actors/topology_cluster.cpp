@@ -71,10 +71,12 @@ void read_router(lua_State* L, int t, const char* what, RawRouter* r) {
 }
 
 // pd_controller = { ttft_ms = 500, tpot_ms = 50, interval_s = 1, confirm = 3,
-// cooldown_s = 5, margin = 0.25 }: types here; ranges and the roles it needs
+// cooldown_s = 5, margin = 0.25, switch_grace_s = 2 }: types here; ranges and the roles it needs
 // in check_cluster (validate_pd_controller).
 void read_pd_controller(lua_State* L, int t, const char* what, PdControllerConfig* out) {
-  static constexpr const char* kFields[] = {"ttft_ms", "tpot_ms", "interval_s", "confirm", "cooldown_s", "margin"};
+  static constexpr const char* kFields[] = {"ttft_ms",    "tpot_ms", "interval_s",
+                                            "confirm",    "cooldown_s", "margin",
+                                            "switch_grace_s"};
   int type = raw_field(L, t, "pd_controller");
   if (type == LUA_TNIL) {
     lua_pop(L, 1);
@@ -86,10 +88,10 @@ void read_pd_controller(lua_State* L, int t, const char* what, PdControllerConfi
   const int ct = lua_gettop(L);
   const char* cwhat = "cluster{}.pd_controller";
   check_plain_table(L, ct, cwhat);
-  check_fields(L, ct, cwhat, kFields, "ttft_ms, tpot_ms, interval_s, confirm, cooldown_s, margin");
+  check_fields(L, ct, cwhat, kFields, "ttft_ms, tpot_ms, interval_s, confirm, cooldown_s, margin, switch_grace_s");
   for (auto [key, v] : {std::pair<const char*, double*>{"ttft_ms", &out->ttft_ms}, {"tpot_ms", &out->tpot_ms},
                         {"interval_s", &out->interval_s}, {"cooldown_s", &out->cooldown_s},
-                        {"margin", &out->margin}}) {
+                        {"margin", &out->margin}, {"switch_grace_s", &out->switch_grace_s}}) {
     const int ft = raw_field(L, ct, key);
     if (ft == LUA_TNUMBER) *v = double(lua_tonumber(L, -1));
     else if (ft != LUA_TNIL) raise(L, "%s: %s must be a number, got %s", cwhat, key, lua_typename(L, ft));

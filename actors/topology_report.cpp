@@ -70,9 +70,10 @@ std::string topology_summary(const ClusterSpec& c) {
 
 static std::string pd_text(const PdControllerConfig& p) {
   if (!p.enabled()) return "";
-  char buf[160];
-  std::snprintf(buf, sizeof buf, ", pd controller (ttft %g ms, tpot %g ms, every %g s, confirm %d, cooldown %g s)",
-                p.ttft_ms, p.tpot_ms, p.interval_s, int(p.confirm), p.cooldown_s);
+  char buf[192];
+  std::snprintf(buf, sizeof buf,
+                ", pd controller (ttft %g ms, tpot %g ms, every %g s, confirm %d, cooldown %g s, switch grace %g s)",
+                p.ttft_ms, p.tpot_ms, p.interval_s, int(p.confirm), p.cooldown_s, p.switch_grace_s);
   return buf;
 }
 

@@ -39,9 +39,18 @@ TEST_CASE("pd controller with real actors: stages switch roles toward the goal t
     const char* grows;  // the role that gains stages
   };
   // A TTFT goal nothing meets (1 us) against a TPOT goal anything meets: the
-  // decoders go to prefill, down to one; and the reverse.
-  for (const Case& k : {Case{"TTFT missed", 1, 3, eager(0.001, 1e6), "prefill"},
-                        Case{"TPOT missed", 3, 1, eager(1e6, 0.001), "decode"}}) {
+  // decoders go to prefill, down to one; and the reverse. A switching stage
+  // finishes its requests first (a grace longer than any run: none moves)
+  // or hands them over at once (grace 0: they move, recomputed or read from
+  // the store, with the same tokens).
+  auto graced = [](PdControllerConfig c, double grace) {
+    c.switch_grace_s = grace;
+    return c;
+  };
+  for (const Case& k : {Case{"TTFT missed, moved at once", 1, 3, graced(eager(0.001, 1e6), 0), "prefill"},
+                        Case{"TPOT missed, moved at once", 3, 1, graced(eager(1e6, 0.001), 0), "decode"},
+                        Case{"TTFT missed, finished first", 1, 3, graced(eager(0.001, 1e6), 600), "prefill"},
+                        Case{"TPOT missed, finished first", 3, 1, graced(eager(1e6, 0.001), 600), "decode"}}) {
     const std::string what = k.what;
     CAPTURE(what);
     PipelineOptions o = base_options(Topology::pd, k.p, k.d);
@@ -62,6 +71,7 @@ TEST_CASE("pd controller with real actors: stages switch roles toward the goal t
     CHECK(router->get("alive_prefill") >= 1);
     CHECK(router->get("alive_decode") >= 1);
     CHECK(router->get(to_prefill ? "alive_prefill" : "alive_decode") >= 2);
+    if (k.goals.switch_grace_s > 0) CHECK(router->get("migrated") == 0);  // every request finished where it was
     MESSAGE(what << ": " << router->get("role_switches") << " switches, " << router->get("migrated")
                    << " requests moved; now P" << router->get("alive_prefill") << " D"
                    << router->get("alive_decode"));

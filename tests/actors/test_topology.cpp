@@ -287,7 +287,7 @@ TEST_CASE("node model: several models in one cluster, each checked as a cluster 
 TEST_CASE("cluster pd_controller: goals for the P:D controller, checked, and only with prefill and decode") {
   const std::string pd = "node { name = 'head', head = true, actors = { prefill = 1, decode = 2 } }\n";
   auto c = load_ok("cluster { pd_controller = { ttft_ms = 500, tpot_ms = 50, interval_s = 0.5, confirm = 2, "
-                   "cooldown_s = 10, margin = 0.5 } }\n" + pd);
+                   "cooldown_s = 10, margin = 0.5, switch_grace_s = 0.5 } }\n" + pd);
   CHECK(c.pd_controller.enabled());
   CHECK(c.pd_controller.ttft_ms == 500);
   CHECK(c.pd_controller.tpot_ms == 50);
@@ -295,8 +295,10 @@ TEST_CASE("cluster pd_controller: goals for the P:D controller, checked, and onl
   CHECK(c.pd_controller.confirm == 2);
   CHECK(c.pd_controller.cooldown_s == 10);
   CHECK(c.pd_controller.margin == 0.5);
-  CHECK(placement_table(c).find("pd controller (ttft 500 ms, tpot 50 ms, every 0.5 s, confirm 2, cooldown 10 s)") !=
-        std::string::npos);
+  CHECK(c.pd_controller.switch_grace_s == 0.5);
+  CHECK(placement_table(c).find("pd controller (ttft 500 ms, tpot 50 ms, every 0.5 s, confirm 2, cooldown 10 s, "
+                                "switch grace 0.5 s)") != std::string::npos);
+  CHECK(load_ok("cluster { pd_controller = { tpot_ms = 9 } }\n" + pd).pd_controller.switch_grace_s == 2);
   CHECK_FALSE(load_ok(pd).pd_controller.enabled());
   struct Bad {
     std::string script;
@@ -309,6 +311,9 @@ TEST_CASE("cluster pd_controller: goals for the P:D controller, checked, and onl
                        Bad{"cluster { pd_controller = { ttft_ms = 5, confirm = 1.5 } }\n" + pd, "whole number"},
                        Bad{"cluster { pd_controller = { ttft_ms = 'fast' } }\n" + pd, "ttft_ms must be a number"},
                        Bad{"cluster { pd_controller = { ttft = 5 } }\n" + pd, "ttft"},
+                       Bad{"cluster { pd_controller = { ttft_ms = 5, switch_grace_s = -1 } }\n" + pd,
+                           "switch_grace_s must be 0 to 3600"},
+                       Bad{"cluster { pd_controller = { switch_grace_s = 1 } }\n" + kHead, "needs a goal"},
                        Bad{"cluster { pd_controller = 5 }\n" + pd, "field 'pd_controller' must be a table"}}) {
     CAPTURE(b.script);
     auto r = load_topology_string(b.script, "topo.lua");
