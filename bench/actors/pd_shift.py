@@ -14,7 +14,8 @@ unloaded TTFT and TPOT on P1 D1 (4 requests one by one) times --slo-factor
 are its goals, and each phase's rate is --load x the best closed-loop
 throughput of the fixed splits in that phase (8 in flight).
 
-usage: pd_shift.py CLEAVE VOCAB WORKDIR [--stages 3] [--runs 3] [--json FILE]"""
+usage: pd_shift.py CLEAVE VOCAB WORKDIR [--stages 3] [--runs 3] [--phase-s 20] [--interval-s 1]
+       [--confirm 2] [--cooldown-s 4] [--switch-grace-s 2] [--json FILE]"""
 import argparse
 import json
 import os
@@ -34,6 +35,10 @@ ap.add_argument("--phase-s", type=float, default=20, help="seconds of arrivals p
 ap.add_argument("--load", type=float, default=0.8)
 ap.add_argument("--slo-factor", type=float, default=4)
 ap.add_argument("--adaptive-start", default="2:1")
+ap.add_argument("--interval-s", type=float, default=1, help="the controller's interval")
+ap.add_argument("--confirm", type=int, default=2, help="intervals a verdict must hold")
+ap.add_argument("--cooldown-s", type=float, default=4, help="no move this long after one")
+ap.add_argument("--switch-grace-s", type=float, default=2, help="a switching stage finishes its work this long")
 ap.add_argument("--json")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
@@ -82,8 +87,8 @@ for ph, r, g in zip(PHASES, rates, slo):
           f"goals TTFT {g[0]:.1f} ms, TPOT {g[1]:.2f} ms")
 
 p0, d0 = (int(x) for x in a.adaptive_start.split(":"))
-controller = (f"ttft_ms = {slo[0][0]:.3f}, tpot_ms = {slo[1][1]:.3f}, interval_s = 1, confirm = 2, "
-              f"cooldown_s = 4")
+controller = (f"ttft_ms = {slo[0][0]:.3f}, tpot_ms = {slo[1][1]:.3f}, interval_s = {a.interval_s:g}, "
+              f"confirm = {a.confirm}, cooldown_s = {a.cooldown_s:g}, switch_grace_s = {a.switch_grace_s:g}")
 configs = [(f"fixed P{p}:D{d}", p, d, "") for p, d in splits] + [(f"adaptive from P{p0}:D{d0}", p0, d0, controller)]
 results = {c[0]: [] for c in configs}
 for run in range(a.runs):
