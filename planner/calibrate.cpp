@@ -1,7 +1,7 @@
 // Step costs measured while serving against the profile's (plan.h:
 // parse_served_metrics, calibrate, calibrated).
 #include <cmath>
-#include <regex>
+#include <cstdlib>
 #include <sstream>
 #include <tuple>
 
@@ -9,23 +9,54 @@
 
 namespace cleave::planner {
 
+namespace {
+
+// `key="VALUE"` at `at` in line: VALUE, and `at` moved past the closing quote.
+bool quoted(const std::string& line, size_t& at, const char* key, std::string* value) {
+  const std::string open = std::string(key) + "=\"";
+  if (line.compare(at, open.size(), open) != 0) return false;
+  const size_t close = line.find('"', at + open.size());
+  if (close == std::string::npos) return false;
+  *value = line.substr(at + open.size(), close - at - open.size());
+  at = close + 1;
+  return true;
+}
+
+// "[NODE/]prefill/N" -> "prefill" (or decode); "" for any other actor.
+std::string role_of(const std::string& actor) {
+  const size_t last = actor.rfind('/');
+  if (last == std::string::npos || last + 1 == actor.size()) return "";
+  for (size_t i = last + 1; i < actor.size(); ++i)
+    if (actor[i] < '0' || actor[i] > '9') return "";
+  const size_t before = actor.rfind('/', last - 1);
+  const std::string role = actor.substr(before == std::string::npos ? 0 : before + 1,
+                                        last - (before == std::string::npos ? 0 : before + 1));
+  return role == "prefill" || role == "decode" ? role : "";
+}
+
+}  // namespace
+
+// cleave_actor_stat{actor="d0/decode/0",name="step_us"} 12345
 Result<ServedRun> parse_served_metrics(const std::string& text) {
-  // cleave_actor_stat{actor="d0/decode/0",name="step_us"} 12345
-  static const std::regex stat(
-      R"re(^cleave_actor_stat\{actor="(?:[^"/]*/)*(prefill|decode)/[0-9]+",name="([a-z_]+)"\} ([0-9.eE+]+)\s*$)re");
+  static const std::string kPrefix = "cleave_actor_stat{";
   ServedRun run;
   bool prefill = false, decode = false;
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.size() > 512 || line.compare(0, 18, "cleave_actor_stat{") != 0) continue;
-    std::smatch m;
-    if (!std::regex_match(line, m, stat)) continue;
-    ServedSteps& s = m[1] == "prefill" ? run.prefill : run.decode;
-    (m[1] == "prefill" ? prefill : decode) = true;
-    const double v = std::strtod(m[3].str().c_str(), nullptr);
-    if (!std::isfinite(v) || v < 0) continue;
-    const std::string name = m[2];
+    if (line.size() > 512 || line.compare(0, kPrefix.size(), kPrefix) != 0) continue;
+    size_t at = kPrefix.size();
+    std::string actor, name;
+    if (!quoted(line, at, "actor", &actor) || line.compare(at, 1, ",") != 0) continue;
+    ++at;
+    if (!quoted(line, at, "name", &name) || line.compare(at, 2, "} ") != 0) continue;
+    const std::string role = role_of(actor);
+    if (role.empty()) continue;
+    char* end = nullptr;
+    const double v = std::strtod(line.c_str() + at + 2, &end);
+    if (end == line.c_str() + at + 2 || !std::isfinite(v) || v < 0) continue;
+    ServedSteps& s = role == "prefill" ? run.prefill : run.decode;
+    (role == "prefill" ? prefill : decode) = true;
     if (name == "steps") s.steps += v;
     else if (name == "step_us") s.step_ms += v / 1e3;
     else if (name == "prefill_tokens") s.prefill_tokens += v;
