@@ -459,6 +459,23 @@ saved = json.load(open(cal)) if os.path.exists(cal) else {}
 expect("plan --calibrate-metrics: each role's steps scaled by what they took while serving",
        rc == 0 and "prefill steps x2.000" in out and "decode steps x1.500" in out and
        abs(saved.get("decode_ms_per_row", 0) / (1.5 * profile_fit["decode_ms_per_row"]) - 1) < 1e-6, out + err)
+baseline = os.path.join(WORK, "cli-metrics-before.txt")
+with open(baseline, "w") as f:  # half the steps, at the profile's own speed: the load added 3x and 2x
+    pre0 = 50 * (profile_fit["prefill_ms"] + 16 * profile_fit["prefill_ms_per_token"])
+    dec0 = 500 * (profile_fit["decode_ms"] + 4 * profile_fit["decode_ms_per_row"])
+    f.write(f'cleave_actor_stat{{actor="prefill/0",name="steps"}} 50\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="step_us"}} {int(round(pre0 * 1e3))}\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="prefill_tokens"}} 800\n'
+            f'cleave_actor_stat{{actor="decode/0",name="steps"}} 500\n'
+            f'cleave_actor_stat{{actor="decode/0",name="step_us"}} {int(round(dec0 * 1e3))}\n'
+            f'cleave_actor_stat{{actor="decode/0",name="decode_rows"}} 2000\n')
+rc, out, err = run("plan", "--profile", prof, "--calibrate-metrics", metrics, "--calibrate-baseline", baseline,
+                   "--trace", trace, "--max-stages", "2")
+expect("plan --calibrate-baseline: only what the load added counts",
+       rc == 0 and "prefill steps x3.000 (50 steps)" in out and "decode steps x2.000 (500 steps)" in out, out + err)
+expect_error("plan: a baseline taken after the load is refused",
+             ["plan", "--profile", prof, "--calibrate-metrics", baseline, "--calibrate-baseline", metrics, "--rate", "4"],
+             1, "went down")
 expect_error("plan: --calibrate-baseline needs --calibrate-metrics",
              ["plan", "--profile", prof, "--calibrate-baseline", metrics, "--rate", "4"], 2, "--calibrate-baseline")
 expect_error("plan: metrics that name no prefill or decode stage are refused",
