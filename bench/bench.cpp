@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench/batched_decode.h"
 #include "bench/limits.h"
 #include "model/clip.h"
 #include "model/engine.h"
@@ -282,6 +283,16 @@ int main(int argc, char** argv) {
   app.add_flag("--encoder", encoder, "only the vision encoder section: images/s at batch 1 and 16");
   app.add_option("--mmproj", mmprojs, "--encoder: mmproj files to run beside the generated one")
       ->check(CLI::ExistingFile);
+  bool batched = false;
+  bench::BatchedOptions bo;
+  app.add_flag("--batched", batched,
+               "only the batched-decode section: batch 1/8/32/64 on the 100M GQA model beside each "
+               "batch's roofline");
+  app.add_option("--batches", bo.batches, "--batched: batch sizes (the first must be 1)")
+      ->check(CLI::Range(1, 256))
+      ->delimiter(',');
+  app.add_option("--runs", bo.runs, "--batched: runs per batch (the median is reported)")
+      ->check(CLI::Range(1, 50));
   CLI11_PARSE(app, argc, argv);
   if (!run_one_path.empty()) return run_one(run_one_path, threads, prompt, decode);
 
@@ -289,6 +300,20 @@ int main(int argc, char** argv) {
   if (workdir.empty()) workdir = (std::filesystem::temp_directory_path() / "cleave-bench").string();
   std::filesystem::create_directories(workdir);
   if (encoder) return run_encoder_section(mmprojs, workdir, out_json);
+  if (batched) {
+    if (bo.batches.empty() || bo.batches.front() != 1) {
+      std::fprintf(stderr, "--batches: the first batch must be 1 (the others are compared with it)\n");
+      return 2;
+    }
+    bo.vocab = vocab;
+    bo.workdir = workdir;
+    bo.out_json = out_json;
+    if (app.count("--types")) bo.types = types;
+    if (app.count("--threads")) bo.threads = {threads};
+    bo.prompt = app.count("--prompt") ? prompt : 128;
+    bo.generate = app.count("--decode") ? decode : 64;
+    return bench::run_batched_section(bo);
+  }
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
 
   double busy = cpu_busy(1.0);

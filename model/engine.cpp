@@ -73,6 +73,11 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   e->model_fp_ = model_fp;
   e->own_last_ = o.last_layer < 0 ? c.n_layers - 1 : o.last_layer;
   e->backend_ = make_cpu_backend(o.threads);
+  if (o.profile_ops) {
+    auto profiling = std::make_unique<ProfilingBackend>(std::move(e->backend_));
+    e->profile_ = profiling.get();
+    e->backend_ = std::move(profiling);
+  }
   e->compute_ = std::make_unique<LayerCompute>(*e->model_, *e->backend_);
   e->layout_.dtype = uint32_t(DType::F32);
   e->layout_.tokens_per_block = o.block_size;

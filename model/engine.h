@@ -23,6 +23,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/op_profile.h"
 #include "model/experts.h"
 #include "model/layer_compute.h"
 #include "model/layer_stage.h"
@@ -61,6 +62,9 @@ struct EngineOptions {
   // rows, one behind another, so the stages work at once. Same bits for
   // any value; 1..64; no effect without a link.
   int32_t pipeline_micro_batches = 1;
+  // Time every backend op (kernels/op_profile.h; op_profile() reads it):
+  // where a step's time goes, for benchmarks. Off: no wrapper, no cost.
+  bool profile_ops = false;
 };
 
 // The KV pool an engine of these options makes for this model: kv_blocks,
@@ -78,6 +82,9 @@ class Engine {
   const LlamaConfig& config() const { return model_->config(); }
   const EngineOptions& options() const { return options_; }
   Backend& backend() { return *backend_; }
+  // The op times since the engine began (or the last reset()), when
+  // options().profile_ops; nullptr otherwise.
+  ProfilingBackend* op_profile() { return profile_; }
   int32_t context() const { return options_.context; }
 
   // XXH3-64 of the whole GGUF file: names the weights KV blocks were made with.
@@ -233,6 +240,7 @@ class Engine {
 
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Backend> backend_;
+  ProfilingBackend* profile_ = nullptr;  // backend_ itself, when profile_ops
   EngineOptions options_;
   uint64_t model_fp_ = 0;
   KvLayout layout_;

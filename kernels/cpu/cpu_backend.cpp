@@ -117,7 +117,7 @@ class CpuBackend final : public Backend {
                       n,
                       y};
     const cpu::Kernels& k = k_;
-    const int64_t nr = n == 1 ? k.nr1 : k.nr;  // split at the kernel's row blocks
+    const int64_t nr = n <= k.stream_n ? k.nr1 : k.nr;  // split at the kernel's row blocks
     const int64_t blocks = (w.rows + nr - 1) / nr;
     auto body = [&a, &k, nr](int64_t b0, int64_t b1, int) {
       const int64_t r0 = b0 * nr;

@@ -39,13 +39,14 @@ struct AttnArgs {
 };
 
 // Floats of scratch the attention kernel needs (per thread).
-#define CLEAVE_ATTN_SCRATCH(block_size, group) (size_t(block_size) + 2 * size_t(group) + 64)
+#define CLEAVE_ATTN_SCRATCH(block_size, group) (4 * (size_t(block_size) + 32) + 64)
 
 struct Kernels {
   int lanes;  // SIMD width of the reductions
   int mr;     // matmul microkernel: x rows ...
   int nr;     // ... by weight rows
-  int nr1;    // weight rows per block when n == 1 (decode)
+  int nr1;    // weight rows per block when n <= stream_n (decode, small batches)
+  int stream_n;  // up to this many x rows: the weights as nr1 streams, read once
   // y[i][r] for every i < n and r in [r0, r1).
   void (*matmul)(const MatmulArgs* a, int64_t r0, int64_t r1);
   void (*rmsnorm_row)(const float* x, const float* w, int64_t dim, float eps, float* y);

@@ -4,6 +4,10 @@
 
 #include "kernels/cpu/kern.h"
 
+#ifndef CLEAVE_STREAM_N
+#define CLEAVE_STREAM_N 16
+#endif
+
 namespace {
 
 struct V {
@@ -12,6 +16,10 @@ struct V {
   static constexpr int MR = 4;  // 4 x rows by 3 weight rows = 12 accumulators
   static constexpr int NR = 3;
   static constexpr int NR1 = 6;  // weight rows per decode (1 x row) block
+  // Up to this many x rows a matmul streams the weights as in decode
+  // (measured against the packed panels).
+  static constexpr int STREAM_N = CLEAVE_STREAM_N;
+  static constexpr int MR_STREAM = 2;  // x rows per pass over a block of NR1 streams
   static vec zero() { return _mm256_setzero_ps(); }
   static vec set1(float f) { return _mm256_set1_ps(f); }
   static vec loadu(const float* p) { return _mm256_loadu_ps(p); }

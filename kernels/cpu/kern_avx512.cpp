@@ -7,6 +7,10 @@
 
 #include "kernels/cpu/kern.h"
 
+#ifndef CLEAVE_STREAM_N
+#define CLEAVE_STREAM_N 16
+#endif
+
 namespace {
 
 struct V {
@@ -17,6 +21,10 @@ struct V {
   // Decode (1 x row): weight rows per block = concurrent row streams (6
   // measured best; 8, 12, 16 lose on Zen 5).
   static constexpr int NR1 = 6;
+  // Up to this many x rows a matmul streams the weights as in decode
+  // (measured against the packed panels).
+  static constexpr int STREAM_N = CLEAVE_STREAM_N;
+  static constexpr int MR_STREAM = 4;  // x rows per pass over a block of NR1 streams
   static vec zero() { return _mm512_setzero_ps(); }
   static vec set1(float f) { return _mm512_set1_ps(f); }
   static vec loadu(const float* p) { return _mm512_loadu_ps(p); }

@@ -17,6 +17,12 @@
 
 #include "kernels/cpu/kern.h"
 
+#ifndef CLEAVE_ATTN_PF
+#define CLEAVE_ATTN_PF 2
+#endif
+#ifndef CLEAVE_ATTN_PF_HINT
+#define CLEAVE_ATTN_PF_HINT 2
+#endif
 #ifndef CLEAVE_PF_BYTES
 #define CLEAVE_PF_BYTES 1024
 #endif
@@ -104,7 +110,7 @@ struct LQ8 {
 // ---- matmul ----------------------------------------------------------------
 
 // MI x-rows (stride cols) times NR weight rows (stride rs bytes):
-// y[i * ldy + j * ys]. MI == 1 (decode) prefetches each row pfd bytes ahead.
+// y[i * ldy + j * ys]. pfd > 0 prefetches each weight row pfd bytes ahead.
 template <class V, class L, int MI, int NR>
 void mk(const float* x, int64_t cols, const uint8_t* w, size_t rs, float* y, int64_t ldy,
         int64_t ys = 1, size_t pfd = 0) {
@@ -141,8 +147,7 @@ void mk(const float* x, int64_t cols, const uint8_t* w, size_t rs, float* y, int
     for (int i = 0; i < MI; ++i) xv[i] = V::loadu(x + i * cols + k);
 #pragma GCC unroll 16
     for (int j = 0; j < NR; ++j) {
-      if constexpr (MI == 1)
-        if (pfd) V::prefetch(L::addr(w + j * rs, k) + pfd);
+      if (pfd) V::prefetch(L::addr(w + j * rs, k) + pfd);
       const vec wv = L::load(w + j * rs, k);
 #pragma GCC unroll 8
       for (int i = 0; i < MI; ++i) acc[i][j] = V::fmadd(xv[i], wv, acc[i][j]);
@@ -246,14 +251,29 @@ void mk_any(int mi, int nr, const float* x, int64_t cols, const uint8_t* w, size
   }
 }
 
+// mk over mi x rows (1..MR) at once, the weight rows as decode streams.
+template <class V, class L, int NR>
+void mk_stream(int mi, const float* x, int64_t cols, const uint8_t* w, size_t rs, float* y,
+               int64_t ldy, int64_t ys, size_t pfd) {
+  switch (mi) {
+    case 1: mk<V, L, 1, NR>(x, cols, w, rs, y, ldy, ys, pfd); return;
+    case 2: mk<V, L, (V::MR >= 2 ? 2 : 1), NR>(x, cols, w, rs, y, ldy, ys, pfd); return;
+    case 3: mk<V, L, (V::MR >= 3 ? 3 : 1), NR>(x, cols, w, rs, y, ldy, ys, pfd); return;
+    case 4: mk<V, L, (V::MR >= 4 ? 4 : 1), NR>(x, cols, w, rs, y, ldy, ys, pfd); return;
+    default: __builtin_trap();
+  }
+}
+
 template <class V, class L>
 void matmul_t(const MatmulArgs* a, int64_t r0, int64_t r1) {
   const int64_t cols = a->cols, rows = a->rows, n = a->n;
   const size_t rb = a->row_bytes;
-  if (n == 1) {
-    // Decode: the range's rows as NR1 long streams (block b takes rows
-    // r0 + b + j * S), so each stream reads contiguous memory for the
-    // hardware prefetchers; every output still runs mk's operation sequence.
+  if (n <= V::STREAM_N) {
+    // Decode and small batches: the range's rows as NR1 long streams (block
+    // b takes rows r0 + b + j * S), so each stream reads contiguous memory
+    // for the hardware prefetchers; the x rows go through each block of
+    // weight rows MR_STREAM at a time while it sits in L1 (read from memory once).
+    // Every output still runs mk's operation sequence.
     const int64_t S = (r1 - r0) / V::NR1;
     // Software prefetch L::kDecodePfRows rows ahead in each stream (Q8_0:
     // CLEAVE_PF_BYTES ahead). Measured on Zen 5 (100M and 15M models, 1 and 2
@@ -261,11 +281,15 @@ void matmul_t(const MatmulArgs* a, int64_t r0, int64_t r1) {
     // L3-sized 15M), F32 (3 KiB rows) gains ~15% from 2 rows.
     const size_t pfd = L::kBlock > V::W ? size_t(CLEAVE_PF_BYTES) : L::kDecodePfRows * rb;
     for (int64_t b = 0; b < S; ++b)
-      mk<V, L, 1, V::NR1>(a->x, cols, a->w + size_t(r0 + b) * rb, S * rb, a->y + r0 + b, rows, S,
-                          pfd);
+      for (int64_t i = 0; i < n; i += V::MR_STREAM)
+        mk_stream<V, L, V::NR1>(int(min_of<int64_t>(V::MR_STREAM, n - i)), a->x + i * cols, cols,
+                                a->w + size_t(r0 + b) * rb, S * rb, a->y + i * rows + r0 + b, rows, S,
+                                i == 0 ? pfd : 0);
     for (int64_t r = r0 + S * V::NR1; r < r1; r += V::NR) {
       const int nr = int(min_of<int64_t>(V::NR, r1 - r));
-      mk_nr<V, L, 1>(nr, a->x, cols, a->w + size_t(r) * rb, rb, a->y + r, rows);
+      for (int64_t i = 0; i < n; i += V::MR)
+        mk_any<V, L>(int(min_of<int64_t>(V::MR, n - i)), nr, a->x + i * cols, cols, a->w + size_t(r) * rb, rb,
+                     a->y + i * rows + r, rows);
     }
     return;
   }
@@ -484,89 +508,174 @@ void silu_mul_k(const float* g, const float* u, int64_t count, float* out) {
 
 // ---- attention ---------------------------------------------------------------
 
-template <class V>
-void attn_k(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
-            int32_t pos, float* out, float* scratch) {
+// GG query heads (of the group reading one kv head) over the positions
+// [0, pos], block by block in order with an online softmax. Per block:
+// - scores: position t's q.k runs dot<V>'s operations (one accumulator over
+//   k in W-steps, hsum, scalar tail); V::hsums reduces 16 positions'
+//   accumulators at once with exactly hsum's additions;
+// - the block's probabilities are summed in W-lane vectors (lane = position
+//   mod W), then hsum, and added to the running sum scaled by alpha;
+// - out += p[t] v[t] for t in order, per element, the heads interleaved so
+//   their chains run side by side.
+// Everything depends only on the row's query and the KV of its positions,
+// cut at absolute block boundaries: the same bits for a token whether its
+// prompt ran whole, chunked or one token at a time, alone or in a batch.
+template <class V, int GG>
+void attn_heads(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
+                int32_t pos, float* out, float* scratch) {
   using vec = typename V::vec;
   const int64_t hd = a->head_dim;
   const int32_t bs = a->block_size;
-  const int32_t G = a->group;
   const int64_t hv = hd / V::W * V::W;
-  float* s = scratch;            // block_size scores, padded to a multiple of W
-  float* m = scratch + bs + 32;  // running max per head
-  float* l = m + G;              // running sum per head
-  for (int32_t g = 0; g < G; ++g) {
+  float* s = scratch;  // GG rows of block_size scores, each padded by 32
+  const size_t sstride = size_t(bs) + 32;
+  float m[GG], l[GG];
+  for (int g = 0; g < GG; ++g) {
     m[g] = -__builtin_inff();
     l[g] = 0.0f;
     for (int64_t k = 0; k < hd; ++k) out[g * hd + k] = 0.0f;
   }
   const int32_t nb = pos / bs + 1;
+  vec acc[GG][16];
   for (int32_t b = 0; b < nb; ++b) {
     const float* K = a->layer_base + size_t(block_table[b]) * a->block_elems +
                      size_t(kv_head) * a->head_elems;
     const float* Vb = K + a->v_offset;
     const int32_t len = b == nb - 1 ? pos - b * bs + 1 : bs;
-    for (int32_t g = 0; g < G; ++g) {
-      const float* qg = q + g * hd;
-      float* og = out + g * hd;
-      float tmax = -__builtin_inff();
-      int32_t t4 = 0;
-      for (; t4 + 4 <= len; t4 += 4) dot4<V>(qg, K + t4 * hd, hd, s + t4);
-      for (int32_t t = t4; t < len; ++t) s[t] = dot<V>(qg, K + t * hd, hd);
-      for (int32_t t = 0; t < len; ++t) {
-        s[t] = s[t] * a->scale;
-        tmax = s[t] > tmax ? s[t] : tmax;
+    // The next block's K and V are somewhere else in the pool (blocks are
+    // 4-8 KiB runs a prefetcher only finds late): ask for them now.
+    for (int32_t pb = b == 0 ? 1 : b + CLEAVE_ATTN_PF; pb <= b + CLEAVE_ATTN_PF && pb < nb; ++pb) {
+      const uint8_t* nk = reinterpret_cast<const uint8_t*>(a->layer_base + size_t(block_table[pb]) * a->block_elems +
+                                                           size_t(kv_head) * a->head_elems);
+      const size_t part = size_t(pb == nb - 1 ? pos - pb * bs + 1 : bs) * size_t(hd) * 4;
+      for (size_t off = 0; off < part; off += 64) {
+        __builtin_prefetch(nk + off, 0, CLEAVE_ATTN_PF_HINT);
+        __builtin_prefetch(nk + a->v_offset * 4 + off, 0, CLEAVE_ATTN_PF_HINT);
       }
-      const float m_new = m[g] > tmax ? m[g] : tmax;
-      const float alpha = m[g] == -__builtin_inff() ? 0.0f : sexp<V>(m[g] - m_new);
-      const vec mv = V::set1(m_new);
-      const int32_t lenp = (len + V::W - 1) / V::W * V::W;
-      for (int32_t t = len; t < lenp; ++t) s[t] = m_new;
-      for (int32_t t = 0; t < lenp; t += V::W) V::storeu(s + t, vexp<V>(V::sub(V::loadu(s + t), mv)));
-      float sum = l[g] * alpha;
-      for (int32_t t = 0; t < len; ++t) sum += s[t];
-      l[g] = sum;
-      m[g] = m_new;
-      const vec av = V::set1(alpha);
-      for (int64_t k = 0; k < hv; k += V::W) V::storeu(og + k, V::mul(V::loadu(og + k), av));
-      for (int64_t k = hv; k < hd; ++k) og[k] = og[k] * alpha;
-      // og += p[t] * v[t] for t in order; per element the same sequence
-      // whichever way the loops are grouped (chunks of 4 vectors in registers).
-      int64_t k = 0;
-      for (; k + 4 * V::W <= hv; k += 4 * V::W) {
-        vec o0 = V::loadu(og + k), o1 = V::loadu(og + k + V::W), o2 = V::loadu(og + k + 2 * V::W),
-            o3 = V::loadu(og + k + 3 * V::W);
-        for (int32_t t = 0; t < len; ++t) {
-          const float* vt = Vb + t * hd + k;
-          const vec pv = V::set1(s[t]);
-          o0 = V::fmadd(pv, V::loadu(vt), o0);
-          o1 = V::fmadd(pv, V::loadu(vt + V::W), o1);
-          o2 = V::fmadd(pv, V::loadu(vt + 2 * V::W), o2);
-          o3 = V::fmadd(pv, V::loadu(vt + 3 * V::W), o3);
+    }
+    // Scores, 16 positions at a time.
+    for (int32_t t0 = 0; t0 < len; t0 += 16) {
+      const int32_t c = min_of<int32_t>(16, len - t0);
+      for (int32_t t = 0; t < c; ++t) {
+        const float* kt = K + (t0 + t) * hd;
+        vec x[GG];
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; ++g) x[g] = V::zero();
+        for (int64_t k = 0; k < hv; k += V::W) {
+          const vec kv = V::loadu(kt + k);
+#pragma GCC unroll 8
+          for (int g = 0; g < GG; ++g) x[g] = V::fmadd(V::loadu(q + g * hd + k), kv, x[g]);
         }
-        V::storeu(og + k, o0);
-        V::storeu(og + k + V::W, o1);
-        V::storeu(og + k + 2 * V::W, o2);
-        V::storeu(og + k + 3 * V::W, o3);
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; ++g) acc[g][t] = x[g];
       }
-      for (; k < hv; k += V::W) {
-        vec o0 = V::loadu(og + k);
-        for (int32_t t = 0; t < len; ++t) o0 = V::fmadd(V::set1(s[t]), V::loadu(Vb + t * hd + k), o0);
-        V::storeu(og + k, o0);
+      for (int g = 0; g < GG; ++g) {
+        for (int32_t t = c; t < 16; ++t) acc[g][t] = V::zero();
+        float* sg = s + size_t(g) * sstride + t0;
+        V::template hsums<16>(acc[g], sg);
+        if (hv < hd)
+          for (int32_t t = 0; t < c; ++t) {
+            const float* kt = K + (t0 + t) * hd;
+            float x = sg[t];
+            for (int64_t k = hv; k < hd; ++k) x = V::fmas(q[g * hd + k], kt[k], x);
+            sg[t] = x;
+          }
       }
-      for (; k < hd; ++k) {
-        float o = og[k];
-        for (int32_t t = 0; t < len; ++t) o = V::fmas(s[t], Vb[t * hd + k], o);
-        og[k] = o;
+    }
+    // Online softmax over the block, per head.
+    const int32_t lenp = (len + V::W - 1) / V::W * V::W;
+    float alpha[GG];
+    for (int g = 0; g < GG; ++g) {
+      float* sg = s + size_t(g) * sstride;
+      const vec sc = V::set1(a->scale);
+      vec mx = V::set1(-__builtin_inff());
+      for (int32_t t = 0; t < lenp; t += V::W) {
+        if (t + V::W > len)
+          for (int32_t u = len; u < t + V::W; ++u) sg[u] = -__builtin_inff();
+        const vec x = V::mul(V::loadu(sg + t), sc);
+        V::storeu(sg + t, x);
+        mx = V::max(mx, x);
+      }
+      const float tmax = V::hmax(mx);
+      const float m_new = m[g] > tmax ? m[g] : tmax;
+      alpha[g] = m[g] == -__builtin_inff() ? 0.0f : sexp<V>(m[g] - m_new);
+      const vec mv = V::set1(m_new);
+      for (int32_t t = 0; t < lenp; t += V::W) V::storeu(sg + t, vexp<V>(V::sub(V::loadu(sg + t), mv)));
+      // Padding lanes held -inf; vexp clamps its argument (exp(-87), not 0),
+      // so they are zeroed before the sum.
+      for (int32_t u = len; u < lenp; ++u) sg[u] = 0.0f;
+      vec sum = V::zero();
+      for (int32_t t = 0; t < lenp; t += V::W) sum = V::add(sum, V::loadu(sg + t));
+      l[g] = l[g] * alpha[g] + V::hsum(sum);
+      m[g] = m_new;
+    }
+    // out = out * alpha + sum_t p[t] v[t], per element in t order.
+    int64_t k = 0;
+    for (; k + 2 * V::W <= hv; k += 2 * V::W) {
+      vec o[GG][2];
+#pragma GCC unroll 8
+      for (int g = 0; g < GG; ++g) {
+        const vec av = V::set1(alpha[g]);
+        o[g][0] = V::mul(V::loadu(out + g * hd + k), av);
+        o[g][1] = V::mul(V::loadu(out + g * hd + k + V::W), av);
+      }
+      for (int32_t t = 0; t < len; ++t) {
+        const float* vt = Vb + t * hd + k;
+        const vec v0 = V::loadu(vt), v1 = V::loadu(vt + V::W);
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; ++g) {
+          const vec pv = V::set1(s[size_t(g) * sstride + t]);
+          o[g][0] = V::fmadd(pv, v0, o[g][0]);
+          o[g][1] = V::fmadd(pv, v1, o[g][1]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int g = 0; g < GG; ++g) {
+        V::storeu(out + g * hd + k, o[g][0]);
+        V::storeu(out + g * hd + k + V::W, o[g][1]);
+      }
+    }
+    for (; k < hv; k += V::W) {
+      for (int g = 0; g < GG; ++g) {
+        vec o0 = V::mul(V::loadu(out + g * hd + k), V::set1(alpha[g]));
+        for (int32_t t = 0; t < len; ++t)
+          o0 = V::fmadd(V::set1(s[size_t(g) * sstride + t]), V::loadu(Vb + t * hd + k), o0);
+        V::storeu(out + g * hd + k, o0);
+      }
+    }
+    for (; k < hd; ++k) {
+      for (int g = 0; g < GG; ++g) {
+        float o = out[g * hd + k] * alpha[g];
+        for (int32_t t = 0; t < len; ++t) o = V::fmas(s[size_t(g) * sstride + t], Vb[t * hd + k], o);
+        out[g * hd + k] = o;
       }
     }
   }
-  for (int32_t g = 0; g < G; ++g) {
+  for (int g = 0; g < GG; ++g) {
     const float inv = 1.0f / l[g];
     float* og = out + g * hd;
     const vec iv = V::set1(inv);
     for (int64_t k = 0; k < hv; k += V::W) V::storeu(og + k, V::mul(V::loadu(og + k), iv));
     for (int64_t k = hv; k < hd; ++k) og[k] = og[k] * inv;
+  }
+}
+
+// The group's query heads in chunks of up to 4 (heads are independent, so
+// the chunking does not change any head's bits).
+template <class V>
+void attn_k(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
+            int32_t pos, float* out, float* scratch) {
+  const int64_t hd = a->head_dim;
+  for (int32_t g = 0; g < a->group;) {
+    const int32_t left = a->group - g;
+    const float* qg = q + g * hd;
+    float* og = out + g * hd;
+    switch (left >= 4 ? 4 : left) {
+      case 4: attn_heads<V, 4>(a, qg, kv_head, block_table, pos, og, scratch); g += 4; break;
+      case 3: attn_heads<V, 3>(a, qg, kv_head, block_table, pos, og, scratch); g += 3; break;
+      case 2: attn_heads<V, 2>(a, qg, kv_head, block_table, pos, og, scratch); g += 2; break;
+      default: attn_heads<V, 1>(a, qg, kv_head, block_table, pos, og, scratch); g += 1; break;
+    }
   }
 }
 
@@ -593,6 +702,6 @@ void hsums_check(const float* acc, int n, float* combined, float* single) {
 
 #define CLEAVE_DEFINE_KERNEL_TABLE(name)                                                     \
   const ::cleave::cpu::Kernels name = {V::W,          V::MR,           V::NR,              \
-                                       V::NR1,        &matmul_k<V>,    &rmsnorm_row_k<V>,  \
+                                       V::NR1,        V::STREAM_N,     &matmul_k<V>,    &rmsnorm_row_k<V>,  \
                                        &softmax_row_k<V>, &silu_mul_k<V>, &attn_k<V>,      \
                                        &hsums_check<V>};

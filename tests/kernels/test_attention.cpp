@@ -148,39 +148,61 @@ TEST_CASE("kv_write puts each row at block_table of pos / bs - slot pos % bs") {
   CHECK(std::isnan(cache.mem[cache.kv.offset(s.table[0], 0, 0, 0, 0)]));
 }
 
-TEST_CASE("attention vs float64 causal GQA reference") {
+// Head dims with and without a SIMD tail; groups the kernel takes whole (1-4)
+// and in chunks of 4 (5, 8); blocks shorter and longer than its 16-position
+// score tiles.
+std::vector<Cfg> attention_shapes() {
+  std::vector<Cfg> v;
   for (int32_t hd : {48, 44}) {
     Cfg c;
     c.hd = hd;
+    v.push_back(c);
+  }
+  Cfg g8;  // group 8, block 32 (two score tiles), head dim 64
+  g8.heads = 8, g8.nkv = 1, g8.hd = 64, g8.bs = 32;
+  v.push_back(g8);
+  Cfg g5;  // group 5, block 5, head dim below one AVX-512 vector
+  g5.heads = 10, g5.nkv = 2, g5.hd = 12, g5.bs = 5;
+  v.push_back(g5);
+  Cfg g1;  // no grouping, block 24 (a full and a partial tile)
+  g1.heads = 2, g1.nkv = 2, g1.hd = 32, g1.bs = 24;
+  v.push_back(g1);
+  return v;
+}
+
+TEST_CASE("attention vs float64 causal GQA reference") {
+  for (const Cfg& c : attention_shapes()) {
     for (Isa isa : isas()) {
       auto be = make_cpu_backend(2, isa);
-      Cache cache(12, c.bs, c.layers, c.nkv, c.hd);
-      const auto seqs = make_seqs(c, {100}, 12, 9);
+      const int32_t blocks = (100 + c.bs - 1) / c.bs;
+      Cache cache(blocks, c.bs, c.layers, c.nkv, c.hd);
+      const auto seqs = make_seqs(c, {100}, blocks, 9);
       const Seq& s = seqs[0];
       write_kv(*be, c, cache, s, 0, s.len);
       const auto out = attend(*be, c, cache, s, 0, s.len);
       const double err = norm_err(out, reference(c, s));
-      INFO(isa_name(isa) << " hd=" << hd << " err=" << err);
+      INFO(isa_name(isa) << " hd=" << c.hd << " heads=" << c.heads << " nkv=" << c.nkv
+                         << " bs=" << c.bs << " err=" << err);
       CHECK(err <= 2e-6);
     }
   }
 }
 
 TEST_CASE("attention: chunked prefill and decode equal whole prefill - bit for bit") {
-  for (int32_t hd : {48, 44}) {
-    Cfg c;
-    c.hd = hd;
+  for (const Cfg& c : attention_shapes()) {
+    const int32_t hd = c.hd;
+    const int32_t blocks = (100 + c.bs - 1) / c.bs;
     for (Isa isa : isas()) {
       std::unique_ptr<Backend> be[3] = {make_cpu_backend(1, isa), make_cpu_backend(2, isa),
                                         make_cpu_backend(3, isa)};
-      const auto seqs = make_seqs(c, {100}, 12, 13);
+      const auto seqs = make_seqs(c, {100}, blocks, 13);
       const Seq& s = seqs[0];
-      Cache whole(12, c.bs, c.layers, c.nkv, c.hd);
+      Cache whole(blocks, c.bs, c.layers, c.nkv, c.hd);
       write_kv(*be[1], c, whole, s, 0, s.len);
       const auto ref = attend(*be[1], c, whole, s, 0, s.len);
       for (int32_t chunk : {1, 7, 32}) {
         for (int ti = 0; ti < 3; ++ti) {
-          Cache cache(12, c.bs, c.layers, c.nkv, c.hd);
+          Cache cache(blocks, c.bs, c.layers, c.nkv, c.hd);
           std::vector<float> out;
           for (int32_t p = 0; p < s.len; p += chunk) {
             const int32_t e = std::min(s.len, p + chunk);
@@ -188,7 +210,7 @@ TEST_CASE("attention: chunked prefill and decode equal whole prefill - bit for b
             const auto o = attend(*be[ti], c, cache, s, p, e);
             out.insert(out.end(), o.begin(), o.end());
           }
-          INFO(isa_name(isa) << " hd=" << hd << " chunk=" << chunk << " threads=" << ti + 1);
+          INFO(isa_name(isa) << " hd=" << hd << " heads=" << c.heads << " bs=" << c.bs << " chunk=" << chunk << " threads=" << ti + 1);
           CHECK(std::memcmp(out.data(), ref.data(), ref.size() * 4) == 0);
         }
       }

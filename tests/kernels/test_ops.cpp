@@ -173,7 +173,7 @@ TEST_CASE("matmul batch invariance: batch size - row position - thread count") {
       std::vector<float> alone(size_t(total * rows));
       for (int64_t i = 0; i < total; ++i)
         be[0]->matmul(w.view(), x.data() + i * cols, 1, alone.data() + i * rows);
-      for (int64_t n : {1, 2, 5, 33, 128}) {
+      for (int64_t n : {1, 2, 5, 16, 17, 33, 128}) {
         for (int64_t off : {int64_t(0), int64_t(3), total - n}) {
           for (int ti = 0; ti < 3; ++ti) {
             std::vector<float> y(size_t(n * rows));

@@ -275,3 +275,36 @@ TEST_CASE("engine: typed errors for unsupported or broken models") {
   REQUIRE_FALSE(nokey.ok());
   CHECK(nokey.status().message().find("llama.block_count") != std::string::npos);
 }
+
+TEST_CASE("engine: profile_ops times every op and changes no bit") {
+  const std::string path = model_path(small_dense(DType::F16), "dense-f16");
+  auto plain = make_engine(path, 2);
+  CHECK(plain->op_profile() == nullptr);
+  auto file = GgufFile::open(path);
+  REQUIRE(file.ok());
+  EngineOptions o;
+  o.threads = 2;
+  o.max_seqs = 4;
+  o.profile_ops = true;
+  auto profiled = Engine::create(*file, o);
+  REQUIRE(profiled.ok());
+  REQUIRE((*profiled)->op_profile() != nullptr);
+  const auto prompt = prompt_of(40, 3);
+  const GenerateResult a = run(*plain, prompt, 512), b = run(**profiled, prompt, 512);
+  CHECK(a.tokens == b.tokens);
+  CHECK(same_bits(a.logits, b.logits));
+  // 40 prompt tokens in one forward, then 7 decode steps: 8 forwards of 2
+  // layers, each with q, k, v, o, gate, up, down and the output matrix.
+  const auto& t = (*profiled)->op_profile()->times();
+  REQUIRE(t.count("attention"));
+  CHECK(t.at("attention").calls == 8 * 2);
+  CHECK(t.at("attention").rows == 2 * (40 + 7));
+  REQUIRE(t.count("matmul 32000x64"));  // the output matrix, last token of each forward
+  CHECK(t.at("matmul 32000x64").calls == 8);
+  CHECK(t.at("matmul 32000x64").rows == 8);
+  REQUIRE(t.count("matmul 128x64"));  // gate and up
+  CHECK(t.at("matmul 128x64").calls == 8 * 2 * 2);
+  CHECK((*profiled)->op_profile()->total_seconds() > 0);
+  (*profiled)->op_profile()->reset();
+  CHECK((*profiled)->op_profile()->times().empty());
+}

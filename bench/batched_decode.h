@@ -1,0 +1,24 @@
+// cleave_bench --batched: decode throughput of the scheduler's continuous
+// batching at batch 1, 8, 32 and 64, each beside the roofline of that batch
+// (weight and KV bytes over the read bandwidth against the rows' FLOPs over
+// the FMA peak, both measured in the same run), with the share of each
+// part of a step (output matrix, the layers' matrices, attention, the rest
+// of the ops, and what runs outside the backend: sampling and scheduling).
+#pragma once
+
+#include <string>
+#include <vector>
+
+namespace cleave::bench {
+
+struct BatchedOptions {
+  std::string vocab, workdir, out_json;
+  std::vector<std::string> types{"f16", "q8_0"};
+  std::vector<int> threads{1, 2};
+  std::vector<int> batches{1, 8, 32, 64};
+  int prompt = 128, generate = 64, runs = 3;
+};
+
+int run_batched_section(const BatchedOptions& o);
+
+}  // namespace cleave::bench

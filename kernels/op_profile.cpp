@@ -1,0 +1,107 @@
+#include "kernels/op_profile.h"
+
+#include <chrono>
+
+namespace cleave {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double since(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+}  // namespace
+
+double ProfilingBackend::total_seconds() const {
+  double s = 0;
+  for (const auto& [name, t] : times_) s += t.seconds;
+  return s;
+}
+
+void ProfilingBackend::add(const std::string& name, double seconds, double rows) {
+  OpTime& t = times_[name];
+  t.seconds += seconds;
+  t.calls += 1;
+  t.rows += rows;
+}
+
+void ProfilingBackend::upload(void* dst, const void* src, size_t bytes) {
+  const auto t0 = Clock::now();
+  inner_->upload(dst, src, bytes);
+  add("upload", since(t0), 0);
+}
+
+void ProfilingBackend::download(void* dst, const void* src, size_t bytes) {
+  const auto t0 = Clock::now();
+  inner_->download(dst, src, bytes);
+  add("download", since(t0), 0);
+}
+
+void ProfilingBackend::sync() {
+  const auto t0 = Clock::now();
+  inner_->sync();
+  add("sync", since(t0), 0);
+}
+
+void ProfilingBackend::matmul(const WeightView& w, const float* x, int64_t n, float* y) {
+  const auto t0 = Clock::now();
+  inner_->matmul(w, x, n, y);
+  add("matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols), since(t0), double(n));
+}
+
+void ProfilingBackend::rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim,
+                               float eps, float* y) {
+  const auto t0 = Clock::now();
+  inner_->rmsnorm(x, weight, n, dim, eps, y);
+  add("rmsnorm", since(t0), double(n));
+}
+
+void ProfilingBackend::rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim,
+                            const int32_t* positions, float freq_base) {
+  const auto t0 = Clock::now();
+  inner_->rope(x, n, n_heads, head_dim, positions, freq_base);
+  add("rope", since(t0), double(n));
+}
+
+void ProfilingBackend::softmax(float* x, int64_t n, int64_t len) {
+  const auto t0 = Clock::now();
+  inner_->softmax(x, n, len);
+  add("softmax", since(t0), double(n));
+}
+
+void ProfilingBackend::silu_mul(const float* gate, const float* up, int64_t count, float* out) {
+  const auto t0 = Clock::now();
+  inner_->silu_mul(gate, up, count, out);
+  add("silu_mul", since(t0), 0);
+}
+
+void ProfilingBackend::embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) {
+  const auto t0 = Clock::now();
+  inner_->embed(table, ids, n, out);
+  add("embed", since(t0), double(n));
+}
+
+void ProfilingBackend::topk_gating(const float* logits, int64_t n, int64_t n_expert, int64_t k,
+                                   int32_t* ids, float* weights) {
+  const auto t0 = Clock::now();
+  inner_->topk_gating(logits, n, n_expert, k, ids, weights);
+  add("topk_gating", since(t0), double(n));
+}
+
+void ProfilingBackend::kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
+                                const AttnRow* rows, int64_t n) {
+  const auto t0 = Clock::now();
+  inner_->kv_write(kv, layer, k, v, rows, n);
+  add("kv_write", since(t0), double(n));
+}
+
+void ProfilingBackend::attention(const PagedKv& kv, int32_t layer, const float* q,
+                                 const AttnRow* rows, int64_t n, int32_t n_heads, float scale,
+                                 float* out) {
+  const auto t0 = Clock::now();
+  inner_->attention(kv, layer, q, rows, n, n_heads, scale, out);
+  add("attention", since(t0), double(n));
+}
+
+}  // namespace cleave
