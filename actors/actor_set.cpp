@@ -146,8 +146,7 @@ Result<std::vector<PipelineStageRef>> ActorSet::find_pipeline(const Attach& atta
                                               " has no later stages to hand its rows to");
   auto chain = attach.pipeline_chain(engine.own_layers().last + 1, c.n_layers);
   if (!chain.ok()) return chain.status();
-  const size_t layer_bytes =
-      size_t(2) * c.n_kv_heads * size_t(engine.options().block_size) * c.head_dim * sizeof(float);
+  const size_t layer_bytes = engine.kv_layout().layer_bytes();
   std::vector<PipelineStageRef> refs;
   caf::scoped_actor self{system_};
   for (size_t k = 0; k < chain->size(); ++k) {

@@ -231,7 +231,8 @@ int run_generate(const GenerateArgs& a) {
       std::vector<std::shared_ptr<LayerStage>> later;
       for (size_t i = 1; i < cut.size(); ++i)
         later.push_back(unwrap(LayerStage::create(file, cut[i], engine->total_blocks(),
-                                                  eo.block_size, eo.threads)));
+                                                  eo.block_size, eo.threads, eo.cache_type_k,
+                                                  eo.cache_type_v)));
       std::shared_ptr<StageLink> link = unwrap(ThreadedStageLink::create(std::move(later)));
       if (Status st = engine->set_stage_link(std::move(link)); !st.ok()) fail(st);
     } else {

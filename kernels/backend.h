@@ -31,22 +31,37 @@ struct WeightView {
 // The paged KV cache the attention ops read and write. One block holds
 // `block_size` consecutive token positions of K and V for every layer;
 // each (block, layer) part is contiguous so a layer can be moved on its own.
-// Element layout (F32): [block][layer][k=0|v=1][kv_head][slot][head_dim].
+// Layout: [block][layer][k=0|v=1][kv_head][slot] rows of head_dim elements,
+// K rows in k_type and V rows in v_type (F32, F16, or Q8_0 blocks of 32
+// along head_dim; llama.cpp's -ctk / -ctv).
 struct PagedKv {
-  float* data = nullptr;
+  uint8_t* data = nullptr;
+  DType k_type = DType::F32, v_type = DType::F32;
   int32_t n_blocks = 0;
   int32_t block_size = 0;
   int32_t n_layers = 0;
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
 
-  size_t layer_elems() const { return size_t(2) * n_kv_heads * block_size * head_dim; }
-  size_t block_elems() const { return layer_elems() * n_layers; }
+  size_t k_row_bytes() const { return dtype_row_bytes(k_type, head_dim); }
+  size_t v_row_bytes() const { return dtype_row_bytes(v_type, head_dim); }
+  // Bytes of one head's K (or V) rows in one (block, layer) part.
+  size_t k_head_bytes() const { return size_t(block_size) * k_row_bytes(); }
+  size_t v_head_bytes() const { return size_t(block_size) * v_row_bytes(); }
+  size_t layer_bytes() const { return size_t(n_kv_heads) * (k_head_bytes() + v_head_bytes()); }
+  size_t block_bytes() const { return layer_bytes() * n_layers; }
+  // Byte offset of the row of (block, layer, k=0|v=1, head, slot).
   size_t offset(int32_t block, int32_t layer, int32_t kv, int32_t head, int32_t slot) const {
-    return size_t(block) * block_elems() + size_t(layer) * layer_elems() +
-           ((size_t(kv) * n_kv_heads + head) * block_size + slot) * head_dim;
+    const size_t base = size_t(block) * block_bytes() + size_t(layer) * layer_bytes();
+    if (kv == 0) return base + size_t(head) * k_head_bytes() + size_t(slot) * k_row_bytes();
+    return base + size_t(n_kv_heads) * k_head_bytes() + size_t(head) * v_head_bytes() +
+           size_t(slot) * v_row_bytes();
   }
 };
+// The element types a KV cache may hold (F32, F16, Q8_0), and whether a
+// head_dim suits them (Q8_0: a multiple of 32). invalid_argument naming the
+// type and `what` ("cache type k") otherwise.
+Status check_kv_type(DType t, int32_t head_dim, const char* what);
 
 // One query row of attention: the token at absolute position `pos` of a
 // sequence whose blocks are block_table[0..n_blocks). It attends keys at
@@ -81,6 +96,8 @@ class Backend {
   virtual ~Backend() = default;
 
   virtual Caps caps() const = 0;
+  // weight_type: the weights' type; for kv_write and attention, the KV
+  // cache's element type.
   virtual bool supports(Op op, DType weight_type) const = 0;
 
   // Memory the backend's ops can address.
@@ -117,9 +134,13 @@ class Backend {
   // to sum to 1. ids/weights are n x k.
   virtual void topk_gating(const float* logits, int64_t n, int64_t n_expert, int64_t k,
                            int32_t* ids, float* weights) = 0;
-  // Store k and v (n x n_kv_heads x head_dim) of each row at its position.
+  // Store k and v (n x n_kv_heads x head_dim) of each row at its position,
+  // converted to the cache's types (F16: round to nearest even; Q8_0:
+  // llama.cpp's quantize_row_q8_0 per 32 elements), so a row's stored bytes
+  // depend on its values only.
   virtual void kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
                         const AttnRow* rows, int64_t n) = 0;
+  // K and V are read in their stored types (widened exactly to F32).
   // out[i][h] = softmax(q[i][h] . K[0..pos] * scale) V, query head h reading
   // kv head h / (n_heads / n_kv_heads). Reduction runs over whole blocks of
   // absolute positions in order (online softmax), so a row's result does not

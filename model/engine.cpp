@@ -57,6 +57,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
     return Status(Code::invalid_argument, "engine: last_layer = " + std::to_string(o.last_layer) +
                                               " must be in [-1, " + std::to_string(c.n_layers - 1) +
                                               "] (the model's layers)");
+  CLEAVE_RETURN_IF_ERROR(check_kv_type(o.cache_type_k, c.head_dim, "engine: cache type k"));
+  CLEAVE_RETURN_IF_ERROR(check_kv_type(o.cache_type_v, c.head_dim, "engine: cache type v"));
   if (o.kv_blocks < 0)
     return Status(Code::invalid_argument,
                   "engine: kv_blocks = " + std::to_string(o.kv_blocks) + " must not be negative");
@@ -79,20 +81,23 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
     e->backend_ = std::move(profiling);
   }
   e->compute_ = std::make_unique<LayerCompute>(*e->model_, *e->backend_);
-  e->layout_.dtype = uint32_t(DType::F32);
+  e->layout_.k_type = o.cache_type_k;
+  e->layout_.v_type = o.cache_type_v;
   e->layout_.tokens_per_block = o.block_size;
   e->layout_.n_layers = c.n_layers;
   e->layout_.n_kv_heads = c.n_kv_heads;
   e->layout_.head_dim = c.head_dim;
   CLEAVE_RETURN_IF_ERROR(e->layout_.validate());
+  e->kv_.k_type = o.cache_type_k;
+  e->kv_.v_type = o.cache_type_v;
   e->kv_.block_size = o.block_size;
   e->kv_.n_layers = e->own_last_ + 1;  // our layers' KV; the stages after hold theirs
   e->kv_.n_kv_heads = c.n_kv_heads;
   e->kv_.head_dim = c.head_dim;
   e->kv_.n_blocks = o.kv_blocks;
   CLEAVE_CHECK(e->own_last_ + 1 < c.n_layers ||
-               e->kv_.block_elems() * sizeof(float) == e->layout_.block_bytes());
-  e->kv_.data = static_cast<float*>(e->backend_->alloc(e->own_block_bytes() * size_t(o.kv_blocks)));
+               e->kv_.block_bytes() == e->layout_.block_bytes());
+  e->kv_.data = static_cast<uint8_t*>(e->backend_->alloc(e->own_block_bytes() * size_t(o.kv_blocks)));
   if (e->kv_.data == nullptr)
     return Status(Code::out_of_memory, "engine: cannot allocate " + std::to_string(o.kv_blocks) +
                                            " KV blocks of " + std::to_string(e->own_block_bytes()) +

@@ -65,6 +65,10 @@ struct EngineOptions {
   // Time every backend op (kernels/op_profile.h; op_profile() reads it):
   // where a step's time goes, for benchmarks. Off: no wrapper, no cost.
   bool profile_ops = false;
+  // Element types of the KV cache's K and V rows (llama.cpp's -ctk / -ctv):
+  // F32, F16 or Q8_0 (head_dim a multiple of 32). Part of the KV layout and
+  // so of every block key: blocks of other types are never reused.
+  DType cache_type_k = DType::F32, cache_type_v = DType::F32;
 };
 
 // The KV pool an engine of these options makes for this model: kv_blocks,
@@ -227,13 +231,13 @@ class Engine {
   // Keys of the first n_full full blocks of s, then the partial one if any.
   std::vector<BlockKey> keys_of(const Sequence& s) const;
   size_t block_bytes() const { return layout_.block_bytes(); }  // a record's: every layer
-  float* block_data(int32_t block) const { return kv_.data + size_t(block) * kv_.block_elems(); }
+  uint8_t* block_data(int32_t block) const { return kv_.data + size_t(block) * kv_.block_bytes(); }
   Status copy_block(int32_t src, int32_t dst);
   // The stages after ours are reachable (or there are none).
   Status link_ready() const;
   // A link call failed: the engine is broken from now on.
   Status broke(Status why);
-  size_t own_block_bytes() const { return kv_.block_elems() * sizeof(float); }
+  size_t own_block_bytes() const { return kv_.block_bytes(); }
   // The layers' work of forward()'s n rows: ours, then the link's in
   // micro-batches; logits of the rows in last_row.
   Status run_layers(int64_t n, const std::vector<int32_t>& last_row, float* logits);

@@ -31,7 +31,8 @@ StageBatchData to_batch_data(const StageRows& rows, int32_t dim) {
 
 Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const GgufFile> file,
                                                        LayerRange layers, int32_t kv_blocks,
-                                                       int32_t block_size, int32_t threads) {
+                                                       int32_t block_size, int32_t threads,
+                                                       DType cache_type_k, DType cache_type_v) {
   if (!file) return Status(Code::invalid_argument, "stage: no model file");
   const uint64_t model_fp = checksum_bytes(file->data(), file->file_size());
   file->release_resident_pages();  // keep only this stage's layers resident
@@ -48,18 +49,22 @@ Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const Ggu
   if (threads < 1 || threads > 1024)
     return Status(Code::invalid_argument,
                   "stage: threads = " + std::to_string(threads) + " must be in [1, 1024]");
+  CLEAVE_RETURN_IF_ERROR(check_kv_type(cache_type_k, c.head_dim, "stage: cache type k"));
+  CLEAVE_RETURN_IF_ERROR(check_kv_type(cache_type_v, c.head_dim, "stage: cache type v"));
   auto s = std::unique_ptr<LayerStage>(new LayerStage());
   s->model_ = std::move(*model);
   s->backend_ = make_cpu_backend(threads);
   s->compute_ = std::make_unique<LayerCompute>(*s->model_, *s->backend_);
   s->layers_ = layers;
   s->model_fp_ = model_fp;
+  s->kv_.k_type = cache_type_k;
+  s->kv_.v_type = cache_type_v;
   s->kv_.block_size = block_size;
   s->kv_.n_layers = layers.count();
   s->kv_.n_kv_heads = c.n_kv_heads;
   s->kv_.head_dim = c.head_dim;
   s->kv_.n_blocks = kv_blocks;
-  s->kv_.data = static_cast<float*>(s->backend_->alloc(s->slice_bytes() * size_t(kv_blocks)));
+  s->kv_.data = static_cast<uint8_t*>(s->backend_->alloc(s->slice_bytes() * size_t(kv_blocks)));
   if (s->kv_.data == nullptr)
     return Status(Code::out_of_memory, "stage: cannot allocate " + std::to_string(kv_blocks) +
                                            " KV blocks of " + std::to_string(s->slice_bytes()) +
@@ -136,15 +141,15 @@ Status LayerStage::copy_block(int32_t src, int32_t dst) {
   const int32_t ids[2] = {src, dst};
   CLEAVE_RETURN_IF_ERROR(check(ids));
   std::vector<uint8_t> staging(slice_bytes());
-  backend_->download(staging.data(), kv_.data + size_t(src) * kv_.block_elems(), slice_bytes());
-  backend_->upload(kv_.data + size_t(dst) * kv_.block_elems(), staging.data(), slice_bytes());
+  backend_->download(staging.data(), kv_.data + size_t(src) * kv_.block_bytes(), slice_bytes());
+  backend_->upload(kv_.data + size_t(dst) * kv_.block_bytes(), staging.data(), slice_bytes());
   return Status::Ok();
 }
 
 Status LayerStage::read_blocks(std::span<const int32_t> ids, uint8_t* out) const {
   CLEAVE_RETURN_IF_ERROR(check(ids));
   for (size_t i = 0; i < ids.size(); ++i)
-    backend_->download(out + i * slice_bytes(), kv_.data + size_t(ids[i]) * kv_.block_elems(),
+    backend_->download(out + i * slice_bytes(), kv_.data + size_t(ids[i]) * kv_.block_bytes(),
                        slice_bytes());
   return Status::Ok();
 }
@@ -152,7 +157,7 @@ Status LayerStage::read_blocks(std::span<const int32_t> ids, uint8_t* out) const
 Status LayerStage::write_blocks(std::span<const int32_t> ids, const uint8_t* in) {
   CLEAVE_RETURN_IF_ERROR(check(ids));
   for (size_t i = 0; i < ids.size(); ++i)
-    backend_->upload(kv_.data + size_t(ids[i]) * kv_.block_elems(), in + i * slice_bytes(),
+    backend_->upload(kv_.data + size_t(ids[i]) * kv_.block_bytes(), in + i * slice_bytes(),
                      slice_bytes());
   return Status::Ok();
 }

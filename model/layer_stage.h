@@ -90,7 +90,9 @@ class LayerStage {
   // stage is an Engine) or bad sizes; out_of_memory for the KV.
   static Result<std::unique_ptr<LayerStage>> create(std::shared_ptr<const GgufFile> file,
                                                     LayerRange layers, int32_t kv_blocks,
-                                                    int32_t block_size, int32_t threads);
+                                                    int32_t block_size, int32_t threads,
+                                                    DType cache_type_k = DType::F32,
+                                                    DType cache_type_v = DType::F32);
   ~LayerStage();
 
   LayerRange layers() const { return layers_; }
@@ -99,7 +101,7 @@ class LayerStage {
   int32_t kv_blocks() const { return kv_.n_blocks; }
   int32_t block_size() const { return kv_.block_size; }
   // Bytes of one block's slice (its layers).
-  size_t slice_bytes() const { return kv_.block_elems() * sizeof(float); }
+  size_t slice_bytes() const { return kv_.block_bytes(); }
   uint64_t model_fingerprint() const { return model_fp_; }
 
   // The micro-batch through its layers: out is the hidden states (rows x

@@ -131,11 +131,12 @@ struct BlockKey {
 }
 
 struct KvLayout {
-  dtype @0 :UInt32;
+  dtype @0 :UInt32;  # K rows' element type (ggml type id: F32 0, F16 1, Q8_0 8)
   tokensPerBlock @1 :Int32;
   nLayers @2 :Int32;
   nKvHeads @3 :Int32;
   headDim @4 :Int32;
+  vDtype @5 :UInt32;  # V rows' element type
 }
 
 # BlockHeader's fields and the block's bytes (layout.block_bytes() of them).

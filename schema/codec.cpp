@@ -162,7 +162,8 @@ void put_header(Builder b, const BlockHeader& h) {
   put(b.initKey(), h.key);
   b.setModelFingerprint(h.model_fingerprint);
   auto layout = b.initLayout();
-  layout.setDtype(h.layout.dtype);
+  layout.setDtype(uint32_t(h.layout.k_type));
+  layout.setVDtype(uint32_t(h.layout.v_type));
   layout.setTokensPerBlock(h.layout.tokens_per_block);
   layout.setNLayers(h.layout.n_layers);
   layout.setNKvHeads(h.layout.n_kv_heads);
@@ -565,7 +566,8 @@ BlockHeader get_header(Reader r) {
   h.key = get(r.getKey());
   h.model_fingerprint = r.getModelFingerprint();
   auto layout = r.getLayout();
-  h.layout.dtype = layout.getDtype();
+  h.layout.k_type = DType(layout.getDtype());  // validate() refuses unknown ids
+  h.layout.v_type = DType(layout.getVDtype());
   h.layout.tokens_per_block = layout.getTokensPerBlock();
   h.layout.n_layers = layout.getNLayers();
   h.layout.n_kv_heads = layout.getNKvHeads();
@@ -837,9 +839,9 @@ Status validate(const BlockRecord& r, size_t index) {
   const BlockHeader& h = r.header;
   const std::string who = "block " + std::to_string(index) + " (" + h.key.hex() + "): ";
   CLEAVE_RETURN_IF_ERROR(validate(h, who));
-  size_t expected = 2 * h.layout.elem_bytes();
-  for (int32_t dim : {h.layout.n_kv_heads, h.layout.tokens_per_block, h.layout.head_dim,
-                      h.layout.n_layers}) {
+  // validate() bounded head_dim to a positive int32, so the row bytes fit.
+  size_t expected = h.layout.k_row_bytes() + h.layout.v_row_bytes();
+  for (int32_t dim : {h.layout.n_kv_heads, h.layout.tokens_per_block, h.layout.n_layers}) {
     if (__builtin_mul_overflow(expected, size_t(dim), &expected))
       return invalid(who + "layout describes more bytes than fit in memory");
   }

@@ -18,18 +18,33 @@ Status KvLayout::validate() const {
                           std::string("kv layout: ") + name + " = " + std::to_string(v) +
                               " must be positive");
   };
-  if (dtype != uint32_t(DType::F32))
-    return Status(Code::unsupported, "kv layout: element type " + std::to_string(dtype) +
-                                         " is not supported (F32 only)");
   CLEAVE_RETURN_IF_ERROR(positive("tokens_per_block", tokens_per_block));
   CLEAVE_RETURN_IF_ERROR(positive("n_layers", n_layers));
   CLEAVE_RETURN_IF_ERROR(positive("n_kv_heads", n_kv_heads));
-  return positive("head_dim", head_dim);
+  CLEAVE_RETURN_IF_ERROR(positive("head_dim", head_dim));
+  for (auto [t, what] : {std::pair{k_type, "kv layout: k_type"}, std::pair{v_type, "kv layout: v_type"}}) {
+    if (!dtype_known(uint32_t(t)))
+      return Status(Code::invalid_argument, std::string(what) + " " + std::to_string(uint32_t(t)) +
+                                                " is not a type id");
+    CLEAVE_RETURN_IF_ERROR(check_kv_type(t, head_dim, what));
+  }
+  return Status::Ok();
 }
 
 uint64_t KvLayout::fingerprint() const {
-  const int64_t fields[5] = {int64_t(dtype), tokens_per_block, n_layers, n_kv_heads, head_dim};
-  return XXH3_64bits(fields, sizeof(fields));
+  const int64_t fields[6] = {int64_t(k_type), tokens_per_block, n_layers, n_kv_heads, head_dim,
+                             int64_t(v_type)};
+  // F32 / F32 hashes the five fields layouts had before V's type was one,
+  // so the keys of F32 blocks already stored stay what they were.
+  const size_t n = v_type == DType::F32 ? 5 : 6;
+  return XXH3_64bits(fields, n * sizeof(int64_t));
+}
+
+uint32_t pack_kv_types(const KvLayout& l) { return uint32_t(l.k_type) | (uint32_t(l.v_type) << 16); }
+
+void unpack_kv_types(uint32_t packed, KvLayout& l) {
+  l.k_type = DType(packed & 0xffff);
+  l.v_type = DType(packed >> 16);
 }
 
 std::string BlockKey::hex() const {

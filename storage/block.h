@@ -19,24 +19,37 @@ struct Xxh3Impl;  // storage/checksum_simd.h
 }
 
 // How a block's bytes are laid out; matches kernels' PagedKv:
-// [layer][k=0|v=1][kv_head][slot][head_dim] of F32 within one block.
+// [layer][k=0|v=1][kv_head][slot] rows of head_dim elements within one block,
+// K rows in k_type and V rows in v_type (F32, F16 or Q8_0). The types are
+// part of the fingerprint, so blocks of different types never mix.
 struct KvLayout {
-  uint32_t dtype = 0;  // DType id of the elements (F32 = 0)
+  DType k_type = DType::F32, v_type = DType::F32;
   int32_t tokens_per_block = 16;
   int32_t n_layers = 0;
   int32_t n_kv_heads = 0;
   int32_t head_dim = 0;
 
-  size_t elem_bytes() const { return 4; }
+  size_t k_row_bytes() const { return dtype_row_bytes(k_type, head_dim); }
+  size_t v_row_bytes() const { return dtype_row_bytes(v_type, head_dim); }
   size_t layer_bytes() const {
-    return size_t(2) * n_kv_heads * tokens_per_block * head_dim * elem_bytes();
+    return size_t(n_kv_heads) * tokens_per_block * (k_row_bytes() + v_row_bytes());
   }
   size_t block_bytes() const { return layer_bytes() * n_layers; }
-  // invalid_argument naming the field when a dimension is not positive.
+  // KV bytes of one token position (every layer, K and V).
+  size_t bytes_per_token() const { return layer_bytes() * n_layers / size_t(tokens_per_block); }
+  // invalid_argument naming the field when a dimension is not positive or a
+  // type is not a KV type (check_kv_type).
   Status validate() const;
   uint64_t fingerprint() const;  // XXH3-64 of the fields
   bool operator==(const KvLayout&) const = default;
 };
+// The two element types in one 32-bit word, as records on disk and the
+// wire's dtype field carry them: K in the low 16 bits, V in the high 16
+// (F32 and F32 is 0, what layouts were before V could differ).
+uint32_t pack_kv_types(const KvLayout& l);
+// Sets l's k_type and v_type from such a word (validate() refuses ids that
+// name no type).
+void unpack_kv_types(uint32_t packed, KvLayout& l);
 
 // Content key of a full block: XXH3-128 over (parent key, the block's token
 // ids, model fingerprint, layout fingerprint).

@@ -147,7 +147,9 @@ std::vector<std::pair<BlockKey, size_t>> DeviceTier::list() const {
 
 PagedKv DeviceTier::paged_kv() const {
   PagedKv kv;
-  kv.data = reinterpret_cast<float*>(arena_);
+  kv.data = static_cast<uint8_t*>(arena_);
+  kv.k_type = layout_.k_type;
+  kv.v_type = layout_.v_type;
   kv.n_blocks = n_slots_;
   kv.block_size = layout_.tokens_per_block;
   kv.n_layers = layout_.n_layers;

@@ -42,7 +42,7 @@ constexpr size_t kMetaBytes = 4 + 2 + 8 + 20;
 const char* const kMetaKey = "owner";
 
 void put_layout(char* p, const KvLayout& l) {
-  put_u32(p, l.dtype);
+  put_u32(p, pack_kv_types(l));  // K's type | V's << 16
   put_u32(p + 4, uint32_t(l.tokens_per_block));
   put_u32(p + 8, uint32_t(l.n_layers));
   put_u32(p + 12, uint32_t(l.n_kv_heads));
@@ -50,7 +50,7 @@ void put_layout(char* p, const KvLayout& l) {
 }
 KvLayout get_layout(const char* p) {
   KvLayout l;
-  l.dtype = get_u32(p);
+  unpack_kv_types(get_u32(p), l);
   l.tokens_per_block = int32_t(get_u32(p + 4));
   l.n_layers = int32_t(get_u32(p + 8));
   l.n_kv_heads = int32_t(get_u32(p + 12));

@@ -17,6 +17,16 @@
 
 namespace cleave {
 
+Status check_kv_type(DType t, int32_t head_dim, const char* what) {
+  if (t != DType::F32 && t != DType::F16 && t != DType::Q8_0)
+    return Status(Code::invalid_argument, std::string(what) + " " + dtype_name(t) +
+                                              " is not a KV cache type (f32, f16, q8_0)");
+  if (t == DType::Q8_0 && head_dim % kQ8Block != 0)
+    return Status(Code::invalid_argument, std::string(what) + " q8_0 needs head_dim a multiple of 32 (it is " +
+                                              std::to_string(head_dim) + ")");
+  return Status::Ok();
+}
+
 const char* isa_name(Isa isa) {
   switch (isa) {
     case Isa::scalar: return "scalar";
@@ -63,6 +73,22 @@ const cpu::Kernels& kernels_for(Isa isa) {
   return cpu::kKernelsScalar;
 }
 
+// One K or V row of head_dim floats into the cache's type.
+void store_kv_row(DType t, const float* x, int32_t head_dim, uint8_t* out) {
+  switch (t) {
+    case DType::F32: std::memcpy(out, x, size_t(head_dim) * 4); return;
+    case DType::F16:
+      for (int32_t j = 0; j < head_dim; ++j) {
+        const uint16_t h = fp32_to_fp16(x[j]);
+        std::memcpy(out + 2 * j, &h, 2);
+      }
+      return;
+    case DType::Q8_0: quantize_row_q8_0(x, head_dim, out); return;
+    case DType::BF16: break;
+  }
+  CLEAVE_CHECK(false);
+}
+
 // Below this many multiply-adds an op runs on the calling thread only.
 constexpr int64_t kMinParallelWork = 64 * 1024;
 
@@ -79,7 +105,9 @@ class CpuBackend final : public Backend {
     return c;
   }
 
-  bool supports(Op, DType t) const override {
+  bool supports(Op op, DType t) const override {
+    if (op == Op::kv_write || op == Op::attention)
+      return t == DType::F32 || t == DType::F16 || t == DType::Q8_0;
     return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
   }
 
@@ -249,8 +277,9 @@ class CpuBackend final : public Backend {
   void kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
                 const AttnRow* rows, int64_t n) override {
     CLEAVE_CHECK(layer >= 0 && layer < kv.n_layers);
+    CLEAVE_CHECK(check_kv_type(kv.k_type, kv.head_dim, "cache type k").ok());
+    CLEAVE_CHECK(check_kv_type(kv.v_type, kv.head_dim, "cache type v").ok());
     const size_t row_elems = size_t(kv.n_kv_heads) * kv.head_dim;
-    const size_t bytes = size_t(kv.head_dim) * 4;
     for (int64_t i = 0; i < n; ++i) {
       const AttnRow& r = rows[i];
       CLEAVE_CHECK(r.pos >= 0);
@@ -259,8 +288,10 @@ class CpuBackend final : public Backend {
       const int32_t blk = r.block_table[b];
       CLEAVE_CHECK(blk >= 0 && blk < kv.n_blocks);
       for (int32_t h = 0; h < kv.n_kv_heads; ++h) {
-        std::memcpy(kv.data + kv.offset(blk, layer, 0, h, slot), k + i * row_elems + size_t(h) * kv.head_dim, bytes);
-        std::memcpy(kv.data + kv.offset(blk, layer, 1, h, slot), v + i * row_elems + size_t(h) * kv.head_dim, bytes);
+        store_kv_row(kv.k_type, k + i * row_elems + size_t(h) * kv.head_dim, kv.head_dim,
+                     kv.data + kv.offset(blk, layer, 0, h, slot));
+        store_kv_row(kv.v_type, v + i * row_elems + size_t(h) * kv.head_dim, kv.head_dim,
+                     kv.data + kv.offset(blk, layer, 1, h, slot));
       }
     }
   }
@@ -269,14 +300,21 @@ class CpuBackend final : public Backend {
                  int32_t n_heads, float scale, float* out) override {
     CLEAVE_CHECK(layer >= 0 && layer < kv.n_layers);
     CLEAVE_CHECK(kv.n_kv_heads > 0 && n_heads % kv.n_kv_heads == 0);
+    CLEAVE_CHECK(check_kv_type(kv.k_type, kv.head_dim, "cache type k").ok());
+    CLEAVE_CHECK(check_kv_type(kv.v_type, kv.head_dim, "cache type v").ok());
     for (int64_t i = 0; i < n; ++i) {
       CLEAVE_CHECK(rows[i].pos >= 0 && rows[i].pos / kv.block_size < rows[i].n_blocks);
     }
     cpu::AttnArgs a;
-    a.layer_base = kv.data + size_t(layer) * kv.layer_elems();
-    a.block_elems = kv.block_elems();
-    a.head_elems = size_t(kv.block_size) * kv.head_dim;
-    a.v_offset = size_t(kv.n_kv_heads) * a.head_elems;
+    a.layer_base = kv.data + size_t(layer) * kv.layer_bytes();
+    a.block_bytes = kv.block_bytes();
+    a.k_head_bytes = kv.k_head_bytes();
+    a.v_head_bytes = kv.v_head_bytes();
+    a.v_offset = size_t(kv.n_kv_heads) * kv.k_head_bytes();
+    a.k_row_bytes = kv.k_row_bytes();
+    a.v_row_bytes = kv.v_row_bytes();
+    a.k_type = static_cast<int>(kv.k_type);
+    a.v_type = static_cast<int>(kv.v_type);
     a.block_size = kv.block_size;
     a.head_dim = kv.head_dim;
     a.group = n_heads / kv.n_kv_heads;

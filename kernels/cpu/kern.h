@@ -26,12 +26,16 @@ struct MatmulArgs {
   float* y;  // n x rows, dense
 };
 
-// Attention over one layer of the paged KV cache.
+// Attention over one layer of the paged KV cache (byte addresses: K and V
+// rows may be F32, F16 or Q8_0, each widened exactly to F32 as it is read).
 struct AttnArgs {
-  const float* layer_base;  // kv.data + layer * layer_elems (block 0 of that layer)
-  size_t block_elems;       // floats per block (all layers)
-  size_t head_elems;        // block_size * head_dim
-  size_t v_offset;          // floats from a head's K to its V: n_kv_heads * head_elems
+  const uint8_t* layer_base;  // kv.data + layer * layer_bytes (block 0 of that layer)
+  size_t block_bytes;         // bytes per block (all layers)
+  size_t k_head_bytes;        // one head's K rows in a (block, layer) part
+  size_t v_head_bytes;
+  size_t v_offset;            // bytes from a (block, layer) part's start to its V rows
+  size_t k_row_bytes, v_row_bytes;
+  int k_type, v_type;         // WeightCode values
   int32_t block_size;
   int32_t head_dim;
   int32_t group;  // query heads per kv head

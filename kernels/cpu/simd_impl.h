@@ -17,12 +17,6 @@
 
 #include "kernels/cpu/kern.h"
 
-#ifndef CLEAVE_ATTN_PF
-#define CLEAVE_ATTN_PF 2
-#endif
-#ifndef CLEAVE_ATTN_PF_HINT
-#define CLEAVE_ATTN_PF_HINT 2
-#endif
 #ifndef CLEAVE_PF_BYTES
 #define CLEAVE_PF_BYTES 1024
 #endif
@@ -520,7 +514,7 @@ void silu_mul_k(const float* g, const float* u, int64_t count, float* out) {
 // Everything depends only on the row's query and the KV of its positions,
 // cut at absolute block boundaries: the same bits for a token whether its
 // prompt ran whole, chunked or one token at a time, alone or in a batch.
-template <class V, int GG>
+template <class V, class LK, class LV, int GG>
 void attn_heads(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
                 int32_t pos, float* out, float* scratch) {
   using vec = typename V::vec;
@@ -538,31 +532,30 @@ void attn_heads(const AttnArgs* a, const float* q, int32_t kv_head, const int32_
   const int32_t nb = pos / bs + 1;
   vec acc[GG][16];
   for (int32_t b = 0; b < nb; ++b) {
-    const float* K = a->layer_base + size_t(block_table[b]) * a->block_elems +
-                     size_t(kv_head) * a->head_elems;
-    const float* Vb = K + a->v_offset;
+    const uint8_t* part = a->layer_base + size_t(block_table[b]) * a->block_bytes;
+    const uint8_t* K = part + size_t(kv_head) * a->k_head_bytes;
+    const uint8_t* Vb = part + a->v_offset + size_t(kv_head) * a->v_head_bytes;
     const int32_t len = b == nb - 1 ? pos - b * bs + 1 : bs;
-    // The next block's K and V are somewhere else in the pool (blocks are
-    // 4-8 KiB runs a prefetcher only finds late): ask for them now.
-    for (int32_t pb = b == 0 ? 1 : b + CLEAVE_ATTN_PF; pb <= b + CLEAVE_ATTN_PF && pb < nb; ++pb) {
-      const uint8_t* nk = reinterpret_cast<const uint8_t*>(a->layer_base + size_t(block_table[pb]) * a->block_elems +
-                                                           size_t(kv_head) * a->head_elems);
-      const size_t part = size_t(pb == nb - 1 ? pos - pb * bs + 1 : bs) * size_t(hd) * 4;
-      for (size_t off = 0; off < part; off += 64) {
-        __builtin_prefetch(nk + off, 0, CLEAVE_ATTN_PF_HINT);
-        __builtin_prefetch(nk + a->v_offset * 4 + off, 0, CLEAVE_ATTN_PF_HINT);
-      }
+    // The next block's K and V are somewhere else in the pool (runs of a
+    // few KiB a hardware prefetcher finds late): ask for them now.
+    if (const int32_t pb = b + 1; pb < nb) {
+      const uint8_t* np = a->layer_base + size_t(block_table[pb]) * a->block_bytes;
+      const uint8_t* nk = np + size_t(kv_head) * a->k_head_bytes;
+      const uint8_t* nv = np + a->v_offset + size_t(kv_head) * a->v_head_bytes;
+      const size_t rows_n = size_t(pb == nb - 1 ? pos - pb * bs + 1 : bs);
+      for (size_t off = 0; off < rows_n * a->k_row_bytes; off += 64) V::prefetch(nk + off);
+      for (size_t off = 0; off < rows_n * a->v_row_bytes; off += 64) V::prefetch(nv + off);
     }
     // Scores, 16 positions at a time.
     for (int32_t t0 = 0; t0 < len; t0 += 16) {
       const int32_t c = min_of<int32_t>(16, len - t0);
       for (int32_t t = 0; t < c; ++t) {
-        const float* kt = K + (t0 + t) * hd;
+        const uint8_t* kt = K + size_t(t0 + t) * a->k_row_bytes;
         vec x[GG];
 #pragma GCC unroll 8
         for (int g = 0; g < GG; ++g) x[g] = V::zero();
         for (int64_t k = 0; k < hv; k += V::W) {
-          const vec kv = V::loadu(kt + k);
+          const vec kv = LK::load(kt, k);
 #pragma GCC unroll 8
           for (int g = 0; g < GG; ++g) x[g] = V::fmadd(V::loadu(q + g * hd + k), kv, x[g]);
         }
@@ -575,9 +568,9 @@ void attn_heads(const AttnArgs* a, const float* q, int32_t kv_head, const int32_
         V::template hsums<16>(acc[g], sg);
         if (hv < hd)
           for (int32_t t = 0; t < c; ++t) {
-            const float* kt = K + (t0 + t) * hd;
+            const uint8_t* kt = K + size_t(t0 + t) * a->k_row_bytes;
             float x = sg[t];
-            for (int64_t k = hv; k < hd; ++k) x = V::fmas(q[g * hd + k], kt[k], x);
+            for (int64_t k = hv; k < hd; ++k) x = V::fmas(q[g * hd + k], LK::at(kt, k), x);
             sg[t] = x;
           }
       }
@@ -620,8 +613,8 @@ void attn_heads(const AttnArgs* a, const float* q, int32_t kv_head, const int32_
         o[g][1] = V::mul(V::loadu(out + g * hd + k + V::W), av);
       }
       for (int32_t t = 0; t < len; ++t) {
-        const float* vt = Vb + t * hd + k;
-        const vec v0 = V::loadu(vt), v1 = V::loadu(vt + V::W);
+        const uint8_t* vt = Vb + size_t(t) * a->v_row_bytes;
+        const vec v0 = LV::load(vt, k), v1 = LV::load(vt, k + V::W);
 #pragma GCC unroll 8
         for (int g = 0; g < GG; ++g) {
           const vec pv = V::set1(s[size_t(g) * sstride + t]);
@@ -639,14 +632,15 @@ void attn_heads(const AttnArgs* a, const float* q, int32_t kv_head, const int32_
       for (int g = 0; g < GG; ++g) {
         vec o0 = V::mul(V::loadu(out + g * hd + k), V::set1(alpha[g]));
         for (int32_t t = 0; t < len; ++t)
-          o0 = V::fmadd(V::set1(s[size_t(g) * sstride + t]), V::loadu(Vb + t * hd + k), o0);
+          o0 = V::fmadd(V::set1(s[size_t(g) * sstride + t]), LV::load(Vb + size_t(t) * a->v_row_bytes, k), o0);
         V::storeu(out + g * hd + k, o0);
       }
     }
     for (; k < hd; ++k) {
       for (int g = 0; g < GG; ++g) {
         float o = out[g * hd + k] * alpha[g];
-        for (int32_t t = 0; t < len; ++t) o = V::fmas(s[size_t(g) * sstride + t], Vb[t * hd + k], o);
+        for (int32_t t = 0; t < len; ++t)
+          o = V::fmas(s[size_t(g) * sstride + t], LV::at(Vb + size_t(t) * a->v_row_bytes, k), o);
         out[g * hd + k] = o;
       }
     }
@@ -662,8 +656,8 @@ void attn_heads(const AttnArgs* a, const float* q, int32_t kv_head, const int32_
 
 // The group's query heads in chunks of up to 4 (heads are independent, so
 // the chunking does not change any head's bits).
-template <class V>
-void attn_k(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
+template <class V, class LK, class LV>
+void attn_t(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
             int32_t pos, float* out, float* scratch) {
   const int64_t hd = a->head_dim;
   for (int32_t g = 0; g < a->group;) {
@@ -671,11 +665,33 @@ void attn_k(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* b
     const float* qg = q + g * hd;
     float* og = out + g * hd;
     switch (left >= 4 ? 4 : left) {
-      case 4: attn_heads<V, 4>(a, qg, kv_head, block_table, pos, og, scratch); g += 4; break;
-      case 3: attn_heads<V, 3>(a, qg, kv_head, block_table, pos, og, scratch); g += 3; break;
-      case 2: attn_heads<V, 2>(a, qg, kv_head, block_table, pos, og, scratch); g += 2; break;
-      default: attn_heads<V, 1>(a, qg, kv_head, block_table, pos, og, scratch); g += 1; break;
+      case 4: attn_heads<V, LK, LV, 4>(a, qg, kv_head, block_table, pos, og, scratch); g += 4; break;
+      case 3: attn_heads<V, LK, LV, 3>(a, qg, kv_head, block_table, pos, og, scratch); g += 3; break;
+      case 2: attn_heads<V, LK, LV, 2>(a, qg, kv_head, block_table, pos, og, scratch); g += 2; break;
+      default: attn_heads<V, LK, LV, 1>(a, qg, kv_head, block_table, pos, og, scratch); g += 1; break;
     }
+  }
+}
+
+template <class V, class LK>
+void attn_v(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
+            int32_t pos, float* out, float* scratch) {
+  switch (a->v_type) {
+    case cleave::cpu::kWF32: attn_t<V, LK, LF32<V>>(a, q, kv_head, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWF16: attn_t<V, LK, LF16<V>>(a, q, kv_head, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWQ8: attn_t<V, LK, LQ8<V>>(a, q, kv_head, block_table, pos, out, scratch); return;
+    default: __builtin_trap();
+  }
+}
+
+template <class V>
+void attn_k(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
+            int32_t pos, float* out, float* scratch) {
+  switch (a->k_type) {
+    case cleave::cpu::kWF32: attn_v<V, LF32<V>>(a, q, kv_head, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWF16: attn_v<V, LF16<V>>(a, q, kv_head, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWQ8: attn_v<V, LQ8<V>>(a, q, kv_head, block_table, pos, out, scratch); return;
+    default: __builtin_trap();
   }
 }
 

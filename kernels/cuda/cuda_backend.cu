@@ -456,7 +456,7 @@ __global__ void topk_gating_kernel(const float* __restrict__ logits, int64_t n, 
   for (int64_t j = 0; j < k; ++j) weights[i * k + j] = weights[i * k + j] / sel_sum;
 }
 
-// PagedKv without its host-only methods.
+// PagedKv without its host-only methods; F32 K and V only (check_f32_kv).
 struct KvDev {
   float* data;
   int32_t n_blocks, block_size, n_layers, n_kv_heads, head_dim;
@@ -469,7 +469,7 @@ struct KvDev {
 };
 
 KvDev to_dev(const PagedKv& kv) {
-  return KvDev{kv.data, kv.n_blocks, kv.block_size, kv.n_layers, kv.n_kv_heads, kv.head_dim};
+  return KvDev{reinterpret_cast<float*>(kv.data), kv.n_blocks, kv.block_size, kv.n_layers, kv.n_kv_heads, kv.head_dim};
 }
 
 // grid (n, n_kv_heads)
@@ -587,7 +587,11 @@ class CudaBackend final : public Backend {
   }
 
   Caps caps() const override { return Caps{"cuda", isa_, sm_count_}; }
-  bool supports(Op, DType t) const override { return dtype_known(static_cast<uint32_t>(t)); }
+  // The KV kernels read and write F32 only (F16 / Q8_0 caches: not yet).
+  bool supports(Op op, DType t) const override {
+    if (op == Op::kv_write || op == Op::attention) return t == DType::F32;
+    return dtype_known(static_cast<uint32_t>(t));
+  }
 
   // nullptr when the device is out of memory; any other error aborts.
   void* alloc(size_t bytes) override {
@@ -716,6 +720,7 @@ class CudaBackend final : public Backend {
   void kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
                 const AttnRow* rows, int64_t n) override {
     if (n <= 0) return;
+    check_f32_kv(kv, "kv_write");
     use();
     const AttnRow* rows_dev = stage_rows(rows, n);
     const int threads = kv.head_dim >= 256 ? 256 : ((kv.head_dim + 31) / 32) * 32;
@@ -729,6 +734,7 @@ class CudaBackend final : public Backend {
     if (n <= 0 || n_heads <= 0) return;
     if (kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0)
       fail("attention: n_heads is not a multiple of n_kv_heads");
+    check_f32_kv(kv, "attention");
     use();
     const AttnRow* rows_dev = stage_rows(rows, n);
     const size_t smem = (size_t(2) * kv.head_dim + size_t(2) * kv.block_size) * sizeof(float);
@@ -744,6 +750,11 @@ class CudaBackend final : public Backend {
   static unsigned grid1d(int64_t n) {
     if (n > 0x7fffffff) fail("too many rows for one launch");
     return unsigned(n);
+  }
+
+  static void check_f32_kv(const PagedKv& kv, const char* op) {
+    if (kv.k_type != DType::F32 || kv.v_type != DType::F32)
+      fail((std::string(op) + ": the cuda backend's KV cache is F32 only").c_str());
   }
 
   static void check_type(DType t) {

@@ -374,10 +374,10 @@ struct KvFixture {
     kv.n_layers = 2;
     kv.n_kv_heads = c.n_kv_heads;
     kv.head_dim = c.head_dim;
-    std::vector<float> g(kv.block_elems() * size_t(kv.n_blocks));
+    std::vector<float> g(kv.block_bytes() / 4 * size_t(kv.n_blocks));
     for (size_t k = 0; k < g.size(); ++k) g[k] = garbage[k % garbage.size()];
     data = std::make_unique<Buf>(be, g);
-    kv.data = data->f();
+    kv.data = reinterpret_cast<uint8_t*>(data->f());
     table = std::make_unique<Buf>(be, blocks);
   }
   std::vector<AttnRow> rows(int32_t a, int32_t b) const {
@@ -558,9 +558,9 @@ TEST_CASE("cuda benchmark") {
     kv.n_layers = 1;
     kv.n_kv_heads = c.n_kv_heads;
     kv.head_dim = c.head_dim;
-    Buf data(*gpu, kv.block_elems() * size_t(kv.n_blocks) * 4);
+    Buf data(*gpu, kv.block_bytes() * size_t(kv.n_blocks));
     check(cudaMemset(data.p, 0, data.bytes), "cudaMemset");
-    kv.data = data.f();
+    kv.data = reinterpret_cast<uint8_t*>(data.f());
     std::vector<int32_t> tab(size_t(kv.n_blocks));
     std::iota(tab.begin(), tab.end(), 0);
     Buf tg(*gpu, tab), q(*gpu, rng.vec(size_t(seqs) * c.n_heads * c.head_dim)),

@@ -384,7 +384,8 @@ TEST_CASE("engine kv: model fingerprint names the file, layout matches the paged
   CHECK(a1->model_fingerprint() != b->model_fingerprint());
 
   const KvLayout& l = a1->kv_layout();
-  CHECK(l.dtype == 0);
+  CHECK(l.k_type == DType::F32);
+  CHECK(l.v_type == DType::F32);
   CHECK(l.tokens_per_block == 16);
   CHECK(l.n_layers == 2);
   CHECK(l.n_kv_heads == 2);

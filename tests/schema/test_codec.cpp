@@ -472,8 +472,23 @@ TEST_CASE("codec: BlockRecords must match their layout: invalid_argument naming 
   CHECK(decode_put(r).code() == Code::invalid_argument);
 
   r = examples::block(9);
-  r.header.layout.dtype = 1;  // F16: not a KV type this build stores
-  CHECK(decode_put(r).code() == Code::unsupported);
+  r.header.layout.k_type = DType::BF16;  // a type id, but not a KV cache type
+  st = decode_put(r);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("k_type BF16 is not a KV cache type") != std::string::npos);
+
+  r = examples::block(9);
+  r.header.layout.v_type = DType(77);  // no type at all
+  st = decode_put(r);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("v_type 77 is not a type id") != std::string::npos);
+
+  // F16 rows are half the bytes: the F32 record's bytes no longer match.
+  r = examples::block(9);
+  r.header.layout.k_type = r.header.layout.v_type = DType::F16;
+  st = decode_put(r);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(st.message().find("layout needs") != std::string::npos);
 
   // Dimensions whose product wraps size_t must not match any byte count.
   r = examples::block(9);

@@ -19,7 +19,7 @@ constexpr uint64_t kModelFp = 0x1234'5678'9abc'def0ull;
 
 KvLayout test_layout() {
   KvLayout l;
-  l.dtype = 0;
+  l.k_type = l.v_type = DType::F32;
   l.tokens_per_block = 16;
   l.n_layers = 2;
   l.n_kv_heads = 2;
@@ -94,7 +94,15 @@ TEST_CASE("prefix keys: same input gives the same key; each field changes it") {
     l.tokens_per_block = 32;
     CHECK_FALSE(block_key(root, t.data(), 16, kModelFp, l) == k);
     l = layout;
-    l.dtype = 1;
+    l.k_type = DType::F16;
+    CHECK_FALSE(block_key(root, t.data(), 16, kModelFp, l) == k);
+    l = layout;
+    l.v_type = DType::F16;
+    CHECK_FALSE(block_key(root, t.data(), 16, kModelFp, l) == k);
+    const BlockKey kf16 = block_key(root, t.data(), 16, kModelFp, l);
+    l.k_type = DType::F16;
+    CHECK_FALSE(block_key(root, t.data(), 16, kModelFp, l) == kf16);
+    l.k_type = l.v_type = DType::Q8_0;
     CHECK_FALSE(block_key(root, t.data(), 16, kModelFp, l) == k);
   }
   SUBCASE("the token count") {
