@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/pd_controller.h"
+#include "kernels/dtype.h"
 #include "actors/scale_controller.h"
 #include "actors/placement.h"
 #include "common/status.h"
@@ -104,6 +105,10 @@ struct ClusterSpec {
   // kv_preload = false: the router does not start the chosen stage's fetch
   // ahead of it (the stage fetches when it takes the request).
   bool kv_preload = true;
+  // cluster { cache_type_k = "f16", cache_type_v = "q8_0" }: the KV cache's
+  // element types on every node (llama.cpp's -ctk / -ctv; f32, f16, q8_0).
+  // Cluster-wide: blocks move between nodes only between equal layouts.
+  DType cache_type_k = DType::F32, cache_type_v = DType::F32;
   // What it was loaded from (load_topology_*): the script's text, the name
   // its messages use and the --set pairs. A head hands them to a node that
   // joins with `cleave node --join HOST:PORT` (load_joined_topology).

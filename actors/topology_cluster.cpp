@@ -228,8 +228,22 @@ int lua_cluster(lua_State* L) {
             kSchedulingPolicies);
   }
 
+  DType cache_types[2] = {sb->spec->cache_type_k, sb->spec->cache_type_v};
+  for (int i = 0; i < 2; ++i) {
+    const char* field = i == 0 ? "cache_type_k" : "cache_type_v";
+    size_t len = 0;
+    if (const char* name = opt_string(L, 1, field, what, &len)) {
+      if (std::strcmp(name, "f32") == 0) cache_types[i] = DType::F32;
+      else if (std::strcmp(name, "f16") == 0) cache_types[i] = DType::F16;
+      else if (std::strcmp(name, "q8_0") == 0) cache_types[i] = DType::Q8_0;
+      else raise(L, "%s: unknown %s '%s' (expected f32, f16 or q8_0)", what, field, name);
+    }
+  }
+
   // No Lua call below.
   ClusterSpec& c = *sb->spec;
+  c.cache_type_k = cache_types[0];
+  c.cache_type_v = cache_types[1];
   if (router.policy != nullptr) c.placement.policy.assign(router.policy, router.policy_len);
   c.placement.prefill_weight = router.prefill_weight;
   c.placement.decode_weight = router.decode_weight;

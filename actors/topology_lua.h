@@ -44,11 +44,12 @@ constexpr const char* kClusterFields[] = {"router",          "max_pending",
                                           "secret_file",    "kv_pool",
                                           "kv_replicate_reads", "kv_preload",
                                           "scheduling_policy", "pd_controller",
-                                          "autoscale"};
+                                          "autoscale",      "cache_type_k",
+                                          "cache_type_v"};
 constexpr const char* kClusterFieldList =
     "router, max_pending, request_timeout_s, heartbeat_interval_s, connection_timeout_s, "
     "secret_env, secret_file, kv_pool, kv_replicate_reads, kv_preload, scheduling_policy, "
-    "pd_controller, autoscale";
+    "pd_controller, autoscale, cache_type_k, cache_type_v";
 
 constexpr size_t kMaxNodes = 4096;
 constexpr lua_Integer kMaxCount = 4096;       // actors of one kind on one node

@@ -39,6 +39,8 @@ void rewrite_short_flags(int argc, char** argv, std::vector<std::string>& storag
     std::string s = argv[i];
     if (s == "-np") s = "--parallel";
     else if (s == "-to") s = "--timeout";
+    else if (s == "-ctk") s = "--cache-type-k";
+    else if (s == "-ctv") s = "--cache-type-v";
     storage.push_back(std::move(s));
   }
   out.clear();

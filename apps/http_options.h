@@ -31,7 +31,7 @@ struct HttpArgs {
 // port_flag: "--port" for serve, "--http-port" for node.
 void add_http_options(CLI::App* cmd, HttpArgs& args, const std::string& port_flag);
 
-// llama-server's two-letter single-dash flags (-np, -to) that CLI11 cannot
+// llama-server's multi-letter single-dash flags (-np, -to, -ctk, -ctv) that CLI11 cannot
 // declare: rewritten to their long forms before parsing.
 void rewrite_short_flags(int argc, char** argv, std::vector<std::string>& storage,
                          std::vector<char*>& out);

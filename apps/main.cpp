@@ -100,6 +100,7 @@ struct GenerateArgs {
   bool expert_micro_batches_given = false, enable_eplb = false;
   int32_t pipeline_parallel_size = 1, pipeline_micro_batches = 1;
   bool pipeline_micro_batches_given = false;
+  CacheTypeArgs cache_types;
 };
 
 // Flags that only a topology reads are refused elsewhere, naming them.
@@ -221,6 +222,7 @@ int run_generate(const GenerateArgs& a) {
   eo.context = a.ctx;
   eo.expert_micro_batches = a.expert_micro_batches;
   eo.pipeline_micro_batches = a.pipeline_micro_batches;
+  apply_cache_types(a.cache_types, eo);
   std::unique_ptr<Engine> engine;  // the actor topologies make their own
   if (topology == Topology::mono) {
     if (a.pipeline_parallel_size > 1) {  // the later stages on threads
@@ -383,6 +385,7 @@ int run_generate_requests(const GenerateArgs& a) {
   po.engine.max_seqs = int32_t(std::min<size_t>(requests.size(), 64));
   po.engine.expert_micro_batches = a.expert_micro_batches;
   po.engine.pipeline_micro_batches = a.pipeline_micro_batches;
+  apply_cache_types(a.cache_types, po.engine);
   po.expert_replication = a.enable_eplb;
   po.max_pending = 4096;
   po.scheduler.policy = *parse_scheduling_policy(a.scheduling_policy);  // CLI checked the spelling
@@ -553,6 +556,7 @@ int main(int argc, char** argv) {
   gen->add_option("-t,--threads", g.threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
   gen->add_option("-c,--ctx-size", g.ctx, "context size (0: the model's)")->check(CLI::Range(0, 1 << 24));
   gen->add_option("--ubatch-size", g.ubatch, "prompt tokens per prefill step")->check(CLI::Range(1, 1 << 20));
+  add_cache_type_options(gen, g.cache_types);
   gen->add_flag("--ignore-eos", g.ignore_eos, "keep generating after EOS");
   gen->add_option("--topology", g.topology, "mono, colocated or pd (prefill and decode actors)")
       ->check(CLI::IsMember({"mono", "colocated", "pd"}));

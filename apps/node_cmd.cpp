@@ -364,6 +364,8 @@ int run_node_command() {
   o.engine.max_seqs = a.max_seqs;
   o.engine.expert_micro_batches = a.expert_micro_batches;
   o.engine.pipeline_micro_batches = a.pipeline_micro_batches;
+  o.engine.cache_type_k = o.spec.cache_type_k;  // cluster-wide, from the script
+  o.engine.cache_type_v = o.spec.cache_type_v;
   o.expert_replication = a.enable_eplb;
   o.secret = joining ? join_secret : unwrap(read_cluster_secret(o.spec));
   o.join_timeout_s = a.join_timeout_s;

@@ -3,7 +3,24 @@
 #include <algorithm>
 #include <thread>
 
+#include "model/make_model.h"  // dtype_from_name
+
 namespace cleave {
+
+void add_cache_type_options(CLI::App* cmd, CacheTypeArgs& a) {
+  const auto types = CLI::IsMember({"f32", "f16", "q8_0"});
+  // -ctk / -ctv are rewritten to these by rewrite_short_flags (CLI11 takes
+  // one-letter short names only).
+  cmd->add_option("--cache-type-k", a.k,
+                  "KV cache type for K: f32 (exact), f16 or q8_0 (head_dim a multiple of 32)")
+      ->check(types);
+  cmd->add_option("--cache-type-v", a.v, "KV cache type for V: f32, f16 or q8_0")->check(types);
+}
+
+void apply_cache_types(const CacheTypeArgs& a, EngineOptions& eo) {
+  eo.cache_type_k = *dtype_from_name(a.k);
+  eo.cache_type_v = *dtype_from_name(a.v);
+}
 
 void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
   cmd->add_option("--topology", a.topology, "mono, colocated or pd")
@@ -35,6 +52,7 @@ void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--pipeline-micro-batches", a.pipeline_micro_batches, kPipelineMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
+  add_cache_type_options(cmd, a.cache_types);
 }
 
 std::vector<ExpertSet> parse_experts_flag(const std::string& spec) {
@@ -88,6 +106,7 @@ PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
   po.experts = parse_experts_flag(a.experts);
   po.pipeline_parallel_size = a.pipeline_parallel_size;
   po.engine.pipeline_micro_batches = a.pipeline_micro_batches;
+  apply_cache_types(a.cache_types, po.engine);
   return po;
 }
 

@@ -11,6 +11,15 @@
 
 namespace cleave {
 
+// -ctk / --cache-type-k and -ctv / --cache-type-v (llama.cpp's spellings):
+// the KV cache's element types. f32 (the default: exact), f16, q8_0.
+struct CacheTypeArgs {
+  std::string k = "f32", v = "f32";
+};
+void add_cache_type_options(CLI::App* cmd, CacheTypeArgs& a);
+// Sets eo's cache types from the flags (their spellings checked by CLI).
+void apply_cache_types(const CacheTypeArgs& a, EngineOptions& eo);
+
 struct ProcessTopologyArgs {
   std::string topology = "mono";
   int32_t threads = 0, ctx = 0, parallel = 8, ubatch = 512;
@@ -21,6 +30,7 @@ struct ProcessTopologyArgs {
   int32_t expert_micro_batches = 1;
   bool enable_eplb = false;
   int32_t pipeline_parallel_size = 1, pipeline_micro_batches = 1;
+  CacheTypeArgs cache_types;
 };
 
 inline constexpr const char* kPipelineParallelHelp =

@@ -23,25 +23,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-Status load_bad(const std::string& script, const Args& args = {},
-                const TopologyLimits& limits = {}) {
-  auto r = load_topology_string(script, "topo.lua", args, limits);
-  REQUIRE_MESSAGE(!r.ok(), "the script loaded:\n", script);
-  return r.status();
-}
-
-// The error is invalid_argument, starts with "topo.lua:LINE:" and names the
-// problem.
-void expect_error(const std::string& script, int line, const std::string& needle) {
-  INFO("script:\n", script);
-  Status st = load_bad(script);
-  INFO("error: ", st.to_string());
-  CHECK(st.code() == Code::invalid_argument);
-  CHECK(st.message().rfind("topo.lua:" + std::to_string(line) + ": ", 0) == 0);
-  CHECK(st.message().find(needle) != std::string::npos);
-  CHECK(st.message().find('\n') == std::string::npos);
-}
-
 const std::string kExamples = std::string(CLEAVE_SOURCE_DIR) + "/examples";
 
 }  // namespace

@@ -201,3 +201,18 @@ TEST_CASE("a joining node: --actors parsed into a worker of the head's model, re
   CHECK(load_joined_topology(std::string((1 << 20) + 1, ' '), "big.lua", {}, "h", 1).status().message().find(
             "over the limit") != std::string::npos);
 }
+
+TEST_CASE("cluster cache types: -ctk / -ctv for every node, named in the summary, refused when unknown") {
+  const ClusterSpec plain = load_ok(kHead);
+  CHECK(plain.cache_type_k == DType::F32);
+  CHECK(plain.cache_type_v == DType::F32);
+  CHECK(topology_summary(plain).find("KV cache") == std::string::npos);
+  const ClusterSpec q = load_ok("cluster { cache_type_k = 'q8_0', cache_type_v = 'f16' }\n" + kHead);
+  CHECK(q.cache_type_k == DType::Q8_0);
+  CHECK(q.cache_type_v == DType::F16);
+  CHECK(topology_summary(q).find("KV cache Q8_0 K / F16 V") != std::string::npos);
+  CHECK(load_ok("cluster { cache_type_v = 'f16' }\n" + kHead).cache_type_k == DType::F32);
+  expect_error("cluster { cache_type_k = 'bf16' }\n" + kHead, 1,
+               "unknown cache_type_k 'bf16' (expected f32, f16 or q8_0)");
+  expect_error("cluster { cache_type_v = 8 }\n" + kHead, 1, "cache_type_v");
+}

@@ -664,5 +664,38 @@ expect_error("node: --pipeline-micro-batches on a later stage",
              ["node", "--topology", pp_topo, "--name", "prefill1_2", "-m", moe, "--set", "layers=3",
               "--pipeline-micro-batches", "2"], 2, "--pipeline-micro-batches", "is not a pipeline's first stage")
 
+# KV cache types (-ctk / -ctv, llama.cpp's spellings): each changes the
+# numbers (the logits differ from F32 KV's), runs the same twice, and a
+# type the model's head_dim cannot hold is refused in one line.
+kvm = os.path.join(WORK, "kv32.gguf")  # head_dim 32: Q8_0 blocks fit
+rc, _, err = run("make-model", "--out", kvm, "--vocab", VOCAB, "--dim", "64", "--layers", "2",
+                 "--heads", "2", "--kv-heads", "1", "--ffn", "128", "--ctx", "64", "--type", "f16")
+expect("make-model writes a head_dim-32 model", rc == 0, err)
+
+
+def kv_logits(model_path, *flags):
+    path = os.path.join(WORK, "kv-logits.bin")
+    rc, out, err = run("generate", "-m", model_path, "--prompt-ids", "1,50,60,70,80,90,100,110,120", "-n", "6",
+                       "--temp", "0", "--ignore-eos", "--json", "--logits", path, *flags)
+    if rc != 0:
+        return None, err
+    with open(path, "rb") as f:
+        return (json.loads(out)["generated_ids"], f.read()), err
+
+
+base, err = kv_logits(kvm)
+expect("generate with F32 KV", base is not None, err)
+for flags in (["-ctk", "f16", "-ctv", "f16"], ["-ctk", "q8_0", "-ctv", "q8_0"], ["--cache-type-k", "q8_0"],
+              ["-ctv", "f16"]):
+    got, err = kv_logits(kvm, *flags)
+    again, _ = kv_logits(kvm, *flags)
+    expect("generate " + " ".join(flags) + ": other logits than F32 KV, the same twice",
+           got is not None and got[1] != base[1] and got == again and len(got[0]) == 6, err)
+expect_error("-ctk q8_0 on head_dim 16", ["generate", "-m", model, "--prompt-ids", "1,2", "-ctk", "q8_0"], 1,
+             "cache type k q8_0 needs head_dim a multiple of 32 (it is 16)")
+expect_error("-ctv bf16", ["generate", "-m", model, "--prompt-ids", "1,2", "-ctv", "bf16"], 2,
+             "--cache-type-v", "bf16")
+expect_error("serve -ctk q4_0", ["serve", "-m", model, "-ctk", "q4_0"], 2, "--cache-type-k", "q4_0")
+
 print(f"cli: {len(failures)} failed")
 sys.exit(1 if failures else 0)
