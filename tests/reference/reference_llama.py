@@ -48,6 +48,29 @@ def rope(x, positions, base, n_rot):
     return out
 
 
+def kv_round(x, kind):
+    """K or V rows (..., head_dim) as a KV cache of `kind` stores them, back
+    in float64: the float32 value (what cleave computes) rounded to F16
+    (nearest even, numpy's astype), or quantised to Q8_0 as ggml does it:
+    per 32 elements d = max|x| / 127 in float32, q = roundf(x / d) (halves
+    away from zero), the value q * fp16(d)."""
+    if kind == "f32":
+        return x
+    x32 = np.asarray(x, dtype=np.float32)
+    if kind == "f16":
+        return x32.astype(np.float16).astype(np.float64)
+    if kind != "q8_0":
+        raise ValueError(f"unknown KV type {kind!r}")
+    b = x32.reshape(*x32.shape[:-1], -1, 32)
+    amax = np.max(np.abs(b), axis=-1, keepdims=True)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    v = (b * inv).astype(np.float32)
+    q = np.sign(v) * np.floor(np.abs(v).astype(np.float64) + 0.5)  # float64: |v| + 0.5 exact
+    return (q.astype(np.float64) * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
+
+
 def moe_topk(probs, k):
     """probs: (T, E). Returns (idx (T,k), weights (T,k)) with ties -> lower index."""
     idx = np.argsort(-probs, axis=-1, kind="stable")[:, :k]
@@ -57,7 +80,9 @@ def moe_topk(probs, k):
 
 
 class LlamaReference:
-    def __init__(self, path):
+    def __init__(self, path, kv_types=("f32", "f32")):
+        """kv_types: the KV cache's (K, V) element types, as cleave's -ctk / -ctv."""
+        self.kv_types = kv_types
         g = GGUFFile(path)
         self.gguf = g
         self.route_log = []
@@ -143,7 +168,8 @@ class LlamaReference:
         k = (h @ lay["wk"].T).reshape(T, KV, hd)
         v = (h @ lay["wv"].T).reshape(T, KV, hd)
         q = rope(q, positions, self.base, self.n_rot)
-        k = rope(k, positions, self.base, self.n_rot)
+        k = kv_round(rope(k, positions, self.base, self.n_rot), self.kv_types[0])
+        v = kv_round(v, self.kv_types[1])
         group = H // KV
         kh = np.repeat(k, group, axis=1)  # (T, H, hd): head h -> kv head h // group
         vh = np.repeat(v, group, axis=1)
