@@ -108,6 +108,48 @@ TEST_CASE("pipeline invariant: an MoE model is bit-identical across mono, coloca
   }
 }
 
+TEST_CASE("pipeline invariant: every KV cache type is bit-identical across mono, colocated and pd") {
+  ModelSpec spec = small_dense();
+  spec.n_heads = 2;
+  spec.n_kv_heads = 1;  // head_dim 32: Q8_0 rows fit
+  spec.name = "actors-dense-hd32";
+  const Model& m = model(spec);
+  const auto requests = mixed_requests(m, 40, 7000);
+  // P/D moves each prompt's KV; the bytes a block takes follow its type.
+  std::map<std::string, double> bytes_per_block;
+  for (auto [kt, vt] : {std::pair{DType::F32, DType::F32}, std::pair{DType::F16, DType::F16},
+                        std::pair{DType::Q8_0, DType::Q8_0}, std::pair{DType::F32, DType::Q8_0}}) {
+    const std::string what = std::string(dtype_name(kt)) + "/" + dtype_name(vt);
+    CAPTURE(what);
+    PipelineOptions mono = base_options(Topology::mono);
+    mono.engine.cache_type_k = kt;
+    mono.engine.cache_type_v = vt;
+    auto mp = make_pipeline(m, mono);
+    const auto ref = run_all(*mp, requests);
+    for (const Completion& c : ref) REQUIRE_MESSAGE(c.error.ok(), c.error.to_string());
+    for (PipelineOptions o : {base_options(Topology::colocated, 0, 0, 2), base_options(Topology::pd, 2, 2)}) {
+      o.engine.cache_type_k = kt;
+      o.engine.cache_type_v = vt;
+      auto p = make_pipeline(m, o);
+      check_identical(ref, run_all(*p, requests), what + " " + topology_name(o.topology));
+      if (o.topology == Topology::pd) {
+        const auto stats = p->stats();
+        const uint64_t blocks = sum_counter(stats, "prefill", "kv_blocks_sent");
+        REQUIRE(blocks > 0);
+        bytes_per_block[what] = double(sum_counter(stats, "prefill", "kv_bytes_sent")) / double(blocks);
+      }
+    }
+  }
+  // A block: 2 layers x 16 tokens x one kv head x (K row + V row) of 32 elements,
+  // plus the record's header and framing (the same for every type).
+  const double f32 = bytes_per_block["F32/F32"], f16 = bytes_per_block["F16/F16"],
+               q8 = bytes_per_block["Q8_0/Q8_0"], mixed = bytes_per_block["F32/Q8_0"];
+  const double row = 2 * 16;  // rows of K (or of V) per block
+  CHECK(f32 - f16 == doctest::Approx(row * (128 - 64) * 2));
+  CHECK(f32 - q8 == doctest::Approx(row * (128 - 34) * 2));
+  CHECK(f32 - mixed == doctest::Approx(row * (128 - 34)));
+}
+
 TEST_CASE("pipeline failure: a decode actor killed mid-generation, its sequences finish elsewhere identical") {
   const Model& m = model(small_dense());
   const auto requests = long_requests(m, 40, 7000);

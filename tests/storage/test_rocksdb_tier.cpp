@@ -385,3 +385,46 @@ TEST_CASE("rocksdb tier: threads inserting and reading the same keys") {
   CHECK(t.counters().inserts == 32);
   CHECK(t.usage_bytes() == 32 * (kRecordHeaderBytes + small_layout().block_bytes()));
 }
+
+TEST_CASE("rocksdb tier: F16 and Q8_0 blocks are stored at their size and read back; other types are foreign") {
+  for (auto [kt, vt] : {std::pair{DType::F16, DType::F16}, std::pair{DType::Q8_0, DType::Q8_0},
+                        std::pair{DType::F16, DType::Q8_0}}) {
+    const std::string types = std::string(dtype_name(kt)) + "/" + dtype_name(vt);
+    CAPTURE(types);
+    TempDir dir;
+    KvLayout l = small_layout();
+    l.head_dim = 32;  // Q8_0 rows are 32-element blocks
+    l.k_type = kt;
+    l.v_type = vt;
+    // Rows of K and V: 2 layers x 2 heads x 4 tokens each; bytes per row by type.
+    CHECK(l.block_bytes() == size_t(2 * 2 * 4) * (dtype_row_bytes(kt, 32) + dtype_row_bytes(vt, 32)));
+    RocksDbTierOptions o = opts();
+    o.layout = l;
+    const BlockRecord r = make_record(21, l);
+    KvLayout f32 = l;
+    f32.k_type = f32.v_type = DType::F32;
+    const BlockRecord other = make_record(22, f32);
+    {
+      auto tier = RocksDbTier::open(dir.path.string(), o);
+      REQUIRE_MESSAGE(tier.ok(), tier.status().to_string());
+      REQUIRE((*tier)->insert(r).ok());
+      CHECK((*tier)->usage_bytes() == kRecordHeaderBytes + l.block_bytes());
+      CHECK((*tier)->insert(other).code() == Code::corruption);  // verify(): not this tier's layout
+      CHECK((*tier)->usage_bytes() == kRecordHeaderBytes + l.block_bytes());
+    }
+    {
+      RawDb raw(dir.path.string());
+      raw.put(other.header.key, encode_record(other));
+    }
+    auto tier = RocksDbTier::open(dir.path.string(), o);  // reopened: the types came back from disk
+    REQUIRE_MESSAGE(tier.ok(), tier.status().to_string());
+    auto got = (*tier)->lookup(r.header.key);
+    REQUIRE_MESSAGE(got.ok(), got.status().to_string());
+    CHECK(got->header.layout == l);
+    CHECK(got->bytes == r.bytes);
+    CHECK((*tier)->lookup(other.header.key).status().code() == Code::corruption);
+    // The database opened with F32 KV: made for another layout.
+    tier.value().reset();
+    CHECK(RocksDbTier::open(dir.path.string(), opts()).status().code() == Code::invalid_argument);
+  }
+}
