@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <nlohmann/json.hpp>
 
 #include "bench/limits.h"
@@ -128,7 +129,7 @@ int run_batched_section(const BatchedOptions& o) {
   spec.dim = 768; spec.n_layers = 12; spec.n_heads = 12; spec.n_kv_heads = 4; spec.ffn = 2048;
   spec.context = 1024;
   struct Row {
-    std::string type;
+    std::string type, kv;
     int threads, batch;
     std::vector<BatchRun> runs;
     double weight_bytes, kv_bytes_per_pos, flops_per_row_base, attn_flops_per_ctx;
@@ -151,12 +152,19 @@ int run_batched_section(const BatchedOptions& o) {
     }
     auto file = GgufFile::open(path);
     CLEAVE_CHECK(file.ok());
+    for (const std::string& kv : o.kv_types)
     for (int t : o.threads) {
+      auto kvt = dtype_from_name(kv);
+      if (!kvt.ok()) {
+        std::fprintf(stderr, "%s\n", kvt.status().to_string().c_str());
+        return 2;
+      }
       EngineOptions eo;
       eo.threads = t;
       eo.context = o.prompt + o.generate + 16;
       eo.max_seqs = *std::max_element(o.batches.begin(), o.batches.end());
       eo.profile_ops = true;
+      eo.cache_type_k = eo.cache_type_v = *kvt;
       auto engine = Engine::create(*file, eo);
       if (!engine.ok()) {
         std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
@@ -164,9 +172,10 @@ int run_batched_section(const BatchedOptions& o) {
       }
       const LlamaConfig& c = (*engine)->config();
       for (int b : o.batches) {
-        std::fprintf(stderr, "batched decode: %s, %d thread(s), batch %d\n", tname.c_str(), t, b);
-        Row row{tname, t, b, {}, double((*engine)->model().weight_bytes_per_token()),
-                2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 4, 2 * row_matrix_elems(c),
+        std::fprintf(stderr, "batched decode: %s weights, %s KV, %d thread(s), batch %d\n", tname.c_str(),
+                     kv.c_str(), t, b);
+        Row row{tname, kv, t, b, {}, double((*engine)->model().weight_bytes_per_token()),
+                double((*engine)->kv_layout().bytes_per_token()), 2 * row_matrix_elems(c),
                 4.0 * c.n_heads * c.head_dim * c.n_layers};
         // The first run also fills the prefix cache with the prompts (later
         // runs reuse them); decode steps are timed the same in every run.
@@ -190,10 +199,10 @@ int run_batched_section(const BatchedOptions& o) {
   for (int t : o.threads)
     std::printf("limits, %d thread(s): read %.1f GB/s, FMA peak (%s) %.1f GFLOP/s\n", t, bw[t],
                 isa_name(isa), peak[t]);
-  std::printf("\n%-5s %2s %5s | %16s %9s %6s %7s %7s | %6s %6s %6s %6s %6s\n", "type", "t", "batch",
+  std::printf("\n%-5s %-5s %2s %5s | %16s %9s %6s %7s %7s | %6s %6s %6s %6s %6s\n", "type", "kv", "t", "batch",
               "decode tok/s", "roofline", "%", "x b=1", "ceil", "output", "layers", "attn", "ops",
               "outside");
-  std::map<std::pair<std::string, int>, double> base_tok_s, base_roof;
+  std::map<std::tuple<std::string, std::string, int>, double> base_tok_s, base_roof;
   for (const Row& row : rows) {
     std::vector<double> tok;
     for (const BatchRun& r : row.runs) tok.push_back(r.tok_s);
@@ -208,7 +217,7 @@ int run_batched_section(const BatchedOptions& o) {
     const double t_mem = bytes / (bw[row.threads] * 1e9);
     const double t_fma = peak[row.threads] > 0 ? flops / (peak[row.threads] * 1e9) : 0;
     const double roof_tok_s = row.batch / std::max(t_mem, t_fma);
-    const auto key = std::make_pair(row.type, row.threads);
+    const auto key = std::make_tuple(row.type, row.kv, row.threads);
     if (row.batch == 1) base_tok_s[key] = med, base_roof[key] = roof_tok_s;
     const double speedup = base_tok_s.count(key) ? med / base_tok_s[key] : 0;
     const double ceiling = base_roof.count(key) ? roof_tok_s / base_roof[key] : 0;
@@ -216,11 +225,12 @@ int run_batched_section(const BatchedOptions& o) {
     auto pct = [&](double x) { return 100 * x / s.step; };
     char range[64];
     std::snprintf(range, sizeof range, "%.0f (%.0f-%.0f)", med, lo, hi);
-    std::printf("%-5s %2d %5d | %16s %9.0f %5.0f%% %6.2fx %6.2fx | %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5.1f%%\n",
-                row.type.c_str(), row.threads, row.batch, range, roof_tok_s, 100 * med / roof_tok_s,
+    std::printf("%-5s %-5s %2d %5d | %16s %9.0f %5.0f%% %6.2fx %6.2fx | %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5.1f%%\n",
+                row.type.c_str(), row.kv.c_str(), row.threads, row.batch, range, roof_tok_s, 100 * med / roof_tok_s,
                 speedup, ceiling, pct(s.output), pct(s.layer_matmul), pct(s.attention), pct(s.other_ops),
                 pct(s.outside()));
-    json j = {{"type", row.type}, {"threads", row.threads}, {"batch", row.batch},
+    json j = {{"type", row.type}, {"kv_type", row.kv}, {"kv_bytes_per_token", row.kv_bytes_per_pos},
+              {"prompt", o.prompt}, {"generate", o.generate}, {"threads", row.threads}, {"batch", row.batch},
               {"decode_tok_s", tok}, {"decode_tok_s_median", med}, {"roofline_tok_s", roof_tok_s},
               {"bound", t_fma > t_mem ? "fma" : "memory"}, {"mean_context", ctx},
               {"speedup_vs_batch1", speedup}, {"roofline_speedup", ceiling},

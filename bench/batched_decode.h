@@ -14,6 +14,7 @@ namespace cleave::bench {
 struct BatchedOptions {
   std::string vocab, workdir, out_json;
   std::vector<std::string> types{"f16", "q8_0"};
+  std::vector<std::string> kv_types{"f32", "f16", "q8_0"};  // K and V alike
   std::vector<int> threads{1, 2};
   std::vector<int> batches{1, 8, 32, 64};
   int prompt = 128, generate = 64, runs = 3;

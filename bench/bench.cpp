@@ -273,7 +273,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> types = {"f32", "f16"}, mmprojs;
   app.add_option("--run-one", run_one_path, "internal: run one model in this process");
   app.add_option("-t,--threads", threads);
-  app.add_option("--prompt", prompt, "prompt tokens for prefill")->check(CLI::Range(1, 200));
+  app.add_option("--prompt", prompt, "prompt tokens for prefill (--batched: up to 4096)")->check(CLI::Range(1, 4096));
   app.add_option("--decode", decode, "tokens to decode at batch 1")->check(CLI::Range(1, 200));
   app.add_option("--vocab", vocab, "vocab GGUF (default: models/vocab/ggml-vocab-llama-spm.gguf)");
   app.add_option("--types", types, "weight types to run");
@@ -293,6 +293,9 @@ int main(int argc, char** argv) {
       ->delimiter(',');
   app.add_option("--runs", bo.runs, "--batched: runs per batch (the median is reported)")
       ->check(CLI::Range(1, 50));
+  app.add_option("--kv-types", bo.kv_types, "--batched: KV cache types (-ctk / -ctv) to run")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
   CLI11_PARSE(app, argc, argv);
   if (!run_one_path.empty()) return run_one(run_one_path, threads, prompt, decode);
 
@@ -300,6 +303,10 @@ int main(int argc, char** argv) {
   if (workdir.empty()) workdir = (std::filesystem::temp_directory_path() / "cleave-bench").string();
   std::filesystem::create_directories(workdir);
   if (encoder) return run_encoder_section(mmprojs, workdir, out_json);
+  if (!batched && prompt > 200) {
+    std::fprintf(stderr, "--prompt above 200 needs --batched\n");
+    return 2;
+  }
   if (batched) {
     if (bo.batches.empty() || bo.batches.front() != 1) {
       std::fprintf(stderr, "--batches: the first batch must be 1 (the others are compared with it)\n");

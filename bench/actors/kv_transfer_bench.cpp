@@ -35,9 +35,14 @@ using Clock = std::chrono::steady_clock;
 
 namespace {
 
-// A llama-8B-like block (32 layers, 8 KV heads of 128, 16 tokens, F32): 4 MiB.
+// The KV cache type of every row (--kv-type).
+DType g_kv_type = DType::F32;
+
+// A llama-8B-like block (32 layers, 8 KV heads of 128, 16 tokens): 4 MiB in
+// F32, 2 MiB in F16, 1.06 MiB in Q8_0.
 KvLayout bench_layout() {
   KvLayout l;
+  l.k_type = l.v_type = g_kv_type;
   l.tokens_per_block = 16;
   l.n_layers = 32;
   l.n_kv_heads = 8;
@@ -46,9 +51,12 @@ KvLayout bench_layout() {
 }
 
 // The same records in both processes (a fixed generator), sealed.
+// --mib counts F32 bytes, so every type moves the same tokens.
 std::shared_ptr<const std::vector<BlockRecord>> make_records(int mib) {
   const KvLayout layout = bench_layout();
-  const int n = std::max(1, int((size_t(mib) << 20) / layout.block_bytes()));
+  KvLayout f32 = layout;
+  f32.k_type = f32.v_type = DType::F32;
+  const int n = std::max(1, int((size_t(mib) << 20) / f32.block_bytes()));
   auto out = std::make_shared<std::vector<BlockRecord>>(size_t(n));
   uint64_t x = 0x9E3779B97F4A7C15ull;
   for (int b = 0; b < n; ++b) {
@@ -142,7 +150,11 @@ int main(int argc, char** argv) {
   int mib = 64, reps = 5, window = kDefaultKvWindow, serve_streams = 0;
   std::vector<uint32_t> chunks{64u << 10, 256u << 10, 1u << 20, 4u << 20};
   std::string json_path;
-  app.add_option("--mib", mib, "KV per transfer (MiB; 4 MiB blocks)")->check(CLI::Range(4, 4096));
+  app.add_option("--mib", mib, "KV per transfer (MiB of F32 KV: 4 MiB blocks of 16 tokens)")
+      ->check(CLI::Range(4, 4096));
+  std::string kv_type = "f32";
+  app.add_option("--kv-type", kv_type, "KV cache type of K and V rows (-ctk / -ctv): the same tokens, fewer bytes")
+      ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
   app.add_option("--reps", reps, "transfers per chunk size and path (median reported)")
       ->check(CLI::Range(1, 100));
   app.add_option("--chunks", chunks, "chunk sizes in bytes")->delimiter(',');
@@ -150,17 +162,18 @@ int main(int argc, char** argv) {
   app.add_option("--json", json_path, "write the figures as JSON");
   app.add_option("--serve", serve_streams, "internal: be the sending process for N streams");
   CLI11_PARSE(app, argc, argv);
+  g_kv_type = kv_type == "f16" ? DType::F16 : kv_type == "q8_0" ? DType::Q8_0 : DType::F32;
   retain_freed_memory();  // as `cleave node` does
   if (serve_streams > 0) return serve(mib, serve_streams);
 
   auto records = make_records(mib);
   uint64_t total = 0;
   for (const BlockRecord& r : *records) total += r.bytes.size();
-  std::printf("KV transfer: %d blocks of %zu bytes (%.1f MiB) per transfer, window %d, %d reps\n",
-              int(records->size()), bench_layout().block_bytes(), double(total) / (1 << 20),
-              window, reps);
-  std::printf("%10s %14s %14s %8s %8s\n", "chunk", "raw tcp GB/s", "kv chunks GB/s", "ratio",
-              "chunks");
+  std::printf("KV transfer: %d blocks of %zu bytes (%s KV, %.1f MiB, %d tokens) per transfer, window %d, %d reps\n",
+              int(records->size()), bench_layout().block_bytes(), kv_type.c_str(), double(total) / (1 << 20),
+              int(records->size()) * bench_layout().tokens_per_block, window, reps);
+  std::printf("%10s %14s %14s %8s %8s %12s\n", "chunk", "raw tcp GB/s", "kv chunks GB/s", "ratio",
+              "chunks", "ms/transfer");
   nlohmann::json out = nlohmann::json::array();
   std::string congestion;  // of the raw TCP and KV data sockets alike
   for (uint32_t chunk : chunks) {
@@ -173,7 +186,8 @@ int main(int argc, char** argv) {
     posix_spawn_file_actions_addclose(&fa, pipe_fd[0]);
     const std::string mib_s = std::to_string(mib), streams_s = std::to_string(reps);
     char* child_argv[] = {argv[0], const_cast<char*>("--serve"), const_cast<char*>(streams_s.c_str()),
-                          const_cast<char*>("--mib"), const_cast<char*>(mib_s.c_str()), nullptr};
+                          const_cast<char*>("--mib"), const_cast<char*>(mib_s.c_str()),
+                          const_cast<char*>("--kv-type"), const_cast<char*>(kv_type.c_str()), nullptr};
     pid_t pid = 0;
     if (posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, child_argv, environ) != 0) {
       std::perror("posix_spawn");
@@ -252,11 +266,13 @@ int main(int argc, char** argv) {
     const double raw_gbs = double(total) / std::min(raw_before, raw_after) / 1e9;
     const double kv_gbs = double(total) / median(kv_s) / 1e9;
     const uint64_t n_chunks = (total + chunk - 1) / chunk;
-    std::printf("%10u %14.2f %14.2f %7.0f%% %8llu\n", chunk, raw_gbs, kv_gbs, 100 * kv_gbs / raw_gbs,
-                static_cast<unsigned long long>(n_chunks));
+    std::printf("%10u %14.2f %14.2f %7.0f%% %8llu %12.2f\n", chunk, raw_gbs, kv_gbs, 100 * kv_gbs / raw_gbs,
+                static_cast<unsigned long long>(n_chunks), 1e3 * median(kv_s));
     out.push_back({{"chunk_bytes", chunk}, {"bytes", total}, {"window", window}, {"reps", reps},
                    {"raw_tcp_gb_s", raw_gbs}, {"kv_stream_gb_s", kv_gbs},
-                   {"ratio", kv_gbs / raw_gbs}, {"chunks", n_chunks},
+                   {"ratio", kv_gbs / raw_gbs}, {"chunks", n_chunks}, {"kv_type", kv_type},
+                   {"tokens", records->size() * size_t(bench_layout().tokens_per_block)},
+                   {"kv_ms_per_transfer", 1e3 * median(kv_s)},
                    {"tcp_congestion", congestion}});
   }
   std::printf("TCP congestion control of both paths: %s\n", congestion.c_str());
