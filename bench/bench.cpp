@@ -276,7 +276,7 @@ int main(int argc, char** argv) {
   app.add_option("--prompt", prompt, "prompt tokens for prefill (--batched: up to 4096)")->check(CLI::Range(1, 4096));
   app.add_option("--decode", decode, "tokens to decode at batch 1")->check(CLI::Range(1, 200));
   app.add_option("--vocab", vocab, "vocab GGUF (default: models/vocab/ggml-vocab-llama-spm.gguf)");
-  app.add_option("--types", types, "weight types to run");
+  app.add_option("--types", types, "weight types to run")->delimiter(',');
   app.add_option("--workdir", workdir, "where generated models go (default: a temp dir)");
   app.add_option("--json", out_json, "where to write the results");
   app.add_flag("--quick", quick, "only the 15M model (for a smoke run)");

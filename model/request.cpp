@@ -125,8 +125,10 @@ RequestProgress::RequestProgress(GenerateRequest request, const Tokenizer* token
 
 int32_t RequestProgress::step(const float* logits) {
   CLEAVE_CHECK(!finished());
-  if (request_.keep_logits) logits_.insert(logits_.end(), logits, logits + n_vocab_);
-  last_logits_.assign(logits, logits + n_vocab_);
+  if (request_.keep_logits) {
+    logits_.insert(logits_.end(), logits, logits + n_vocab_);
+    last_logits_.assign(logits, logits + n_vocab_);
+  }
   const uint64_t position = history_.size();
   const int32_t token = sample_token(logits, n_vocab_, request_.sampling, history_,
                                      request_.rng_stream.value_or(request_.request_id), position,

@@ -119,8 +119,8 @@ class RequestProgress {
   // All text shown so far (what take_text() returned, in total).
   const std::string& text() const { return text_; }
   // Logits of every step() (steps x n_vocab; replayed tokens have none) when
-  // keep_logits, else empty; last_logits() is the final row whenever one was
-  // seen.
+  // keep_logits, else empty; last_logits() is the final row, also only when
+  // keep_logits.
   const std::vector<float>& logits() const { return logits_; }
   const std::vector<float>& last_logits() const { return last_logits_; }
   // The last step()'s logprobs when the request asked for them

@@ -3,7 +3,10 @@
 #include "model/sampler.h"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
+#include <cstring>
 #include <limits>
 #include <unordered_map>
 #include <unordered_set>
@@ -75,6 +78,18 @@ struct Cand {
 inline float key_of(float x) {
   return std::isnan(x) ? -std::numeric_limits<float>::infinity() : x;
 }
+// key_of's order as an int32 that compares the same way: the float's bits,
+// negatives flipped so they sort below positives, -0 as +0 (they are equal
+// floats), NaN as -inf (what key_of makes of it).
+inline int32_t greedy_key(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) u = 0xff800000u;  // NaN -> -inf
+  if (u == 0x80000000u) u = 0;                           // -0 -> +0
+  const int32_t s = int32_t(u);
+  return s >= 0 ? s : s ^ 0x7fffffff;
+}
+
 struct Before {
   bool operator()(const Cand& a, const Cand& b) const {
     const float x = key_of(a.logit), y = key_of(b.logit);
@@ -88,6 +103,19 @@ int32_t sample_token(const float* logits, int32_t n_vocab, const SamplingParams&
                      const std::vector<int32_t>& history, uint64_t request, uint64_t position,
                      size_t n_prompt) {
   CLEAVE_CHECK(logits != nullptr && n_vocab > 0);
+  const bool penalties = params.presence_penalty != 0.0f || params.frequency_penalty != 0.0f ||
+                         (params.repeat_penalty != 1.0f && params.repeat_last_n != 0);
+  if (!penalties && (!(params.temperature > 0.0f) || params.top_k == 1)) {
+    // Greedy on the logits as they are: the argmax below without copying
+    // the row into candidates (a server samples 32 x 32000 of them a step),
+    // as an integer max the compiler vectorises, then the first index that
+    // reaches it (ties to the lowest id, as Before orders them).
+    int32_t top = INT32_MIN;
+    for (int32_t i = 0; i < n_vocab; ++i) top = std::max(top, greedy_key(logits[i]));
+    int32_t best = 0;
+    while (greedy_key(logits[best]) != top) ++best;
+    return best;
+  }
   std::vector<Cand> cands(static_cast<size_t>(n_vocab));
   for (int32_t i = 0; i < n_vocab; ++i) cands[i] = Cand{i, logits[i]};
 
