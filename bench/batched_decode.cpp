@@ -127,7 +127,7 @@ int run_batched_section(const BatchedOptions& o) {
   }
   ModelSpec spec;
   spec.dim = 768; spec.n_layers = 12; spec.n_heads = 12; spec.n_kv_heads = 4; spec.ffn = 2048;
-  spec.context = 1024;
+  spec.context = 4096;  // --prompt up to 4096 minus what is generated
   struct Row {
     std::string type, kv;
     int threads, batch;
@@ -142,7 +142,7 @@ int run_batched_section(const BatchedOptions& o) {
       return 2;
     }
     spec.type = *dt;
-    const std::string path = o.workdir + "/100M-GQA-" + tname + ".gguf";
+    const std::string path = o.workdir + "/100M-GQA-ctx4096-" + tname + ".gguf";
     if (!std::filesystem::exists(path)) {
       Status st = write_test_model(spec, o.vocab, path);
       if (!st.ok()) {

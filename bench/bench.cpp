@@ -273,7 +273,8 @@ int main(int argc, char** argv) {
   std::vector<std::string> types = {"f32", "f16"}, mmprojs;
   app.add_option("--run-one", run_one_path, "internal: run one model in this process");
   app.add_option("-t,--threads", threads);
-  app.add_option("--prompt", prompt, "prompt tokens for prefill (--batched: up to 4096)")->check(CLI::Range(1, 4096));
+  app.add_option("--prompt", prompt, "prompt tokens for prefill (--batched: prompt + decode up to 4080)")
+      ->check(CLI::Range(1, 4080));
   app.add_option("--decode", decode, "tokens to decode at batch 1")->check(CLI::Range(1, 200));
   app.add_option("--vocab", vocab, "vocab GGUF (default: models/vocab/ggml-vocab-llama-spm.gguf)");
   app.add_option("--types", types, "weight types to run")->delimiter(',');
@@ -319,6 +320,10 @@ int main(int argc, char** argv) {
     if (app.count("--threads")) bo.threads = {threads};
     bo.prompt = app.count("--prompt") ? prompt : 128;
     bo.generate = app.count("--decode") ? decode : 64;
+    if (bo.prompt + bo.generate > 4080) {
+      std::fprintf(stderr, "--prompt + --decode must stay within 4080 (the model's 4096 positions)\n");
+      return 2;
+    }
     return bench::run_batched_section(bo);
   }
   const std::string self = std::filesystem::canonical("/proc/self/exe").string();
