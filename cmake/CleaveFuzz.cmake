@@ -28,11 +28,12 @@ function(cleave_fuzz_target name source)
 endfunction()
 
 # storage/block.cpp (KvLayout::validate, BlockKey::hex, checksum_bytes) and
-# the checksums it calls: the codec and the placement policies use them.
+# what it calls (the checksums, check_kv_type): the codec and the placement
+# policies use them.
 find_path(XXHASH_INCLUDE_DIR xxhash.h REQUIRED)
 find_library(XXHASH_LIBRARY xxhash REQUIRED)
 set(CLEAVE_FUZZ_BLOCK_SRC ${PROJECT_SOURCE_DIR}/storage/block.cpp
-    ${PROJECT_SOURCE_DIR}/storage/checksum_avx2.cpp)
+    ${PROJECT_SOURCE_DIR}/storage/checksum_avx2.cpp ${PROJECT_SOURCE_DIR}/kernels/kv_types.cpp)
 set_source_files_properties(${PROJECT_SOURCE_DIR}/storage/checksum_avx2.cpp
                             PROPERTIES COMPILE_OPTIONS "-mavx2")
 cleave_fuzz_objects(cleave_block_fuzzobj ${CLEAVE_FUZZ_BLOCK_SRC})

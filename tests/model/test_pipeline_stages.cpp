@@ -35,17 +35,19 @@ std::vector<Model> models() {
   return {{"pp-dense", four_layers(4)}, {"pp-gqa", four_layers(2)}, {"pp-moe", four_layers(2, 4)}};
 }
 
-EngineOptions engine_options() {
+EngineOptions engine_options(DType kt = DType::F32, DType vt = DType::F32) {
   EngineOptions o;
   o.threads = 2;
   o.max_seqs = 8;
+  o.cache_type_k = kt;
+  o.cache_type_v = vt;
   return o;
 }
 
 // An engine that holds ranges[0] and a threaded link over the rest.
 std::unique_ptr<Engine> pipelined(const std::string& path, const std::vector<LayerRange>& ranges,
-                                  int micro_batches) {
-  EngineOptions o = engine_options();
+                                  int micro_batches, DType kt = DType::F32, DType vt = DType::F32) {
+  EngineOptions o = engine_options(kt, vt);
   o.last_layer = ranges[0].last;
   o.pipeline_micro_batches = micro_batches;
   auto e = make_engine(path, o);
@@ -53,7 +55,7 @@ std::unique_ptr<Engine> pipelined(const std::string& path, const std::vector<Lay
   std::vector<std::shared_ptr<LayerStage>> stages;
   for (size_t i = 1; i < ranges.size(); ++i) {
     auto s = LayerStage::create(open_model(path), ranges[i], e->total_blocks(),
-                                e->options().block_size, 1);
+                                e->options().block_size, 1, kt, vt);
     REQUIRE_MESSAGE(s.ok(), s.status().to_string());
     stages.push_back(std::move(*s));
   }
@@ -316,4 +318,40 @@ TEST_CASE("pipeline stages: a failed link breaks the engine: every later call is
   CHECK(e->pipeline_broken());
   CHECK(e->forward({{s, P.data(), 1}}, lg.data()).code() == Code::unavailable);
   CHECK(e->export_blocks(s).status().code() == Code::unavailable);
+}
+
+TEST_CASE("pipeline stages: F16 KV through the stages gives the whole engine's bits and records") {
+  // head_dim 16 here: F16 (and F16 K with F32 V); Q8_0 needs 32.
+  const std::string path = model_path(four_layers(2), "pp-gqa");
+  for (auto [kt, vt] : {std::pair{DType::F16, DType::F16}, std::pair{DType::F16, DType::F32}}) {
+    const std::string types = std::string(dtype_name(kt)) + "/" + dtype_name(vt);
+    CAPTURE(types);
+    auto whole = make_engine(path, engine_options(kt, vt));
+    const Run want = run_batch(*whole);
+    auto f32 = make_engine(path, engine_options());
+    CHECK_FALSE(same_bits(run_batch(*f32).logits, want.logits));  // the type is in the numbers
+    for (const std::vector<LayerRange>& cut : {std::vector<LayerRange>{{0, 1}, {2, 3}},
+                                              std::vector<LayerRange>{{0, 0}, {1, 1}, {2, 3}}}) {
+      auto e = pipelined(path, cut, 2, kt, vt);
+      const Run got = run_batch(*e);
+      CHECK(got.tokens == want.tokens);
+      CHECK(same_bits(got.logits, want.logits));
+      // Exported records gather every stage's slice: the whole engine's bytes.
+      const auto P = prompt_of(40, 7);
+      std::vector<float> lg(32000);
+      const int32_t sa = *e->open_sequence(), sw = *whole->open_sequence();
+      REQUIRE(e->forward({{sa, P.data(), int32_t(P.size())}}, lg.data()).ok());
+      REQUIRE(whole->forward({{sw, P.data(), int32_t(P.size())}}, lg.data()).ok());
+      auto a = e->export_blocks(sa), b = whole->export_blocks(sw);
+      REQUIRE(a.ok());
+      REQUIRE(b.ok());
+      REQUIRE(a->size() == 3);
+      CHECK((*a)[0].header.layout == whole->kv_layout());
+      for (size_t i = 0; i < 2; ++i) CHECK((*a)[i].bytes == (*b)[i].bytes);
+    }
+  }
+  // A stage refuses a type its head_dim cannot hold, naming it.
+  auto q8 = LayerStage::create(open_model(path), {2, 3}, 64, 16, 1, DType::Q8_0, DType::F32);
+  REQUIRE_FALSE(q8.ok());
+  CHECK(q8.status().message().find("stage: cache type k q8_0 needs head_dim a multiple of 32") != std::string::npos);
 }
