@@ -336,13 +336,18 @@ TEST_CASE("pipeline stages: F16 KV through the stages gives the whole engine's b
       const Run got = run_batch(*e);
       CHECK(got.tokens == want.tokens);
       CHECK(same_bits(got.logits, want.logits));
-      // Exported records gather every stage's slice: the whole engine's bytes.
+      // Exported records gather every stage's slice: the whole engine's bytes
+      // (fresh engines: run_batch holds every sequence slot).
+      auto ep = pipelined(path, cut, 1, kt, vt);
+      auto ew = make_engine(path, engine_options(kt, vt));
       const auto P = prompt_of(40, 7);
       std::vector<float> lg(32000);
-      const int32_t sa = *e->open_sequence(), sw = *whole->open_sequence();
-      REQUIRE(e->forward({{sa, P.data(), int32_t(P.size())}}, lg.data()).ok());
-      REQUIRE(whole->forward({{sw, P.data(), int32_t(P.size())}}, lg.data()).ok());
-      auto a = e->export_blocks(sa), b = whole->export_blocks(sw);
+      auto sa = ep->open_sequence(), sw = ew->open_sequence();
+      REQUIRE(sa.ok());
+      REQUIRE(sw.ok());
+      REQUIRE(ep->forward({{*sa, P.data(), int32_t(P.size())}}, lg.data()).ok());
+      REQUIRE(ew->forward({{*sw, P.data(), int32_t(P.size())}}, lg.data()).ok());
+      auto a = ep->export_blocks(*sa), b = ew->export_blocks(*sw);
       REQUIRE(a.ok());
       REQUIRE(b.ok());
       REQUIRE(a->size() == 3);
