@@ -116,6 +116,25 @@ void mk(const float* x, int64_t cols, const uint8_t* w, size_t rs, float* y, int
     for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
   const int64_t kv = cols / V::W * V::W;
   int64_t k0 = 0;
+  if constexpr (MI > 1 && L::kBlock > V::W) {
+    // A few x rows over Q8_0: each weight block widened once for all of
+    // them, every accumulator still stepping through k in order.
+    constexpr int VB = L::kBlock / V::W;
+    const int64_t kb = cols / L::kBlock * L::kBlock;
+    for (; k0 < kb; k0 += L::kBlock) {
+#pragma GCC unroll 16
+      for (int j = 0; j < NR; ++j) {
+        if (pfd) V::prefetch(L::addr(w + j * rs, k0) + pfd);
+        vec wv[VB];
+        L::load_block(w + j * rs, k0, wv);
+#pragma GCC unroll 8
+        for (int v = 0; v < VB; ++v)
+#pragma GCC unroll 8
+          for (int i = 0; i < MI; ++i)
+            acc[i][j] = V::fmadd(V::loadu(x + i * cols + k0 + v * V::W), wv[v], acc[i][j]);
+      }
+    }
+  }
   if constexpr (MI == 1 && L::kBlock > V::W) {
     // Decode over Q8_0: one scale load per 32-element block, chunks still
     // accumulated in k order (the same operations as the loop below).
