@@ -31,7 +31,8 @@ Result<std::unique_ptr<StageCore>> make_pipelined_core(std::shared_ptr<const Ggu
   const Engine& e = (*core)->engine();
   for (size_t i = 1; i < cut.size(); ++i) {
     auto st = LayerStage::create(file, cut[i], e.total_blocks(), e.options().block_size,
-                                 engine.threads, e.options().cache_type_k, e.options().cache_type_v);
+                                 engine.threads, e.options().cache_type_k, e.options().cache_type_v,
+                                 e.options().compute);
     if (!st.ok()) return st.status();
     later.push_back(std::move(st.value()));
   }
@@ -63,7 +64,7 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
                                                   " asked for, " + std::to_string(spec.experts.size()) +
                                                   " expert sets given");
       for (const ExpertSet& set : spec.experts) {
-        auto h = ExpertHost::create(spec.file, set, spec.engine.threads);
+        auto h = ExpertHost::create(spec.file, set, spec.engine.threads, spec.engine.compute);
         if (!h.ok()) return h.status();
         out.experts.emplace_back(set, std::shared_ptr<ExpertHost>(std::move(h.value())));
       }
@@ -80,7 +81,8 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
                                                   " layer ranges given");
       for (const LayerRange& r : spec.stage_layers) {
         auto st = LayerStage::create(spec.file, r, pool, spec.engine.block_size, spec.engine.threads,
-                                     spec.engine.cache_type_k, spec.engine.cache_type_v);
+                                     spec.engine.cache_type_k, spec.engine.cache_type_v,
+                                     spec.engine.compute);
         if (!st.ok()) return st.status();
         out.remote_stages.push_back(std::move(st.value()));
       }
@@ -101,7 +103,8 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
       out.stages.emplace_back(kind, std::shared_ptr<StageCore>(std::move(core.value())));
       out.pipeline_stages.push_back(std::move(later));
       if (spec.attention) {
-        auto fallback = ExpertHost::create(spec.file, ExpertSet{}, spec.engine.threads);
+        auto fallback = ExpertHost::create(spec.file, ExpertSet{}, spec.engine.threads,
+                                           spec.engine.compute);
         if (!fallback.ok()) return fallback.status();
         out.expert_fallbacks.push_back(std::move(fallback.value()));
       }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "actors/pd_controller.h"
+#include "kernels/backend.h"  // Compute
 #include "kernels/dtype.h"
 #include "actors/scale_controller.h"
 #include "actors/placement.h"
@@ -109,6 +110,10 @@ struct ClusterSpec {
   // element types on every node (llama.cpp's -ctk / -ctv; f32, f16, q8_0).
   // Cluster-wide: blocks move between nodes only between equal layouts.
   DType cache_type_k = DType::F32, cache_type_v = DType::F32;
+  // cluster { compute = "int8" }: how every node's matmuls over Q8_0 weights
+  // compute (--compute; exact or int8). Cluster-wide, as the KV bits and so
+  // the model fingerprint depend on it.
+  Compute compute = Compute::exact;
   // What it was loaded from (load_topology_*): the script's text, the name
   // its messages use and the --set pairs. A head hands them to a node that
   // joins with `cleave node --join HOST:PORT` (load_joined_topology).

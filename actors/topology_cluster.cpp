@@ -240,10 +240,19 @@ int lua_cluster(lua_State* L) {
     }
   }
 
+  Compute compute = sb->spec->compute;
+  size_t compute_len = 0;
+  if (const char* name = opt_string(L, 1, "compute", what, &compute_len)) {
+    if (std::strcmp(name, "exact") == 0) compute = Compute::exact;
+    else if (std::strcmp(name, "int8") == 0) compute = Compute::int8;
+    else raise(L, "%s: unknown compute '%s' (expected exact or int8)", what, name);
+  }
+
   // No Lua call below.
   ClusterSpec& c = *sb->spec;
   c.cache_type_k = cache_types[0];
   c.cache_type_v = cache_types[1];
+  c.compute = compute;
   if (router.policy != nullptr) c.placement.policy.assign(router.policy, router.policy_len);
   c.placement.prefill_weight = router.prefill_weight;
   c.placement.decode_weight = router.decode_weight;

@@ -100,7 +100,7 @@ struct GenerateArgs {
   bool expert_micro_batches_given = false, enable_eplb = false;
   int32_t pipeline_parallel_size = 1, pipeline_micro_batches = 1;
   bool pipeline_micro_batches_given = false;
-  CacheTypeArgs cache_types;
+  NumericsArgs numerics;
 };
 
 // Flags that only a topology reads are refused elsewhere, naming them.
@@ -222,7 +222,7 @@ int run_generate(const GenerateArgs& a) {
   eo.context = a.ctx;
   eo.expert_micro_batches = a.expert_micro_batches;
   eo.pipeline_micro_batches = a.pipeline_micro_batches;
-  apply_cache_types(a.cache_types, eo);
+  apply_numerics(a.numerics, eo);
   std::unique_ptr<Engine> engine;  // the actor topologies make their own
   if (topology == Topology::mono) {
     if (a.pipeline_parallel_size > 1) {  // the later stages on threads
@@ -234,7 +234,7 @@ int run_generate(const GenerateArgs& a) {
       for (size_t i = 1; i < cut.size(); ++i)
         later.push_back(unwrap(LayerStage::create(file, cut[i], engine->total_blocks(),
                                                   eo.block_size, eo.threads, eo.cache_type_k,
-                                                  eo.cache_type_v)));
+                                                  eo.cache_type_v, eo.compute)));
       std::shared_ptr<StageLink> link = unwrap(ThreadedStageLink::create(std::move(later)));
       if (Status st = engine->set_stage_link(std::move(link)); !st.ok()) fail(st);
     } else {
@@ -242,7 +242,8 @@ int run_generate(const GenerateArgs& a) {
     }
   }
   if (engine && !a.experts.empty()) {  // the hosts in process
-    std::shared_ptr<ExpertPool> pool = unwrap(ExpertPool::create(file, parse_experts_flag(a.experts), eo.threads));
+    std::shared_ptr<ExpertPool> pool = unwrap(ExpertPool::create(file, parse_experts_flag(a.experts), eo.threads,
+                                                                  eo.compute));
     if (a.enable_eplb) pool->set_replication(ReplicationPolicy{}, engine->config().n_layers);
     engine->set_expert_executor(std::move(pool));
   }
@@ -385,7 +386,7 @@ int run_generate_requests(const GenerateArgs& a) {
   po.engine.max_seqs = int32_t(std::min<size_t>(requests.size(), 64));
   po.engine.expert_micro_batches = a.expert_micro_batches;
   po.engine.pipeline_micro_batches = a.pipeline_micro_batches;
-  apply_cache_types(a.cache_types, po.engine);
+  apply_numerics(a.numerics, po.engine);
   po.expert_replication = a.enable_eplb;
   po.max_pending = 4096;
   po.scheduler.policy = *parse_scheduling_policy(a.scheduling_policy);  // CLI checked the spelling
@@ -556,7 +557,7 @@ int main(int argc, char** argv) {
   gen->add_option("-t,--threads", g.threads, "threads (default: all cores)")->check(CLI::Range(1, 1024));
   gen->add_option("-c,--ctx-size", g.ctx, "context size (0: the model's)")->check(CLI::Range(0, 1 << 24));
   gen->add_option("--ubatch-size", g.ubatch, "prompt tokens per prefill step")->check(CLI::Range(1, 1 << 20));
-  add_cache_type_options(gen, g.cache_types);
+  add_numerics_options(gen, g.numerics);
   gen->add_flag("--ignore-eos", g.ignore_eos, "keep generating after EOS");
   gen->add_option("--topology", g.topology, "mono, colocated or pd (prefill and decode actors)")
       ->check(CLI::IsMember({"mono", "colocated", "pd"}));

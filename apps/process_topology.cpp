@@ -7,7 +7,7 @@
 
 namespace cleave {
 
-void add_cache_type_options(CLI::App* cmd, CacheTypeArgs& a) {
+void add_numerics_options(CLI::App* cmd, NumericsArgs& a) {
   const auto types = CLI::IsMember({"f32", "f16", "q8_0"});
   // -ctk / -ctv are rewritten to these by rewrite_short_flags (CLI11 takes
   // one-letter short names only).
@@ -15,11 +15,17 @@ void add_cache_type_options(CLI::App* cmd, CacheTypeArgs& a) {
                   "KV cache type for K: f32 (exact), f16 or q8_0 (head_dim a multiple of 32)")
       ->check(types);
   cmd->add_option("--cache-type-v", a.v, "KV cache type for V: f32, f16 or q8_0")->check(types);
+  cmd->add_option("--compute", a.compute,
+                  "how matmuls over Q8_0 weights compute: exact (F32, the default) or int8 "
+                  "(activations quantised per 32 values, integer dot products; faster, not equal "
+                  "to exact; needs a Q8_0 model)")
+      ->check(CLI::IsMember({"exact", "int8"}));
 }
 
-void apply_cache_types(const CacheTypeArgs& a, EngineOptions& eo) {
+void apply_numerics(const NumericsArgs& a, EngineOptions& eo) {
   eo.cache_type_k = *dtype_from_name(a.k);
   eo.cache_type_v = *dtype_from_name(a.v);
+  eo.compute = *compute_from_name(a.compute);
 }
 
 void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
@@ -52,7 +58,7 @@ void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
       ->check(CLI::Range(1, 1024));
   cmd->add_option("--pipeline-micro-batches", a.pipeline_micro_batches, kPipelineMicroBatchesHelp)
       ->check(CLI::Range(1, 64));
-  add_cache_type_options(cmd, a.cache_types);
+  add_numerics_options(cmd, a.numerics);
 }
 
 std::vector<ExpertSet> parse_experts_flag(const std::string& spec) {
@@ -106,7 +112,7 @@ PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,
   po.experts = parse_experts_flag(a.experts);
   po.pipeline_parallel_size = a.pipeline_parallel_size;
   po.engine.pipeline_micro_batches = a.pipeline_micro_batches;
-  apply_cache_types(a.cache_types, po.engine);
+  apply_numerics(a.numerics, po.engine);
   return po;
 }
 

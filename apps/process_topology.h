@@ -11,14 +11,18 @@
 
 namespace cleave {
 
-// -ctk / --cache-type-k and -ctv / --cache-type-v (llama.cpp's spellings):
-// the KV cache's element types. f32 (the default: exact), f16, q8_0.
-struct CacheTypeArgs {
+// The flags that choose a run's arithmetic: -ctk / --cache-type-k and
+// -ctv / --cache-type-v (llama.cpp's spellings), the KV cache's element
+// types: f32 (the default: exact), f16, q8_0; and --compute exact|int8, how
+// matmuls over Q8_0 weights compute (kernels/backend.h's Compute).
+struct NumericsArgs {
   std::string k = "f32", v = "f32";
+  std::string compute = "exact";
 };
-void add_cache_type_options(CLI::App* cmd, CacheTypeArgs& a);
-// Sets eo's cache types from the flags (their spellings checked by CLI).
-void apply_cache_types(const CacheTypeArgs& a, EngineOptions& eo);
+void add_numerics_options(CLI::App* cmd, NumericsArgs& a);
+// Sets eo's cache types and compute from the flags (their spellings checked
+// by CLI; a model without Q8_0 weights refuses int8 when the engine is made).
+void apply_numerics(const NumericsArgs& a, EngineOptions& eo);
 
 struct ProcessTopologyArgs {
   std::string topology = "mono";
@@ -30,7 +34,7 @@ struct ProcessTopologyArgs {
   int32_t expert_micro_batches = 1;
   bool enable_eplb = false;
   int32_t pipeline_parallel_size = 1, pipeline_micro_batches = 1;
-  CacheTypeArgs cache_types;
+  NumericsArgs numerics;
 };
 
 inline constexpr const char* kPipelineParallelHelp =

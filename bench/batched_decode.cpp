@@ -120,16 +120,18 @@ int run_batched_section(const BatchedOptions& o) {
   const Isa isa = detect_isa();
   json results;
   results["isa"] = isa_name(isa);
-  std::map<int, double> bw, peak;
+  std::map<int, double> bw, peak, i8peak;
   for (int t : o.threads) {
     bw[t] = read_bandwidth(512ull << 20, t, 10);
     peak[t] = isa == Isa::scalar ? 0 : fma_peak_gflops(isa, t);
+    i8peak[t] = int8_peak_gops(t);
   }
   ModelSpec spec;
   spec.dim = 768; spec.n_layers = 12; spec.n_heads = 12; spec.n_kv_heads = 4; spec.ffn = 2048;
   spec.context = 4096;  // --prompt up to 4096 minus what is generated
   struct Row {
     std::string type, kv;
+    Compute compute;
     int threads, batch;
     std::vector<BatchRun> runs;
     double weight_bytes, kv_bytes_per_pos, flops_per_row_base, attn_flops_per_ctx;
@@ -152,8 +154,15 @@ int run_batched_section(const BatchedOptions& o) {
     }
     auto file = GgufFile::open(path);
     CLEAVE_CHECK(file.ok());
+    for (const std::string& cname : o.computes)
     for (const std::string& kv : o.kv_types)
     for (int t : o.threads) {
+      auto compute = compute_from_name(cname);
+      if (!compute.ok()) {
+        std::fprintf(stderr, "%s\n", compute.status().to_string().c_str());
+        return 2;
+      }
+      if (*compute == Compute::int8 && spec.type != DType::Q8_0) continue;  // int8 is Q8_0's
       auto kvt = dtype_from_name(kv);
       if (!kvt.ok()) {
         std::fprintf(stderr, "%s\n", kvt.status().to_string().c_str());
@@ -165,6 +174,7 @@ int run_batched_section(const BatchedOptions& o) {
       eo.max_seqs = *std::max_element(o.batches.begin(), o.batches.end());
       eo.profile_ops = true;
       eo.cache_type_k = eo.cache_type_v = *kvt;
+      eo.compute = *compute;
       auto engine = Engine::create(*file, eo);
       if (!engine.ok()) {
         std::fprintf(stderr, "%s\n", engine.status().to_string().c_str());
@@ -172,9 +182,9 @@ int run_batched_section(const BatchedOptions& o) {
       }
       const LlamaConfig& c = (*engine)->config();
       for (int b : o.batches) {
-        std::fprintf(stderr, "batched decode: %s weights, %s KV, %d thread(s), batch %d\n", tname.c_str(),
-                     kv.c_str(), t, b);
-        Row row{tname, kv, t, b, {}, double((*engine)->model().weight_bytes_per_token()),
+        std::fprintf(stderr, "batched decode: %s weights (%s), %s KV, %d thread(s), batch %d\n",
+                     tname.c_str(), cname.c_str(), kv.c_str(), t, b);
+        Row row{tname, kv, *compute, t, b, {}, double((*engine)->model().weight_bytes_per_token()),
                 double((*engine)->kv_layout().bytes_per_token()), 2 * row_matrix_elems(c),
                 4.0 * c.n_heads * c.head_dim * c.n_layers};
         // The first run also fills the prefix cache with the prompts (later
@@ -187,19 +197,23 @@ int run_batched_section(const BatchedOptions& o) {
   for (int t : o.threads) {
     const double bw_after = read_bandwidth(512ull << 20, t, 10);
     const double peak_after = isa == Isa::scalar ? 0 : fma_peak_gflops(isa, t);
+    const double i8_after = int8_peak_gops(t);
     results["limits"][std::to_string(t)] = {{"read_GBps_before", bw[t]}, {"read_GBps_after", bw_after},
                                             {"fma_peak_GFLOPs_before", peak[t]},
-                                            {"fma_peak_GFLOPs_after", peak_after}};
+                                            {"fma_peak_GFLOPs_after", peak_after},
+                                            {"int8_peak_GOPs_before", i8peak[t]},
+                                            {"int8_peak_GOPs_after", i8_after}};
     bw[t] = std::max(bw[t], bw_after);
     peak[t] = std::max(peak[t], peak_after);
+    i8peak[t] = std::max(i8peak[t], i8_after);
   }
   std::printf("100M GQA (dim 768, 12 layers, 12 heads, 4 kv heads, ffn 2048, vocab 32000), %d-token "
               "prompts, %d generated, greedy; median of %d runs (range)\n",
               o.prompt, o.generate, o.runs);
   for (int t : o.threads)
-    std::printf("limits, %d thread(s): read %.1f GB/s, FMA peak (%s) %.1f GFLOP/s\n", t, bw[t],
-                isa_name(isa), peak[t]);
-  std::printf("\n%-5s %-5s %2s %5s | %16s %9s %6s %7s %7s | %6s %6s %6s %6s %6s\n", "type", "kv", "t", "batch",
+    std::printf("limits, %d thread(s): read %.1f GB/s, FMA peak (%s) %.1f GFLOP/s, int8 peak (VNNI) "
+                "%.1f GOP/s\n", t, bw[t], isa_name(isa), peak[t], i8peak[t]);
+  std::printf("\n%-9s %-5s %2s %5s | %16s %9s %6s %7s %7s | %6s %6s %6s %6s %6s\n", "type", "kv", "t", "batch",
               "decode tok/s", "roofline", "%", "x b=1", "ceil", "output", "layers", "attn", "ops",
               "outside");
   std::map<std::tuple<std::string, std::string, int>, double> base_tok_s, base_roof;
@@ -215,9 +229,13 @@ int run_batched_section(const BatchedOptions& o) {
     const double bytes = row.weight_bytes + row.batch * row.kv_bytes_per_pos * ctx;
     const double flops = row.batch * (row.flops_per_row_base + row.attn_flops_per_ctx * ctx);
     const double t_mem = bytes / (bw[row.threads] * 1e9);
-    const double t_fma = peak[row.threads] > 0 ? flops / (peak[row.threads] * 1e9) : 0;
+    double t_fma = peak[row.threads] > 0 ? flops / (peak[row.threads] * 1e9) : 0;
+    if (row.compute == Compute::int8 && i8peak[row.threads] > 0 && peak[row.threads] > 0)
+      t_fma = row.batch * (row.flops_per_row_base / (i8peak[row.threads] * 1e9) +
+                           row.attn_flops_per_ctx * ctx / (peak[row.threads] * 1e9));
     const double roof_tok_s = row.batch / std::max(t_mem, t_fma);
-    const auto key = std::make_tuple(row.type, row.kv, row.threads);
+    const std::string label = row.type + (row.compute == Compute::int8 ? "+int8" : "");
+    const auto key = std::make_tuple(label, row.kv, row.threads);
     if (row.batch == 1) base_tok_s[key] = med, base_roof[key] = roof_tok_s;
     const double speedup = base_tok_s.count(key) ? med / base_tok_s[key] : 0;
     const double ceiling = base_roof.count(key) ? roof_tok_s / base_roof[key] : 0;
@@ -225,11 +243,11 @@ int run_batched_section(const BatchedOptions& o) {
     auto pct = [&](double x) { return 100 * x / s.step; };
     char range[64];
     std::snprintf(range, sizeof range, "%.0f (%.0f-%.0f)", med, lo, hi);
-    std::printf("%-5s %-5s %2d %5d | %16s %9.0f %5.0f%% %6.2fx %6.2fx | %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5.1f%%\n",
-                row.type.c_str(), row.kv.c_str(), row.threads, row.batch, range, roof_tok_s, 100 * med / roof_tok_s,
+    std::printf("%-9s %-5s %2d %5d | %16s %9.0f %5.0f%% %6.2fx %6.2fx | %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5.1f%%\n",
+                label.c_str(), row.kv.c_str(), row.threads, row.batch, range, roof_tok_s, 100 * med / roof_tok_s,
                 speedup, ceiling, pct(s.output), pct(s.layer_matmul), pct(s.attention), pct(s.other_ops),
                 pct(s.outside()));
-    json j = {{"type", row.type}, {"kv_type", row.kv}, {"kv_bytes_per_token", row.kv_bytes_per_pos},
+    json j = {{"type", row.type}, {"compute", compute_name(row.compute)}, {"kv_type", row.kv}, {"kv_bytes_per_token", row.kv_bytes_per_pos},
               {"prompt", o.prompt}, {"generate", o.generate}, {"threads", row.threads}, {"batch", row.batch},
               {"decode_tok_s", tok}, {"decode_tok_s_median", med}, {"roofline_tok_s", roof_tok_s},
               {"bound", t_fma > t_mem ? "fma" : "memory"}, {"mean_context", ctx},
@@ -240,7 +258,8 @@ int run_batched_section(const BatchedOptions& o) {
     results["runs"].push_back(j);
   }
   std::printf("\nroofline: batch / max((weight bytes + batch x KV bytes) / read bandwidth, batch x FLOPs / "
-              "FMA peak); x b=1: throughput over batch 1's; ceil: the same ratio of the rooflines.\n"
+              "FMA peak; +int8 rows: the matrices' FLOPs / int8 peak); x b=1: throughput over batch 1's; "
+              "ceil: the same ratio of the rooflines.\n"
               "shares of a pure decode step: output matrix, the layers' matrices, attention + KV writes, "
               "other ops, outside the backend (sampling, scheduling).\n");
   if (!o.out_json.empty()) {

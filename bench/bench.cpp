@@ -30,6 +30,7 @@
 
 using namespace cleave;
 using bench::fma_peak_gflops;
+using bench::int8_peak_gops;
 using bench::read_bandwidth;
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
@@ -81,7 +82,7 @@ std::vector<Shape> shapes(bool quick) {
 }
 
 // One model at one thread count, in this (child) process. Prints one JSON line.
-int run_one(const std::string& path, int threads, int prompt_len, int decode_len) {
+int run_one(const std::string& path, int threads, int prompt_len, int decode_len, Compute compute) {
   auto file = GgufFile::open(path);
   if (!file.ok()) {
     std::fprintf(stderr, "%s\n", file.status().to_string().c_str());
@@ -90,6 +91,7 @@ int run_one(const std::string& path, int threads, int prompt_len, int decode_len
   EngineOptions o;
   o.threads = threads;
   o.context = 256;
+  o.compute = compute;
   auto e = Engine::create(*file, o);
   if (!e.ok()) {
     std::fprintf(stderr, "%s\n", e.status().to_string().c_str());
@@ -144,11 +146,11 @@ double weight_elems_per_token(const ModelSpec& s, int prompt_len) {
 }
 
 json spawn_one(const std::string& self, const std::string& model, int threads, int prompt,
-               int decode) {
-  std::string out_path = model + "." + std::to_string(threads) + ".json";
+               int decode, const std::string& compute) {
+  std::string out_path = model + "." + std::to_string(threads) + "." + compute + ".json";
   std::string cmd = "'" + self + "' --run-one '" + model + "' -t " + std::to_string(threads) +
                     " --prompt " + std::to_string(prompt) + " --decode " +
-                    std::to_string(decode) + " > '" + out_path + "'";
+                    std::to_string(decode) + " --compute " + compute + " > '" + out_path + "'";
   int rc = std::system(cmd.c_str());
   if (rc != 0) {
     std::fprintf(stderr, "bench: child failed: %s\n", cmd.c_str());
@@ -297,8 +299,16 @@ int main(int argc, char** argv) {
   app.add_option("--kv-types", bo.kv_types, "--batched: KV cache types (-ctk / -ctv) to run")
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
+  std::vector<std::string> computes = {"exact"};
+  app.add_option("--compute", computes,
+                 "exact and/or int8 (cleave's --compute; int8 runs the q8_0 weights only, its "
+                 "matrix FLOPs against the measured int8 peak)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"exact", "int8"}));
   CLI11_PARSE(app, argc, argv);
-  if (!run_one_path.empty()) return run_one(run_one_path, threads, prompt, decode);
+  if (!run_one_path.empty())
+    return run_one(run_one_path, threads, prompt, decode,
+                   computes.size() == 1 ? *compute_from_name(computes[0]) : Compute::exact);
 
   if (vocab.empty()) vocab = std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
   if (workdir.empty()) workdir = (std::filesystem::temp_directory_path() / "cleave-bench").string();
@@ -318,6 +328,7 @@ int main(int argc, char** argv) {
     bo.out_json = out_json;
     if (app.count("--types")) bo.types = types;
     if (app.count("--threads")) bo.threads = {threads};
+    bo.computes = computes;
     bo.prompt = app.count("--prompt") ? prompt : 128;
     bo.generate = app.count("--decode") ? decode : 64;
     if (bo.prompt + bo.generate > 4080) {
@@ -340,10 +351,11 @@ int main(int argc, char** argv) {
   // Limits before and after the runs; each is the best the machine showed
   // (interference can only lower a measured limit), and a large move between
   // the two means the machine was not idle.
-  double bw[3], peak[3];
+  double bw[3], peak[3], i8peak[3];
   for (int t = 1; t <= 2; ++t) {
     bw[t] = read_bandwidth(512ull << 20, t, 10);
     peak[t] = isa == Isa::scalar ? 0 : fma_peak_gflops(isa, t);
+    i8peak[t] = int8_peak_gops(t);
   }
   struct Run {
     json r;
@@ -368,23 +380,32 @@ int main(int argc, char** argv) {
           return 1;
         }
       }
-      for (int t = 1; t <= 2; ++t) {
-        std::fprintf(stderr, "running %s %s on %d thread(s)\n", sh.name.c_str(), tname.c_str(), t);
-        json r = spawn_one(self, path, t, prompt, decode);
-        r["model"] = sh.name;
-        r["type"] = tname;
-        r["threads"] = t;
-        runs.push_back({r, spec, double(std::filesystem::file_size(path))});
+      for (const std::string& compute : computes) {
+        if (compute == "int8" && spec.type != DType::Q8_0) continue;  // int8 is Q8_0's
+        for (int t = 1; t <= 2; ++t) {
+          std::fprintf(stderr, "running %s %s (%s) on %d thread(s)\n", sh.name.c_str(), tname.c_str(),
+                       compute.c_str(), t);
+          json r = spawn_one(self, path, t, prompt, decode, compute);
+          r["model"] = sh.name;
+          r["type"] = tname;
+          r["compute"] = compute;
+          r["threads"] = t;
+          runs.push_back({r, spec, double(std::filesystem::file_size(path))});
+        }
       }
     }
   }
   for (int t = 1; t <= 2; ++t) {
     const double bw_after = read_bandwidth(512ull << 20, t, 10);
     const double peak_after = isa == Isa::scalar ? 0 : fma_peak_gflops(isa, t);
+    const double i8_after = int8_peak_gops(t);
     results["limits"][std::to_string(t)] = {{"read_GBps_before", bw[t]},
                                             {"read_GBps_after", bw_after},
                                             {"fma_peak_GFLOPs_before", peak[t]},
-                                            {"fma_peak_GFLOPs_after", peak_after}};
+                                            {"fma_peak_GFLOPs_after", peak_after},
+                                            {"int8_peak_GOPs_before", i8peak[t]},
+                                            {"int8_peak_GOPs_after", i8_after}};
+    i8peak[t] = std::max(i8peak[t], i8_after);
     if (std::abs(bw_after - bw[t]) > 0.15 * std::max(bw[t], bw_after))
       std::fprintf(stderr,
                    "WARNING: %d-thread read bandwidth moved from %.1f to %.1f GB/s during the "
@@ -397,9 +418,10 @@ int main(int argc, char** argv) {
   }
 
   std::printf("memory read bandwidth: %.1f GB/s (1 thread), %.1f GB/s (2 threads)\n", bw[1], bw[2]);
-  std::printf("FP32 FMA peak (%s): %.1f GFLOP/s (1 thread), %.1f GFLOP/s (2 threads)\n\n",
+  std::printf("FP32 FMA peak (%s): %.1f GFLOP/s (1 thread), %.1f GFLOP/s (2 threads)\n",
               isa_name(isa), peak[1], peak[2]);
-  std::printf("%-9s %-4s %2s | %9s %9s %6s | %9s %9s %6s | %8s %8s\n", "model", "type", "t",
+  std::printf("int8 peak (VNNI): %.1f GOP/s (1 thread), %.1f GOP/s (2 threads)\n\n", i8peak[1], i8peak[2]);
+  std::printf("%-9s %-9s %2s | %9s %9s %6s | %9s %9s %6s | %8s %8s\n", "model", "type", "t",
               "prefill", "limit", "%", "decode", "limit", "%", "RSS MiB", "budget");
   for (Run& run : runs) {
     json& r = run.r;
@@ -407,7 +429,11 @@ int main(int argc, char** argv) {
     const double decode_limit = bw[t] * 1e9 / r["bytes_per_token"].get<double>();
     const double flops = 2 * weight_elems_per_token(run.spec, prompt) +
                          r["attn_flops_prefill_per_token"].get<double>();
-    const double prefill_limit = peak[t] * 1e9 / flops;
+    double prefill_limit = peak[t] * 1e9 / flops;
+    const bool int8 = r["compute"].get<std::string>() == "int8";
+    if (int8 && i8peak[t] > 0)  // the matrices at the int8 peak, attention at the FMA peak
+      prefill_limit = 1.0 / (2 * weight_elems_per_token(run.spec, prompt) / (i8peak[t] * 1e9) +
+                             r["attn_flops_prefill_per_token"].get<double>() / (peak[t] * 1e9));
     const double budget = run.file_bytes + r["kv_cache_bytes"].get<double>() + 64.0 * 1048576;
     r["decode_limit_tok_s"] = decode_limit;
     r["prefill_limit_tok_s"] = prefill_limit;
@@ -415,8 +441,9 @@ int main(int argc, char** argv) {
     r["file_bytes"] = run.file_bytes;
     r["rss_budget_bytes"] = budget;
     results["runs"].push_back(r);
-    std::printf("%-9s %-4s %2d | %9.1f %9.1f %5.0f%% | %9.1f %9.1f %5.0f%% | %8.1f %8.1f\n",
-                r["model"].get<std::string>().c_str(), r["type"].get<std::string>().c_str(), t,
+    const std::string label = r["type"].get<std::string>() + (int8 ? "+int8" : "");
+    std::printf("%-9s %-9s %2d | %9.1f %9.1f %5.0f%% | %9.1f %9.1f %5.0f%% | %8.1f %8.1f\n",
+                r["model"].get<std::string>().c_str(), label.c_str(), t,
                 r["prefill_tok_s"].get<double>(), prefill_limit,
                 100 * r["prefill_tok_s"].get<double>() / prefill_limit,
                 r["decode_tok_s"].get<double>(), decode_limit,

@@ -81,7 +81,38 @@ __attribute__((target("avx2,fma"))) double fma_loop_256(int64_t iters) {
   return o[0];
 }
 
+__attribute__((target("avx512f,avx512vnni"))) double vnni_loop_512(int64_t iters) {
+  const __m512i m = _mm512_set1_epi8(3), a = _mm512_set1_epi8(-1);
+  __m512i c0 = _mm512_set1_epi32(0), c1 = _mm512_set1_epi32(1), c2 = _mm512_set1_epi32(2),
+          c3 = _mm512_set1_epi32(3), c4 = _mm512_set1_epi32(4), c5 = _mm512_set1_epi32(5),
+          c6 = _mm512_set1_epi32(6), c7 = _mm512_set1_epi32(7), c8 = _mm512_set1_epi32(8),
+          c9 = _mm512_set1_epi32(9), c10 = _mm512_set1_epi32(10), c11 = _mm512_set1_epi32(11);
+  for (int64_t i = 0; i < iters; ++i) {
+    CLEAVE_FMA12(_mm512_dpbusd_epi32, c);
+  }
+  __m512i s = _mm512_add_epi32(_mm512_add_epi32(_mm512_add_epi32(c0, c1), _mm512_add_epi32(c2, c3)),
+                               _mm512_add_epi32(_mm512_add_epi32(c4, c5), _mm512_add_epi32(c6, c7)));
+  s = _mm512_add_epi32(s, _mm512_add_epi32(_mm512_add_epi32(c8, c9), _mm512_add_epi32(c10, c11)));
+  alignas(64) int32_t o[16];
+  _mm512_store_si512(o, s);
+  return double(o[0]);
+}
+
 }  // namespace
+
+double int8_peak_gops(int threads) {
+  if (!cpu_has_avx512_vnni()) return 0;
+  const int64_t iters = 20'000'000;
+  double best = 1e30;
+  std::atomic<double> sink{0};
+  for (int r = 0; r < 3; ++r) {
+    double t0 = now_s();
+    on_threads(threads, [&](int) { sink = sink + vnni_loop_512(iters); });
+    best = std::min(best, now_s() - t0);
+  }
+  // 64 byte pairs per instruction, a multiply and an add each.
+  return 2.0 * 64 * 12 * iters * threads / best / 1e9;
+}
 
 double read_bandwidth(size_t bytes, int threads, int reps) {
   size_t n = bytes / 8;

@@ -13,5 +13,9 @@ namespace cleave::bench {
 double read_bandwidth(size_t bytes, int threads, int reps);
 // Best-of-3 FP32 FMA throughput in GFLOP/s with `isa`'s widest vectors.
 double fma_peak_gflops(Isa isa, int threads);
+// Best-of-3 int8 dot-product throughput in GOP/s (a multiply and an add per
+// byte pair) with AVX-512 VNNI's vpdpbusd, the int8 matmul's instruction;
+// 0 where the CPU lacks AVX512_VNNI.
+double int8_peak_gops(int threads);
 
 }  // namespace cleave::bench

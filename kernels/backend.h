@@ -85,10 +85,23 @@ enum class Op {
   attention,
 };
 
+// How matmuls over Q8_0 weights compute (--compute). exact (the default)
+// widens the weights to F32 and multiplies in F32. int8 quantises each
+// activation row per 32 values to int8 (f32 scale) and multiplies in
+// integers, as llama.cpp computes Q8_0 (kernels/cpu/int8.h): faster, still
+// batch-invariant and the same on every ISA, but not equal to exact. Other
+// weight types compute exactly under either.
+enum class Compute { exact, int8 };
+const char* compute_name(Compute c);
+// "exact" / "int8"; invalid_argument naming the value otherwise.
+Result<Compute> compute_from_name(const std::string& name);
+
 struct Caps {
   std::string name;      // "cpu", "cuda"
   std::string isa;       // "avx512", "avx2", "scalar", "sm_90"
   int threads = 1;
+  Compute compute = Compute::exact;
+  std::string int8_kernel;  // with Compute::int8: "avx512vnni", "avx2" or "scalar"
 };
 
 class Backend {
@@ -157,8 +170,14 @@ Isa detect_isa();
 
 // The CPU backend, always built. `threads` workers on its own pool (never on
 // an actor scheduler's threads); isa defaults to the best this CPU supports
-// and may be lowered for testing.
-std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa = detect_isa());
+// and may be lowered for testing. With Compute::int8 it repacks each Q8_0
+// weight matrix on first use (kept until the backend goes; the weights must
+// not change meanwhile) and runs the int8 kernel of that isa (AVX-512 only
+// with VNNI, else AVX2's).
+std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa = detect_isa(),
+                                          Compute compute = Compute::exact);
+// Whether this CPU has AVX512_VNNI (the AVX-512 int8 kernel's vpdpbusd).
+bool cpu_has_avx512_vnni();
 
 // The CUDA backend when compiled in and a GPU is present; otherwise the
 // Status says why not (unavailable).

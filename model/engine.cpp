@@ -59,6 +59,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
                                               "] (the model's layers)");
   CLEAVE_RETURN_IF_ERROR(check_kv_type(o.cache_type_k, c.head_dim, "engine: cache type k"));
   CLEAVE_RETURN_IF_ERROR(check_kv_type(o.cache_type_v, c.head_dim, "engine: cache type v"));
+  CLEAVE_RETURN_IF_ERROR(check_compute(o.compute, **model, "engine"));
   if (o.kv_blocks < 0)
     return Status(Code::invalid_argument,
                   "engine: kv_blocks = " + std::to_string(o.kv_blocks) + " must not be negative");
@@ -72,9 +73,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   auto e = std::unique_ptr<Engine>(new Engine());
   e->model_ = std::move(*model);
   e->options_ = o;
-  e->model_fp_ = model_fp;
+  e->model_fp_ = compute_fingerprint(model_fp, o.compute);
   e->own_last_ = o.last_layer < 0 ? c.n_layers - 1 : o.last_layer;
-  e->backend_ = make_cpu_backend(o.threads);
+  e->backend_ = make_cpu_backend(o.threads, detect_isa(), o.compute);
   if (o.profile_ops) {
     auto profiling = std::make_unique<ProfilingBackend>(std::move(e->backend_));
     e->profile_ = profiling.get();
@@ -106,7 +107,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   if (!pool.ok()) return pool.status();
   e->pool_ = std::move(*pool);
   if (o.prefix_cache) {
-    auto index = PrefixIndex::create(*e->pool_, model_fp, e->layout_);
+    auto index = PrefixIndex::create(*e->pool_, e->model_fp_, e->layout_);
     if (!index.ok()) return index.status();
     e->index_ = std::move(*index);
   }

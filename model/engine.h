@@ -69,6 +69,11 @@ struct EngineOptions {
   // F32, F16 or Q8_0 (head_dim a multiple of 32). Part of the KV layout and
   // so of every block key: blocks of other types are never reused.
   DType cache_type_k = DType::F32, cache_type_v = DType::F32;
+  // How matmuls over Q8_0 weights compute (--compute; kernels/backend.h):
+  // exact (F32, the default) or int8. int8 needs Q8_0 weights
+  // (invalid_argument otherwise) and is part of the model fingerprint, so
+  // its KV blocks never mix with exact ones.
+  Compute compute = Compute::exact;
 };
 
 // The KV pool an engine of these options makes for this model: kv_blocks,

@@ -66,16 +66,18 @@ uint64_t LayerTimes::percentile_us(double p) const {
 // ---- ExpertHost ----
 
 Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const GgufFile> file,
-                                                       ExpertSet set, int32_t threads) {
+                                                       ExpertSet set, int32_t threads,
+                                                       Compute compute) {
   if (threads < 1 || threads > 1024)
     return Status(Code::invalid_argument,
                   "expert host: threads = " + std::to_string(threads) + " must be in [1, 1024]");
   auto model = LlamaModel::load(std::move(file));
   if (!model.ok()) return model.status();
   CLEAVE_RETURN_IF_ERROR(set.validate((*model)->config()));
+  CLEAVE_RETURN_IF_ERROR(check_compute(compute, **model, "expert host"));
   std::unique_ptr<ExpertHost> h(new ExpertHost());
   h->model_ = std::move(*model);
-  h->backend_ = make_cpu_backend(threads);
+  h->backend_ = make_cpu_backend(threads, detect_isa(), compute);
   h->set_ = std::move(set);
   return h;
 }
@@ -196,8 +198,8 @@ class ExpertPool::Worker {
 };
 
 Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const GgufFile> file,
-                                                       int32_t threads) {
-  auto fallback = ExpertHost::create(std::move(file), ExpertSet{}, threads);
+                                                       int32_t threads, Compute compute) {
+  auto fallback = ExpertHost::create(std::move(file), ExpertSet{}, threads, compute);
   if (!fallback.ok()) return fallback.status();
   std::unique_ptr<ExpertPool> p(new ExpertPool());
   const LlamaConfig& c = (*fallback)->config();
@@ -208,14 +210,14 @@ Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const Ggu
 
 Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const GgufFile> file,
                                                        const std::vector<ExpertSet>& sets,
-                                                       int32_t threads) {
-  auto pool = create(file, threads);
+                                                       int32_t threads, Compute compute) {
+  auto pool = create(file, threads, compute);
   if (!pool.ok()) return pool.status();
   const LlamaConfig& c = (*pool)->fallback_->config();
   for (const ExpertSet& set : sets) CLEAVE_RETURN_IF_ERROR(set.validate(c));
   CLEAVE_RETURN_IF_ERROR(check_expert_coverage(c, sets));
   for (const ExpertSet& set : sets) {
-    auto host = ExpertHost::create(file, set, threads);
+    auto host = ExpertHost::create(file, set, threads, compute);
     if (!host.ok()) return host.status();
     (*pool)->add_host(std::move(host.value()));
   }

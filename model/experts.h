@@ -97,9 +97,11 @@ void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t exper
 class ExpertHost {
  public:
   // Binds the model's tensors (views into the mapped file: the host reads
-  // only its experts' pages) and makes a CPU backend of `threads`.
+  // only its experts' pages) and makes a CPU backend of `threads` computing
+  // as `compute` says (the engines' it serves, or their tokens change).
   static Result<std::unique_ptr<ExpertHost>> create(std::shared_ptr<const GgufFile> file,
-                                                    ExpertSet set, int32_t threads);
+                                                    ExpertSet set, int32_t threads,
+                                                    Compute compute = Compute::exact);
 
   const ExpertSet& set() const { return set_; }
   const LlamaConfig& config() const { return model_->config(); }
@@ -139,11 +141,13 @@ class ExpertPool final : public ExpertExecutor {
  public:
   // The pool's own fallback computes any expert from `file` on `threads`.
   static Result<std::unique_ptr<ExpertPool>> create(std::shared_ptr<const GgufFile> file,
-                                                    int32_t threads);
+                                                    int32_t threads,
+                                                    Compute compute = Compute::exact);
   // A pool with one host per set: each set validated, then their coverage
   // of every expert (check_expert_coverage's not_found).
   static Result<std::unique_ptr<ExpertPool>> create(std::shared_ptr<const GgufFile> file,
-                                                    const std::vector<ExpertSet>& sets, int32_t threads);
+                                                    const std::vector<ExpertSet>& sets, int32_t threads,
+                                                    Compute compute = Compute::exact);
   ~ExpertPool() override;
 
   // A host of this model; returns its index. Hosts start alive.

@@ -32,7 +32,8 @@ StageBatchData to_batch_data(const StageRows& rows, int32_t dim) {
 Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const GgufFile> file,
                                                        LayerRange layers, int32_t kv_blocks,
                                                        int32_t block_size, int32_t threads,
-                                                       DType cache_type_k, DType cache_type_v) {
+                                                       DType cache_type_k, DType cache_type_v,
+                                                       Compute compute) {
   if (!file) return Status(Code::invalid_argument, "stage: no model file");
   const uint64_t model_fp = checksum_bytes(file->data(), file->file_size());
   file->release_resident_pages();  // keep only this stage's layers resident
@@ -51,12 +52,13 @@ Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const Ggu
                   "stage: threads = " + std::to_string(threads) + " must be in [1, 1024]");
   CLEAVE_RETURN_IF_ERROR(check_kv_type(cache_type_k, c.head_dim, "stage: cache type k"));
   CLEAVE_RETURN_IF_ERROR(check_kv_type(cache_type_v, c.head_dim, "stage: cache type v"));
+  CLEAVE_RETURN_IF_ERROR(check_compute(compute, **model, "stage"));
   auto s = std::unique_ptr<LayerStage>(new LayerStage());
   s->model_ = std::move(*model);
-  s->backend_ = make_cpu_backend(threads);
+  s->backend_ = make_cpu_backend(threads, detect_isa(), compute);
   s->compute_ = std::make_unique<LayerCompute>(*s->model_, *s->backend_);
   s->layers_ = layers;
-  s->model_fp_ = model_fp;
+  s->model_fp_ = compute_fingerprint(model_fp, compute);
   s->kv_.k_type = cache_type_k;
   s->kv_.v_type = cache_type_v;
   s->kv_.block_size = block_size;

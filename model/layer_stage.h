@@ -87,12 +87,15 @@ class LayerStage {
   // and allocates the KV of its layers for kv_blocks blocks of block_size
   // tokens (the first stage's pool: block ids are the same). invalid_argument
   // for a range outside the model, one that starts at layer 0 (the first
-  // stage is an Engine) or bad sizes; out_of_memory for the KV.
+  // stage is an Engine) or bad sizes; out_of_memory for the KV. `compute`
+  // must be the first stage's (its fingerprint says which: a link between
+  // stages of different computes is refused).
   static Result<std::unique_ptr<LayerStage>> create(std::shared_ptr<const GgufFile> file,
                                                     LayerRange layers, int32_t kv_blocks,
                                                     int32_t block_size, int32_t threads,
                                                     DType cache_type_k = DType::F32,
-                                                    DType cache_type_v = DType::F32);
+                                                    DType cache_type_v = DType::F32,
+                                                    Compute compute = Compute::exact);
   ~LayerStage();
 
   LayerRange layers() const { return layers_; }

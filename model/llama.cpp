@@ -1,5 +1,7 @@
 #include "model/llama.h"
 
+#include "storage/block.h"  // checksum_bytes
+
 #include <string>
 
 namespace cleave {
@@ -192,6 +194,30 @@ uint64_t LlamaModel::n_params() const {
   uint64_t n = 0;
   for (const GgufTensorInfo& t : file_->tensors()) n += uint64_t(t.n_elements());
   return n;
+}
+
+bool LlamaModel::multiplies_type(DType t) const {
+  if (output_.type == t) return true;
+  for (const LlamaLayer& l : layers_) {
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.router})
+      if (w->data && w->type == t) return true;
+    for (const auto* e : {&l.gate_exps, &l.up_exps, &l.down_exps})
+      if (!e->empty() && (*e)[0].type == t) return true;
+  }
+  return false;
+}
+
+Status check_compute(Compute compute, const LlamaModel& model, const char* who) {
+  if (compute == Compute::exact || model.multiplies_type(DType::Q8_0)) return Status::Ok();
+  return Status(Code::invalid_argument,
+                std::string(who) + ": compute int8 needs Q8_0 weights; this model's matrices are " +
+                    dtype_name(model.layer(0).wq.type));
+}
+
+uint64_t compute_fingerprint(uint64_t file_fingerprint, Compute compute) {
+  if (compute == Compute::exact) return file_fingerprint;
+  const uint64_t tag[2] = {file_fingerprint, 0x696e7438ull};  // "int8"
+  return checksum_bytes(reinterpret_cast<const uint8_t*>(tag), sizeof tag);
 }
 
 }  // namespace cleave

@@ -56,6 +56,9 @@ class LlamaModel {
   // experts used).
   uint64_t weight_bytes_per_token() const;
   uint64_t n_params() const;
+  // Whether any matrix the forward pass multiplies by (layers, output) is
+  // stored in type t.
+  bool multiplies_type(DType t) const;
 
  private:
   std::shared_ptr<const GgufFile> file_;
@@ -64,5 +67,15 @@ class LlamaModel {
   const float* output_norm_ = nullptr;
   std::vector<LlamaLayer> layers_;
 };
+
+// Whether `compute` applies to this model: Compute::int8 works on Q8_0
+// weights only, so a model without any is refused (invalid_argument naming
+// `who` and the model's types) rather than run exactly under an int8 flag.
+Status check_compute(Compute compute, const LlamaModel& model, const char* who);
+
+// The fingerprint KV blocks are made under: the model file's, and for
+// Compute::int8 that mixed with the compute, since int8 gives other KV bits
+// (blocks of the two never mix, and a stage of the other compute is refused).
+uint64_t compute_fingerprint(uint64_t file_fingerprint, Compute compute);
 
 }  // namespace cleave

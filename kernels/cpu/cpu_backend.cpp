@@ -4,9 +4,12 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/int8.h"
 #include "kernels/cpu/kern.h"
 #include "kernels/thread_pool.h"
 
@@ -52,6 +55,25 @@ Isa detect_isa() {
 #endif
 }
 
+bool cpu_has_avx512_vnni() {
+#ifdef CLEAVE_X86
+  if (detect_isa() != Isa::avx512) return false;
+  unsigned a, b, c, d;
+  if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+  return c & (1u << 11);
+#else
+  return false;
+#endif
+}
+
+const char* compute_name(Compute c) { return c == Compute::int8 ? "int8" : "exact"; }
+
+Result<Compute> compute_from_name(const std::string& name) {
+  if (name == "exact") return Compute::exact;
+  if (name == "int8") return Compute::int8;
+  return Status(Code::invalid_argument, "compute '" + name + "' is not one of exact, int8");
+}
+
 namespace {
 
 const cpu::Kernels& kernels_for(Isa isa) {
@@ -82,16 +104,44 @@ void store_kv_row(DType t, const float* x, int32_t head_dim, uint8_t* out) {
 // Below this many multiply-adds an op runs on the calling thread only.
 constexpr int64_t kMinParallelWork = 64 * 1024;
 
+// The int8 kernel for an ISA, and its name.
+cpu::Int8MatmulFn int8_kernel_for(Isa isa, const char** name) {
+  if (isa == Isa::avx512 && cpu_has_avx512_vnni()) {
+    *name = "avx512vnni";
+    return cpu::int8_matmul_avx512vnni;
+  }
+  if (isa != Isa::scalar) {
+    *name = "avx2";
+    return cpu::int8_matmul_avx2;
+  }
+  *name = "scalar";
+  return cpu::int8_matmul_scalar;
+}
+
+// A Q8_0 matrix repacked into int8 panels, and the view it was made from.
+struct Int8Panels {
+  int64_t rows = 0, cols = 0;
+  size_t row_bytes = 0;
+  uint8_t* data = nullptr;
+};
+
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, Isa isa)
-      : isa_(isa), k_(kernels_for(isa)), pool_(threads < 1 ? 1 : threads) {}
+  CpuBackend(int threads, Isa isa, Compute compute)
+      : isa_(isa), k_(kernels_for(isa)), pool_(threads < 1 ? 1 : threads), compute_(compute) {
+    int8_ = int8_kernel_for(isa, &int8_name_);
+  }
+  ~CpuBackend() override {
+    for (auto& [ptr, p] : panels_) std::free(p.data);
+  }
 
   Caps caps() const override {
     Caps c;
     c.name = "cpu";
     c.isa = isa_name(isa_);
     c.threads = pool_.threads();
+    c.compute = compute_;
+    if (compute_ == Compute::int8) c.int8_kernel = int8_name_;
     return c;
   }
 
@@ -126,6 +176,7 @@ class CpuBackend final : public Backend {
     CLEAVE_CHECK(w.cols > 0);
     CLEAVE_CHECK(w.cols % dtype_block_elems(w.type) == 0);
     CLEAVE_CHECK(w.row_bytes >= dtype_row_bytes(w.type, w.cols));
+    if (compute_ == Compute::int8 && w.type == DType::Q8_0) return matmul_int8(w, x, n, y);
     cpu::MatmulArgs a{static_cast<int>(w.type),
                       static_cast<const uint8_t*>(w.data),
                       w.row_bytes,
@@ -337,6 +388,49 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The int8 path: the x rows quantised (threaded by rows), then the panels
+  // split over the threads.
+  void matmul_int8(const WeightView& w, const float* x, int64_t n, float* y) {
+    const Int8Panels& p = panels_for(w);
+    const int64_t cols = w.cols, nb = cols / 32;
+    xq_.resize(size_t(n * cols));
+    xd_.resize(size_t(n * nb));
+    xc_.resize(size_t(n * nb));
+    int8_t* xq = xq_.data();
+    float* xd = xd_.data();
+    int32_t* xc = xc_.data();
+    rows_for(n, cols * 4, [&](int64_t i0, int64_t i1, int) {
+      cpu::int8_quantize_rows(x + i0 * cols, i1 - i0, cols, xq + i0 * cols, xd + i0 * nb,
+                              xc + i0 * nb);
+    });
+    cpu::Int8MatmulArgs a{p.data, w.rows, cols, xq, xd, xc, n, y};
+    const cpu::Int8MatmulFn fn = int8_;
+    const int64_t panels = (w.rows + cpu::kPanelRows - 1) / cpu::kPanelRows;
+    auto body = [&a, fn](int64_t p0, int64_t p1, int) { fn(&a, p0, p1); };
+    if (n * w.rows * cols < kMinParallelWork || pool_.threads() == 1) {
+      body(0, panels, 0);
+    } else {
+      pool_.parallel_for(panels, body);
+    }
+  }
+
+  // The panels of a Q8_0 view, made on its first use. Keyed by the data
+  // address; a different shape at the same address is repacked.
+  const Int8Panels& panels_for(const WeightView& w) {
+    std::lock_guard<std::mutex> lock(panels_mu_);
+    Int8Panels& p = panels_[w.data];
+    if (p.data && p.rows == w.rows && p.cols == w.cols && p.row_bytes == w.row_bytes) return p;
+    std::free(p.data);
+    const size_t bytes = cpu::int8_panel_bytes(w.rows, w.cols);
+    p.data = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
+    CLEAVE_CHECK(p.data != nullptr);
+    p.rows = w.rows;
+    p.cols = w.cols;
+    p.row_bytes = w.row_bytes;
+    cpu::int8_pack_q8_0(static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, p.data);
+    return p;
+  }
+
   // Run fn over n rows, threaded when rows * cost_per_row is large enough.
   template <class F>
   void rows_for(int64_t n, int64_t cost_per_row, F&& fn) {
@@ -365,15 +459,23 @@ class CpuBackend final : public Backend {
   std::vector<double> rope_freq_;
   float rope_base_ = 0.0f;
   int64_t rope_dim_ = 0;
+  Compute compute_;
+  cpu::Int8MatmulFn int8_ = nullptr;
+  const char* int8_name_ = "";
+  std::mutex panels_mu_;
+  std::unordered_map<const void*, Int8Panels> panels_;
+  std::vector<int8_t> xq_;
+  std::vector<float> xd_;
+  std::vector<int32_t> xc_;
 };
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa) {
+std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa, Compute compute) {
   // Never run code this CPU cannot execute: clamp to what it supports.
   const Isa best = detect_isa();
   if (static_cast<int>(isa) > static_cast<int>(best)) isa = best;
-  return std::make_unique<CpuBackend>(threads, isa);
+  return std::make_unique<CpuBackend>(threads, isa, compute);
 }
 
 }  // namespace cleave

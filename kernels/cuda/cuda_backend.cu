@@ -586,7 +586,13 @@ class CudaBackend final : public Backend {
     cudaStreamDestroy(stream_);
   }
 
-  Caps caps() const override { return Caps{"cuda", isa_, sm_count_}; }
+  Caps caps() const override {
+    Caps c;
+    c.name = "cuda";
+    c.isa = isa_;
+    c.threads = sm_count_;
+    return c;
+  }
   // The KV kernels read and write F32 only (F16 / Q8_0 caches: not yet).
   bool supports(Op op, DType t) const override {
     if (op == Op::kv_write || op == Op::attention) return t == DType::F32;

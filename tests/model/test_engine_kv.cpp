@@ -440,3 +440,44 @@ TEST_CASE("engine kv: records import after an attached cached prefix and decodin
   CHECK(b->import_blocks(sc, P.data(), int32_t(P.size()), *tail).code() == Code::invalid_argument);
   CHECK(b->sequence_length(sc) == 31);
 }
+
+TEST_CASE("engine kv: compute int8 is part of the fingerprint; its records import only into int8 engines") {
+  fs::path dir = fs::temp_directory_path() / ("cleave-engine-kv-test-" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  ModelSpec s;
+  s.dim = 64; s.n_layers = 2; s.n_heads = 4; s.n_kv_heads = 2; s.ffn = 128; s.context = 256;
+  s.type = DType::Q8_0;
+  const std::string path = (dir / "q8.gguf").string();
+  REQUIRE(write_test_model(s, kVocab, path).ok());
+  auto engine = [&](Compute c, int threads) {
+    auto file = GgufFile::open(path);
+    REQUIRE(file.ok());
+    EngineOptions o = opts(threads);
+    o.compute = c;
+    auto e = Engine::create(*file, o);
+    REQUIRE_MESSAGE(e.ok(), e.status().to_string());
+    return std::move(*e);
+  };
+  auto a = engine(Compute::int8, 1);
+  auto b = engine(Compute::int8, 2);
+  auto exact = engine(Compute::exact, 1);
+  CHECK(a->model_fingerprint() == b->model_fingerprint());
+  CHECK(a->model_fingerprint() != exact->model_fingerprint());
+  const auto P = tokens_of(40, 5);
+  const int32_t sa = open(*a);
+  Logits la = step(*a, sa, P);
+  auto records = a->export_blocks(sa);
+  REQUIRE(records.ok());
+  // An exact engine refuses them and its sequence stays empty.
+  const int32_t se = open(*exact);
+  CHECK(!exact->import_blocks(se, P.data(), 40, *records).ok());
+  CHECK(exact->sequence_tokens(se).empty());
+  // Another int8 engine (other thread count) takes them and decodes the same bits.
+  const int32_t sb = open(*b);
+  REQUIRE(b->import_blocks(sb, P.data(), 40, *records).ok());
+  for (int i = 0; i < 6; ++i) {
+    const int32_t t = argmax(la);
+    la = step(*a, sa, {t});
+    CHECK(same(step(*b, sb, {t}), la));
+  }
+}

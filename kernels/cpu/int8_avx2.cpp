@@ -1,0 +1,88 @@
+// The int8 matmul with AVX2: a panel's 16 weight rows as two 8-lane halves;
+// each 4-byte product sum per lane from vpmaddubsw (|w| unsigned times x
+// carrying w's sign, at most 2 * 128 * 127 per pair: no saturation) and
+// vpmaddwd. The integer sums equal VNNI's exactly, so the outputs do too.
+#include <immintrin.h>
+
+#include "kernels/cpu/int8.h"
+
+namespace cleave::cpu {
+namespace {
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
+constexpr int kMR = 2;
+
+template <int MI>
+void panel_rows(const uint8_t* panel, int64_t nb, int64_t cols, const int8_t* xq, const float* xd,
+                float* y, int64_t ldy, int valid) {
+  const __m256i bias = _mm256_set1_epi8(char(0x80));
+  const __m256i ones = _mm256_set1_epi16(1);
+  __m256 acc[MI][2];
+  for (int ii = 0; ii < MI; ++ii) acc[ii][0] = acc[ii][1] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* pb = panel + size_t(b) * kPanelBlockBytes;
+    __m256i s[MI][2];
+    for (int ii = 0; ii < MI; ++ii) s[ii][0] = s[ii][1] = _mm256_setzero_si256();
+    for (int k4 = 0; k4 < 8; ++k4) {
+      __m256i w[2], aw[2];
+      for (int h = 0; h < 2; ++h) {
+        // Back to signed weights: u8 - 128 is a flip of the top bit.
+        w[h] = _mm256_xor_si256(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(pb + 64 + 64 * k4 + 32 * h)), bias);
+        aw[h] = _mm256_abs_epi8(w[h]);
+      }
+      for (int ii = 0; ii < MI; ++ii) {
+        const __m256i xb = _mm256_set1_epi32(load_i32(xq + ii * cols + b * 32 + 4 * k4));
+        for (int h = 0; h < 2; ++h) {
+          const __m256i p16 = _mm256_maddubs_epi16(aw[h], _mm256_sign_epi8(xb, w[h]));
+          s[ii][h] = _mm256_add_epi32(s[ii][h], _mm256_madd_epi16(p16, ones));
+        }
+      }
+    }
+    for (int h = 0; h < 2; ++h) {
+      const __m256 dw = _mm256_loadu_ps(reinterpret_cast<const float*>(pb) + 8 * h);
+      for (int ii = 0; ii < MI; ++ii) {
+        const __m256 scale = _mm256_mul_ps(dw, _mm256_set1_ps(xd[ii * nb + b]));
+        acc[ii][h] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[ii][h]), scale, acc[ii][h]);
+      }
+    }
+  }
+  for (int ii = 0; ii < MI; ++ii) {
+    if (valid == 16) {
+      _mm256_storeu_ps(y + ii * ldy, acc[ii][0]);
+      _mm256_storeu_ps(y + ii * ldy + 8, acc[ii][1]);
+    } else {
+      alignas(32) float tmp[16];
+      _mm256_store_ps(tmp, acc[ii][0]);
+      _mm256_store_ps(tmp + 8, acc[ii][1]);
+      for (int j = 0; j < valid; ++j) y[ii * ldy + j] = tmp[j];
+    }
+  }
+}
+
+}  // namespace
+
+void int8_matmul_avx2(const Int8MatmulArgs* a, int64_t p0, int64_t p1) {
+  const int64_t nb = a->cols / 32;
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = a->panels + size_t(p) * size_t(nb) * kPanelBlockBytes;
+    const int64_t r = p * kPanelRows;
+    const int valid = a->rows - r >= 16 ? 16 : int(a->rows - r);
+    for (int64_t i = 0; i < a->n; i += kMR) {
+      const int64_t nb_i = i * nb;
+      if (a->n - i >= 2)
+        panel_rows<2>(panel, nb, a->cols, a->xq + i * a->cols, a->xd + nb_i, a->y + i * a->rows + r,
+                      a->rows, valid);
+      else
+        panel_rows<1>(panel, nb, a->cols, a->xq + i * a->cols, a->xd + nb_i, a->y + i * a->rows + r,
+                      a->rows, valid);
+    }
+  }
+}
+
+}  // namespace cleave::cpu

@@ -1,0 +1,94 @@
+// The int8 matmul with AVX-512 VNNI (vpdpbusd): a panel's 16 weight rows are
+// the 16 lanes, each vpdpbusd adds 4 bytes of one x row (broadcast) times 4
+// bytes of each weight row. Chosen only where the CPU reports AVX512_VNNI.
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+
+#include "kernels/cpu/int8.h"
+
+namespace cleave::cpu {
+namespace {
+
+inline int32_t load_i32(const int8_t* p) {
+  int32_t v;
+  __builtin_memcpy(&v, p, 4);
+  return v;
+}
+
+// MI x rows (stride cols) against one panel; y rows at stride ldy, `valid`
+// lanes stored. Fewer than 4 rows: two integer chains per row (k4 even and
+// odd), so vpdpbusd's latency is hidden; the integer sum is the same.
+template <int MI>
+[[gnu::always_inline]] inline void panel_rows(const uint8_t* panel, int64_t nb, int64_t cols,
+                                              const int8_t* xq, const float* xd, const int32_t* xc,
+                                              float* y, int64_t ldy, __mmask16 valid) {
+  constexpr bool kTwo = MI < 4;
+  __m512 acc[MI];
+#pragma GCC unroll 8
+  for (int ii = 0; ii < MI; ++ii) acc[ii] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const uint8_t* pb = panel + size_t(b) * kPanelBlockBytes;
+    __m512i w[8];
+#pragma GCC unroll 8
+    for (int k4 = 0; k4 < 8; ++k4) w[k4] = _mm512_loadu_si512(pb + 64 + 64 * k4);
+    __m512i s[MI], t[MI];
+#pragma GCC unroll 8
+    for (int ii = 0; ii < MI; ++ii) {
+      s[ii] = _mm512_set1_epi32(xc[ii * nb + b]);
+      if (kTwo) t[ii] = _mm512_setzero_si512();
+    }
+#pragma GCC unroll 8
+    for (int k4 = 0; k4 < 8; ++k4)
+#pragma GCC unroll 8
+      for (int ii = 0; ii < MI; ++ii) {
+        const __m512i xb = _mm512_set1_epi32(load_i32(xq + ii * cols + b * 32 + 4 * k4));
+        if (kTwo && (k4 & 1))
+          t[ii] = _mm512_dpbusd_epi32(t[ii], w[k4], xb);
+        else
+          s[ii] = _mm512_dpbusd_epi32(s[ii], w[k4], xb);
+      }
+    const __m512 dw = _mm512_loadu_ps(reinterpret_cast<const float*>(pb));
+#pragma GCC unroll 8
+    for (int ii = 0; ii < MI; ++ii) {
+      const __m512i isum = kTwo ? _mm512_add_epi32(s[ii], t[ii]) : s[ii];
+      const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(xd[ii * nb + b]));
+      acc[ii] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[ii]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int ii = 0; ii < MI; ++ii) _mm512_mask_storeu_ps(y + ii * ldy, valid, acc[ii]);
+}
+
+constexpr int kMR = 8;
+
+template <int MI>
+void rows_block(const Int8MatmulArgs* a, const uint8_t* panel, int64_t i, int64_t r,
+                __mmask16 valid) {
+  const int64_t nb = a->cols / 32;
+  panel_rows<MI>(panel, nb, a->cols, a->xq + i * a->cols, a->xd + i * nb, a->xc + i * nb,
+                 a->y + i * a->rows + r, a->rows, valid);
+}
+
+using RowsFn = void (*)(const Int8MatmulArgs*, const uint8_t*, int64_t, int64_t, __mmask16);
+constexpr RowsFn kRows[kMR + 1] = {nullptr,        rows_block<1>, rows_block<2>,
+                                   rows_block<3>,  rows_block<4>, rows_block<5>,
+                                   rows_block<6>,  rows_block<7>, rows_block<8>};
+
+}  // namespace
+
+void int8_matmul_avx512vnni(const Int8MatmulArgs* a, int64_t p0, int64_t p1) {
+  const int64_t nb = a->cols / 32;
+  for (int64_t p = p0; p < p1; ++p) {
+    const uint8_t* panel = a->panels + size_t(p) * size_t(nb) * kPanelBlockBytes;
+    const int64_t r = p * kPanelRows;
+    const int64_t left = a->rows - r;
+    const __mmask16 valid = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+    for (int64_t i = 0; i < a->n; i += kMR) {
+      const int64_t mi = a->n - i < kMR ? a->n - i : kMR;
+      kRows[mi](a, panel, i, r, valid);
+    }
+  }
+}
+
+}  // namespace cleave::cpu
