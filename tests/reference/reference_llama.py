@@ -61,6 +61,14 @@ def kv_round(x, kind):
         return x32.astype(np.float16).astype(np.float64)
     if kind != "q8_0":
         raise ValueError(f"unknown KV type {kind!r}")
+    q, d = q8_blocks(x32)
+    return (q * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
+
+
+def q8_blocks(x32):
+    """x32 (..., n) float32, n a multiple of 32, per 32 elements as ggml's
+    Q8_0: d = max|x| / 127 in float32, q = roundf(x * (1 / d)) (halves away
+    from zero). Returns q (..., n/32, 32) float64 and d (..., n/32, 1) float32."""
     b = x32.reshape(*x32.shape[:-1], -1, 32)
     amax = np.max(np.abs(b), axis=-1, keepdims=True)
     d = (amax / np.float32(127)).astype(np.float32)
@@ -68,7 +76,16 @@ def kv_round(x, kind):
         inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
     v = (b * inv).astype(np.float32)
     q = np.sign(v) * np.floor(np.abs(v).astype(np.float64) + 0.5)  # float64: |v| + 0.5 exact
-    return (q.astype(np.float64) * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
+    return q.astype(np.float64), d
+
+
+def act_round(x):
+    """Activation rows as cleave's --compute int8 quantises them before a
+    Q8_0 matmul (kernels/cpu/int8.h): Q8_0 blocks of the float32 values with
+    the scale kept in float32 (not rounded to fp16), back in float64."""
+    x32 = np.asarray(x, dtype=np.float32)
+    q, d = q8_blocks(x32)
+    return (q * d.astype(np.float64)).reshape(x.shape)
 
 
 def moe_topk(probs, k):
@@ -80,9 +97,14 @@ def moe_topk(probs, k):
 
 
 class LlamaReference:
-    def __init__(self, path, kv_types=("f32", "f32")):
-        """kv_types: the KV cache's (K, V) element types, as cleave's -ctk / -ctv."""
+    def __init__(self, path, kv_types=("f32", "f32"), compute="exact"):
+        """kv_types: the KV cache's (K, V) element types, as cleave's -ctk / -ctv.
+        compute: cleave's --compute; "int8" quantises the activations that
+        meet a Q8_0 matrix (act_round) before the float64 product."""
+        if compute not in ("exact", "int8"):
+            raise ValueError(f"unknown compute {compute!r}")
         self.kv_types = kv_types
+        self.int8 = compute == "int8"
         g = GGUFFile(path)
         self.gguf = g
         self.route_log = []
@@ -113,6 +135,14 @@ class LlamaReference:
                             f"n_rot={self.n_rot}")
 
         t = g.tensor
+        # Matrices stored as Q8_0 (what --compute int8 changes), by id.
+        self.q8 = set()
+
+        def t(name):
+            a = g.tensor(name)
+            if g.type_name(name) == "Q8_0":
+                self.q8.add(id(a))
+            return a
         self.tok_embd = t("token_embd.weight")  # (V, D)
         self.n_vocab = self.tok_embd.shape[0]
         self.output_norm = t("output_norm.weight")
@@ -161,12 +191,19 @@ class LlamaReference:
                 raise GGUFError(f"expert_used_count {self.K} not in [1, {E}]")
 
     # ---- forward ------------------------------------------------------------
+    def mm(self, h, w, q8_parent=None):
+        """h @ w.T, h quantised first where cleave's int8 path would (w, or
+        the tensor w is a slice of, stored as Q8_0)."""
+        if self.int8 and id(w if q8_parent is None else q8_parent) in self.q8:
+            h = act_round(h)
+        return h @ w.T
+
     def attention(self, lay, h, positions):
         T = h.shape[0]
         H, KV, hd = self.H, self.KV, self.hd
-        q = (h @ lay["wq"].T).reshape(T, H, hd)
-        k = (h @ lay["wk"].T).reshape(T, KV, hd)
-        v = (h @ lay["wv"].T).reshape(T, KV, hd)
+        q = self.mm(h, lay["wq"]).reshape(T, H, hd)
+        k = self.mm(h, lay["wk"]).reshape(T, KV, hd)
+        v = self.mm(h, lay["wv"]).reshape(T, KV, hd)
         q = rope(q, positions, self.base, self.n_rot)
         k = kv_round(rope(k, positions, self.base, self.n_rot), self.kv_types[0])
         v = kv_round(v, self.kv_types[1])
@@ -178,12 +215,12 @@ class LlamaReference:
         scores = np.where(mask[None], -np.inf, scores)
         p = softmax(scores, axis=-1)
         o = np.einsum("hts,shd->thd", p, vh).reshape(T, H * hd)
-        return o @ lay["wo"].T
+        return self.mm(o, lay["wo"])
 
     def ffn(self, lay, h):
         if self.E == 0:
-            return (silu(h @ lay["gate"].T) * (h @ lay["up"].T)) @ lay["down"].T
-        probs = softmax(h @ lay["router"].T, axis=-1)  # (T, E)
+            return self.mm(silu(self.mm(h, lay["gate"])) * self.mm(h, lay["up"]), lay["down"])
+        probs = softmax(self.mm(h, lay["router"]), axis=-1)  # (T, E)
         idx, w = moe_topk(probs, self.K)
         self.route_log.append(idx)
         out = np.zeros_like(h)
@@ -192,7 +229,8 @@ class LlamaReference:
             if rows.size == 0:
                 continue
             he = h[rows]
-            y = (silu(he @ lay["gate_exps"][e].T) * (he @ lay["up_exps"][e].T)) @ lay["down_exps"][e].T
+            g, u, dn = lay["gate_exps"], lay["up_exps"], lay["down_exps"]
+            y = self.mm(silu(self.mm(he, g[e], g)) * self.mm(he, u[e], u), dn[e], dn)
             out[rows] += w[rows, slot][:, None] * y
         return out
 
@@ -216,7 +254,7 @@ class LlamaReference:
             x = x + self.attention(lay, rmsnorm(x, lay["attn_norm"], self.eps), positions)
             x = x + self.ffn(lay, rmsnorm(x, lay["ffn_norm"], self.eps))
         h = rmsnorm(x, self.output_norm, self.eps)
-        return h @ self.output.T
+        return self.mm(h, self.output)
 
     def greedy(self, prompt, n):
         """Reference greedy decoding (recomputes the full sequence each step)."""
