@@ -216,3 +216,15 @@ TEST_CASE("cluster cache types: -ctk / -ctv for every node, named in the summary
                "unknown cache_type_k 'bf16' (expected f32, f16 or q8_0)");
   expect_error("cluster { cache_type_v = 8 }\n" + kHead, 1, "cache_type_v");
 }
+
+TEST_CASE("cluster compute: --compute for every node, named in the summary, refused when unknown") {
+  const ClusterSpec plain = load_ok(kHead);
+  CHECK(plain.compute == Compute::exact);
+  CHECK(topology_summary(plain).find("compute") == std::string::npos);
+  const ClusterSpec i8 = load_ok("cluster { compute = 'int8' }\n" + kHead);
+  CHECK(i8.compute == Compute::int8);
+  CHECK(topology_summary(i8).find(", compute int8") != std::string::npos);
+  CHECK(load_ok("cluster { compute = 'exact' }\n" + kHead).compute == Compute::exact);
+  expect_error("cluster { compute = 'int4' }\n" + kHead, 1, "unknown compute 'int4' (expected exact or int8)");
+  expect_error("cluster { compute = true }\n" + kHead, 1, "compute");
+}

@@ -697,5 +697,28 @@ expect_error("-ctv bf16", ["generate", "-m", model, "--prompt-ids", "1,2", "-ctv
              "--cache-type-v", "bf16")
 expect_error("serve -ctk q4_0", ["serve", "-m", model, "-ctk", "q4_0"], 2, "--cache-type-k", "q4_0")
 
+# --compute int8: other logits than exact on a Q8_0 model, the same twice and
+# the same under pd (batch-invariant); refused on a model without Q8_0
+# weights and for an unknown value.
+q8m = os.path.join(WORK, "q8.gguf")
+rc, _, err = run("make-model", "--out", q8m, "--vocab", VOCAB, "--dim", "64", "--layers", "2",
+                 "--heads", "2", "--kv-heads", "1", "--ffn", "128", "--ctx", "64", "--type", "q8_0")
+expect("make-model writes a Q8_0 model", rc == 0, err)
+exact, err = kv_logits(q8m)
+expect("generate a Q8_0 model exactly", exact is not None, err)
+i8, err = kv_logits(q8m, "--compute", "int8")
+i8_again, _ = kv_logits(q8m, "--compute", "int8")
+expect("generate --compute int8: other logits than exact, the same twice",
+       i8 is not None and i8[1] != exact[1] and i8 == i8_again, err)
+rc, out, err = run("generate", "-m", q8m, "--prompt-ids", "1,50,60,70,80,90,100,110,120", "-n", "6", "--temp", "0",
+                   "--ignore-eos", "--json", "--compute", "int8", "--topology", "pd")
+expect("generate --compute int8 --topology pd: mono's tokens",
+       rc == 0 and i8 is not None and json.loads(out)["generated_ids"] == i8[0], err)
+expect_error("--compute int8 on an F16 model", ["generate", "-m", kvm, "--prompt-ids", "1,2", "--compute", "int8"],
+             1, "compute int8 needs Q8_0 weights; this model's matrices are F16")
+expect_error("generate --compute int4", ["generate", "-m", q8m, "--prompt-ids", "1,2", "--compute", "int4"], 2,
+             "--compute", "int4")
+expect_error("serve --compute int4", ["serve", "-m", q8m, "--compute", "int4"], 2, "--compute", "int4")
+
 print(f"cli: {len(failures)} failed")
 sys.exit(1 if failures else 0)
