@@ -126,6 +126,11 @@ class Backend {
   virtual void* alloc_pinned_host(size_t bytes) = 0;
   virtual void free_pinned_host(void* ptr) = 0;
 
+  // A hint that `w` will be multiplied: a backend that multiplies some
+  // weights in another form (the CPU backend's int8 panels) makes it now
+  // rather than in the first request's matmul. Nothing else changes.
+  virtual void prepare(const WeightView& w) { (void)w; }
+
   // y[i][r] = sum_c x[i][c] * w[r][c] for i < n, r < w.rows.
   // x is n x w.cols, y is n x w.rows (row-major, dense).
   virtual void matmul(const WeightView& w, const float* x, int64_t n, float* y) = 0;

@@ -82,6 +82,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
     e->backend_ = std::move(profiling);
   }
   e->compute_ = std::make_unique<LayerCompute>(*e->model_, *e->backend_);
+  // int8 panels now, not in the first request (experts: on first use, as
+  // expert hosts may compute them instead).
+  e->model_->prepare(*e->backend_, 0, e->own_last_, false, e->own_last_ == c.n_layers - 1);
   e->layout_.k_type = o.cache_type_k;
   e->layout_.v_type = o.cache_type_v;
   e->layout_.tokens_per_block = o.block_size;

@@ -1,6 +1,7 @@
 #include "model/experts.h"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -17,15 +18,22 @@ float* grow(std::vector<float>& v, int64_t n) {
   return v.data();
 }
 
+// An expert's gate, up and down matrices (a dense FFN is expert 0).
+std::array<const WeightView*, 3> expert_views(const LlamaLayer& l, int32_t expert) {
+  if (l.gate_exps.empty()) return {&l.gate, &l.up, &l.down};
+  const size_t e = size_t(expert);
+  return {&l.gate_exps[e], &l.up_exps[e], &l.down_exps[e]};
+}
+
 }  // namespace
 
 void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
                     int64_t rows, std::vector<float>& g, std::vector<float>& u, float* y) {
   if (rows == 0) return;
-  const bool moe = !l.gate_exps.empty();
-  const WeightView& wg = moe ? l.gate_exps[size_t(expert)] : l.gate;
-  const WeightView& wu = moe ? l.up_exps[size_t(expert)] : l.up;
-  const WeightView& wd = moe ? l.down_exps[size_t(expert)] : l.down;
+  const auto views = expert_views(l, expert);
+  const WeightView& wg = *views[0];
+  const WeightView& wu = *views[1];
+  const WeightView& wd = *views[2];
   float* gp = grow(g, rows * ffn);
   float* up = grow(u, rows * ffn);
   be.matmul(wg, x, rows, gp);
@@ -79,6 +87,12 @@ Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const Ggu
   h->model_ = std::move(*model);
   h->backend_ = make_cpu_backend(threads, detect_isa(), compute);
   h->set_ = std::move(set);
+  // int8 panels of the experts it holds, made now (replicas added later: on first use).
+  const LlamaConfig& c = h->model_->config();
+  for (int32_t layer = 0; layer < c.n_layers; ++layer)
+    for (int32_t e = 0; e < experts_per_layer(c); ++e)
+      if (h->set_.holds(c, layer, e))
+        for (const WeightView* w : expert_views(h->model_->layer(layer), e)) h->backend_->prepare(*w);
   return h;
 }
 

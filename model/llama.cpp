@@ -207,6 +207,19 @@ bool LlamaModel::multiplies_type(DType t) const {
   return false;
 }
 
+void LlamaModel::prepare(Backend& backend, int32_t first, int32_t last, bool experts,
+                         bool output) const {
+  if (output) backend.prepare(output_);
+  for (int32_t i = first; i <= last; ++i) {
+    const LlamaLayer& l = layers_[size_t(i)];
+    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.router})
+      if (w->data) backend.prepare(*w);
+    if (experts)
+      for (const auto* e : {&l.gate_exps, &l.up_exps, &l.down_exps})
+        for (const WeightView& w : *e) backend.prepare(w);
+  }
+}
+
 Status check_compute(Compute compute, const LlamaModel& model, const char* who) {
   if (compute == Compute::exact || model.multiplies_type(DType::Q8_0)) return Status::Ok();
   return Status(Code::invalid_argument,

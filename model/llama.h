@@ -59,6 +59,10 @@ class LlamaModel {
   // Whether any matrix the forward pass multiplies by (layers, output) is
   // stored in type t.
   bool multiplies_type(DType t) const;
+  // backend.prepare() on the matrices of layers [first, last] (attention,
+  // dense FFN, router; experts only with `experts`, as expert hosts may
+  // compute them elsewhere) and, with `output`, the output matrix.
+  void prepare(Backend& backend, int32_t first, int32_t last, bool experts, bool output) const;
 
  private:
   std::shared_ptr<const GgufFile> file_;

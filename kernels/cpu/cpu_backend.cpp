@@ -170,6 +170,10 @@ class CpuBackend final : public Backend {
   }
   void sync() override {}
 
+  void prepare(const WeightView& w) override {
+    if (compute_ == Compute::int8 && w.type == DType::Q8_0 && w.rows > 0) panels_for(w);
+  }
+
   void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
     if (n <= 0 || w.rows <= 0) return;
     CLEAVE_CHECK(dtype_known(static_cast<uint32_t>(w.type)));

@@ -52,6 +52,11 @@ struct Int8MatmulArgs {
   float* y;  // n x rows
 };
 
+// x rows a kernel takes per pass over its panels: their int8 values within
+// ~256 KiB (so they stay in L2 while every panel sweeps them), a multiple of
+// mr, at least mr.
+int64_t int8_rows_per_pass(int64_t cols, int64_t mr);
+
 // y[i][r] for every x row i and r in panels [p0, p1).
 using Int8MatmulFn = void (*)(const Int8MatmulArgs* a, int64_t p0, int64_t p1);
 void int8_matmul_scalar(const Int8MatmulArgs* a, int64_t p0, int64_t p1);

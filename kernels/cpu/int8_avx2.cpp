@@ -69,19 +69,23 @@ void panel_rows(const uint8_t* panel, int64_t nb, int64_t cols, const int8_t* xq
 
 void int8_matmul_avx2(const Int8MatmulArgs* a, int64_t p0, int64_t p1) {
   const int64_t nb = a->cols / 32;
+  const int64_t xg = int8_rows_per_pass(a->cols, kMR);  // as the AVX-512 kernel
+  for (int64_t i0 = 0; i0 < a->n; i0 += xg) {
+  const int64_t i1 = a->n - i0 < xg ? a->n : i0 + xg;
   for (int64_t p = p0; p < p1; ++p) {
     const uint8_t* panel = a->panels + size_t(p) * size_t(nb) * kPanelBlockBytes;
     const int64_t r = p * kPanelRows;
     const int valid = a->rows - r >= 16 ? 16 : int(a->rows - r);
-    for (int64_t i = 0; i < a->n; i += kMR) {
+    for (int64_t i = i0; i < i1; i += kMR) {
       const int64_t nb_i = i * nb;
-      if (a->n - i >= 2)
+      if (i1 - i >= 2)
         panel_rows<2>(panel, nb, a->cols, a->xq + i * a->cols, a->xd + nb_i, a->y + i * a->rows + r,
                       a->rows, valid);
       else
         panel_rows<1>(panel, nb, a->cols, a->xq + i * a->cols, a->xd + nb_i, a->y + i * a->rows + r,
                       a->rows, valid);
     }
+  }
   }
 }
 

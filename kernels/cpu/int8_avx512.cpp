@@ -79,14 +79,20 @@ constexpr RowsFn kRows[kMR + 1] = {nullptr,        rows_block<1>, rows_block<2>,
 
 void int8_matmul_avx512vnni(const Int8MatmulArgs* a, int64_t p0, int64_t p1) {
   const int64_t nb = a->cols / 32;
-  for (int64_t p = p0; p < p1; ++p) {
-    const uint8_t* panel = a->panels + size_t(p) * size_t(nb) * kPanelBlockBytes;
-    const int64_t r = p * kPanelRows;
-    const int64_t left = a->rows - r;
-    const __mmask16 valid = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
-    for (int64_t i = 0; i < a->n; i += kMR) {
-      const int64_t mi = a->n - i < kMR ? a->n - i : kMR;
-      kRows[mi](a, panel, i, r, valid);
+  // x rows per pass, their int8 values within ~256 KiB (L2), so each panel
+  // sweeps them from L2; the panels stream once per pass.
+  const int64_t xg = int8_rows_per_pass(a->cols, kMR);
+  for (int64_t i0 = 0; i0 < a->n; i0 += xg) {
+    const int64_t i1 = a->n - i0 < xg ? a->n : i0 + xg;
+    for (int64_t p = p0; p < p1; ++p) {
+      const uint8_t* panel = a->panels + size_t(p) * size_t(nb) * kPanelBlockBytes;
+      const int64_t r = p * kPanelRows;
+      const int64_t left = a->rows - r;
+      const __mmask16 valid = left >= 16 ? __mmask16(0xffff) : __mmask16((1u << left) - 1);
+      for (int64_t i = i0; i < i1; i += kMR) {
+        const int64_t mi = i1 - i < kMR ? i1 - i : kMR;
+        kRows[mi](a, panel, i, r, valid);
+      }
     }
   }
 }

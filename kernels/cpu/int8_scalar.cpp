@@ -14,6 +14,11 @@ size_t int8_panel_bytes(int64_t rows, int64_t cols) {
   return size_t(panels) * size_t(cols / 32) * kPanelBlockBytes;
 }
 
+int64_t int8_rows_per_pass(int64_t cols, int64_t mr) {
+  const int64_t rows = (int64_t(256) * 1024 / (cols > 0 ? cols : 1)) / mr * mr;
+  return rows < mr ? mr : rows;
+}
+
 void int8_pack_q8_0(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t cols,
                     uint8_t* panels) {
   const int64_t nb = cols / 32;
