@@ -1,7 +1,8 @@
 -- The clusters of tests/nodes/check_nodes.py: a head that hosts the router
 -- and the KV store (no stages), prefill nodes p0.., decode nodes d0...
---   --set head_port=N (the head's real port, for workers), prefills=N, decoders=N
-cluster { router = "least_loaded_prefix", request_timeout_s = 60 }
+--   --set head_port=N (the head's real port, for workers), prefills=N, decoders=N,
+--   compute=exact|int8 (check_compute.py)
+cluster { router = "least_loaded_prefix", request_timeout_s = 60, compute = param("compute", "exact") }
 node {
   name = "head", head = true, port = param("head_port", 0),
   actors = { kv_store = 1 }, kv = { tier0 = 64 * MiB, tier1 = 64 * MiB },

@@ -90,10 +90,11 @@ def stats_of(err, actor):
     return {k: int(v) for k, v in (kv.split("=") for kv in m.group(1).split())} if m else {}
 
 
-def mono_results(cleave, model, req):
-    """The one-process reference: `cleave generate --requests` on one thread."""
-    out = req + ".mono"
-    p = subprocess.run([cleave, "generate", "-m", model, "--requests", req, "--out", out, "-t", "1"],
+def mono_results(cleave, model, req, *flags):
+    """The one-process reference: `cleave generate --requests` on one thread
+    (flags: more generate flags)."""
+    out = req + ".mono" + "".join(flags).replace("-", "_")
+    p = subprocess.run([cleave, "generate", "-m", model, "--requests", req, "--out", out, "-t", "1", *flags],
                        capture_output=True, text=True, timeout=300)
     expect("mono run of " + os.path.basename(req), p.returncode == 0, p.stderr)
     return results(out)
