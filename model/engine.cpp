@@ -509,6 +509,12 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     if (added[s]) need += seqs_[s].blocks->blocks_needed(added[s]);
   CLEAVE_RETURN_IF_ERROR(make_room(need));
   if (n == 0) return Status::Ok();
+  if (!experts_ && !experts_prepared_) {
+    // MoE experts this engine computes itself: their int8 panels once,
+    // here (with an expert executor the hosts hold them instead).
+    model_->prepare(*backend_, 0, own_last_, true, false);
+    experts_prepared_ = true;
+  }
   std::vector<int32_t> start(seqs_.size());
   for (size_t s = 0; s < seqs_.size(); ++s) {
     start[s] = int32_t(seqs_[s].tokens.size());

@@ -270,6 +270,7 @@ class Engine {
   std::vector<AttnRow> rows_;
   std::unique_ptr<LayerCompute> compute_;
   std::shared_ptr<ExpertExecutor> experts_;
+  bool experts_prepared_ = false;  // forward() prepared the local experts
   int32_t own_last_ = 0;  // our layers are [0, own_last_]
   std::shared_ptr<StageLink> link_;
   Status link_error_;     // the first link failure (ok: none)

@@ -92,7 +92,8 @@ Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const Ggu
   for (int32_t layer = 0; layer < c.n_layers; ++layer)
     for (int32_t e = 0; e < experts_per_layer(c); ++e)
       if (h->set_.holds(c, layer, e))
-        for (const WeightView* w : expert_views(h->model_->layer(layer), e)) h->backend_->prepare(*w);
+        for (const WeightView* w : expert_views(h->model_->layer(layer), e))
+          h->model_->prepare_one(*h->backend_, *w);
   return h;
 }
 

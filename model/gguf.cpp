@@ -582,6 +582,15 @@ void GgufFile::release_resident_pages() const {
   if (mapping_) ::madvise(mapping_, size_, MADV_DONTNEED);  // advice: a failure changes nothing
 }
 
+void GgufFile::release_pages(const void* p, size_t bytes) const {
+  if (!mapping_) return;
+  const uintptr_t base = reinterpret_cast<uintptr_t>(mapping_), a = reinterpret_cast<uintptr_t>(p);
+  if (a < base || a + bytes > base + size_ || a + bytes < a) return;
+  const uintptr_t page = uintptr_t(::sysconf(_SC_PAGESIZE));
+  const uintptr_t lo = (a + page - 1) / page * page, hi = (a + bytes) / page * page;
+  if (hi > lo) ::madvise(reinterpret_cast<void*>(lo), hi - lo, MADV_DONTNEED);  // advice only
+}
+
 GgufFile::~GgufFile() {
   if (mapping_) ::munmap(mapping_, size_);
 }

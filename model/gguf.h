@@ -73,6 +73,9 @@ class GgufFile {
   // process keeps resident only the tensors it computes with: an attention
   // node not its experts', an expert node only its own. A no-op in memory.
   void release_resident_pages() const;
+  // The same for the whole pages inside [p, p + bytes), when that range lies
+  // in the mapping (anything else: a no-op).
+  void release_pages(const void* p, size_t bytes) const;
   uint64_t data_offset() const { return data_offset_; }
 
   const std::vector<GgufKv>& metadata() const { return kvs_; }

@@ -209,15 +209,24 @@ bool LlamaModel::multiplies_type(DType t) const {
 
 void LlamaModel::prepare(Backend& backend, int32_t first, int32_t last, bool experts,
                          bool output) const {
-  if (output) backend.prepare(output_);
+  if (output) prepare_one(backend, output_);
   for (int32_t i = first; i <= last; ++i) {
     const LlamaLayer& l = layers_[size_t(i)];
     for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.router})
-      if (w->data) backend.prepare(*w);
+      if (w->data) prepare_one(backend, *w);
     if (experts)
       for (const auto* e : {&l.gate_exps, &l.up_exps, &l.down_exps})
-        for (const WeightView& w : *e) backend.prepare(w);
+        for (const WeightView& w : *e) prepare_one(backend, w);
   }
+}
+
+void LlamaModel::prepare_one(Backend& backend, const WeightView& w) const {
+  backend.prepare(w);
+  // The backend keeps what it prepared (int8 panels): the file pages it read
+  // go at once, so the peak RSS is not file + panels. Never the embedding
+  // table's (embed reads its rows), even when the output shares it.
+  if (backend.caps().compute == Compute::int8 && w.data != token_embd_.data)
+    file_->release_pages(w.data, size_t(w.rows) * w.row_bytes);
 }
 
 Status check_compute(Compute compute, const LlamaModel& model, const char* who) {

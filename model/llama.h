@@ -63,6 +63,9 @@ class LlamaModel {
   // dense FFN, router; experts only with `experts`, as expert hosts may
   // compute them elsewhere) and, with `output`, the output matrix.
   void prepare(Backend& backend, int32_t first, int32_t last, bool experts, bool output) const;
+  // backend.prepare(w); under Compute::int8 w's file pages are released
+  // after (the backend multiplies its panels, not them).
+  void prepare_one(Backend& backend, const WeightView& w) const;
 
  private:
   std::shared_ptr<const GgufFile> file_;

@@ -104,18 +104,18 @@ void store_kv_row(DType t, const float* x, int32_t head_dim, uint8_t* out) {
 // Below this many multiply-adds an op runs on the calling thread only.
 constexpr int64_t kMinParallelWork = 64 * 1024;
 
-// The int8 kernel for an ISA, and its name.
-cpu::Int8MatmulFn int8_kernel_for(Isa isa, const char** name) {
-  if (isa == Isa::avx512 && cpu_has_avx512_vnni()) {
-    *name = "avx512vnni";
-    return cpu::int8_matmul_avx512vnni;
-  }
-  if (isa != Isa::scalar) {
-    *name = "avx2";
-    return cpu::int8_matmul_avx2;
-  }
-  *name = "scalar";
-  return cpu::int8_matmul_scalar;
+// The int8 kernel and activation quantiser for an ISA, and the kernel's name.
+struct Int8Kernels {
+  cpu::Int8MatmulFn matmul;
+  cpu::Int8QuantizeFn quantize;
+  const char* name;
+};
+Int8Kernels int8_kernels_for(Isa isa) {
+  if (isa == Isa::avx512 && cpu_has_avx512_vnni())
+    return {cpu::int8_matmul_avx512vnni, cpu::int8_quantize_rows_avx512, "avx512vnni"};
+  if (isa == Isa::avx512) return {cpu::int8_matmul_avx2, cpu::int8_quantize_rows_avx512, "avx2"};
+  if (isa == Isa::avx2) return {cpu::int8_matmul_avx2, cpu::int8_quantize_rows_avx2, "avx2"};
+  return {cpu::int8_matmul_scalar, cpu::int8_quantize_rows, "scalar"};
 }
 
 // A Q8_0 matrix repacked into int8 panels, and the view it was made from.
@@ -128,9 +128,8 @@ struct Int8Panels {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int threads, Isa isa, Compute compute)
-      : isa_(isa), k_(kernels_for(isa)), pool_(threads < 1 ? 1 : threads), compute_(compute) {
-    int8_ = int8_kernel_for(isa, &int8_name_);
-  }
+      : isa_(isa), k_(kernels_for(isa)), pool_(threads < 1 ? 1 : threads), compute_(compute),
+        int8_(int8_kernels_for(isa)) {}
   ~CpuBackend() override {
     for (auto& [ptr, p] : panels_) std::free(p.data);
   }
@@ -141,7 +140,7 @@ class CpuBackend final : public Backend {
     c.isa = isa_name(isa_);
     c.threads = pool_.threads();
     c.compute = compute_;
-    if (compute_ == Compute::int8) c.int8_kernel = int8_name_;
+    if (compute_ == Compute::int8) c.int8_kernel = int8_.name;
     return c;
   }
 
@@ -403,12 +402,12 @@ class CpuBackend final : public Backend {
     int8_t* xq = xq_.data();
     float* xd = xd_.data();
     int32_t* xc = xc_.data();
+    const cpu::Int8QuantizeFn quantize = int8_.quantize;
     rows_for(n, cols * 4, [&](int64_t i0, int64_t i1, int) {
-      cpu::int8_quantize_rows(x + i0 * cols, i1 - i0, cols, xq + i0 * cols, xd + i0 * nb,
-                              xc + i0 * nb);
+      quantize(x + i0 * cols, i1 - i0, cols, xq + i0 * cols, xd + i0 * nb, xc + i0 * nb);
     });
     cpu::Int8MatmulArgs a{p.data, w.rows, cols, xq, xd, xc, n, y};
-    const cpu::Int8MatmulFn fn = int8_;
+    const cpu::Int8MatmulFn fn = int8_.matmul;
     const int64_t panels = (w.rows + cpu::kPanelRows - 1) / cpu::kPanelRows;
     auto body = [&a, fn](int64_t p0, int64_t p1, int) { fn(&a, p0, p1); };
     if (n * w.rows * cols < kMinParallelWork || pool_.threads() == 1) {
@@ -464,8 +463,7 @@ class CpuBackend final : public Backend {
   float rope_base_ = 0.0f;
   int64_t rope_dim_ = 0;
   Compute compute_;
-  cpu::Int8MatmulFn int8_ = nullptr;
-  const char* int8_name_ = "";
+  Int8Kernels int8_;
   std::mutex panels_mu_;
   std::unordered_map<const void*, Int8Panels> panels_;
   std::vector<int8_t> xq_;

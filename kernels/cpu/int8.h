@@ -38,9 +38,19 @@ void int8_pack_q8_0(const uint8_t* w, size_t row_bytes, int64_t rows, int64_t co
 
 // Activations: row i of x (cols floats) as cols int8 in xq, and per block b
 // its scale xd[i * nb + b] (amax / 127, in f32) and xc[i * nb + b] =
-// -128 * sum of the block's int8 values. q = roundf(x / d), as Q8_0.
+// -128 * sum of the block's int8 values. q = roundf(x * (1 / d)), as Q8_0;
+// a block holding an infinity or NaN gets d = NaN and q = 0.
+// int8_quantize_rows is the reference; the SIMD ones give the same bytes
+// (amax, the division, the product and roundf's half-away-from-zero
+// rounding are each exact or correctly rounded the same way).
 void int8_quantize_rows(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd,
                         int32_t* xc);
+void int8_quantize_rows_avx2(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd,
+                             int32_t* xc);
+void int8_quantize_rows_avx512(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd,
+                               int32_t* xc);
+using Int8QuantizeFn = void (*)(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd,
+                                int32_t* xc);
 
 struct Int8MatmulArgs {
   const uint8_t* panels;

@@ -65,7 +65,58 @@ void panel_rows(const uint8_t* panel, int64_t nb, int64_t cols, const int8_t* xq
   }
 }
 
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+  return _mm_cvtss_f32(m);
+}
+
 }  // namespace
+
+void int8_quantize_rows_avx2(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd,
+                             int32_t* xc) {
+  const int64_t nb = cols / 32;
+  const __m256 sign = _mm256_set1_ps(-0.0f), half = _mm256_set1_ps(0.5f), one = _mm256_set1_ps(1.0f);
+  const __m256 fmax = _mm256_set1_ps(3.40282347e38f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * cols + b * 32;
+      __m256 v[4], m = _mm256_setzero_ps();
+      int finite = 0xff;
+      for (int h = 0; h < 4; ++h) {
+        v[h] = _mm256_loadu_ps(xb + 8 * h);
+        const __m256 a = _mm256_andnot_ps(sign, v[h]);
+        finite &= _mm256_movemask_ps(_mm256_cmp_ps(a, fmax, _CMP_LE_OQ));
+        m = _mm256_max_ps(m, a);
+      }
+      const bool ok = finite == 0xff;
+      const float amax = hmax8(m);
+      const float d = ok ? amax / 127.0f : __builtin_nanf("");
+      const float id = ok && d != 0.0f ? 1.0f / d : 0.0f;
+      const __m256 vid = _mm256_set1_ps(id);
+      __m256i q[4];
+      for (int h = 0; h < 4; ++h) {  // roundf, as the AVX-512 quantiser
+        const __m256 p = _mm256_mul_ps(v[h], vid);
+        const __m256 a = _mm256_andnot_ps(sign, p);
+        __m256 t = _mm256_round_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        t = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(_mm256_sub_ps(a, t), half, _CMP_GE_OQ), one));
+        q[h] = ok ? _mm256_cvttps_epi32(_mm256_or_ps(t, _mm256_and_ps(p, sign))) : _mm256_setzero_si256();
+      }
+      // int32 -> int8 in order: pack to int16 (lanes interleave per 128 bits),
+      // then to int8, then undo the interleave.
+      const __m256i w01 = _mm256_packs_epi32(q[0], q[1]), w23 = _mm256_packs_epi32(q[2], q[3]);
+      const __m256i bytes = _mm256_permutevar8x32_epi32(_mm256_packs_epi16(w01, w23),
+                                                        _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + i * cols + b * 32), bytes);
+      const __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+      __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+      s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+      xd[i * nb + b] = d;
+      xc[i * nb + b] = -128 * _mm_cvtsi128_si32(s4);
+    }
+}
 
 void int8_matmul_avx2(const Int8MatmulArgs* a, int64_t p0, int64_t p1) {
   const int64_t nb = a->cols / 32;

@@ -77,6 +77,41 @@ constexpr RowsFn kRows[kMR + 1] = {nullptr,        rows_block<1>, rows_block<2>,
 
 }  // namespace
 
+void int8_quantize_rows_avx512(const float* x, int64_t n, int64_t cols, int8_t* xq, float* xd,
+                               int32_t* xc) {
+  const int64_t nb = cols / 32;
+  const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t b = 0; b < nb; ++b) {
+      const float* xb = x + i * cols + b * 32;
+      const __m512 v0 = _mm512_loadu_ps(xb), v1 = _mm512_loadu_ps(xb + 16);
+      const __m512 a0 = _mm512_andnot_ps(sign, v0), a1 = _mm512_andnot_ps(sign, v1);
+      // Non-finite: |x| is not <= FLT_MAX (NaN compares false).
+      const __m512 fmax = _mm512_set1_ps(3.40282347e38f);
+      const bool finite = (_mm512_cmp_ps_mask(a0, fmax, _CMP_LE_OQ) & _mm512_cmp_ps_mask(a1, fmax, _CMP_LE_OQ)) ==
+                          0xffff;
+      const float amax = _mm512_reduce_max_ps(_mm512_max_ps(a0, a1));
+      const float d = finite ? amax / 127.0f : __builtin_nanf("");
+      const float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
+      const __m512 vid = _mm512_set1_ps(id);
+      __m512i q[2];
+      const __m512 vs[2] = {v0, v1};
+      for (int h = 0; h < 2; ++h) {
+        // roundf: |v| truncated, plus one when the dropped part is >= 1/2
+        // (exact: |v| <= 127), the sign put back.
+        const __m512 v = _mm512_mul_ps(vs[h], vid);
+        const __m512 a = _mm512_andnot_ps(sign, v);
+        __m512 t = _mm512_roundscale_ps(a, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+        t = _mm512_mask_add_ps(t, _mm512_cmp_ps_mask(_mm512_sub_ps(a, t), half, _CMP_GE_OQ), t, one);
+        q[h] = finite ? _mm512_cvttps_epi32(_mm512_or_ps(t, _mm512_and_ps(v, sign))) : _mm512_setzero_si512();
+      }
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + i * cols + b * 32), _mm512_cvtepi32_epi8(q[0]));
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(xq + i * cols + b * 32 + 16), _mm512_cvtepi32_epi8(q[1]));
+      xd[i * nb + b] = d;
+      xc[i * nb + b] = -128 * _mm512_reduce_add_epi32(_mm512_add_epi32(q[0], q[1]));
+    }
+}
+
 void int8_matmul_avx512vnni(const Int8MatmulArgs* a, int64_t p0, int64_t p1) {
   const int64_t nb = a->cols / 32;
   // x rows per pass, their int8 values within ~256 KiB (L2), so each panel

@@ -57,13 +57,14 @@ void int8_quantize_rows(const float* x, int64_t n, int64_t cols, int8_t* xq, flo
         finite = finite && std::isfinite(xb[j]);
         amax = std::fmax(amax, std::fabs(xb[j]));
       }
-      // A non-finite value makes the block's scale NaN, so it reaches the
-      // output as the exact path would carry it (never a silent zero).
+      // A non-finite value makes the block's scale NaN (its values 0), so it
+      // reaches the output as the exact path would carry it (never a silent
+      // zero).
       const float d = finite ? amax / 127.0f : NAN;
       const float id = finite && d != 0.0f ? 1.0f / d : 0.0f;
       int32_t sum = 0;
       for (int j = 0; j < 32; ++j) {
-        q[j] = static_cast<int8_t>(std::roundf(xb[j] * id));
+        q[j] = finite ? static_cast<int8_t>(std::roundf(xb[j] * id)) : int8_t(0);
         sum += q[j];
       }
       xd[i * nb + b] = d;

@@ -3,6 +3,7 @@
 // activations' quantisation, and batch invariance.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/int8.h"
 #include "kernels/dtype.h"
 #include "tests/kernels/kernel_test_util.h"
 
@@ -217,5 +219,42 @@ TEST_CASE("int8 matmul: a second shape at the same address is repacked") {
     std::vector<float> y(size_t(2 * rows));
     be->matmul(part.view(), x.data(), 2, y.data());
     CHECK(same_bits(formula(part, x.data(), 2), y.data()));
+  }
+}
+
+TEST_CASE("int8 activation quantisers: every ISA's bytes equal the reference's, ties and specials included") {
+  // Block 0: amax 127 so d = 1 and x * (1/d) = x: halves must round away
+  // from zero as roundf does. Block 1: random. Block 2: zeros. Block 3: an
+  // infinity (the scale becomes NaN).
+  std::vector<float> x(4 * 32);
+  const float ties[] = {0.5f, -0.5f, 1.5f, -1.5f, 2.5f, -2.5f, 126.5f, -126.5f, 0.49999997f, -0.49999997f,
+                        3.4999998f, 127.0f, -127.0f, 0.0f, -0.0f, 64.5f};
+  for (int j = 0; j < 32; ++j) x[size_t(j)] = ties[j % 16] * (j < 16 ? 1.0f : -1.0f);
+  const auto r = randv(32, 77, -5.0f, 5.0f);
+  std::copy(r.begin(), r.end(), x.begin() + 32);
+  x[96 + 5] = std::numeric_limits<float>::infinity();
+  const int64_t n = 1, cols = 128, nb = 4;
+  std::vector<int8_t> q0(cols), q1(cols);
+  std::vector<float> d0(nb), d1(nb);
+  std::vector<int32_t> c0(nb), c1(nb);
+  cpu::int8_quantize_rows(x.data(), n, cols, q0.data(), d0.data(), c0.data());
+  CHECK(q0[0] == 1);    // 0.5 away from zero
+  CHECK(q0[1] == -1);
+  CHECK(q0[4] == 3);    // 2.5
+  CHECK(q0[6] == 127);  // 126.5
+  CHECK(q0[8] == 0);    // just below a half
+  CHECK(d0[0] == 1.0f);
+  CHECK(d0[2] == 0.0f);
+  CHECK(std::isnan(d0[3]));
+  std::vector<cpu::Int8QuantizeFn> fns;
+  if (detect_isa() != Isa::scalar) fns.push_back(cpu::int8_quantize_rows_avx2);
+  if (detect_isa() == Isa::avx512) fns.push_back(cpu::int8_quantize_rows_avx512);
+  for (size_t f = 0; f < fns.size(); ++f) {
+    CAPTURE(f);
+    fns[f](x.data(), n, cols, q1.data(), d1.data(), c1.data());
+    CHECK(q1 == q0);
+    CHECK(c1 == c0);
+    for (int64_t b = 0; b < nb; ++b)
+      CHECK((std::memcmp(&d0[size_t(b)], &d1[size_t(b)], 4) == 0 || (std::isnan(d0[size_t(b)]) && std::isnan(d1[size_t(b)]))));
   }
 }
