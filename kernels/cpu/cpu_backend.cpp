@@ -66,14 +66,6 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
-const char* compute_name(Compute c) { return c == Compute::int8 ? "int8" : "exact"; }
-
-Result<Compute> compute_from_name(const std::string& name) {
-  if (name == "exact") return Compute::exact;
-  if (name == "int8") return Compute::int8;
-  return Status(Code::invalid_argument, "compute '" + name + "' is not one of exact, int8");
-}
-
 namespace {
 
 const cpu::Kernels& kernels_for(Isa isa) {
