@@ -84,7 +84,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   e->compute_ = std::make_unique<LayerCompute>(*e->model_, *e->backend_);
   // int8 panels now, not in the first request (experts: on first use, as
   // expert hosts may compute them instead).
-  e->model_->prepare(*e->backend_, 0, e->own_last_, false, e->own_last_ == c.n_layers - 1);
+  e->model_->prepare(*e->backend_, 0, e->own_last_, LlamaModel::Matrices::dense,
+                     e->own_last_ == c.n_layers - 1);
   e->layout_.k_type = o.cache_type_k;
   e->layout_.v_type = o.cache_type_v;
   e->layout_.tokens_per_block = o.block_size;
@@ -509,10 +510,10 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     if (added[s]) need += seqs_[s].blocks->blocks_needed(added[s]);
   CLEAVE_RETURN_IF_ERROR(make_room(need));
   if (n == 0) return Status::Ok();
-  if (!experts_ && !experts_prepared_) {
+  if (options_.compute == Compute::int8 && c.n_experts > 0 && !experts_ && !experts_prepared_) {
     // MoE experts this engine computes itself: their int8 panels once,
     // here (with an expert executor the hosts hold them instead).
-    model_->prepare(*backend_, 0, own_last_, true, false);
+    model_->prepare(*backend_, 0, own_last_, LlamaModel::Matrices::experts, false);
     experts_prepared_ = true;
   }
   std::vector<int32_t> start(seqs_.size());

@@ -57,7 +57,8 @@ Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const Ggu
   s->model_ = std::move(*model);
   s->backend_ = make_cpu_backend(threads, detect_isa(), compute);
   s->compute_ = std::make_unique<LayerCompute>(*s->model_, *s->backend_);
-  s->model_->prepare(*s->backend_, layers.first, layers.last, false, layers.last == c.n_layers - 1);
+  s->model_->prepare(*s->backend_, layers.first, layers.last, LlamaModel::Matrices::dense,
+                     layers.last == c.n_layers - 1);
   s->layers_ = layers;
   s->model_fp_ = compute_fingerprint(model_fp, compute);
   s->kv_.k_type = cache_type_k;

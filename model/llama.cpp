@@ -207,16 +207,18 @@ bool LlamaModel::multiplies_type(DType t) const {
   return false;
 }
 
-void LlamaModel::prepare(Backend& backend, int32_t first, int32_t last, bool experts,
+void LlamaModel::prepare(Backend& backend, int32_t first, int32_t last, Matrices which,
                          bool output) const {
   if (output) prepare_one(backend, output_);
   for (int32_t i = first; i <= last; ++i) {
     const LlamaLayer& l = layers_[size_t(i)];
-    for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.router})
-      if (w->data) prepare_one(backend, *w);
-    if (experts)
+    if (which == Matrices::dense) {
+      for (const WeightView* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down, &l.router})
+        if (w->data) prepare_one(backend, *w);
+    } else {
       for (const auto* e : {&l.gate_exps, &l.up_exps, &l.down_exps})
         for (const WeightView& w : *e) prepare_one(backend, w);
+    }
   }
 }
 

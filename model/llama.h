@@ -59,10 +59,13 @@ class LlamaModel {
   // Whether any matrix the forward pass multiplies by (layers, output) is
   // stored in type t.
   bool multiplies_type(DType t) const;
-  // backend.prepare() on the matrices of layers [first, last] (attention,
-  // dense FFN, router; experts only with `experts`, as expert hosts may
-  // compute them elsewhere) and, with `output`, the output matrix.
-  void prepare(Backend& backend, int32_t first, int32_t last, bool experts, bool output) const;
+  // Which matrices of a layer prepare() takes: attention, the dense FFN and
+  // the router; or the MoE experts (apart, as expert hosts may compute them
+  // elsewhere).
+  enum class Matrices { dense, experts };
+  // backend.prepare() on those matrices of layers [first, last] and, with
+  // `output`, the output matrix.
+  void prepare(Backend& backend, int32_t first, int32_t last, Matrices which, bool output) const;
   // backend.prepare(w); under Compute::int8 w's file pages are released
   // after (the backend multiplies its panels, not them).
   void prepare_one(Backend& backend, const WeightView& w) const;

@@ -9,6 +9,8 @@
 namespace cleave::cpu {
 namespace {
 
+// Also in int8_avx512.cpp: each ISA file keeps its own copy, as shared
+// inline functions could be emitted with the other file's ISA (kern.h).
 inline int32_t load_i32(const int8_t* p) {
   int32_t v;
   __builtin_memcpy(&v, p, 4);
