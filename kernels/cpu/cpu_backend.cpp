@@ -355,23 +355,27 @@ class CpuBackend final : public Backend {
     a.head_dim = kv.head_dim;
     a.group = n_heads / kv.n_kv_heads;
     a.scale = scale;
-    ensure_scratch(CLEAVE_ATTN_SCRATCH(kv.block_size, a.group));
+    const int32_t nkv = kv.n_kv_heads;
+    // With rows enough to keep every thread busy, a task is a whole row (its
+    // heads' KV read as one run per block); otherwise one kv head of a row.
+    const int32_t hpt = n >= 2 * int64_t(pool_.threads()) ? nkv : 1;
+    ensure_scratch(CLEAVE_ATTN_SCRATCH(kv.block_size, hpt * a.group));
     float* scratch = scratch_.data();
     const size_t stride = scratch_stride_;
     const cpu::Kernels& k = k_;
-    const int32_t nkv = kv.n_kv_heads;
+    const int32_t tpr = nkv / hpt;  // tasks per row
     const size_t row_elems = size_t(n_heads) * kv.head_dim;
     const size_t grp_elems = size_t(a.group) * kv.head_dim;
     auto body = [&](int64_t t0, int64_t t1, int t) {
       float* s = scratch + size_t(t) * stride;
       for (int64_t task = t0; task < t1; ++task) {
-        const int64_t i = task / nkv;
-        const int32_t h = static_cast<int32_t>(task % nkv);
-        k.attn(&a, q + i * row_elems + h * grp_elems, h, rows[i].block_table, rows[i].pos,
+        const int64_t i = task / tpr;
+        const int32_t h = static_cast<int32_t>(task % tpr) * hpt;
+        k.attn(&a, q + i * row_elems + h * grp_elems, h, hpt, rows[i].block_table, rows[i].pos,
                out + i * row_elems + h * grp_elems, s);
       }
     };
-    const int64_t tasks = n * nkv;
+    const int64_t tasks = n * tpr;
     int64_t work = 0;
     for (int64_t i = 0; i < n && work < kMinParallelWork; ++i)
       work += int64_t(rows[i].pos + 1) * n_heads * kv.head_dim * 2;

@@ -42,8 +42,9 @@ struct AttnArgs {
   float scale;
 };
 
-// Floats of scratch the attention kernel needs (per thread).
-#define CLEAVE_ATTN_SCRATCH(block_size, group) (4 * (size_t(block_size) + 32) + 64)
+// Floats of scratch the attention kernel needs (per thread) for a call over
+// `heads` query heads (n_kv kv heads x group).
+#define CLEAVE_ATTN_SCRATCH(block_size, heads) (4 * (size_t(block_size) + 32) + 2 * size_t(heads) + 64)
 
 struct Kernels {
   int lanes;  // SIMD width of the reductions
@@ -58,10 +59,12 @@ struct Kernels {
   // out = silu(g) * u, elementwise; each element computed the same way
   // wherever it sits.
   void (*silu_mul)(const float* g, const float* u, int64_t count, float* out);
-  // One query row against one kv head: the `group` query heads that read it,
-  // q and out hold group * head_dim floats. scratch: CLEAVE_ATTN_SCRATCH floats.
-  void (*attn)(const AttnArgs* a, const float* q, int32_t kv_head, const int32_t* block_table,
-               int32_t pos, float* out, float* scratch);
+  // One query row against kv heads [kv_head, kv_head + n_kv) and the
+  // `group` query heads that read each: q and out hold n_kv * group *
+  // head_dim floats. A head's bits do not depend on n_kv. scratch:
+  // CLEAVE_ATTN_SCRATCH(block_size, n_kv * group) floats.
+  void (*attn)(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
+               const int32_t* block_table, int32_t pos, float* out, float* scratch);
   // Test hook: the matmul's combined horizontal sums (combined) against
   // per-accumulator hsum (single) for n <= 24 accumulators of `lanes` floats.
   void (*hsums_check)(const float* acc, int n, float* combined, float* single);

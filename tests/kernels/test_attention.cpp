@@ -220,6 +220,9 @@ std::vector<Cfg> attention_shapes() {
   Cfg g8;  // group 8, block 32 (two score tiles), head dim 64
   g8.heads = 8, g8.nkv = 1, g8.hd = 64, g8.bs = 32;
   v.push_back(g8);
+  Cfg h80;  // head dim 80: one 4-vector pass of V and one vector after it (AVX-512)
+  h80.heads = 4, h80.nkv = 2, h80.hd = 80;
+  v.push_back(h80);
   Cfg g5;  // group 5, block 5, head dim below one AVX-512 vector
   g5.heads = 10, g5.nkv = 2, g5.hd = 12, g5.bs = 5;
   v.push_back(g5);
