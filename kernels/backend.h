@@ -83,7 +83,14 @@ enum class Op {
   topk_gating,
   kv_write,
   attention,
+  layer_norm,
+  gelu,
+  add,
 };
+
+// The GELU of a vision encoder: tanh is 0.5 x (1 + tanh(sqrt(2/pi) (x +
+// 0.044715 x^3))), quick is x sigmoid(1.702 x) (clip.use_gelu false).
+enum class Gelu { tanh, quick };
 
 // How matmuls over Q8_0 weights compute (--compute). exact (the default)
 // widens the weights to F32 and multiplies in F32. int8 quantises each
@@ -166,6 +173,20 @@ class Backend {
   // q and out are n x n_heads x head_dim.
   virtual void attention(const PagedKv& kv, int32_t layer, const float* q, const AttnRow* rows,
                          int64_t n, int32_t n_heads, float scale, float* out) = 0;
+
+  // The vision encoder's element-wise work. Each row's (element's) result
+  // depends on that row (element) only, so an image's bits do not depend on
+  // the batch it runs in.
+  // y[i] = (x[i] - mean(x[i])) / sqrt(var(x[i]) + eps) * w + b, for n rows
+  // of dim (the population variance). y may be x.
+  virtual void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t dim,
+                          float eps, float* y) = 0;
+  // y = gelu(x) elementwise over count values; y may be x.
+  virtual void gelu(const float* x, int64_t count, Gelu kind, float* y) = 0;
+  // y[i] = a[i] + b[i % period] for i < count (period = count: two arrays;
+  // period = dim: a bias on every row). count is a multiple of period; y
+  // may be a.
+  virtual void add(const float* a, const float* b, int64_t count, int64_t period, float* y) = 0;
 };
 
 enum class Isa { scalar, avx2, avx512 };

@@ -19,7 +19,7 @@ double ProfilingBackend::total_seconds() const {
   return s;
 }
 
-void ProfilingBackend::add(const std::string& name, double seconds, double rows) {
+void ProfilingBackend::record(const std::string& name, double seconds, double rows) {
   OpTime& t = times_[name];
   t.seconds += seconds;
   t.calls += 1;
@@ -29,71 +29,71 @@ void ProfilingBackend::add(const std::string& name, double seconds, double rows)
 void ProfilingBackend::upload(void* dst, const void* src, size_t bytes) {
   const auto t0 = Clock::now();
   inner_->upload(dst, src, bytes);
-  add("upload", since(t0), 0);
+  record("upload", since(t0), 0);
 }
 
 void ProfilingBackend::download(void* dst, const void* src, size_t bytes) {
   const auto t0 = Clock::now();
   inner_->download(dst, src, bytes);
-  add("download", since(t0), 0);
+  record("download", since(t0), 0);
 }
 
 void ProfilingBackend::sync() {
   const auto t0 = Clock::now();
   inner_->sync();
-  add("sync", since(t0), 0);
+  record("sync", since(t0), 0);
 }
 
 void ProfilingBackend::matmul(const WeightView& w, const float* x, int64_t n, float* y) {
   const auto t0 = Clock::now();
   inner_->matmul(w, x, n, y);
-  add("matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols), since(t0), double(n));
+  record("matmul " + std::to_string(w.rows) + "x" + std::to_string(w.cols), since(t0), double(n));
 }
 
 void ProfilingBackend::rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim,
                                float eps, float* y) {
   const auto t0 = Clock::now();
   inner_->rmsnorm(x, weight, n, dim, eps, y);
-  add("rmsnorm", since(t0), double(n));
+  record("rmsnorm", since(t0), double(n));
 }
 
 void ProfilingBackend::rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim,
                             const int32_t* positions, float freq_base) {
   const auto t0 = Clock::now();
   inner_->rope(x, n, n_heads, head_dim, positions, freq_base);
-  add("rope", since(t0), double(n));
+  record("rope", since(t0), double(n));
 }
 
 void ProfilingBackend::softmax(float* x, int64_t n, int64_t len) {
   const auto t0 = Clock::now();
   inner_->softmax(x, n, len);
-  add("softmax", since(t0), double(n));
+  record("softmax", since(t0), double(n));
 }
 
 void ProfilingBackend::silu_mul(const float* gate, const float* up, int64_t count, float* out) {
   const auto t0 = Clock::now();
   inner_->silu_mul(gate, up, count, out);
-  add("silu_mul", since(t0), 0);
+  record("silu_mul", since(t0), 0);
 }
 
 void ProfilingBackend::embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) {
   const auto t0 = Clock::now();
   inner_->embed(table, ids, n, out);
-  add("embed", since(t0), double(n));
+  record("embed", since(t0), double(n));
 }
 
 void ProfilingBackend::topk_gating(const float* logits, int64_t n, int64_t n_expert, int64_t k,
                                    int32_t* ids, float* weights) {
   const auto t0 = Clock::now();
   inner_->topk_gating(logits, n, n_expert, k, ids, weights);
-  add("topk_gating", since(t0), double(n));
+  record("topk_gating", since(t0), double(n));
 }
 
 void ProfilingBackend::kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
                                 const AttnRow* rows, int64_t n) {
   const auto t0 = Clock::now();
   inner_->kv_write(kv, layer, k, v, rows, n);
-  add("kv_write", since(t0), double(n));
+  record("kv_write", since(t0), double(n));
 }
 
 void ProfilingBackend::attention(const PagedKv& kv, int32_t layer, const float* q,
@@ -101,7 +101,26 @@ void ProfilingBackend::attention(const PagedKv& kv, int32_t layer, const float* 
                                  float* out) {
   const auto t0 = Clock::now();
   inner_->attention(kv, layer, q, rows, n, n_heads, scale, out);
-  add("attention", since(t0), double(n));
+  record("attention", since(t0), double(n));
+}
+
+void ProfilingBackend::layer_norm(const float* x, const float* w, const float* b, int64_t n,
+                                  int64_t dim, float eps, float* y) {
+  const auto t0 = Clock::now();
+  inner_->layer_norm(x, w, b, n, dim, eps, y);
+  record("layer_norm", since(t0), double(n));
+}
+
+void ProfilingBackend::gelu(const float* x, int64_t count, Gelu kind, float* y) {
+  const auto t0 = Clock::now();
+  inner_->gelu(x, count, kind, y);
+  record("gelu", since(t0), 0);
+}
+
+void ProfilingBackend::add(const float* a, const float* b, int64_t count, int64_t period, float* y) {
+  const auto t0 = Clock::now();
+  inner_->add(a, b, count, period, y);
+  record("add", since(t0), 0);
 }
 
 }  // namespace cleave

@@ -54,9 +54,13 @@ class ProfilingBackend final : public Backend {
                 const AttnRow* rows, int64_t n) override;
   void attention(const PagedKv& kv, int32_t layer, const float* q, const AttnRow* rows, int64_t n,
                  int32_t n_heads, float scale, float* out) override;
+  void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t dim, float eps,
+                  float* y) override;
+  void gelu(const float* x, int64_t count, Gelu kind, float* y) override;
+  void add(const float* a, const float* b, int64_t count, int64_t period, float* y) override;
 
  private:
-  void add(const std::string& name, double seconds, double rows);
+  void record(const std::string& name, double seconds, double rows);
 
   std::unique_ptr<Backend> inner_;
   std::map<std::string, OpTime> times_;

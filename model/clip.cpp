@@ -98,35 +98,17 @@ Status get_rgb(const GgufFile& f, const std::string& key, float out[3], bool pos
     lhs = std::move(*_r);             \
   } while (0)
 
-void add_bias(float* x, int64_t rows, const std::vector<float>& b) {
-  const size_t n = b.size();
-  for (int64_t r = 0; r < rows; ++r)
-    for (size_t i = 0; i < n; ++i) x[size_t(r) * n + i] += b[i];
+// x[r] += b on each of `rows` rows (b may be empty: no bias).
+void add_bias(Backend& be, float* x, int64_t rows, const std::vector<float>& b) {
+  if (b.empty() || rows <= 0) return;
+  const int64_t dim = int64_t(b.size());
+  be.add(x, b.data(), rows * dim, dim, x);
 }
 
-void layer_norm(const float* x, int64_t rows, int64_t dim, const std::vector<float>& w,
+void layer_norm(Backend& be, const float* x, int64_t rows, int64_t dim, const std::vector<float>& w,
                 const std::vector<float>& b, float eps, float* y) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * dim;
-    float* yr = y + r * dim;
-    double mean = 0;
-    for (int64_t i = 0; i < dim; ++i) mean += xr[i];
-    mean /= double(dim);
-    double var = 0;
-    for (int64_t i = 0; i < dim; ++i) var += (xr[i] - mean) * (xr[i] - mean);
-    var /= double(dim);
-    const double inv = 1.0 / std::sqrt(var + double(eps));
-    for (int64_t i = 0; i < dim; ++i) yr[i] = float((xr[i] - mean) * inv) * w[size_t(i)] + b[size_t(i)];
-  }
+  be.layer_norm(x, w.data(), b.data(), rows, dim, eps, y);
 }
-
-// 0.5 x (1 + tanh(y)) written as x * sigmoid(2y), the same function: glibc's
-// expf is several times faster than its tanhf, which dominated the encoder.
-inline float gelu_tanh(float x) {
-  constexpr float kTwoSqrt2OverPi = 2.0f * 0.79788456080286535588f;
-  return x / (1.0f + std::exp(-kTwoSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
-}
-inline float gelu_quick(float x) { return x / (1.0f + std::exp(-1.702f * x)); }
 
 }  // namespace
 
@@ -359,16 +341,16 @@ void ClipModel::run(Backend& backend, const float* pixels, int64_t n, float* out
       }
   }
   backend.matmul(patch_embd_, patches.data(), n * np, pe.data());
-  if (!patch_b_.empty()) add_bias(pe.data(), n * np, patch_b_);
+  add_bias(backend, pe.data(), n * np, patch_b_);
 
   auto& x = scratch.get(2, rows * dim);
   for (int64_t img = 0; img < n; ++img) {
     float* xi = x.data() + img * T * dim;
     if (c.has_class_embd) std::copy(class_embd_.begin(), class_embd_.end(), xi);
     std::copy(pe.begin() + img * np * dim, pe.begin() + (img + 1) * np * dim, xi + first_patch * dim);
-    for (int64_t i = 0; i < T * dim; ++i) xi[i] += position_embd_[size_t(i)];
   }
-  if (c.has_pre_ln) layer_norm(x.data(), rows, dim, pre_ln_w_, pre_ln_b_, c.eps, x.data());
+  backend.add(x.data(), position_embd_.data(), rows * dim, T * dim, x.data());
+  if (c.has_pre_ln) layer_norm(backend, x.data(), rows, dim, pre_ln_w_, pre_ln_b_, c.eps, x.data());
 
   auto& h = scratch.get(3, rows * dim);
   auto& q = scratch.get(4, rows * dim);
@@ -384,13 +366,13 @@ void ClipModel::run(Backend& backend, const float* pixels, int64_t n, float* out
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   const int64_t hd = c.head_dim;
   for (const ClipLayer& l : layers_) {
-    layer_norm(x.data(), rows, dim, l.ln1_w, l.ln1_b, c.eps, h.data());
+    layer_norm(backend, x.data(), rows, dim, l.ln1_w, l.ln1_b, c.eps, h.data());
     backend.matmul(l.q, h.data(), rows, q.data());
     backend.matmul(l.k, h.data(), rows, k.data());
     backend.matmul(l.v, h.data(), rows, v.data());
-    add_bias(q.data(), rows, l.q_b);
-    add_bias(k.data(), rows, l.k_b);
-    add_bias(v.data(), rows, l.v_b);
+    add_bias(backend, q.data(), rows, l.q_b);
+    add_bias(backend, k.data(), rows, l.k_b);
+    add_bias(backend, v.data(), rows, l.v_b);
     // Full attention within each image and head, on the backend's matmul and
     // softmax: scores = Q K^T (K read in place as a strided matrix), then
     // softmax(scores * scale) V with V transposed into a dense hd x T matrix.
@@ -414,21 +396,18 @@ void ClipModel::run(Backend& backend, const float* pixels, int64_t n, float* out
       }
     }
     backend.matmul(l.o, att.data(), rows, tmp.data());
-    add_bias(tmp.data(), rows, l.o_b);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    add_bias(backend, tmp.data(), rows, l.o_b);
+    backend.add(x.data(), tmp.data(), rows * dim, rows * dim, x.data());
 
-    layer_norm(x.data(), rows, dim, l.ln2_w, l.ln2_b, c.eps, h.data());
+    layer_norm(backend, x.data(), rows, dim, l.ln2_w, l.ln2_b, c.eps, h.data());
     backend.matmul(l.up, h.data(), rows, ff.data());
-    add_bias(ff.data(), rows, l.up_b);
-    if (c.use_gelu)
-      for (float& e : ff) e = gelu_tanh(e);
-    else
-      for (float& e : ff) e = gelu_quick(e);
+    add_bias(backend, ff.data(), rows, l.up_b);
+    backend.gelu(ff.data(), rows * c.ffn, c.use_gelu ? Gelu::tanh : Gelu::quick, ff.data());
     backend.matmul(l.down, ff.data(), rows, tmp.data());
-    add_bias(tmp.data(), rows, l.down_b);
-    for (size_t i = 0; i < x.size(); ++i) x[i] += tmp[i];
+    add_bias(backend, tmp.data(), rows, l.down_b);
+    backend.add(x.data(), tmp.data(), rows * dim, rows * dim, x.data());
   }
-  if (c.use_post_ln) layer_norm(x.data(), rows, dim, post_ln_w_, post_ln_b_, c.eps, x.data());
+  if (c.use_post_ln) layer_norm(backend, x.data(), rows, dim, post_ln_w_, post_ln_b_, c.eps, x.data());
 
   // Projector over the patch tokens (class token dropped).
   auto& feats = scratch.get(14, n * np * dim);
@@ -437,10 +416,10 @@ void ClipModel::run(Backend& backend, const float* pixels, int64_t n, float* out
     std::copy(x.begin() + (img * T + first_patch) * dim, x.begin() + (img * T + T) * dim,
               feats.begin() + img * np * dim);
   backend.matmul(mm0_, feats.data(), n * np, hidden.data());
-  add_bias(hidden.data(), n * np, mm0_b_);
-  for (float& e : hidden) e = gelu_tanh(e);
+  add_bias(backend, hidden.data(), n * np, mm0_b_);
+  backend.gelu(hidden.data(), n * np * c.mm_hidden, Gelu::tanh, hidden.data());
   backend.matmul(mm2_, hidden.data(), n * np, out);
-  add_bias(out, n * np, mm2_b_);
+  add_bias(backend, out, n * np, mm2_b_);
 }
 
 }  // namespace cleave

@@ -1,6 +1,7 @@
 // The CPU backend: run-time ISA detection, the kernel table for that ISA, and
 // the threading (work is split by output rows / heads only, never inside a
 // reduction, so results do not depend on the thread count).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
@@ -260,6 +261,41 @@ class CpuBackend final : public Backend {
       const int64_t b = c0 * chunk;
       const int64_t e = c1 * chunk < count ? c1 * chunk : count;
       k.silu_mul(gate + b, up + b, e - b, out + b);
+    });
+  }
+
+  void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t dim,
+                  float eps, float* y) override {
+    const cpu::Kernels& k = k_;
+    rows_for(n, dim * 4, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i) k.layer_norm_row(x + i * dim, w, b, dim, eps, y + i * dim);
+    });
+  }
+
+  void gelu(const float* x, int64_t count, Gelu kind, float* y) override {
+    const cpu::Kernels& k = k_;
+    const int code = kind == Gelu::tanh ? 0 : 1;
+    // Chunks of 1024 elements; every element is computed the same way anywhere.
+    constexpr int64_t chunk = 1024;
+    rows_for((count + chunk - 1) / chunk, chunk * 8, [&](int64_t c0, int64_t c1, int) {
+      const int64_t b = c0 * chunk;
+      const int64_t e = c1 * chunk < count ? c1 * chunk : count;
+      k.gelu(x + b, e - b, code, y + b);
+    });
+  }
+
+  void add(const float* a, const float* b, int64_t count, int64_t period, float* y) override {
+    CLEAVE_CHECK(period > 0 && count % period == 0);
+    const cpu::Kernels& k = k_;
+    // Rows of `period`; a long plain add (period = count) in chunks of 4096.
+    const int64_t len = period == count ? std::min<int64_t>(count, 4096) : period;
+    const int64_t rows = (count + len - 1) / len;
+    rows_for(rows, len, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t off = r * len;
+        const int64_t m = std::min(len, count - off);
+        k.add(a + off, period == count ? b + off : b, m, y + off);
+      }
     });
   }
 

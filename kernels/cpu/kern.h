@@ -65,6 +65,14 @@ struct Kernels {
   // CLEAVE_ATTN_SCRATCH(block_size, n_kv * group) floats.
   void (*attn)(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
                const int32_t* block_table, int32_t pos, float* out, float* scratch);
+  // LayerNorm of one row (w, b: dim floats); y may be x.
+  void (*layer_norm_row)(const float* x, const float* w, const float* b, int64_t dim, float eps,
+                         float* y);
+  // y = gelu(x), kind 0 = tanh, 1 = quick; each element computed the same
+  // way wherever it sits; y may be x.
+  void (*gelu)(const float* x, int64_t count, int kind, float* y);
+  // y = a + b elementwise; y may be a.
+  void (*add)(const float* a, const float* b, int64_t count, float* y);
   // Test hook: the matmul's combined horizontal sums (combined) against
   // per-accumulator hsum (single) for n <= 24 accumulators of `lanes` floats.
   void (*hsums_check)(const float* acc, int n, float* combined, float* single);

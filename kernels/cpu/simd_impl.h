@@ -521,6 +521,70 @@ void silu_mul_k(const float* g, const float* u, int64_t count, float* out) {
   }
 }
 
+// Population mean and variance in W-lane sums (hsum, then the scalar tail
+// in k order), then (x - mean) * inv * w + b per element.
+template <class V>
+void layer_norm_row_k(const float* x, const float* w, const float* b, int64_t dim, float eps,
+                      float* y) {
+  using vec = typename V::vec;
+  const int64_t nv = dim / V::W * V::W;
+  vec sv = V::zero();
+  for (int64_t k = 0; k < nv; k += V::W) sv = V::add(sv, V::loadu(x + k));
+  float sum = V::hsum(sv);
+  for (int64_t k = nv; k < dim; ++k) sum += x[k];
+  const float mean = sum / float(dim);
+  const vec mv = V::set1(mean);
+  vec qv = V::zero();
+  for (int64_t k = 0; k < nv; k += V::W) {
+    const vec d = V::sub(V::loadu(x + k), mv);
+    qv = V::fmadd(d, d, qv);
+  }
+  float var = V::hsum(qv);
+  for (int64_t k = nv; k < dim; ++k) var = V::fmas(x[k] - mean, x[k] - mean, var);
+  var /= float(dim);
+  const float inv = 1.0f / V::sqrt1(var + eps);
+  const vec iv = V::set1(inv);
+  for (int64_t k = 0; k < nv; k += V::W)
+    V::storeu(y + k, V::fmadd(V::mul(V::sub(V::loadu(x + k), mv), iv), V::loadu(w + k),
+                              V::loadu(b + k)));
+  for (int64_t k = nv; k < dim; ++k) y[k] = V::fmas((x[k] - mean) * inv, w[k], b[k]);
+}
+
+// gelu(x) = x / (1 + exp(-z)): z = 2 sqrt(2/pi) x (1 + 0.044715 x^2) for the
+// tanh form (0.5 (1 + tanh(u)) is sigmoid(2u)), z = 1.702 x for quick. vexp
+// clamps its argument, so large |x| gives x or a tiny value, and NaN stays NaN.
+template <class V>
+typename V::vec gelu_v(typename V::vec x, int kind) {
+  using vec = typename V::vec;
+  vec z;
+  if (kind == 0) {
+    const vec t = V::fmadd(V::mul(x, x), V::set1(0.044715f), V::set1(1.0f));
+    z = V::mul(V::mul(x, V::set1(-2.0f * 0.79788456080286535588f)), t);
+  } else {
+    z = V::mul(x, V::set1(-1.702f));
+  }
+  return V::div(x, V::add(V::set1(1.0f), vexp<V>(z)));
+}
+
+template <class V>
+void gelu_k(const float* x, int64_t count, int kind, float* y) {
+  const int64_t nv = count / V::W * V::W;
+  for (int64_t k = 0; k < nv; k += V::W) V::storeu(y + k, gelu_v<V>(V::loadu(x + k), kind));
+  if (nv < count) {
+    float xb[V::W];
+    for (int j = 0; j < V::W; ++j) xb[j] = nv + j < count ? x[nv + j] : 0.0f;
+    V::storeu(xb, gelu_v<V>(V::loadu(xb), kind));
+    for (int64_t k = nv; k < count; ++k) y[k] = xb[k - nv];
+  }
+}
+
+template <class V>
+void add_k(const float* a, const float* b, int64_t count, float* y) {
+  const int64_t nv = count / V::W * V::W;
+  for (int64_t k = 0; k < nv; k += V::W) V::storeu(y + k, V::add(V::loadu(a + k), V::loadu(b + k)));
+  for (int64_t k = nv; k < count; ++k) y[k] = a[k] + b[k];
+}
+
 // ---- attention ---------------------------------------------------------------
 
 // One block of attention for GG query heads that read one kv head: K and Vb
@@ -796,4 +860,5 @@ void hsums_check(const float* acc, int n, float* combined, float* single) {
   const ::cleave::cpu::Kernels name = {V::W,          V::MR,           V::NR,              \
                                        V::NR1,        V::STREAM_N,     &matmul_k<V>,    &rmsnorm_row_k<V>,  \
                                        &softmax_row_k<V>, &silu_mul_k<V>, &attn_k<V>,      \
+                                       &layer_norm_row_k<V>, &gelu_k<V>, &add_k<V>,     \
                                        &hsums_check<V>};

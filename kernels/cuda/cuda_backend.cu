@@ -34,9 +34,16 @@
 #include "kernels/backend.h"
 #pragma nv_diag_default 2810
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/reduce.cuh"
+#include "kernels/cuda/vision_ops.h"
 
 namespace cleave {
 namespace {
+
+using cuda::block_max;
+using cuda::block_sum;
+using cuda::warp_max;
+using cuda::warp_sum;
 
 constexpr int kWarp = 32;
 constexpr int kMatmulWarps = 8;  // warps (output features) per matmul block
@@ -53,42 +60,6 @@ __device__ __forceinline__ float f16_bits_to_f32(uint32_t b) {
 }
 __device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) {
   return __uint_as_float((b & 0xffffu) << 16);
-}
-
-// Fixed xor butterfly: every lane ends with the same, order-fixed sum
-// (a + b == b + a exactly, so the mirrored lanes agree bit for bit).
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(0xffffffffu, v, off);
-  return v;
-}
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  return v;
-}
-
-// Block-wide sum / max for kRowThreads threads; result broadcast to all.
-// `sh` holds at least kWarp floats. Contains __syncthreads: call uniformly.
-__device__ float block_sum(float v, float* sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_sum(v);
-  __syncthreads();  // sh may still be read by a previous reduction
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  float t = lane < int(blockDim.x >> 5) ? sh[lane] : 0.0f;
-  t = warp_sum(t);
-  return t;
-}
-__device__ float block_max(float v, float* sh) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  v = warp_max(v);
-  __syncthreads();
-  if (lane == 0) sh[warp] = v;
-  __syncthreads();
-  float t = lane < int(blockDim.x >> 5) ? sh[lane] : -INFINITY;
-  t = warp_max(t);
-  return t;
 }
 
 // ---------------------------------------------------------------- matmul --
@@ -701,6 +672,26 @@ class CudaBackend final : public Backend {
     silu_mul_kernel<<<grid_for(count, 256, sm_count_ * 16), 256, 0, stream_>>>(gate, up, count,
                                                                                out);
     CLEAVE_CUDA_CHECK_LAUNCH("silu_mul_kernel");
+  }
+
+  void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t dim,
+                  float eps, float* y) override {
+    if (n <= 0 || dim <= 0) return;
+    use();
+    cuda::launch_layer_norm(x, w, b, grid1d(n), dim, eps, y, stream_);
+  }
+
+  void gelu(const float* x, int64_t count, Gelu kind, float* y) override {
+    if (count <= 0) return;
+    use();
+    cuda::launch_gelu(x, count, kind == Gelu::tanh, y, sm_count_, stream_);
+  }
+
+  void add(const float* a, const float* b, int64_t count, int64_t period, float* y) override {
+    if (count <= 0) return;
+    if (period <= 0 || count % period != 0) fail("add: count is not a multiple of period");
+    use();
+    cuda::launch_add(a, b, count, period, y, sm_count_, stream_);
   }
 
   void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {

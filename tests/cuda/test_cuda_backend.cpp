@@ -167,7 +167,7 @@ TEST_CASE("cuda backend: caps, supports, memory round trip") {
   CHECK(caps.threads > 0);
   MESSAGE("cuda caps: " << caps.isa << ", " << caps.threads << " SMs");
   for (Op op : {Op::matmul, Op::rmsnorm, Op::rope, Op::softmax, Op::silu_mul, Op::embed,
-                Op::topk_gating, Op::kv_write, Op::attention})
+                Op::topk_gating, Op::kv_write, Op::attention, Op::layer_norm, Op::gelu, Op::add})
     for (DType t : kTypes) CHECK(gpu->supports(op, t));
   Rng rng(1);
   auto v = rng.vec(12345);
@@ -275,6 +275,47 @@ TEST_CASE("cuda rmsnorm, softmax, silu_mul against cpu, batch invariant") {
     gpu->silu_mul(gg.f(), ug.f(), count, og.f());
     gpu->sync();
     CHECK(rel_err(og.get(), oc.get()) <= 1e-5);
+  }
+}
+
+TEST_CASE("cuda layer_norm, gelu, add (the vision encoder's ops) against cpu, batch invariant") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend(2);
+  Rng rng(5);
+  for (int64_t dim : {1, 7, 384, 1536, 5003}) {
+    CAPTURE(dim);
+    const int64_t n = 5;
+    auto x = rng.vec(size_t(n * dim), 3.0f);
+    for (float& e : x) e += 20.0f;  // an offset mean, as activations have
+    const auto w = rng.vec(size_t(dim)), b = rng.vec(size_t(dim));
+    Buf xc(*cpu, x), xg(*gpu, x), wc(*cpu, w), wg(*gpu, w), bc(*cpu, b), bg(*gpu, b);
+    Buf yc(*cpu, x.size() * 4), yg(*gpu, x.size() * 4), y1(*gpu, x.size() * 4);
+    cpu->layer_norm(xc.f(), wc.f(), bc.f(), n, dim, 1e-6f, yc.f());
+    gpu->layer_norm(xg.f(), wg.f(), bg.f(), n, dim, 1e-6f, yg.f());
+    for (int64_t i = 0; i < n; ++i)
+      gpu->layer_norm(xg.f() + i * dim, wg.f(), bg.f(), 1, dim, 1e-6f, y1.f() + i * dim);
+    gpu->sync();
+    auto rg = yg.get();
+    CHECK(rel_err(rg, yc.get()) <= 2e-5);
+    CHECK(same_bits(rg.data(), y1.get().data(), rg.size()));
+    // A bias on every row, in place.
+    Buf ac(*cpu, x), ag(*gpu, x);
+    cpu->add(ac.f(), bc.f(), n * dim, dim, ac.f());
+    gpu->add(ag.f(), bg.f(), n * dim, dim, ag.f());
+    gpu->sync();
+    CHECK(ag.get() == ac.get());
+  }
+  for (int64_t count : {1, 1000, 100003}) {
+    CAPTURE(count);
+    const auto x = rng.vec(size_t(count), 8.0f);
+    for (Gelu kind : {Gelu::tanh, Gelu::quick}) {
+      Buf xc(*cpu, x), xg(*gpu, x), oc(*cpu, x.size() * 4), og(*gpu, x.size() * 4);
+      cpu->gelu(xc.f(), count, kind, oc.f());
+      gpu->gelu(xg.f(), count, kind, og.f());
+      gpu->sync();
+      CHECK(rel_err(og.get(), oc.get()) <= 1e-5);
+    }
   }
 }
 

@@ -271,6 +271,112 @@ TEST_CASE("silu_mul vs reference and position invariance") {
   }
 }
 
+// The vision encoder's element-wise ops. LayerNorm's float sums (W lanes,
+// then hsum) against the float64 mean and variance; an image's rows must
+// give the same bits whatever batch, row position or thread count.
+TEST_CASE("layer_norm vs float64 reference and batch invariance") {
+  for (Isa isa : isas()) {
+    auto be1 = make_cpu_backend(1, isa);
+    auto be3 = make_cpu_backend(3, isa);
+    for (int64_t dim : {int64_t(5), int64_t(64), int64_t(203), int64_t(1536)}) {
+      const int64_t n = 70;
+      // An offset mean (as activations have) so a one-pass E[x^2] - E[x]^2
+      // variance would lose its digits.
+      const auto x = randv(size_t(n * dim), 71, 20.0f, 26.0f);
+      const auto w = randv(size_t(dim), 72, 0.5f, 1.5f);
+      const auto b = randv(size_t(dim), 73, -0.5f, 0.5f);
+      const float eps = 1e-6f;
+      std::vector<float> y(size_t(n * dim));
+      be3->layer_norm(x.data(), w.data(), b.data(), n, dim, eps, y.data());
+      std::vector<double> ref(size_t(n * dim));
+      for (int64_t i = 0; i < n; ++i) {
+        double mean = 0, var = 0;
+        for (int64_t k = 0; k < dim; ++k) mean += x[i * dim + k];
+        mean /= double(dim);
+        for (int64_t k = 0; k < dim; ++k) var += (x[i * dim + k] - mean) * (x[i * dim + k] - mean);
+        const double inv = 1.0 / std::sqrt(var / double(dim) + eps);
+        for (int64_t k = 0; k < dim; ++k) ref[i * dim + k] = (x[i * dim + k] - mean) * inv * w[k] + b[k];
+      }
+      INFO(isa_name(isa) << " dim=" << dim);
+      CHECK(norm_err(y.data(), ref) <= 5e-6);  // measured up to 1.8e-6
+      for (int64_t i : {int64_t(0), int64_t(17), n - 1}) {
+        std::vector<float> one(static_cast<size_t>(dim));
+        be1->layer_norm(x.data() + i * dim, w.data(), b.data(), 1, dim, eps, one.data());
+        CHECK(std::memcmp(one.data(), y.data() + i * dim, dim * 4) == 0);
+      }
+      // In place gives the same bits.
+      std::vector<float> inplace(x.begin(), x.begin() + 3 * dim);
+      be1->layer_norm(inplace.data(), w.data(), b.data(), 3, dim, eps, inplace.data());
+      CHECK(std::memcmp(inplace.data(), y.data(), 3 * dim * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("gelu (tanh and quick) vs float64 reference, specials and position invariance") {
+  const double k = std::sqrt(2.0 / 3.14159265358979323846);
+  auto gelu_tanh = [&](double x) { return 0.5 * x * (1.0 + std::tanh(k * (x + 0.044715 * x * x * x))); };
+  auto gelu_quick = [](double x) { return x / (1.0 + std::exp(-1.702 * x)); };
+  for (Isa isa : isas()) {
+    auto be1 = make_cpu_backend(1, isa);
+    auto be2 = make_cpu_backend(2, isa);
+    for (Gelu kind : {Gelu::tanh, Gelu::quick}) {
+      const int64_t count = 100003;
+      auto x = randv(size_t(count), 81, -12.0f, 12.0f);
+      std::vector<float> y(static_cast<size_t>(count));
+      be2->gelu(x.data(), count, kind, y.data());
+      INFO(isa_name(isa) << (kind == Gelu::tanh ? " tanh" : " quick"));
+      // Relative to max(|ref|, 1e-3), as silu_mul: near the tail where
+      // gelu -> 0 the value is tiny and only its absolute error matters.
+      double rel = 0;
+      for (int64_t i = 0; i < count; ++i) {
+        const double r = kind == Gelu::tanh ? gelu_tanh(x[i]) : gelu_quick(x[i]);
+        rel = std::max(rel, std::fabs(y[i] - r) / std::max(std::fabs(r), 1e-3));
+      }
+      CHECK(rel <= 2.5e-6);  // measured up to 1.3e-6
+      for (int64_t off : {int64_t(1), int64_t(3), int64_t(1021)}) {
+        for (int64_t len : {int64_t(1), int64_t(13), int64_t(3000)}) {
+          std::vector<float> z(static_cast<size_t>(len));
+          be1->gelu(x.data() + off, len, kind, z.data());
+          CHECK(std::memcmp(z.data(), y.data() + off, len * 4) == 0);
+        }
+      }
+      // Specials: large inputs saturate to x and to (-)0-ish, NaN stays NaN,
+      // infinities keep their limit.
+      const float big[] = {100.0f, -100.0f, 1e30f, -1e30f, std::nanf(""), INFINITY, 0.0f};
+      float out[7];
+      be1->gelu(big, 7, kind, out);
+      CHECK(out[0] == 100.0f);
+      CHECK(std::fabs(out[1]) < 1e-30f);
+      CHECK(out[2] == 1e30f);
+      CHECK(std::fabs(out[3]) < 1e-6f);
+      CHECK(std::isnan(out[4]));
+      CHECK(out[5] == INFINITY);
+      CHECK(out[6] == 0.0f);
+      // In place.
+      std::vector<float> inplace(x.begin(), x.begin() + 1000);
+      be1->gelu(inplace.data(), 1000, kind, inplace.data());
+      CHECK(std::memcmp(inplace.data(), y.data(), 1000 * 4) == 0);
+    }
+  }
+}
+
+TEST_CASE("add: two arrays and a bias per row, exact") {
+  for (Isa isa : isas()) {
+    auto be2 = make_cpu_backend(2, isa);
+    const int64_t dim = 203, rows = 90;
+    const auto a = randv(size_t(rows * dim), 91);
+    const auto b = randv(size_t(rows * dim), 92);
+    std::vector<float> y(a.size());
+    be2->add(a.data(), b.data(), rows * dim, rows * dim, y.data());
+    for (size_t i = 0; i < y.size(); ++i) REQUIRE(y[i] == a[i] + b[i]);
+    std::vector<float> x = a;  // in place, b's first row as a bias
+    be2->add(x.data(), b.data(), rows * dim, dim, x.data());
+    INFO(isa_name(isa));
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t c = 0; c < dim; ++c) REQUIRE(x[r * dim + c] == a[r * dim + c] + b[c]);
+  }
+}
+
 TEST_CASE("embed: dequantised rows - every dtype") {
   for (Isa isa : isas()) {
     auto be = make_cpu_backend(2, isa);

@@ -91,6 +91,14 @@ class CountingBackend final : public Backend {
                  int64_t n, int32_t h, float scale, float* out) override {
     cpu_->attention(kv, layer, q, rows, n, h, scale, out);
   }
+  void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t d, float e,
+                  float* y) override {
+    cpu_->layer_norm(x, w, b, n, d, e, y);
+  }
+  void gelu(const float* x, int64_t c, Gelu k, float* y) override { cpu_->gelu(x, c, k, y); }
+  void add(const float* a, const float* b, int64_t c, int64_t p, float* y) override {
+    cpu_->add(a, b, c, p, y);
+  }
 
  private:
   std::unique_ptr<Backend> cpu_;
