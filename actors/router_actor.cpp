@@ -5,208 +5,20 @@
 // and encoder (a dead one's requests are re-placed: a Handoff with the
 // tokens so far, KV restored from the store), a no-progress watchdog, and
 // early rejection of requests whose goals cannot be met (actors/slo_predictor.h).
-#include "actors/actor_types.h"
+// Placement on the stages is in router_placement.cpp, the P:D role switches,
+// autoscale and drain in router_control.cpp; router_state.h is what they share.
+#include "actors/router_state.h"
 
 #include <algorithm>
 #include <cmath>
-#include <unordered_map>
 
 #include "actors/event_sinks.h"
-#include "actors/slo_predictor.h"
-#include "actors/stage_core.h"
 #include "schema/codec.h"
 
 namespace cleave::actors {
 namespace {
 
-struct RouterState {
-  struct Stage {
-    stage_actor handle;
-    caf::actor_addr addr;
-    ActorKind kind = ActorKind::colocated;
-    bool entry = false, cont = false;  // takes new requests / handoffs
-    bool alive = true;
-    bool draining = false;  // drained (or switching roles): alive, takes nothing new
-    bool parked = false;    // autoscale: alive, takes nothing new until unparked
-    int32_t in_flight = 0;
-    int64_t load_blocks = 0;  // PlacementRequest::load_blocks of those in flight
-    kv_store_actor store;     // its node's store (stage_store), in a KV pool
-    double cost = 1.0;        // its node's (cost_aware placement)
-  };
-  struct Encoder {
-    vision_encoder_actor handle;
-    caf::actor_addr addr;
-    bool alive = true;
-    bool parked = false;  // autoscale of the encoders: alive, takes nothing new until unparked
-    int32_t in_flight = 0;
-  };
-  struct Pending {
-    GenerateRequest request;  // kept to re-place it
-    std::vector<int32_t> generated;
-    int32_t stage = -1;
-    int64_t load_blocks = 0;  // what it adds to its stage's load
-    int32_t encoder = -1;     // the vision encoder it waits for
-    bool continuing = false;  // handed off (or re-placed with tokens)
-    bool resumed = false;     // Frontend::resume: continues after `generated` once encoded
-    Clock::time_point admitted_at;  // deadline_ms counts from here
-    Clock::time_point language_from;  // admitted, or its embeddings came: the stages' TTFT counts from here
-    Clock::time_point encode_started;
-    Clock::time_point last_progress;
-    Clock::time_point last_token;  // for the TPOT the predictor measures
-    int32_t last_token_stage = -1;
-    std::string encode_origin;  // reported with the first token
-    double encode_seconds = 0;
-  };
-  RouterConfig config;
-  std::shared_ptr<EventSinks> sinks;
-  kv_store_actor kv;
-  bool kv_alive = true;
-  bool closed = false;
-  std::vector<Stage> stages;
-  std::vector<Encoder> encoders;
-  std::unordered_map<uint64_t, Pending> pending;
-  // stage_store messages that came before their stage's attach.
-  std::unordered_map<caf::actor_addr, kv_store_actor> early_stores;
-  // One policy for new requests (prefill / colocated), one for hand-offs
-  // (decode / colocated): each learns from its own placements.
-  std::unique_ptr<PlacementPolicy> entry_policy, continue_policy;
-  bool predict_placement = false;  // cost_aware: candidates carry predictions
-  SloPredictor slo;
-  std::unique_ptr<PdController> pd;  // the adaptive P:D ratio, when configured
-  Clock::time_point next_pd_decision;
-  bool switching = false;            // a role switch is under way
-  int32_t switch_stage = -1;         // the stage finishing its requests before it switches
-  Clock::time_point switch_deadline;  // then whatever it still holds moves to stages of its role
-  std::unique_ptr<ScaleController> scaler;  // autoscale of the entry stages, when configured
-  std::unique_ptr<ScaleController> encoder_scaler;  // and of the vision encoders (encode_ms)
-  Clock::time_point next_scale_decision;
-  double scaled_until = 0;       // stage_seconds counts up to here (seconds_since_start)
-  double stage_seconds = 0;      // active entry stages integrated over time
-  double encoder_seconds = 0;    // active encoders integrated over time (encoder autoscale)
-  uint64_t scale_ups = 0, scale_downs = 0, encoder_ups = 0, encoder_downs_scaled = 0;
-  Clock::time_point epoch = Clock::now();
-  uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, rejected_slo = 0;
-  uint64_t cancelled = 0;
-  uint64_t resumes = 0;
-  uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, direct_handoffs = 0, replacements = 0;
-  uint64_t stage_downs = 0, timeouts = 0, stray_events = 0, bad_messages = 0;
-  uint64_t encodes = 0, encoder_downs = 0, encode_replacements = 0;
-  uint64_t preloads = 0, preload_blocks = 0;
-  uint64_t drained_stages = 0, migrated = 0;
-  uint64_t role_switches = 0, role_switch_failures = 0, to_prefill = 0, to_decode = 0;
-  static inline const char* name = "cleave.router";
-};
-using router_pointer = router_actor::stateful_pointer<RouterState>;
-
-double seconds_since_start(const RouterState& s) {
-  return std::chrono::duration<double>(Clock::now() - s.epoch).count();
-}
-
-// A stage that takes work of the role: alive, not drained.
-bool serves(const RouterState::Stage& st, bool entry) {
-  return st.alive && !st.draining && !st.parked && (entry ? st.entry : st.cont);
-}
-
-// The live stages of the role, by index.
-std::vector<int32_t> live_stages(const RouterState& s, bool entry) {
-  std::vector<int32_t> out;
-  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
-    if (serves(s.stages[size_t(i)], entry)) out.push_back(i);
-  return out;
-}
-
-bool any_alive(const RouterState& s, bool entry) {
-  for (const auto& st : s.stages)
-    if (serves(st, entry)) return true;
-  return false;
-}
-
-// The prompt's block keys, as the stages' engines name them (KV pool only).
-std::vector<BlockKey> pool_keys(const RouterState& s, const GenerateRequest& r) {
-  if (!s.config.kv_index) return {};
-  return resume_kv_keys(r.prompt, {}, s.config.model_fingerprint, s.config.kv_layout, image_key_spans(r));
-}
-
-// The live stages of the role, as the policy sees them: with a KV pool,
-// what each one's store holds of `keys` and what the pool holds anywhere.
-std::vector<Candidate> candidates(const RouterState& s, bool entry, const std::vector<BlockKey>& keys) {
-  std::vector<Candidate> out;
-  int32_t any = 0;
-  if (!keys.empty()) {
-    auto runs = s.config.kv_index->leading_runs(keys);
-    if (!runs.empty()) any = runs.front().second;
-  }
-  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
-    const auto& st = s.stages[size_t(i)];
-    if (!serves(st, entry)) continue;
-    Candidate c{i, st.in_flight, st.load_blocks};
-    c.cost = st.cost;
-    if (any > 0 && st.store) {
-      c.pool_local = s.config.kv_index->leading_run(pool_holder_name(st.store.address()), keys);
-      c.pool_any = any;
-    }
-    out.push_back(c);
-  }
-  return out;
-}
-
-// cost_aware: the request's predicted seconds on each candidate (TTFT on an
-// entry stage, TPOT on a continuing one) and the most it may take there.
-void predict(const RouterState& s, const RouterState::Pending& p, bool entry, PlacementRequest& r,
-             std::vector<Candidate>& cs) {
-  const std::vector<int32_t> peers = live_stages(s, entry);
-  const GenerateRequest& q = p.request;
-  for (Candidate& c : cs) {
-    const auto t = entry ? s.slo.estimate_ttft(c.stage, int64_t(q.prompt.size()), peers)
-                         : s.slo.estimate_tpot(c.stage, peers);
-    c.predicted_s = t.value_or(-1);
-  }
-  const double elapsed_ms = std::chrono::duration<double, std::milli>(Clock::now() - p.admitted_at).count();
-  r.limit_s = placement_limit_s(q, entry, elapsed_ms, int64_t(p.generated.size()));
-}
-
-// The chosen stage's store starts fetching the prompt blocks other stores
-// hold before the stage asks for them (it may be busy with a step).
-void preload(router_pointer self, const RouterState::Stage& st, const std::vector<BlockKey>& keys) {
-  auto& s = self->state;
-  if (keys.empty() || !st.store || !s.config.kv_preload) return;
-  const int32_t local = s.config.kv_index->leading_run(pool_holder_name(st.store.address()), keys);
-  auto runs = s.config.kv_index->leading_runs(keys);
-  if (runs.empty() || runs.front().second <= local) return;
-  msg::KvGet get;
-  get.keys.assign(keys.begin() + local, keys.begin() + runs.front().second);
-  ++s.preloads;
-  s.preload_blocks += get.keys.size();
-  self->send(st.store, kv_preload_atom::value, codec::encode(get));
-}
-
-// Places the pending request on a live stage of the role; -1 when none.
-int32_t place_on_stage(router_pointer self, RouterState::Pending& p, bool entry) {
-  auto& s = self->state;
-  PlacementPolicy& policy = entry ? *s.entry_policy : *s.continue_policy;
-  PlacementRequest r = placement_request(p.request, s.config.block_size);
-  // Hand-offs stream their KV from the prefill: only new requests use the pool.
-  const std::vector<BlockKey> keys = entry ? pool_keys(s, p.request) : std::vector<BlockKey>{};
-  std::vector<Candidate> cs = candidates(s, entry, keys);
-  if (s.predict_placement) predict(s, p, entry, r, cs);
-  const int32_t i = policy.pick(r, cs);
-  if (i < 0) return i;
-  policy.placed(r, i);
-  p.stage = i;
-  p.load_blocks = r.load_blocks;
-  ++s.stages[size_t(i)].in_flight;
-  s.stages[size_t(i)].load_blocks += r.load_blocks;
-  preload(self, s.stages[size_t(i)], keys);
-  return i;
-}
-
-void leave_stage(RouterState& s, RouterState::Pending& p) {
-  if (p.stage < 0) return;
-  auto& st = s.stages[size_t(p.stage)];
-  if (st.in_flight > 0) --st.in_flight;
-  st.load_blocks = std::max<int64_t>(0, st.load_blocks - p.load_blocks);
-  p.load_blocks = 0;
-}
+using namespace router_detail;
 
 void leave_encoder(RouterState& s, RouterState::Pending& p) {
   if (p.encoder >= 0 && s.encoders[size_t(p.encoder)].in_flight > 0)
@@ -225,8 +37,6 @@ bool any_encoder_alive(const RouterState& s) {
     if (e.alive) return true;
   return false;
 }
-
-void finish_switch(router_pointer self);
 
 void finish(router_pointer self, uint64_t id, const msg::StreamEvent& e) {
   auto& s = self->state;
@@ -405,8 +215,6 @@ void on_embeddings(router_pointer self, uint64_t id, int32_t encoder, const Byte
   else place_entry(self, id);
 }
 
-void control_autoscale(router_pointer self);
-
 void on_encoder_down(router_pointer self, int32_t index) {
   auto& s = self->state;
   s.encoders[size_t(index)].alive = false;
@@ -432,21 +240,6 @@ RouterState::Pending* from_current_stage(router_pointer self, uint64_t id) {
   auto sender = caf::actor_cast<caf::actor_addr>(self->current_sender());
   if (sender != s.stages[size_t(it->second.stage)].addr) return nullptr;
   return &it->second;
-}
-
-// A request whose stage is gone or drained goes on elsewhere: from its
-// prompt when nothing came yet, else as a hand-off with the tokens so far.
-void replace(router_pointer self, uint64_t id) {
-  auto& p = self->state.pending.at(id);
-  p.stage = -1;
-  if (!p.continuing && p.generated.empty()) {
-    place_entry(self, id);
-  } else {
-    msg::Handoff h;
-    h.request = p.request;
-    h.generated = p.generated;
-    place_continue(self, id, codec::encode(h));
-  }
 }
 
 void on_stage_down(router_pointer self, int32_t index) {
@@ -475,189 +268,6 @@ void on_stage_down(router_pointer self, int32_t index) {
     ++s.replacements;
     replace(self, id);
   }
-}
-
-// Each request on the (draining) stages is dropped there and placed again
-// elsewhere, as if the stage had gone down. How many moved.
-uint64_t move_off(router_pointer self, const std::vector<int32_t>& which) {
-  auto& s = self->state;
-  std::vector<uint64_t> affected;
-  for (int32_t i : which) {
-    s.entry_policy->forget(i);
-    s.continue_policy->forget(i);
-    s.slo.forget_stage(i, seconds_since_start(s));
-    for (auto& [id, p] : s.pending)
-      if (p.stage == i) affected.push_back(id);
-  }
-  std::sort(affected.begin(), affected.end());
-  for (uint64_t id : affected) {
-    auto& p = s.pending.at(id);
-    self->send(s.stages[size_t(p.stage)].handle, cancel_atom::value, id);
-    leave_stage(s, p);
-    ++s.migrated;
-    replace(self, id);
-  }
-  return uint64_t(affected.size());
-}
-
-// The P:D controller moved stage i to the other role: it takes nothing new
-// and finishes what it holds (switch_grace_s at most: what is left then
-// moves to stages of its role), then it switches and serves the other phase
-// (a refusal, say KV still arriving, leaves it as it was).
-void switch_role(router_pointer self, int32_t i) {
-  auto& s = self->state;
-  s.stages[size_t(i)].draining = true;
-  s.switching = true;
-  s.switch_stage = i;
-  s.switch_deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                         std::chrono::duration<double>(s.pd->config().switch_grace_s));
-  finish_switch(self);
-}
-
-// The switching stage's last request is done, or its grace is over.
-void finish_switch(router_pointer self) {
-  auto& s = self->state;
-  if (s.switch_stage < 0) return;
-  const int32_t i = s.switch_stage;
-  auto& st = s.stages[size_t(i)];
-  if (st.alive && st.in_flight > 0 && Clock::now() < s.switch_deadline) return;
-  s.switch_stage = -1;
-  if (!st.alive) {  // went down meanwhile: its requests were re-placed
-    s.switching = false;
-    return;
-  }
-  const bool to_prefill = st.kind == ActorKind::decode;
-  move_off(self, {i});
-  self->request(st.handle, kStageTimeout, role_atom::value, std::string(to_prefill ? "prefill" : "decode"))
-      .then(
-          [=](bool) {
-            auto& s = self->state;
-            auto& st = s.stages[size_t(i)];
-            s.switching = false;
-            st.draining = false;
-            st.kind = to_prefill ? ActorKind::prefill : ActorKind::decode;
-            st.entry = actor_kind_info(st.kind).entry;
-            st.cont = actor_kind_info(st.kind).continues;
-            ++s.role_switches;
-            ++(to_prefill ? s.to_prefill : s.to_decode);
-          },
-          [=](caf::error&) {
-            auto& s = self->state;
-            s.switching = false;
-            s.stages[size_t(i)].draining = false;
-            ++s.role_switch_failures;
-          });
-}
-
-// Every interval: the controller's verdict, and the least loaded stage of
-// the role that gives one up.
-void control_pd(router_pointer self) {
-  auto& s = self->state;
-  if (!s.pd || Clock::now() < s.next_pd_decision) return;
-  s.next_pd_decision = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                          std::chrono::duration<double>(s.pd->config().interval_s));
-  int32_t prefills = 0, decoders = 0;
-  for (const auto& st : s.stages) {
-    if (!st.alive || st.draining) continue;
-    prefills += st.kind == ActorKind::prefill;
-    decoders += st.kind == ActorKind::decode;
-  }
-  const RoleMove m = s.pd->decide(seconds_since_start(s), prefills, decoders);
-  if (m == RoleMove::none || s.switching) return;
-  const ActorKind from = m == RoleMove::to_prefill ? ActorKind::decode : ActorKind::prefill;
-  int32_t pick = -1;
-  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
-    const auto& st = s.stages[size_t(i)];
-    if (st.alive && !st.draining && st.kind == from &&
-        (pick < 0 || st.in_flight < s.stages[size_t(pick)].in_flight))
-      pick = i;
-  }
-  if (pick < 0) return;
-  s.pd->moved(seconds_since_start(s));
-  switch_role(self, pick);
-}
-
-// Autoscale: every interval the controllers say how many entry stages (and,
-// with encode_ms, vision encoders) take new work, within the shared budget
-// (max_active); the rest are parked (what they hold finishes there).
-// Between decisions only the floors are kept up (one went down). Unparks
-// the cheapest first (then the oldest), parks the least loaded.
-void control_autoscale(router_pointer self) {
-  auto& s = self->state;
-  if (!s.scaler) return;
-  const double now = seconds_since_start(s);
-  std::vector<int32_t> stage_at, encoder_at;
-  std::vector<ScaleUnit> stages, encoders;
-  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
-    const auto& st = s.stages[size_t(i)];
-    if (!st.alive || st.draining || !st.entry) continue;
-    stage_at.push_back(i);
-    stages.push_back({st.parked, st.in_flight, st.cost});
-  }
-  for (int32_t i = 0; s.encoder_scaler && i < int32_t(s.encoders.size()); ++i) {
-    const auto& e = s.encoders[size_t(i)];
-    if (!e.alive) continue;
-    encoder_at.push_back(i);
-    encoders.push_back({e.parked, e.in_flight, 1.0});
-  }
-  auto side = [](const std::vector<ScaleUnit>& units, int32_t min) {
-    int32_t active = 0;
-    for (const ScaleUnit& u : units) active += !u.parked;
-    const int32_t floor = std::min(min, int32_t(units.size()));
-    return std::pair<int32_t, ScaleSide>{active, ScaleSide{std::max(active, floor), floor, 0}};
-  };
-  auto [n_stages, stage_side] = side(stages, s.scaler->config().min_stages);
-  auto [n_encoders, encoder_side] = side(encoders, s.scaler->config().min_encoders);
-  const double dt = std::max(0.0, now - s.scaled_until);
-  s.stage_seconds += double(n_stages) * dt;
-  s.encoder_seconds += double(n_encoders) * dt;
-  s.scaled_until = now;
-  if (Clock::now() >= s.next_scale_decision) {
-    s.next_scale_decision = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                               std::chrono::duration<double>(s.scaler->config().interval_s));
-    stage_side.target = s.scaler->decide(now, n_stages, int32_t(stages.size()));
-    stage_side.pressure = s.scaler->pressure();
-    if (s.encoder_scaler) {
-      encoder_side.target = s.encoder_scaler->decide(now, n_encoders, int32_t(encoders.size()));
-      encoder_side.pressure = s.encoder_scaler->pressure();
-      fit_budget(stage_side, encoder_side, s.scaler->config().max_active);
-    }
-  }
-  const ScaleSteps stage_steps = apply_scale_target(stages, stage_side.target);
-  s.scale_ups += uint64_t(stage_steps.ups);
-  s.scale_downs += uint64_t(stage_steps.downs);
-  for (size_t k = 0; k < stages.size(); ++k) s.stages[size_t(stage_at[k])].parked = stages[k].parked;
-  if (!s.encoder_scaler) return;
-  const ScaleSteps encoder_steps = apply_scale_target(encoders, encoder_side.target);
-  s.encoder_ups += uint64_t(encoder_steps.ups);
-  s.encoder_downs_scaled += uint64_t(encoder_steps.downs);
-  for (size_t k = 0; k < encoders.size(); ++k) s.encoders[size_t(encoder_at[k])].parked = encoders[k].parked;
-}
-
-// Drained stages take nothing new; each request on one is dropped there and
-// placed again elsewhere, as if the stage had gone down (same tokens: the
-// new stage continues after those the router has; KV from the store).
-caf::result<uint64_t> drain(router_pointer self, const std::vector<stage_actor>& stages) {
-  auto& s = self->state;
-  std::vector<int32_t> which;
-  for (const stage_actor& h : stages)
-    for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
-      if (s.stages[size_t(i)].addr == h.address() && s.stages[size_t(i)].alive && !s.stages[size_t(i)].draining)
-        which.push_back(i);
-  for (int32_t i : which) s.stages[size_t(i)].draining = true;
-  control_autoscale(self);  // parked stages take the drained ones' places
-  for (bool entry : {true, false}) {
-    bool had = false;
-    for (int32_t i : which) had |= entry ? s.stages[size_t(i)].entry : s.stages[size_t(i)].cont;
-    if (!had || any_alive(s, entry)) continue;
-    for (int32_t i : which) s.stages[size_t(i)].draining = false;
-    return to_error(Status(Code::unavailable,
-                           std::string("draining would leave no live ") +
-                               (entry ? (s.config.disaggregated ? "prefill" : "stage") : (s.config.disaggregated ? "decode" : "stage")) +
-                               " actor to serve requests"));
-  }
-  s.drained_stages += which.size();
-  return move_off(self, which);
 }
 
 // A prefill's hand-off: on to a decoder (which pulls the KV from source
@@ -984,6 +594,30 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
 }
 
 }  // namespace
+
+// What router_placement.cpp and router_control.cpp call back.
+namespace router_detail {
+
+double seconds_since_start(const RouterState& s) {
+  return std::chrono::duration<double>(Clock::now() - s.epoch).count();
+}
+
+// A request whose stage is gone or drained goes on elsewhere: from its
+// prompt when nothing came yet, else as a hand-off with the tokens so far.
+void replace(router_pointer self, uint64_t id) {
+  auto& p = self->state.pending.at(id);
+  p.stage = -1;
+  if (!p.continuing && p.generated.empty()) {
+    place_entry(self, id);
+  } else {
+    msg::Handoff h;
+    h.request = p.request;
+    h.generated = p.generated;
+    place_continue(self, id, codec::encode(h));
+  }
+}
+
+}  // namespace router_detail
 
 router_actor spawn_router(caf::actor_system& system, RouterConfig config,
                           std::shared_ptr<EventSinks> sinks, kv_store_actor kv) {
