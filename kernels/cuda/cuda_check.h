@@ -18,6 +18,14 @@ namespace cleave::cuda {
   std::abort();
 }
 
+// A CUDA backend invariant broken by its caller (the Backend interface has
+// no error return): print and abort.
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "cuda backend: %s\n", what);
+  std::fflush(stderr);
+  std::abort();
+}
+
 }  // namespace cleave::cuda
 
 #define CLEAVE_CUDA_CHECK(call)                                                \

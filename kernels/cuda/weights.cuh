@@ -1,0 +1,69 @@
+// Weight element loaders shared by the CUDA kernels (matmul, embed): F32,
+// F16 and BF16 elements widened exactly to F32. Device code only; included
+// by .cu files.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/dtype.h"
+
+namespace cleave::cuda {
+
+__device__ __forceinline__ float f16_bits_to_f32(uint32_t b) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(b & 0xffffu)));
+}
+__device__ __forceinline__ float bf16_bits_to_f32(uint32_t b) {
+  return __uint_as_float((b & 0xffffu) << 16);
+}
+
+template <DType T>
+struct Chunk;  // elements per 16-byte chunk
+template <>
+struct Chunk<DType::F32> {
+  static constexpr int V = 4;
+};
+template <>
+struct Chunk<DType::F16> {
+  static constexpr int V = 8;
+};
+template <>
+struct Chunk<DType::BF16> {
+  static constexpr int V = 8;
+};
+
+template <DType T>
+__device__ __forceinline__ float load_w(const uint8_t* row, int64_t c) {
+  if constexpr (T == DType::F32) {
+    return __ldg(reinterpret_cast<const float*>(row) + c);
+  } else {
+    uint32_t b = __ldg(reinterpret_cast<const unsigned short*>(row) + c);
+    return T == DType::F16 ? f16_bits_to_f32(b) : bf16_bits_to_f32(b);
+  }
+}
+
+template <DType T>
+__device__ __forceinline__ void convert_chunk(const uint4& raw, float* w) {
+  if constexpr (T == DType::F32) {
+    w[0] = __uint_as_float(raw.x);
+    w[1] = __uint_as_float(raw.y);
+    w[2] = __uint_as_float(raw.z);
+    w[3] = __uint_as_float(raw.w);
+  } else {
+    const uint32_t u[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if constexpr (T == DType::F16) {
+        w[2 * j] = f16_bits_to_f32(u[j]);
+        w[2 * j + 1] = f16_bits_to_f32(u[j] >> 16);
+      } else {
+        w[2 * j] = bf16_bits_to_f32(u[j]);
+        w[2 * j + 1] = bf16_bits_to_f32(u[j] >> 16);
+      }
+    }
+  }
+}
+
+}  // namespace cleave::cuda
