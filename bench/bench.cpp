@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench/attention_bench.h"
 #include "bench/batched_decode.h"
 #include "bench/limits.h"
 #include "model/clip.h"
@@ -294,11 +295,24 @@ int main(int argc, char** argv) {
   app.add_option("--batches", bo.batches, "--batched: batch sizes (the first must be 1)")
       ->check(CLI::Range(1, 256))
       ->delimiter(',');
-  app.add_option("--runs", bo.runs, "--batched: runs per batch (the median is reported)")
+  app.add_option("--runs", bo.runs,
+                 "--batched / --attention: runs per case (the median is reported)")
       ->check(CLI::Range(1, 50));
-  app.add_option("--kv-types", bo.kv_types, "--batched: KV cache types (-ctk / -ctv) to run")
+  app.add_option("--kv-types", bo.kv_types,
+                 "--batched / --attention: KV cache types (-ctk / -ctv) to run")
       ->delimiter(',')
       ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
+  bool attention = false;
+  bench::AttentionOptions ao;
+  app.add_flag("--attention", attention,
+               "only the attention section: a decode step's attention over many sequences beside "
+               "the streaming and the scattered-run read bandwidth");
+  app.add_option("--rows", ao.rows, "--attention: query rows (sequences) per step")
+      ->check(CLI::Range(1, 256))
+      ->delimiter(',');
+  app.add_option("--context", ao.contexts, "--attention: positions each row attends")
+      ->check(CLI::Range(1, 4096))
+      ->delimiter(',');
   std::vector<std::string> computes = {"exact"};
   app.add_option("--compute", computes,
                  "exact and/or int8 (cleave's --compute; int8 runs the q8_0 weights only, its "
@@ -313,7 +327,22 @@ int main(int argc, char** argv) {
   if (vocab.empty()) vocab = std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
   if (workdir.empty()) workdir = (std::filesystem::temp_directory_path() / "cleave-bench").string();
   std::filesystem::create_directories(workdir);
+  if (int(encoder) + int(batched) + int(attention) > 1) {
+    std::fprintf(stderr, "--encoder, --batched and --attention each run one section: pick one\n");
+    return 2;
+  }
   if (encoder) return run_encoder_section(mmprojs, workdir, out_json);
+  if (!attention && (app.count("--rows") || app.count("--context"))) {
+    std::fprintf(stderr, "--rows and --context need --attention\n");
+    return 2;
+  }
+  if (attention) {
+    ao.out_json = out_json;
+    if (app.count("--kv-types")) ao.kv_types = bo.kv_types;
+    if (app.count("--threads")) ao.threads = {threads};
+    if (app.count("--runs")) ao.runs = bo.runs;
+    return bench::run_attention_section(ao);
+  }
   if (!batched && prompt > 200) {
     std::fprintf(stderr, "--prompt above 200 needs --batched\n");
     return 2;

@@ -7,6 +7,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <numeric>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -130,6 +132,30 @@ double read_bandwidth(size_t bytes, int threads, int reps) {
   }
   std::free(buf);
   return bytes / best / 1e9;
+}
+
+double scattered_read_bandwidth(size_t bytes, size_t run_bytes, int threads, int reps) {
+  run_bytes = std::max<size_t>(128, run_bytes / 128 * 128);  // read_sum_avx2 reads 128 B a step
+  const size_t runs = std::max<size_t>(1, bytes / run_bytes);
+  auto* buf = static_cast<uint64_t*>(std::aligned_alloc(64, runs * run_bytes));
+  for (size_t i = 0; i < runs * run_bytes / 8; ++i) buf[i] = i;
+  std::vector<uint32_t> order(runs);
+  std::iota(order.begin(), order.end(), 0u);
+  std::shuffle(order.begin(), order.end(), std::mt19937(7));
+  std::atomic<uint64_t> sink{0};
+  double best = 1e30;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now_s();
+    on_threads(threads, [&](int t) {
+      uint64_t s = 0;
+      for (size_t i = size_t(t); i < runs; i += size_t(threads))
+        s += read_sum_avx2(buf + size_t(order[i]) * (run_bytes / 8), run_bytes / 8);
+      sink += s;
+    });
+    best = std::min(best, now_s() - t0);
+  }
+  std::free(buf);
+  return double(runs * run_bytes) / best / 1e9;
 }
 
 double fma_peak_gflops(Isa isa, int threads) {

@@ -11,6 +11,11 @@ namespace cleave::bench {
 
 // Best-of-`reps` read bandwidth in GB/s over `bytes` split across threads.
 double read_bandwidth(size_t bytes, int threads, int reps);
+// Best-of-`reps` read bandwidth in GB/s over a `bytes` pool read as runs of
+// `run_bytes` (rounded down to 128) in a shuffled order (seeded): what a paged
+// KV cache's reads can reach, against read_bandwidth's one long run.
+// Threads take alternate runs.
+double scattered_read_bandwidth(size_t bytes, size_t run_bytes, int threads, int reps);
 // Best-of-3 FP32 FMA throughput in GFLOP/s with `isa`'s widest vectors.
 double fma_peak_gflops(Isa isa, int threads);
 // Best-of-3 int8 dot-product throughput in GOP/s (a multiply and an add per

@@ -1,0 +1,180 @@
+#include "bench/attention_bench.h"
+
+#include <algorithm>
+#include <cmath>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <numeric>
+#include <random>
+#include <nlohmann/json.hpp>
+
+#include "bench/limits.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+#include "model/make_model.h"
+
+namespace cleave::bench {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+// The 100M GQA model's attention (bench/batched_decode.cpp's model).
+constexpr int32_t kLayers = 12, kHeads = 12, kKvHeads = 4, kHeadDim = 64, kBlock = 16;
+
+// One case: the pool, the rows' block tables and their queries.
+struct Case {
+  PagedKv kv;
+  std::vector<uint8_t> pool;
+  std::vector<int32_t> tables;
+  std::vector<AttnRow> rows;
+  std::vector<float> q, out;
+};
+
+// Every element of the pool holds a valid number of the cache's type (F32
+// and F16 in [-1, 1), Q8_0 blocks with a small scale): a seeded pattern of
+// whole Q8_0 blocks (and whole floats and halves) tiled over the pool.
+void fill(Case& c, std::mt19937& rng) {
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  std::vector<uint8_t> pat(size_t(kQ8BlockBytes) * 2048);
+  if (c.kv.k_type == DType::F32) {
+    for (size_t i = 0; i + 4 <= pat.size(); i += 4) {
+      const float f = u(rng);
+      std::memcpy(&pat[i], &f, 4);
+    }
+  } else if (c.kv.k_type == DType::F16) {
+    for (size_t i = 0; i + 2 <= pat.size(); i += 2) {
+      const uint16_t h = fp32_to_fp16(u(rng));
+      std::memcpy(&pat[i], &h, 2);
+    }
+  } else {
+    for (size_t i = 0; i + kQ8BlockBytes <= pat.size(); i += kQ8BlockBytes) {
+      const uint16_t d = fp32_to_fp16(1.0f / 127.0f);
+      std::memcpy(&pat[i], &d, 2);
+      for (int j = 0; j < 32; ++j) pat[i + 2 + j] = uint8_t(int8_t(int(rng() % 255) - 127));
+    }
+  }
+  for (size_t off = 0; off < c.pool.size(); off += pat.size())
+    std::memcpy(&c.pool[off], pat.data(), std::min(pat.size(), c.pool.size() - off));
+}
+
+Case make_case(DType type, int rows, int context, uint32_t seed) {
+  Case c;
+  c.kv.k_type = c.kv.v_type = type;
+  c.kv.block_size = kBlock;
+  c.kv.n_layers = kLayers;
+  c.kv.n_kv_heads = kKvHeads;
+  c.kv.head_dim = kHeadDim;
+  const int32_t per_row = (context + kBlock - 1) / kBlock;
+  c.kv.n_blocks = rows * per_row;
+  c.pool.assign(size_t(c.kv.n_blocks) * c.kv.block_bytes(), 0);
+  c.kv.data = c.pool.data();
+  std::mt19937 rng(seed);
+  fill(c, rng);
+  c.tables.resize(size_t(c.kv.n_blocks));
+  std::iota(c.tables.begin(), c.tables.end(), 0);
+  std::shuffle(c.tables.begin(), c.tables.end(), rng);
+  for (int i = 0; i < rows; ++i)
+    c.rows.push_back(AttnRow{c.tables.data() + size_t(i) * per_row, per_row, context - 1});
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  c.q.resize(size_t(rows) * kHeads * kHeadDim);
+  for (float& f : c.q) f = u(rng);
+  c.out.resize(c.q.size());
+  return c;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+int run_attention_section(const AttentionOptions& o) {
+  std::vector<DType> types;
+  for (const std::string& name : o.kv_types) {
+    auto t = dtype_from_name(name);
+    if (!t.ok()) {
+      std::fprintf(stderr, "--kv-types: %s\n", t.status().message().c_str());
+      return 2;
+    }
+    types.push_back(*t);
+  }
+  json results;
+  std::printf(
+      "attention of a decode step, 100M GQA shape (%d layers, %d heads, %d kv heads, head_dim %d, "
+      "blocks of %d), each row's blocks at shuffled places; median of %d runs (range)\n",
+      kLayers, kHeads, kKvHeads, kHeadDim, kBlock, o.runs);
+  std::printf("%-5s %2s %5s %7s | %18s %9s %8s | %7s %7s\n", "kv", "t", "rows", "context",
+              "ms / step", "KV MB", "GB/s", "% read", "% runs");
+  for (int threads : o.threads) {
+    auto be = make_cpu_backend(threads);
+    // The limits, once per thread count: a long read, and runs of one
+    // (block, layer) part's K of a row for each type (measured on a pool of
+    // 512 MiB, past any cache, like the largest cases below).
+    const double read = read_bandwidth(size_t(512) << 20, threads, 5);
+    std::printf("limits, %d thread(s): read %.1f GB/s", threads, read);
+    json lim = {{"threads", threads}, {"read_gb_s", read}};
+    std::vector<double> runs_bw;
+    for (DType t : types) {
+      const size_t run = size_t(kKvHeads) * kBlock * dtype_row_bytes(t, kHeadDim);
+      runs_bw.push_back(scattered_read_bandwidth(size_t(512) << 20, run, threads, 5));
+      std::printf(", %s runs of %zu B %.1f GB/s", dtype_name(t), run, runs_bw.back());
+      lim["runs_gb_s_" + std::string(dtype_name(t))] = runs_bw.back();
+    }
+    std::printf("\n");
+    results["limits"].push_back(lim);
+    for (size_t ti = 0; ti < types.size(); ++ti) {
+      for (int context : o.contexts) {
+        for (int rows : o.rows) {
+          Case c = make_case(types[ti], rows, context, uint32_t(rows * 7919 + context));
+          // Bytes a step reads: every row's K and V of every layer and position.
+          const double kv_bytes = double(rows) * context * kLayers * kKvHeads *
+                                  double(dtype_row_bytes(types[ti], kHeadDim)) * 2;
+          const float scale = 1.0f / std::sqrt(float(kHeadDim));
+          auto step = [&] {
+            for (int32_t l = 0; l < kLayers; ++l)
+              be->attention(c.kv, l, c.q.data(), c.rows.data(), rows, kHeads, scale, c.out.data());
+          };
+          step();  // warm-up (scratch, page faults of the output)
+          std::vector<double> ms;
+          for (int r = 0; r < o.runs; ++r) {
+            const auto t0 = Clock::now();
+            step();
+            ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+          }
+          const double med = median(ms);
+          const double gbs = kv_bytes / (med / 1e3) / 1e9;
+          std::printf("%-5s %2d %5d %7d | %7.2f (%.2f-%.2f) %9.1f %8.1f | %6.0f%% %6.0f%%\n",
+                      dtype_name(types[ti]), threads, rows, context, med,
+                      *std::min_element(ms.begin(), ms.end()),
+                      *std::max_element(ms.begin(), ms.end()), kv_bytes / 1e6, gbs,
+                      100.0 * gbs / read, 100.0 * gbs / runs_bw[ti]);
+          std::fflush(stdout);
+          results["runs"].push_back({{"kv_type", dtype_name(types[ti])},
+                                     {"threads", threads},
+                                     {"rows", rows},
+                                     {"context", context},
+                                     {"ms", ms},
+                                     {"ms_median", med},
+                                     {"kv_bytes", kv_bytes},
+                                     {"gb_s", gbs},
+                                     {"read_gb_s", read},
+                                     {"runs_gb_s", runs_bw[ti]}});
+        }
+      }
+    }
+  }
+  std::printf(
+      "%% read: of the streaming read bandwidth; %% runs: of the read bandwidth of runs as long "
+      "as one (block, layer) part of a row's K at shuffled places.\n");
+  if (!o.out_json.empty()) {
+    std::ofstream(o.out_json) << results.dump(2) << "\n";
+    std::printf("wrote %s\n", o.out_json.c_str());
+  }
+  return 0;
+}
+
+}  // namespace cleave::bench

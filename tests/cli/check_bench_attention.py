@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""cleave_bench --attention as a user runs it: the section's cases and its
+limits land in the JSON with the bytes the documented formula gives, and
+the flags that belong to it are refused elsewhere with a one-line error."""
+import json
+import os
+import subprocess
+import sys
+
+BENCH, WORK = sys.argv[1], sys.argv[2]
+os.makedirs(WORK, exist_ok=True)
+failures = []
+
+
+def expect(name, cond, detail=""):
+    print(("ok   " if cond else "FAIL ") + name + ("" if cond else ": " + detail))
+    if not cond:
+        failures.append(name)
+
+
+def run(*args):
+    p = subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+out = os.path.join(WORK, "attention.json")
+rc, so, se = run("--attention", "--rows", "1,3", "--context", "17,40", "--runs", "2", "--threads",
+                 "1", "--kv-types", "f32,q8_0", "--json", out)
+expect("attention section runs", rc == 0, f"rc={rc} stderr={se!r}")
+if rc == 0:
+    res = json.load(open(out))
+    runs = res["runs"]
+    expect("a case per type, context and row count", len(runs) == 2 * 2 * 2, str(len(runs)))
+    row_bytes = {"F32": 64 * 4, "Q8_0": 2 * 34}
+    for r in runs:
+        # rows x context x 12 layers x 4 kv heads x (K and V) x row bytes
+        want = r["rows"] * r["context"] * 12 * 4 * 2 * row_bytes[r["kv_type"]]
+        expect(f"{r['kv_type']} rows {r['rows']} context {r['context']}: KV bytes",
+               r["kv_bytes"] == want, f"{r['kv_bytes']} != {want}")
+        expect(f"{r['kv_type']} rows {r['rows']} context {r['context']}: timed runs",
+               len(r["ms"]) == 2 and all(m > 0 for m in r["ms"]), str(r["ms"]))
+        expect(f"{r['kv_type']} rows {r['rows']} context {r['context']}: limits beside it",
+               r["read_gb_s"] > 0 and r["runs_gb_s"] > 0, str(r))
+    lim = res["limits"][0]
+    expect("limits name each type's run read", "runs_gb_s_F32" in lim and "runs_gb_s_Q8_0" in lim,
+           str(lim))
+
+
+def expect_error(name, args, needle):
+    rc, so, se = run(*args)
+    lines = [l for l in se.splitlines() if l.strip()]
+    expect(name, rc == 2 and len(lines) == 1 and needle in se, f"rc={rc} stderr={se!r}")
+
+
+expect_error("--rows without --attention is refused", ["--rows", "4"], "--rows and --context")
+expect_error("--context without --attention is refused", ["--context", "40"],
+             "--rows and --context")
+expect_error("two sections at once are refused", ["--attention", "--batched"], "pick one")
+
+if failures:
+    print(f"{len(failures)} failure(s): {failures}")
+    sys.exit(1)
+print("all passed")
