@@ -3,7 +3,8 @@
 // context, every layer of the 100M GQA shape (12 layers, 12 heads, 4 kv
 // heads, head_dim 64, blocks of 16 positions), each sequence's blocks spread
 // over the pool in a shuffled (seeded) order as a long-running server's
-// allocator hands them out. Each figure stands beside two limits measured in
+// allocator hands them out, the caches evicted before each timed step (an
+// engine streams its weights between two layers' attention). Each figure stands beside two limits measured in
 // the same run: the streaming read bandwidth, and the read bandwidth of runs
 // as long as one (block, layer) part of a row's K (or V) at shuffled places
 // in a pool as large (what paged KV reads can reach on this machine).
