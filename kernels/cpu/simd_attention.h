@@ -1,0 +1,262 @@
+// The CPU attention kernels, written once over the SIMD traits struct V.
+// Included only by kernels/cpu/simd_impl.h, after the helpers it uses (V,
+// min_of, vexp, sexp, the LF32 / LF16 / LQ8 loaders) are defined in the same
+// translation unit's anonymous namespace; the same linkage rules hold (see
+// simd_impl.h and kern.h).
+#pragma once
+
+namespace {
+
+using cleave::cpu::AttnArgs;
+
+// ---- attention ---------------------------------------------------------------
+
+// One block of attention for GG query heads that read one kv head: K and Vb
+// point at that head's rows of the block, len positions of it count. The
+// online softmax's state (m, l, the unnormalised out) is carried per head
+// from block to block. Per block:
+// - scores: position t's q.k runs dot<V>'s operations (one accumulator over
+//   k in W-steps, hsum, scalar tail); V::hsums reduces 16 positions'
+//   accumulators at once with exactly hsum's additions;
+// - the block's probabilities are summed in W-lane vectors (lane = position
+//   mod W), then hsum, and added to the running sum scaled by alpha;
+// - out += p[t] v[t] for t in order, per element, the heads interleaved so
+//   their chains run side by side.
+template <class V, class LK, class LV, int GG>
+void attn_block(const AttnArgs* a, const float* q, const uint8_t* K, const uint8_t* Vb, int32_t len,
+                float* m, float* l, float* out, float* s) {
+  using vec = typename V::vec;
+  const int64_t hd = a->head_dim;
+  const int64_t hv = hd / V::W * V::W;
+  const size_t sstride = size_t(a->block_size) + 32;  // GG rows of scores, each padded by 32
+  vec acc[GG][16];
+  // Scores, 16 positions at a time.
+  for (int32_t t0 = 0; t0 < len; t0 += 16) {
+    const int32_t c = min_of<int32_t>(16, len - t0);
+    int32_t t = 0;
+    // Four positions at a time, so 4 x GG independent chains hide the FMA
+    // latency; each chain still runs over k in order.
+    for (; t + 4 <= c; t += 4) {
+      const uint8_t* kt = K + size_t(t0 + t) * a->k_row_bytes;
+      vec x[GG][4];
+#pragma GCC unroll 8
+      for (int g = 0; g < GG; ++g)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) x[g][u] = V::zero();
+      for (int64_t k = 0; k < hv; k += V::W) {
+        vec kv[4];
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) kv[u] = LK::load(kt + size_t(u) * a->k_row_bytes, k);
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; ++g) {
+          const vec qv = V::loadu(q + g * hd + k);
+#pragma GCC unroll 4
+          for (int u = 0; u < 4; ++u) x[g][u] = V::fmadd(qv, kv[u], x[g][u]);
+        }
+      }
+#pragma GCC unroll 8
+      for (int g = 0; g < GG; ++g)
+#pragma GCC unroll 4
+        for (int u = 0; u < 4; ++u) acc[g][t + u] = x[g][u];
+    }
+    for (; t < c; ++t) {
+      const uint8_t* kt = K + size_t(t0 + t) * a->k_row_bytes;
+      vec x[GG];
+#pragma GCC unroll 8
+      for (int g = 0; g < GG; ++g) x[g] = V::zero();
+      for (int64_t k = 0; k < hv; k += V::W) {
+        const vec kv = LK::load(kt, k);
+#pragma GCC unroll 8
+        for (int g = 0; g < GG; ++g) x[g] = V::fmadd(V::loadu(q + g * hd + k), kv, x[g]);
+      }
+#pragma GCC unroll 8
+      for (int g = 0; g < GG; ++g) acc[g][t] = x[g];
+    }
+    for (int g = 0; g < GG; ++g) {
+      for (int32_t t = c; t < 16; ++t) acc[g][t] = V::zero();
+      float* sg = s + size_t(g) * sstride + t0;
+      V::template hsums<16>(acc[g], sg);
+      if (hv < hd)
+        for (int32_t t = 0; t < c; ++t) {
+          const uint8_t* kt = K + size_t(t0 + t) * a->k_row_bytes;
+          float x = sg[t];
+          for (int64_t k = hv; k < hd; ++k) x = V::fmas(q[g * hd + k], LK::at(kt, k), x);
+          sg[t] = x;
+        }
+    }
+  }
+  // Online softmax over the block, per head.
+  const int32_t lenp = (len + V::W - 1) / V::W * V::W;
+  float alpha[GG];
+  for (int g = 0; g < GG; ++g) {
+    float* sg = s + size_t(g) * sstride;
+    const vec sc = V::set1(a->scale);
+    vec mx = V::set1(-__builtin_inff());
+    for (int32_t t = 0; t < lenp; t += V::W) {
+      if (t + V::W > len)
+        for (int32_t u = len; u < t + V::W; ++u) sg[u] = -__builtin_inff();
+      const vec x = V::mul(V::loadu(sg + t), sc);
+      V::storeu(sg + t, x);
+      mx = V::max(mx, x);
+    }
+    const float tmax = V::hmax(mx);
+    const float m_new = m[g] > tmax ? m[g] : tmax;
+    alpha[g] = m[g] == -__builtin_inff() ? 0.0f : sexp<V>(m[g] - m_new);
+    const vec mv = V::set1(m_new);
+    for (int32_t t = 0; t < lenp; t += V::W) V::storeu(sg + t, vexp<V>(V::sub(V::loadu(sg + t), mv)));
+    // Padding lanes held -inf; vexp clamps its argument (exp(-87), not 0),
+    // so they are zeroed before the sum.
+    for (int32_t u = len; u < lenp; ++u) sg[u] = 0.0f;
+    vec sum = V::zero();
+    for (int32_t t = 0; t < lenp; t += V::W) sum = V::add(sum, V::loadu(sg + t));
+    l[g] = l[g] * alpha[g] + V::hsum(sum);
+    m[g] = m_new;
+  }
+  // out = out * alpha + sum_t p[t] v[t], per element in t order; VC
+  // W-chunks of each head per pass (AVX-512 has the registers for 4).
+  constexpr int VC = V::W >= 16 ? 4 : 2;
+  int64_t k = 0;
+  for (; k + VC * V::W <= hv; k += VC * V::W) {
+    vec o[GG][VC];
+#pragma GCC unroll 8
+    for (int g = 0; g < GG; ++g) {
+      const vec av = V::set1(alpha[g]);
+#pragma GCC unroll 4
+      for (int c = 0; c < VC; ++c) o[g][c] = V::mul(V::loadu(out + g * hd + k + c * V::W), av);
+    }
+    for (int32_t t = 0; t < len; ++t) {
+      const uint8_t* vt = Vb + size_t(t) * a->v_row_bytes;
+      vec vv[VC];
+#pragma GCC unroll 4
+      for (int c = 0; c < VC; ++c) vv[c] = LV::load(vt, k + c * V::W);
+#pragma GCC unroll 8
+      for (int g = 0; g < GG; ++g) {
+        const vec pv = V::set1(s[size_t(g) * sstride + t]);
+#pragma GCC unroll 4
+        for (int c = 0; c < VC; ++c) o[g][c] = V::fmadd(pv, vv[c], o[g][c]);
+      }
+    }
+#pragma GCC unroll 8
+    for (int g = 0; g < GG; ++g)
+#pragma GCC unroll 4
+      for (int c = 0; c < VC; ++c) V::storeu(out + g * hd + k + c * V::W, o[g][c]);
+  }
+  for (; k < hv; k += V::W) {
+    for (int g = 0; g < GG; ++g) {
+      vec o0 = V::mul(V::loadu(out + g * hd + k), V::set1(alpha[g]));
+      for (int32_t t = 0; t < len; ++t)
+        o0 = V::fmadd(V::set1(s[size_t(g) * sstride + t]), LV::load(Vb + size_t(t) * a->v_row_bytes, k), o0);
+      V::storeu(out + g * hd + k, o0);
+    }
+  }
+  for (; k < hd; ++k) {
+    for (int g = 0; g < GG; ++g) {
+      float o = out[g * hd + k] * alpha[g];
+      for (int32_t t = 0; t < len; ++t)
+        o = V::fmas(s[size_t(g) * sstride + t], LV::at(Vb + size_t(t) * a->v_row_bytes, k), o);
+      out[g * hd + k] = o;
+    }
+  }
+}
+
+// The group's query heads in chunks of up to 4 (heads are independent, so
+// the chunking does not change any head's bits).
+template <class V, class LK, class LV>
+void attn_group(const AttnArgs* a, const float* q, const uint8_t* K, const uint8_t* Vb, int32_t len,
+                float* m, float* l, float* out, float* s) {
+  const int64_t hd = a->head_dim;
+  for (int32_t g = 0; g < a->group;) {
+    const int32_t left = a->group - g;
+    const float* qg = q + g * hd;
+    float* og = out + g * hd;
+    switch (left >= 4 ? 4 : left) {
+      case 4: attn_block<V, LK, LV, 4>(a, qg, K, Vb, len, m + g, l + g, og, s); g += 4; break;
+      case 3: attn_block<V, LK, LV, 3>(a, qg, K, Vb, len, m + g, l + g, og, s); g += 3; break;
+      case 2: attn_block<V, LK, LV, 2>(a, qg, K, Vb, len, m + g, l + g, og, s); g += 2; break;
+      default: attn_block<V, LK, LV, 1>(a, qg, K, Vb, len, m + g, l + g, og, s); g += 1; break;
+    }
+  }
+}
+
+// kv heads [kv_head, kv_head + n_kv) of one query row over the positions
+// [0, pos], block by block in order, every head's block before the next
+// block: the heads' K rows of a (block, layer) part are one contiguous run,
+// and so are their V rows, so a row reads its KV in a few long runs rather
+// than one short run per head and block. Each head's operations are those of
+// attn_block in block order whatever n_kv is, so a head's bits do not depend
+// on which heads share the call. Everything depends only on the row's query
+// and the KV of its positions, cut at absolute block boundaries: the same
+// bits for a token whether its prompt ran whole, chunked or one token at a
+// time, alone or in a batch.
+template <class V, class LK, class LV>
+void attn_t(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
+            const int32_t* block_table, int32_t pos, float* out, float* scratch) {
+  using vec = typename V::vec;
+  const int64_t hd = a->head_dim;
+  const int64_t hv = hd / V::W * V::W;
+  const int32_t bs = a->block_size;
+  const int32_t nh = n_kv * a->group;
+  const int64_t gd = int64_t(a->group) * hd;
+  float* s = scratch;
+  float* m = scratch + 4 * (size_t(bs) + 32);
+  float* l = m + nh;
+  for (int32_t h = 0; h < nh; ++h) {
+    m[h] = -__builtin_inff();
+    l[h] = 0.0f;
+  }
+  for (int64_t k = 0; k < nh * hd; ++k) out[k] = 0.0f;
+  const int32_t nb = pos / bs + 1;
+  for (int32_t b = 0; b < nb; ++b) {
+    const uint8_t* part = a->layer_base + size_t(block_table[b]) * a->block_bytes;
+    const int32_t len = b == nb - 1 ? pos - b * bs + 1 : bs;
+    // The next block's K and V are somewhere else in the pool (runs a
+    // hardware prefetcher finds late): ask for them now.
+    if (const int32_t pb = b + 1; pb < nb) {
+      const uint8_t* np = a->layer_base + size_t(block_table[pb]) * a->block_bytes;
+      const size_t rows_n = size_t(pb == nb - 1 ? pos - pb * bs + 1 : bs);
+      for (int32_t h = kv_head; h < kv_head + n_kv; ++h) {
+        const uint8_t* nk = np + size_t(h) * a->k_head_bytes;
+        const uint8_t* nv = np + a->v_offset + size_t(h) * a->v_head_bytes;
+        for (size_t off = 0; off < rows_n * a->k_row_bytes; off += 64) V::prefetch(nk + off);
+        for (size_t off = 0; off < rows_n * a->v_row_bytes; off += 64) V::prefetch(nv + off);
+      }
+    }
+    for (int32_t h = 0; h < n_kv; ++h) {
+      const uint8_t* K = part + size_t(kv_head + h) * a->k_head_bytes;
+      const uint8_t* Vb = part + a->v_offset + size_t(kv_head + h) * a->v_head_bytes;
+      attn_group<V, LK, LV>(a, q + h * gd, K, Vb, len, m + h * a->group, l + h * a->group,
+                            out + h * gd, s);
+    }
+  }
+  for (int32_t h = 0; h < nh; ++h) {
+    const float inv = 1.0f / l[h];
+    float* og = out + h * hd;
+    const vec iv = V::set1(inv);
+    for (int64_t k = 0; k < hv; k += V::W) V::storeu(og + k, V::mul(V::loadu(og + k), iv));
+    for (int64_t k = hv; k < hd; ++k) og[k] = og[k] * inv;
+  }
+}
+
+template <class V, class LK>
+void attn_v(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
+            const int32_t* block_table, int32_t pos, float* out, float* scratch) {
+  switch (a->v_type) {
+    case cleave::cpu::kWF32: attn_t<V, LK, LF32<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWF16: attn_t<V, LK, LF16<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWQ8: attn_t<V, LK, LQ8<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
+    default: __builtin_trap();
+  }
+}
+
+template <class V>
+void attn_k(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
+            const int32_t* block_table, int32_t pos, float* out, float* scratch) {
+  switch (a->k_type) {
+    case cleave::cpu::kWF32: attn_v<V, LF32<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWF16: attn_v<V, LF16<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWQ8: attn_v<V, LQ8<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
+    default: __builtin_trap();
+  }
+}
+
+}  // namespace
