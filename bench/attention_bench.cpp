@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/limits.h"
+#include "bench/stats.h"
 #include "kernels/backend.h"
 #include "kernels/dtype.h"
 #include "model/make_model.h"
@@ -93,11 +94,6 @@ void evict_caches() {
   uint64_t s = 0;
   for (size_t i = 0; i < buf.size(); i += 8) s += buf[i];
   sink = sink + s;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench/limits.h"
+#include "bench/stats.h"
 #include "model/engine.h"
 #include "model/make_model.h"
 #include "model/scheduler.h"
@@ -19,11 +20,6 @@ namespace {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
 
 // One step's time split by where it went (seconds).
 struct Split {

@@ -27,10 +27,12 @@
 
 #include "actors/kv_socket.h"
 #include "actors/kv_stream.h"
+#include "bench/stats.h"
 
 extern char** environ;
 
 using namespace cleave;
+using bench::median;
 using Clock = std::chrono::steady_clock;
 
 namespace {
@@ -136,11 +138,6 @@ int serve(int mib, int streams) {
     return 1;
   }
   return 0;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
 }
 
 }  // namespace
