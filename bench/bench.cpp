@@ -337,6 +337,12 @@ int main(int argc, char** argv) {
     return 2;
   }
   if (attention) {
+    for (const char* f : {"--batches", "--types", "--compute", "--prompt", "--decode", "--quick",
+                          "--mmproj", "--vocab", "--workdir"})
+      if (app.count(f)) {
+        std::fprintf(stderr, "%s does not apply to --attention\n", f);
+        return 2;
+      }
     ao.out_json = out_json;
     if (app.count("--kv-types")) ao.kv_types = bo.kv_types;
     if (app.count("--threads")) ao.threads = {threads};

@@ -56,6 +56,8 @@ expect_error("--rows without --attention is refused", ["--rows", "4"], "--rows a
 expect_error("--context without --attention is refused", ["--context", "40"],
              "--rows and --context")
 expect_error("two sections at once are refused", ["--attention", "--batched"], "pick one")
+expect_error("a flag of another section is refused with --attention",
+             ["--attention", "--batches", "1,8"], "--batches does not apply to --attention")
 
 if failures:
     print(f"{len(failures)} failure(s): {failures}")
