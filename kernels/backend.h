@@ -109,6 +109,11 @@ struct Caps {
   int threads = 1;
   Compute compute = Compute::exact;
   std::string int8_kernel;  // with Compute::int8: "avx512vnni", "avx2" or "scalar"
+  // The backend's memory is the host's own (the CPU backend): callers may
+  // hand its ops host pointers and read results in place. false (CUDA):
+  // ops take only memory from alloc(), and the host reaches it through
+  // upload() / download() alone.
+  bool host_memory = true;
 };
 
 class Backend {
@@ -208,5 +213,19 @@ bool cpu_has_avx512_vnni();
 // The CUDA backend when compiled in and a GPU is present; otherwise the
 // Status says why not (unavailable).
 Result<std::unique_ptr<Backend>> make_cuda_backend(int device = 0);
+
+// Where a forward pass runs (--device, a topology node's `device`).
+struct Device {
+  enum class Kind { cpu, cuda } kind = Kind::cpu;
+  int index = 0;  // cuda:N
+  std::string name() const { return kind == Kind::cpu ? "cpu" : "cuda:" + std::to_string(index); }
+};
+// "cpu" or "cuda:N" (N in [0, 1023], as topology scripts allow); invalid_argument naming the value otherwise.
+Result<Device> parse_device(const std::string& s);
+// The device's backend: the CPU backend of `threads` and `compute`, or the
+// CUDA backend (unavailable, saying why, when the build or the machine has
+// none; unsupported for Compute::int8, whose kernels are the CPU's).
+Result<std::unique_ptr<Backend>> make_backend(const Device& device, int threads,
+                                              Compute compute = Compute::exact);
 
 }  // namespace cleave

@@ -31,6 +31,17 @@ int32_t kv_pool_blocks(const EngineOptions& o, const LlamaConfig& c) {
 
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> file,
                                                const EngineOptions& options) {
+  return create(std::move(file), options, nullptr);
+}
+
+Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> file,
+                                               const EngineOptions& options,
+                                               std::unique_ptr<Backend> backend) {
+  auto device = parse_device(options.device);
+  if (!device.ok()) return Status(device.status().code(), "engine: " + device.status().message());
+  if (backend && device->kind != Device::Kind::cpu)
+    return Status(Code::invalid_argument, "engine: device " + options.device +
+                                              " given beside a backend of its own");
   if (!file) return Status(Code::invalid_argument, "engine: no model file");
   // Names the weights every KV block is made with; hashed once, before the
   // model takes the file.
@@ -75,7 +86,34 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   e->options_ = o;
   e->model_fp_ = compute_fingerprint(model_fp, o.compute);
   e->own_last_ = o.last_layer < 0 ? c.n_layers - 1 : o.last_layer;
-  e->backend_ = make_cpu_backend(o.threads, detect_isa(), o.compute);
+  if (!backend) {
+    auto made = make_backend(*device, o.threads, o.compute);
+    if (!made.ok()) return Status(made.status().code(), "engine: " + made.status().message());
+    backend = std::move(*made);
+  }
+  e->backend_ = std::move(backend);
+  e->host_ = e->backend_->caps().host_memory;
+  for (const auto& [t, what] : {std::pair{o.cache_type_k, "k"}, std::pair{o.cache_type_v, "v"}})
+    if (!e->backend_->supports(Op::kv_write, t) || !e->backend_->supports(Op::attention, t))
+      return Status(Code::unsupported, std::string("engine: cache type ") + what + " " +
+                                           dtype_name(t) + " is not supported by the " +
+                                           e->backend_->caps().name + " backend");
+  if (!e->host_ && c.n_experts > 0)
+    return Status(Code::unsupported, "engine: device " + o.device + " (" + e->backend_->caps().name +
+                                         "): MoE models run on the CPU backend only so far "
+                                         "(their routing reads rows on the host)");
+  if (!e->host_) {
+    // Weights once, in their stored types; the file's pages are not read again.
+    auto copies = e->model_->upload(*e->backend_, 0, e->own_last_, e->own_last_ == c.n_layers - 1);
+    if (!copies.ok()) return Status(copies.status().code(), "engine: " + copies.status().message());
+    e->weights_ = std::move(*copies);
+  }
+  Backend& be = *e->backend_;
+  e->x_ = std::make_unique<BackendBuffer<float>>(be);
+  e->logits_ = std::make_unique<BackendBuffer<float>>(be);
+  e->ids_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
+  e->pos_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
+  e->tables_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
   if (o.profile_ops) {
     auto profiling = std::make_unique<ProfilingBackend>(std::move(e->backend_));
     e->profile_ = profiling.get();
@@ -129,6 +167,14 @@ Engine::~Engine() {
 }
 
 uint64_t Engine::model_fingerprint() const { return model_fp_; }
+
+Status Engine::device_ready() const {
+  if (host_ || (!experts_ && !link_)) return Status::Ok();
+  return Status(Code::unsupported, "engine: device " + options_.device + " (" +
+                                       backend_->caps().name + "): " +
+                                       (experts_ ? "an expert executor" : "a pipeline stage link") +
+                                       " hands rows over on the host; it runs on the CPU backend only so far");
+}
 
 Status Engine::set_stage_link(std::shared_ptr<StageLink> link) {
   if (link && link->first_layer() != own_last_ + 1)
@@ -470,6 +516,7 @@ Engine::CacheStats Engine::cache_stats() const { return stats_; }
 Status Engine::forward(const std::vector<Item>& items, float* logits) {
   const LlamaConfig& c = config();
   CLEAVE_RETURN_IF_ERROR(link_ready());
+  CLEAVE_RETURN_IF_ERROR(device_ready());
   // Validate everything before touching any sequence.
   int64_t n = 0;
   std::vector<int32_t> added(seqs_.size(), 0);
@@ -531,6 +578,9 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
   int32_t* ids = grow_scratch(token_ids_, n);
   AttnRow* rows = grow_scratch(rows_, n);
   std::vector<int32_t> last_row(items.size());
+  // Each item's block table, at this offset of tables_ (on a device: of its copy).
+  std::vector<size_t> table_at(items.size());
+  tables_.clear();
   {
     std::vector<int32_t> cursor = start;
     int64_t r = 0;
@@ -539,6 +589,8 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
       Sequence& s = seqs_[it.seq];
       s.tokens.insert(s.tokens.end(), it.tokens, it.tokens + it.n_tokens);
       const std::vector<int32_t>& table = s.blocks->blocks();
+      table_at[i] = tables_.size();
+      if (!host_) tables_.insert(tables_.end(), table.begin(), table.end());
       for (int32_t t = 0; t < it.n_tokens; ++t, ++r) {
         ids[r] = it.tokens[t];
         pos[r] = cursor[it.seq]++;
@@ -547,10 +599,19 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
       last_row[i] = int32_t(r - 1);
     }
   }
+  // On a device the ops read ids, positions and block tables from its
+  // memory: one upload each per step.
+  const int32_t* ids_b = to_backend(*backend_, host_, ids, size_t(n), *ids_dev_);
+  const int32_t* pos_b = to_backend(*backend_, host_, pos, size_t(n), *pos_dev_);
+  if (!host_) {
+    const int32_t* tables = to_backend(*backend_, host_, tables_.data(), tables_.size(), *tables_dev_);
+    for (size_t i = 0, r = 0; i < items.size(); ++i)
+      for (int32_t t = 0; t < items[i].n_tokens; ++t, ++r) rows[r].block_table = tables + table_at[i];
+  }
 
   const int64_t dim = c.dim;
-  float* x = grow_scratch(x_, n * dim);
-  backend_->embed(model_->token_embd(), ids, n, x);
+  float* x = x_->grow(size_t(n * dim));
+  backend_->embed(model_->token_embd(), ids_b, n, x);
   // Image rows: the item's embeddings replace the placeholders' rows.
   for (size_t i = 0, r0 = 0; i < items.size(); r0 += size_t(items[i].n_tokens), ++i) {
     const Item& it = items[i];
@@ -558,27 +619,34 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     const float* src = it.embeddings.data();
     for (int32_t t = 0; t < it.n_tokens; ++t) {
       if (!in_image(seqs_[it.seq].images, pos[r0 + size_t(t)])) continue;
-      std::copy(src, src + dim, x + int64_t(r0 + size_t(t)) * dim);
+      float* dst = x + int64_t(r0 + size_t(t)) * dim;
+      if (host_) std::copy(src, src + dim, dst);
+      else backend_->upload(dst, src, size_t(dim) * sizeof(float));
       src += dim;
     }
   }
-  CLEAVE_RETURN_IF_ERROR(run_layers(n, last_row, logits));
+  CLEAVE_RETURN_IF_ERROR(run_layers(n, x, pos_b, rows, last_row, logits));
   if (index_)
     for (size_t s = 0; s < seqs_.size(); ++s)
       if (added[s]) publish_full_blocks(seqs_[s]);
   return Status::Ok();
 }
 
-Status Engine::run_layers(int64_t n, const std::vector<int32_t>& last_row, float* logits) {
+Status Engine::run_layers(int64_t n, float* x, const int32_t* pos, const AttnRow* rows,
+                          const std::vector<int32_t>& last_row, float* logits) {
   const LlamaConfig& c = config();
   const int64_t dim = c.dim;
-  float* x = x_.data();
-  const int32_t* pos = positions_.data();
-  const AttnRow* rows = rows_.data();
   const int32_t emb = options_.expert_micro_batches;
   if (!link_) {
     compute_->run(kv_, 0, {0, own_last_}, n, pos, rows, x, experts_.get(), emb);
-    compute_->logits(x, last_row.data(), int64_t(last_row.size()), logits);
+    const int64_t m = int64_t(last_row.size());
+    if (host_) {
+      compute_->logits(x, last_row.data(), m, logits);
+    } else {  // the only activations that come back: the logits rows
+      float* dev = logits_->grow(size_t(m * c.n_vocab));
+      compute_->logits(x, last_row.data(), m, dev);
+      backend_->download(logits, dev, size_t(m * c.n_vocab) * sizeof(float));
+    }
     return Status::Ok();
   }
   // Pipeline micro-batches: group g runs our layers, then goes to the

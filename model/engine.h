@@ -74,6 +74,13 @@ struct EngineOptions {
   // (invalid_argument otherwise) and is part of the model fingerprint, so
   // its KV blocks never mix with exact ones.
   Compute compute = Compute::exact;
+  // Where the forward pass runs (--device): "cpu", or "cuda:N", where the
+  // weights are uploaded once and the activations, logits and paged KV live
+  // in device memory; per step the host uploads token ids, positions and
+  // block tables and downloads the logits rows. On a device: dense models
+  // only, without an expert executor or stage link (unsupported otherwise),
+  // and KV types the backend supports.
+  std::string device = "cpu";
 };
 
 // The KV pool an engine of these options makes for this model: kv_blocks,
@@ -85,6 +92,12 @@ class Engine {
  public:
   static Result<std::unique_ptr<Engine>> create(std::shared_ptr<const GgufFile> file,
                                                 const EngineOptions& options);
+  // On this backend instead of the one options.device names (which must be
+  // "cpu" then): the seam tests use to run the device path on the CPU's
+  // kernels (tests/fenced_backend.h).
+  static Result<std::unique_ptr<Engine>> create(std::shared_ptr<const GgufFile> file,
+                                                const EngineOptions& options,
+                                                std::unique_ptr<Backend> backend);
   ~Engine();
 
   const LlamaModel& model() const { return *model_; }
@@ -245,11 +258,17 @@ class Engine {
   size_t own_block_bytes() const { return kv_.block_bytes(); }
   // The layers' work of forward()'s n rows: ours, then the link's in
   // micro-batches; logits of the rows in last_row.
-  Status run_layers(int64_t n, const std::vector<int32_t>& last_row, float* logits);
+  Status run_layers(int64_t n, float* x, const int32_t* pos, const AttnRow* rows,
+                    const std::vector<int32_t>& last_row, float* logits);
+  // The device path's limits (see EngineOptions::device): ok on the host.
+  Status device_ready() const;
 
   std::unique_ptr<LlamaModel> model_;
   std::unique_ptr<Backend> backend_;
+  bool host_ = true;  // backend_'s memory is the host's
   ProfilingBackend* profile_ = nullptr;  // backend_ itself, when profile_ops
+  // On a device: the weights' copies there (the model's views point at them).
+  std::unique_ptr<WeightCopies> weights_;
   EngineOptions options_;
   uint64_t model_fp_ = 0;
   KvLayout layout_;
@@ -264,10 +283,13 @@ class Engine {
   std::vector<Sequence> seqs_;
   std::vector<uint8_t> staging_;  // host copy for copy-on-write
 
-  // Scratch, grown on demand and reused across calls.
-  std::vector<float> x_;
-  std::vector<int32_t> positions_, token_ids_;
-  std::vector<AttnRow> rows_;
+  // Scratch, grown on demand and reused across calls: the rows' ids,
+  // positions and block tables on the host (and their copies in backend
+  // memory on a device), the activations and logits in backend memory.
+  std::vector<int32_t> positions_, token_ids_, tables_;
+  std::vector<AttnRow> rows_;  // host array; block_table pointers in backend memory
+  std::unique_ptr<BackendBuffer<float>> x_, logits_;
+  std::unique_ptr<BackendBuffer<int32_t>> ids_dev_, pos_dev_, tables_dev_;
   std::unique_ptr<LayerCompute> compute_;
   std::shared_ptr<ExpertExecutor> experts_;
   bool experts_prepared_ = false;  // forward() prepared the local experts

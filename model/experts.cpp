@@ -30,16 +30,17 @@ std::array<const WeightView*, 3> expert_views(const LlamaLayer& l, int32_t exper
 void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
                     int64_t rows, std::vector<float>& g, std::vector<float>& u, float* y) {
   if (rows == 0) return;
+  compute_expert(be, l, ffn, expert, x, rows, grow(g, rows * ffn), grow(u, rows * ffn), y);
+}
+
+void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
+                    int64_t rows, float* gp, float* up, float* y) {
+  if (rows == 0) return;
   const auto views = expert_views(l, expert);
-  const WeightView& wg = *views[0];
-  const WeightView& wu = *views[1];
-  const WeightView& wd = *views[2];
-  float* gp = grow(g, rows * ffn);
-  float* up = grow(u, rows * ffn);
-  be.matmul(wg, x, rows, gp);
-  be.matmul(wu, x, rows, up);
+  be.matmul(*views[0], x, rows, gp);
+  be.matmul(*views[1], x, rows, up);
   be.silu_mul(gp, up, rows * ffn, gp);
-  be.matmul(wd, gp, rows, y);
+  be.matmul(*views[2], gp, rows, y);
 }
 
 double load_spread(const std::vector<uint64_t>& rows) {

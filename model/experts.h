@@ -93,6 +93,10 @@ class LayerTimes {
 // FFN for a dense layer); g and u are scratch, grown as needed.
 void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
                     int64_t rows, std::vector<float>& g, std::vector<float>& u, float* y);
+// The same with scratch g and u of rows x ffn floats each in the backend's
+// memory (as x and y are).
+void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
+                    int64_t rows, float* g, float* u, float* y);
 
 class ExpertHost {
  public:

@@ -47,6 +47,13 @@ Status check_cover(const std::vector<LayerRange>& ranges, int32_t n_layers) {
   return Status::Ok();
 }
 
+LayerCompute::LayerCompute(const LlamaModel& model, Backend& backend)
+    : model_(model),
+      be_(backend),
+      host_(backend.caps().host_memory),
+      h_(backend), q_(backend), k_(backend), v_(backend), att_(backend), tmp_(backend),
+      gate_(backend), up_(backend), last_(backend), which_(backend) {}
+
 void LayerCompute::run(const PagedKv& kv, int32_t kv_first, LayerRange layers, int64_t n,
                        const int32_t* pos, const AttnRow* rows, float* x, ExpertExecutor* experts,
                        int32_t micro_batches) {
@@ -54,12 +61,13 @@ void LayerCompute::run(const PagedKv& kv, int32_t kv_first, LayerRange layers, i
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
                 kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
-  grow_scratch(h_, n * dim);
-  grow_scratch(q_, n * q_dim);
-  grow_scratch(k_, n * kv_dim);
-  grow_scratch(v_, n * kv_dim);
-  grow_scratch(att_, n * q_dim);
-  grow_scratch(tmp_, n * dim);
+  CLEAVE_CHECK(host_ || (c.n_experts == 0 && experts == nullptr));
+  h_.grow(size_t(n * dim));
+  q_.grow(size_t(n * q_dim));
+  k_.grow(size_t(n * kv_dim));
+  v_.grow(size_t(n * kv_dim));
+  att_.grow(size_t(n * q_dim));
+  tmp_.grow(size_t(n * dim));
   const Call call{&kv, kv_first, pos, rows, x, experts};
   // Micro-batch ping-pong: with an expert executor the rows go in mb
   // groups, and while the experts compute one group's FFN of a layer the
@@ -85,13 +93,26 @@ void LayerCompute::run(const PagedKv& kv, int32_t kv_first, LayerRange layers, i
 }
 
 void LayerCompute::logits(const float* x, const int32_t* which, int64_t m, float* out) {
+  if (m == 0) return;
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.dim;
-  float* last = grow_scratch(last_, size_t(2 * m * dim));
-  float* normed = last + m * dim;
-  for (int64_t i = 0; i < m; ++i)
-    std::copy(x + int64_t(which[i]) * dim, x + int64_t(which[i] + 1) * dim, last + i * dim);
-  be_.rmsnorm(last, model_.output_norm(), m, dim, c.rms_eps, normed);
+  float* normed = last_.grow(size_t(2 * m * dim));
+  // Rows one after another (decode: every row) are normed in place; others
+  // are gathered first (an F32 "embedding" lookup: exact copies).
+  bool run = true;
+  int32_t top = which[0];
+  for (int64_t i = 1; i < m; ++i) {
+    run = run && which[i] == which[0] + i;
+    top = std::max(top, which[i]);
+  }
+  const float* src = x + int64_t(which[0]) * dim;
+  if (!run) {
+    float* gathered = normed + m * dim;
+    const WeightView rows{DType::F32, x, int64_t(top) + 1, dim, size_t(dim) * sizeof(float)};
+    be_.embed(rows, to_backend(be_, host_, which, size_t(m), which_), m, gathered);
+    src = gathered;
+  }
+  be_.rmsnorm(src, model_.output_norm(), m, dim, c.rms_eps, normed);
   be_.matmul(model_.output(), normed, m, out);
 }
 
@@ -121,7 +142,7 @@ void LayerCompute::attend(const Call& call, const LlamaLayer& l, int32_t li, int
   be_.kv_write(*call.kv, kv_layer, k, v, rows, n);
   be_.attention(*call.kv, kv_layer, q, rows, n, c.n_heads, scale, att);
   be_.matmul(l.wo, att, n, tmp);
-  for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
+  be_.add(x, tmp, n * dim, n * dim, x);
   be_.rmsnorm(x, l.ffn_norm, n, dim, c.rms_eps, h);
 }
 
@@ -138,7 +159,7 @@ void LayerCompute::ffn_start(const Call& call, const LlamaLayer& l, int32_t laye
   if (c.n_experts == 0) {  // dense: the FFN is expert 0, straight into tmp
     g.work.push_back(ExpertWork{0, n, h, tmp});
     if (call.experts) g.ticket = call.experts->start(layer, g.work);
-    else compute_expert(be_, l, c.ffn, 0, h, n, gate_, up_, tmp);
+    else compute_expert(be_, l, c.ffn, 0, h, n, gate_.grow(size_t(n * c.ffn)), up_.grow(size_t(n * c.ffn)), tmp);
     return;
   }
   const int64_t k = c.n_experts_used;
@@ -167,7 +188,8 @@ void LayerCompute::ffn_start(const Call& call, const LlamaLayer& l, int32_t laye
     g.ticket = call.experts->start(layer, g.work);
   } else {
     for (const ExpertWork& w : g.work)
-      compute_expert(be_, l, c.ffn, w.expert, w.x, w.rows, gate_, up_, w.y);
+      compute_expert(be_, l, c.ffn, w.expert, w.x, w.rows, gate_.grow(size_t(w.rows * c.ffn)),
+                     up_.grow(size_t(w.rows * c.ffn)), w.y);
   }
 }
 
@@ -198,7 +220,7 @@ void LayerCompute::ffn_finish(const Call& call, FfnGroup& g) {
     }
   }
   float* x = call.x + g.r0 * dim;
-  for (int64_t i = 0; i < n * dim; ++i) x[i] += tmp[i];
+  be_.add(x, tmp, n * dim, n * dim, x);
 }
 
 }  // namespace cleave

@@ -6,6 +6,12 @@
 // (model/layer_stage.h) runs it over the range it holds. Every row's bits
 // depend only on that row and the KV before it, so which layers run where,
 // and in which groups of rows, never changes a result.
+//
+// The activations live in the backend's memory (BackendBuffer): on a
+// device backend every op of a dense model runs there and the host touches
+// no activation. MoE routing and the expert executor read and write rows on
+// the host, so they need a backend whose memory is the host's (the engine
+// refuses them on a device).
 #pragma once
 
 #include <cstdint>
@@ -14,6 +20,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/backend_buffer.h"
 #include "model/experts.h"
 #include "model/llama.h"
 
@@ -48,7 +55,7 @@ Status check_cover(const std::vector<LayerRange>& ranges, int32_t n_layers);
 
 class LayerCompute {
  public:
-  LayerCompute(const LlamaModel& model, Backend& backend) : model_(model), be_(backend) {}
+  LayerCompute(const LlamaModel& model, Backend& backend);
 
   // Rows x (n x dim, in place) through layers [layers.first, layers.last].
   // kv holds layers from kv_first on (layer l is kv layer l - kv_first);
@@ -57,7 +64,8 @@ class LayerCompute {
   // rows (attention on one group overlaps the experts of the one before).
   void run(const PagedKv& kv, int32_t kv_first, LayerRange layers, int64_t n, const int32_t* pos,
            const AttnRow* rows, float* x, ExpertExecutor* experts, int32_t micro_batches);
-  // logits (m x n_vocab) of rows x[which[i]]: the final norm and the output head.
+  // logits (m x n_vocab) of rows x[which[i]]: the final norm and the output
+  // head. x and out in the backend's memory, which (m row indices) on the host.
   void logits(const float* x, const int32_t* which, int64_t m, float* out);
 
  private:
@@ -86,8 +94,10 @@ class LayerCompute {
 
   const LlamaModel& model_;
   Backend& be_;
-  // Scratch, grown on demand and reused across calls.
-  std::vector<float> h_, q_, k_, v_, att_, tmp_, gate_, up_, last_;
+  const bool host_;  // be_'s memory is the host's
+  // Scratch in the backend's memory, grown on demand and reused across calls.
+  BackendBuffer<float> h_, q_, k_, v_, att_, tmp_, gate_, up_, last_;
+  BackendBuffer<int32_t> which_;
   std::vector<FfnGroup> groups_;
 };
 

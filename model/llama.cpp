@@ -245,3 +245,63 @@ uint64_t compute_fingerprint(uint64_t file_fingerprint, Compute compute) {
 }
 
 }  // namespace cleave
+
+namespace cleave {
+
+WeightCopies::~WeightCopies() {
+  for (void* p : ptrs_) be_.free(p);
+}
+
+void* WeightCopies::copy(const void* src, size_t bytes) {
+  void* dst = be_.alloc(bytes);
+  if (dst == nullptr) return nullptr;
+  be_.upload(dst, src, bytes);
+  ptrs_.push_back(dst);
+  bytes_ += bytes;
+  return dst;
+}
+
+Result<std::unique_ptr<WeightCopies>> LlamaModel::upload(Backend& backend, int32_t first,
+                                                         int32_t last, bool output) {
+  auto copies = std::make_unique<WeightCopies>(backend);
+  const int64_t dim = config_.dim;
+  auto oom = [&](const std::string& what, size_t bytes) {
+    return Status(Code::out_of_memory, "model: no room for " + what + " (" + std::to_string(bytes) +
+                                           " bytes) in " + backend.caps().name + " memory after " +
+                                           std::to_string(copies->bytes()) + " bytes of weights");
+  };
+  auto matrix = [&](WeightView& w, const std::string& what) -> Status {
+    const size_t bytes = size_t(w.rows) * w.row_bytes;
+    void* p = copies->copy(w.data, bytes);
+    if (p == nullptr) return oom(what, bytes);
+    w.data = p;
+    return Status::Ok();
+  };
+  auto vector = [&](const float*& v, const std::string& what) -> Status {
+    void* p = copies->copy(v, size_t(dim) * sizeof(float));
+    if (p == nullptr) return oom(what, size_t(dim) * sizeof(float));
+    v = static_cast<const float*>(p);
+    return Status::Ok();
+  };
+  const bool tied = output_.data == token_embd_.data;
+  CLEAVE_RETURN_IF_ERROR(matrix(token_embd_, "token_embd.weight"));
+  if (output) {
+    CLEAVE_RETURN_IF_ERROR(vector(output_norm_, "output_norm.weight"));
+    if (tied) output_.data = token_embd_.data;
+    else CLEAVE_RETURN_IF_ERROR(matrix(output_, "output.weight"));
+  }
+  for (int32_t i = first; i <= last; ++i) {
+    LlamaLayer& l = layers_[size_t(i)];
+    const std::string p = "blk." + std::to_string(i) + ".";
+    CLEAVE_RETURN_IF_ERROR(vector(l.attn_norm, p + "attn_norm.weight"));
+    CLEAVE_RETURN_IF_ERROR(vector(l.ffn_norm, p + "ffn_norm.weight"));
+    const std::pair<WeightView*, const char*> mats[] = {
+        {&l.wq, "attn_q"},    {&l.wk, "attn_k"}, {&l.wv, "attn_v"},    {&l.wo, "attn_output"},
+        {&l.gate, "ffn_gate"}, {&l.up, "ffn_up"}, {&l.down, "ffn_down"}, {&l.router, "ffn_gate_inp"}};
+    for (const auto& [w, name] : mats)
+      if (w->data) CLEAVE_RETURN_IF_ERROR(matrix(*w, p + name + ".weight"));
+  }
+  return copies;
+}
+
+}  // namespace cleave

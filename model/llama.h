@@ -38,6 +38,24 @@ struct LlamaLayer {
   std::vector<WeightView> gate_exps, up_exps, down_exps;  // MoE: one view per expert
 };
 
+// Weights copied into a backend's memory (LlamaModel::upload); freed when
+// this goes, which must be before the backend does.
+class WeightCopies {
+ public:
+  explicit WeightCopies(Backend& backend) : be_(backend) {}
+  WeightCopies(const WeightCopies&) = delete;
+  WeightCopies& operator=(const WeightCopies&) = delete;
+  ~WeightCopies();
+  // A copy of bytes at src in the backend's memory; nullptr when it is out of memory.
+  void* copy(const void* src, size_t bytes);
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  Backend& be_;
+  std::vector<void*> ptrs_;
+  uint64_t bytes_ = 0;
+};
+
 class LlamaModel {
  public:
   // Reads the config and binds every tensor, checking names, shapes and
@@ -69,6 +87,14 @@ class LlamaModel {
   // backend.prepare(w); under Compute::int8 w's file pages are released
   // after (the backend multiplies its panels, not them).
   void prepare_one(Backend& backend, const WeightView& w) const;
+  // For a backend whose memory is not the host's: copies what a forward
+  // pass over layers [first, last] reads (the token embeddings, those
+  // layers' norms and dense matrices and, with `output`, the final norm and
+  // output head) into its memory once, in their stored types, and rebinds
+  // the model's views to the copies. MoE experts are not copied.
+  // out_of_memory naming the tensor when the backend has no room.
+  Result<std::unique_ptr<WeightCopies>> upload(Backend& backend, int32_t first, int32_t last,
+                                               bool output);
 
  private:
   std::shared_ptr<const GgufFile> file_;

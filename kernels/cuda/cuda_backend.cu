@@ -299,6 +299,7 @@ class CudaBackend final : public Backend {
     c.name = "cuda";
     c.isa = isa_;
     c.threads = sm_count_;
+    c.host_memory = false;
     return c;
   }
   // The KV kernels read and write F32 only (F16 / Q8_0 caches: not yet).

@@ -1,0 +1,60 @@
+// Scratch in a backend's memory that grows on demand and is reused across
+// calls: what the engine's activations live in, so the same code runs on
+// host memory (CPU) and device memory (CUDA).
+#pragma once
+
+#include <cstddef>
+#include <cstdlib>
+#include <new>
+
+#include "kernels/backend.h"
+
+namespace cleave {
+
+template <class T>
+class BackendBuffer {
+ public:
+  explicit BackendBuffer(Backend& be) : be_(&be) {}
+  BackendBuffer(const BackendBuffer&) = delete;
+  BackendBuffer& operator=(const BackendBuffer&) = delete;
+  BackendBuffer(BackendBuffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
+  ~BackendBuffer() { release(); }
+
+  // At least n elements (contents not kept when it grows). Aborts when the
+  // backend is out of memory: scratch is small beside the weights and KV,
+  // which are allocated (and refused) up front.
+  T* grow(size_t n) {
+    if (n > n_) {
+      release();
+      const size_t want = n < 2 * n_ ? 2 * n_ : n;
+      p_ = static_cast<T*>(be_->alloc(want * sizeof(T)));
+      if (p_ == nullptr) std::abort();
+      n_ = want;
+    }
+    return p_;
+  }
+  T* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  void release() {
+    if (p_) be_->free(p_);
+    p_ = nullptr;
+    n_ = 0;
+  }
+  Backend* be_;
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+// Host values the backend's ops read: the host array itself when the
+// backend's memory is the host's, else a copy uploaded into buf.
+template <class T>
+const T* to_backend(Backend& be, bool host_memory, const T* host, size_t n, BackendBuffer<T>& buf) {
+  if (host_memory || n == 0) return host;
+  T* dev = buf.grow(n);
+  be.upload(dev, host, n * sizeof(T));
+  return dev;
+}
+
+}  // namespace cleave
