@@ -80,17 +80,25 @@ void configure_node_impl(caf::actor_system_config& config, const ClusterSpec& sp
   configure_workers(config, threads);
 }
 
-// A node's device: "cpu", or "cuda:N" refused at start with the reason (the
-// build has no CUDA backend, the device is not there, or the engine cannot
-// run on it yet), never ignored.
-Status check_device(const NodeSpec& node) {
+// A node's device: "cpu", or "cuda:N" when the build and the machine have
+// that GPU and the node hosts only what runs there (the engines of prefill,
+// decode and colocated stages; vision encoders stay on the CPU). Refused at
+// start with the reason otherwise, never ignored.
+Status check_device(const ClusterSpec& spec, const NodeSpec& node) {
   if (node.device == "cpu") return Status::Ok();
-  const int index = std::atoi(node.device.c_str() + 5);  // the loader checked "cuda:N"
-  auto backend = make_cuda_backend(index);
   const std::string what = "node '" + node.name + "': device " + node.device + ": ";
+  auto device = parse_device(node.device);
+  if (!device.ok()) return Status(Code::invalid_argument, what + device.status().message());
+  if (spec.compute != Compute::exact)
+    return Status(Code::unsupported, what + "compute = \"int8\" runs on the CPU backend only");
+  if (node.count("expert") > 0 || spec.count("expert") > 0)
+    return Status(Code::unsupported, what + "expert actors and the attention stages that feed them "
+                                            "run on the CPU backend only so far");
+  if (node.stage.set || node.count("stage") > 0)
+    return Status(Code::unsupported, what + "pipeline stages run on the CPU backend only so far");
+  auto backend = make_cuda_backend(device->index);
   if (!backend.ok()) return Status(Code::unavailable, what + backend.status().message());
-  return Status(Code::unsupported, what + "the device is there, but the engine's forward pass runs on "
-                                          "the CPU backend only so far; use device = \"cpu\"");
+  return Status::Ok();
 }
 
 // The node's stages and encoders, built before any actor.
@@ -114,6 +122,7 @@ Result<HostedActors> make_node_actors(const NodeOptions& o, const NodeSpec& node
   hs.file = o.file;
   hs.tokenizer = o.tokenizer;
   hs.engine = o.engine;
+  hs.engine.device = node.device;  // check_device() let it through
   if (node.threads > 0) hs.engine.threads = node.threads;
   // A pipeline's first stage: its one stage actor's engine holds the
   // script's range; the later stages attach to the head from their nodes.
@@ -314,7 +323,7 @@ class HeadNode final : public Node {
   }
 
   Status start() {
-    CLEAVE_RETURN_IF_ERROR(check_device(me_));
+    CLEAVE_RETURN_IF_ERROR(check_device(options_.spec, me_));
     auto hosted = make_node_actors(options_, me_);
     if (!hosted.ok()) return hosted.status();
     // A router and a store for every model the cluster serves; the head's
@@ -481,7 +490,7 @@ class WorkerNode final : public Node {
   }
 
   Status start() {
-    CLEAVE_RETURN_IF_ERROR(check_device(me_));
+    CLEAVE_RETURN_IF_ERROR(check_device(options_.spec, me_));
     auto hosted = make_node_actors(options_, me_);
     if (!hosted.ok()) return hosted.status();
     // Where decoders on other nodes connect for worker-to-worker KV streams

@@ -119,6 +119,7 @@ void check_topology_flags(const GenerateArgs& a, Topology topology) {
     throw CLI::ValidationError("--pipeline-micro-batches", kPipelineMicroBatchesNeeds);
   if (a.pipeline_parallel_size > 1 && !a.experts.empty())
     throw CLI::ValidationError("--pipeline-parallel-size", kPipelineWithExperts);
+  check_device_flag(a.numerics, !a.experts.empty(), a.pipeline_parallel_size);
 }
 
 // The same request through an actor topology: text streams as token events

@@ -20,12 +20,30 @@ void add_numerics_options(CLI::App* cmd, NumericsArgs& a) {
                   "(activations quantised per 32 values, integer dot products; faster, not equal "
                   "to exact; needs a Q8_0 model)")
       ->check(CLI::IsMember({"exact", "int8"}));
+  cmd->add_option("--device", a.device,
+                  "where each engine's forward pass runs: cpu (the default) or cuda:N (weights, "
+                  "activations and KV in GPU memory; dense models; the bits differ from the CPU's)")
+      ->check([](const std::string& s) {
+        auto d = parse_device(s);
+        return d.ok() ? std::string() : d.status().message();
+      });
+}
+
+void check_device_flag(const NumericsArgs& a, bool experts, int32_t pipeline_parallel_size) {
+  if (a.device == "cpu") return;
+  if (experts)
+    throw CLI::ValidationError("--device", a.device + ": expert hosts (--experts) run on the CPU backend only so far");
+  if (pipeline_parallel_size > 1)
+    throw CLI::ValidationError("--device", a.device +
+                                               ": pipeline stages (--pipeline-parallel-size) run on the "
+                                               "CPU backend only so far");
 }
 
 void apply_numerics(const NumericsArgs& a, EngineOptions& eo) {
   eo.cache_type_k = *dtype_from_name(a.k);
   eo.cache_type_v = *dtype_from_name(a.v);
   eo.compute = *compute_from_name(a.compute);
+  eo.device = a.device;
 }
 
 void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {
@@ -90,6 +108,7 @@ void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& a, b
     throw CLI::ValidationError("--pipeline-micro-batches", kPipelineMicroBatchesNeeds);
   if (a.pipeline_parallel_size > 1 && !a.experts.empty())
     throw CLI::ValidationError("--pipeline-parallel-size", kPipelineWithExperts);
+  check_device_flag(a.numerics, !a.experts.empty(), a.pipeline_parallel_size);
 }
 
 PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,

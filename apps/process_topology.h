@@ -13,13 +13,18 @@ namespace cleave {
 
 // The flags that choose a run's arithmetic: -ctk / --cache-type-k and
 // -ctv / --cache-type-v (llama.cpp's spellings), the KV cache's element
-// types: f32 (the default: exact), f16, q8_0; and --compute exact|int8, how
-// matmuls over Q8_0 weights compute (kernels/backend.h's Compute).
+// types: f32 (the default: exact), f16, q8_0; --compute exact|int8, how
+// matmuls over Q8_0 weights compute (kernels/backend.h's Compute); and
+// --device cpu|cuda:N (EngineOptions::device).
 struct NumericsArgs {
   std::string k = "f32", v = "f32";
   std::string compute = "exact";
+  std::string device = "cpu";  // --device: where the engines' forward pass runs
 };
 void add_numerics_options(CLI::App* cmd, NumericsArgs& a);
+// --device cuda:N beside what still runs on the CPU only (expert hosts, a
+// pipeline's later stages): a ValidationError naming --device.
+void check_device_flag(const NumericsArgs& a, bool experts, int32_t pipeline_parallel_size);
 // Sets eo's cache types and compute from the flags (their spellings checked
 // by CLI; a model without Q8_0 weights refuses int8 when the engine is made).
 void apply_numerics(const NumericsArgs& a, EngineOptions& eo);
