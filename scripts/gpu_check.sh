@@ -54,14 +54,27 @@ run cmake -S . -B "$BUILD_DIR" -DCMAKE_BUILD_TYPE="$BUILD_TYPE" \
 [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
 grep -q "CUDA backend ON" "$BUILD_DIR/gpu_check_configure.log" ||
   { echo "error: CMake did not enable the CUDA backend"; exit 1; }
-targets=(test_cuda)
+targets=(test_cuda cleave)
 ls tests/kernels/*.cpp >/dev/null 2>&1 && targets+=(test_kernels)
 run cmake --build "$BUILD_DIR" -j"$JOBS" --target "${targets[@]}" || exit 1
 
 status=0
-echo "== test_cuda (CUDA backend vs CPU backend, batch invariance, benchmark)"
+echo "== test_cuda (CUDA backend vs CPU backend op by op, the engine on cuda:0 against the CPU engine, batch invariance, benchmarks)"
 run timeout "$TEST_TIMEOUT" "$BUILD_DIR/tests/test_cuda" --duration=true 2>&1 | tee "$BUILD_DIR/gpu_check_test_cuda.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+echo "== cleave generate --device cuda:0 against --device cpu (greedy, 24 tokens)"
+gen_model="$BUILD_DIR/gpu_check_model.gguf"
+if run "$BUILD_DIR/apps/cleave" make-model --out "$gen_model" --vocab models/vocab/ggml-vocab-llama-spm.gguf \
+    --dim 256 --layers 4 --heads 8 --kv-heads 4 --ffn 512 --ctx 256 --type f16; then
+  for dev in cpu cuda:0; do
+    run timeout "$TEST_TIMEOUT" "$BUILD_DIR/apps/cleave" generate -m "$gen_model" --device "$dev" \
+      --prompt-ids 1,50,60,70,80,90,100 -n 24 --temp 0 --ignore-eos --json > "$BUILD_DIR/gpu_check_gen_$dev.json" ||
+      status=1
+    cat "$BUILD_DIR/gpu_check_gen_$dev.json"
+  done
+else
+  status=1
+fi
 if [ -x "$BUILD_DIR/tests/test_kernels" ]; then
   echo "== test_kernels (CPU backend)"
   run timeout "$TEST_TIMEOUT" "$BUILD_DIR/tests/test_kernels" || status=1
