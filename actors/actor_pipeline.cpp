@@ -142,9 +142,11 @@ Result<std::unique_ptr<Pipeline>> make_actor_pipeline(std::shared_ptr<const Gguf
     Status covered = check_expert_coverage(engine.config(), options.experts);
     if (!covered.ok()) return covered;
   }
+  auto device = kv_store_backend(options.kv_durable ? "cpu" : options.engine.device);
+  if (!device.ok()) return device.status();
   auto store = make_kv_store(options.kv_tier0_bytes, options.kv_tier1_bytes, options.kv_dir,
                              engine.model_fingerprint(), engine.kv_layout(), options.kv_durable,
-                             options.kv_disk_bytes);
+                             options.kv_disk_bytes, *device);
   if (!store.ok()) return store.status();
   auto pipeline = std::make_unique<ActorPipeline>(options, engine.context(), engine.config().n_vocab,
                                                   engine.config().dim);

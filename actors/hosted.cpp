@@ -1,5 +1,7 @@
 #include "actors/hosted.h"
 
+#include "storage/device_tier.h"
+
 #include <filesystem>
 
 #include "model/llama.h"
@@ -116,12 +118,24 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
 
 Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t tier1_bytes,
                                                    const std::string& dir, uint64_t fp,
-                                                   const KvLayout& layout, bool durable, size_t disk_bytes) {
+                                                   const KvLayout& layout, bool durable, size_t disk_bytes,
+                                                   std::shared_ptr<Backend> device) {
   constexpr size_t kDefaultTierBytes = size_t(64) << 20;
   std::vector<std::unique_ptr<Tier>> tiers;
   if (durable && dir.empty())
     return Status(Code::invalid_argument, "a durable KV store needs a directory (kv_dir)");
-  if (!durable) {
+  if (durable && device)
+    return Status(Code::invalid_argument, "a durable KV store keeps no memory tiers: no " +
+                                              device->caps().name + " tier (the engines' KV is on the device)");
+  if (device) {
+    auto t0 = DeviceTier::create(*device, tier0_bytes ? tier0_bytes : kDefaultTierBytes, fp, layout);
+    if (!t0.ok()) return t0.status();
+    tiers.push_back(std::move(t0.value()));
+    auto t1 = MemoryTier::create(MemoryKind::pinned_host, tier1_bytes ? tier1_bytes : kDefaultTierBytes,
+                                 fp, layout, device.get());
+    if (!t1.ok()) return t1.status();
+    tiers.push_back(std::move(t1.value()));
+  } else if (!durable) {
     auto t0 = MemoryTier::create(MemoryKind::host_arena, tier0_bytes ? tier0_bytes : kDefaultTierBytes,
                                  fp, layout);
     if (!t0.ok()) return t0.status();
@@ -150,7 +164,18 @@ Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t ti
   }
   auto store = TieredStore::create(std::move(tiers), fp, layout);
   if (!store.ok()) return store.status();
-  return std::shared_ptr<TieredStore>(std::move(store.value()));
+  // The tiers use the backend until the store is gone: it goes after.
+  return std::shared_ptr<TieredStore>(store.value().release(),
+                                      [device](TieredStore* s) { delete s; });
+}
+
+Result<std::shared_ptr<Backend>> kv_store_backend(const std::string& device) {
+  auto d = parse_device(device);
+  if (!d.ok()) return d.status();
+  if (d->kind == Device::Kind::cpu) return std::shared_ptr<Backend>();
+  auto be = make_backend(*d, 1);
+  if (!be.ok()) return Status(be.status().code(), "kv_store on " + device + ": " + be.status().message());
+  return std::shared_ptr<Backend>(std::move(be.value()));
 }
 
 }  // namespace cleave

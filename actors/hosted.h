@@ -91,9 +91,17 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec);
 // not a power cut) and a restarted process finds it; the stages' engines
 // keep the hot blocks in memory anyway. disk_bytes: the RocksDB tier's
 // capacity (0: 16 GiB); past it the least recently used blocks are dropped.
+// device (kv_store_backend()): tier 0 is that backend's memory (DeviceTier:
+// GPU memory for CUDA) and tier 1 page-locked host memory it allocates
+// (cudaHostAlloc); the store keeps the backend alive. Not durable only.
 Result<std::shared_ptr<TieredStore>> make_kv_store(size_t tier0_bytes, size_t tier1_bytes,
                                                    const std::string& dir, uint64_t model_fingerprint,
                                                    const KvLayout& layout, bool durable = false,
-                                                   size_t disk_bytes = 0);
+                                                   size_t disk_bytes = 0,
+                                                   std::shared_ptr<Backend> device = nullptr);
+// The kv_store's own backend for engines on `device` ("cpu" or "cuda:N";
+// its own, so its copies run on a stream of their own): nullptr for cpu;
+// the CUDA backend's status (unavailable, saying why) when there is none.
+Result<std::shared_ptr<Backend>> kv_store_backend(const std::string& device);
 
 }  // namespace cleave

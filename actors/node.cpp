@@ -263,8 +263,14 @@ NodeStore make_node_store(const NodeOptions& o, const NodeSpec& me, HostedActors
   out.n_embd = engine->config().dim;
   out.model_fingerprint = engine->model_fingerprint();
   out.layout = engine->kv_layout();
+  // On a GPU node the store's tiers are GPU and page-locked host memory.
+  auto device = kv_store_backend(me.kv_durable ? "cpu" : me.device);
+  if (!device.ok()) {
+    out.store = device.status();
+    return out;
+  }
   out.store = make_kv_store(size_t(me.kv_tier0_bytes), size_t(me.kv_tier1_bytes), kv_dir,
-                            out.model_fingerprint, out.layout, me.kv_durable);
+                            out.model_fingerprint, out.layout, me.kv_durable, 0, *device);
   return out;
 }
 

@@ -462,9 +462,11 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
   std::shared_ptr<TieredStore> store;
   if (!options.kv_dir.empty()) {
     const Engine& e = (*core)->engine();
+    auto device = kv_store_backend(options.kv_durable ? "cpu" : options.engine.device);
+    if (!device.ok()) return device.status();
     auto s = make_kv_store(options.kv_tier0_bytes, options.kv_tier1_bytes, options.kv_dir,
                            e.model_fingerprint(), e.kv_layout(), options.kv_durable,
-                           options.kv_disk_bytes);
+                           options.kv_disk_bytes, *device);
     if (!s.ok()) return s.status();
     store = std::move(s.value());
   }
