@@ -86,6 +86,7 @@ enum class Op {
   layer_norm,
   gelu,
   add,
+  full_attention,
 };
 
 // The GELU of a vision encoder: tanh is 0.5 x (1 + tanh(sqrt(2/pi) (x +
@@ -192,6 +193,17 @@ class Backend {
   // period = dim: a bias on every row). count is a multiple of period; y
   // may be a.
   virtual void add(const float* a, const float* b, int64_t count, int64_t period, float* y) = 0;
+  // The vision encoder's attention (full, not causal) over n_seq sequences
+  // of T rows: for each sequence s, head h and row i,
+  // out[s T + i][h hd, (h + 1) hd) = sum_j softmax_j(q_i . k_j * scale) v_j
+  // over the sequence's rows j. q, k, v and out are (n_seq T) x ld floats,
+  // each head's hd values at column h hd. A row's result depends on its own
+  // sequence only.
+  virtual void full_attention(const float* q, const float* k, const float* v, int64_t n_seq,
+                              int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld, float scale,
+                              float* out) = 0;
+  // `bytes` from src to dst, both in the backend's memory (not overlapping).
+  virtual void copy(void* dst, const void* src, size_t bytes) = 0;
 };
 
 enum class Isa { scalar, avx2, avx512 };

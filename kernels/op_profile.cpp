@@ -123,4 +123,18 @@ void ProfilingBackend::add(const float* a, const float* b, int64_t count, int64_
   record("add", since(t0), 0);
 }
 
+void ProfilingBackend::full_attention(const float* q, const float* k, const float* v, int64_t n_seq,
+                                      int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld,
+                                      float scale, float* out) {
+  const auto t0 = Clock::now();
+  inner_->full_attention(q, k, v, n_seq, T, n_heads, head_dim, ld, scale, out);
+  record("full_attention", since(t0), double(n_seq * T));
+}
+
+void ProfilingBackend::copy(void* dst, const void* src, size_t bytes) {
+  const auto t0 = Clock::now();
+  inner_->copy(dst, src, bytes);
+  record("copy", since(t0), 0);
+}
+
 }  // namespace cleave

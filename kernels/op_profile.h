@@ -58,6 +58,9 @@ class ProfilingBackend final : public Backend {
                   float* y) override;
   void gelu(const float* x, int64_t count, Gelu kind, float* y) override;
   void add(const float* a, const float* b, int64_t count, int64_t period, float* y) override;
+  void full_attention(const float* q, const float* k, const float* v, int64_t n_seq, int64_t T,
+                      int64_t n_heads, int64_t head_dim, int64_t ld, float scale, float* out) override;
+  void copy(void* dst, const void* src, size_t bytes) override;
 
  private:
   void record(const std::string& name, double seconds, double rows);

@@ -163,6 +163,18 @@ class FencedBackend final : public Backend {
     Open o(*this);
     inner_->add(a, b, count, period, y);
   }
+  void full_attention(const float* q, const float* k, const float* v, int64_t n_seq, int64_t T,
+                      int64_t n_heads, int64_t head_dim, int64_t ld, float scale, float* out) override {
+    check(q, "full_attention q"), check(k, "full_attention k"), check(v, "full_attention v");
+    check(out, "full_attention out");
+    Open o(*this);
+    inner_->full_attention(q, k, v, n_seq, T, n_heads, head_dim, ld, scale, out);
+  }
+  void copy(void* dst, const void* src, size_t bytes) override {
+    check(dst, "copy dst"), check(src, "copy src");
+    Open o(*this);
+    inner_->copy(dst, src, bytes);
+  }
 
  private:
   // The region readable and writable for one call of ours.

@@ -299,6 +299,41 @@ class CpuBackend final : public Backend {
     });
   }
 
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+
+  // Per (sequence, head): scores = Q K^T on the matmul kernel (K read in
+  // place as a strided F32 matrix, Q's head gathered dense), scaled,
+  // softmax, then times V transposed into a dense hd x T matrix, scattered
+  // back into out: each sequence alone, so no result depends on the batch.
+  void full_attention(const float* q, const float* k, const float* v, int64_t n_seq, int64_t T,
+                      int64_t n_heads, int64_t hd, int64_t ld, float scale, float* out) override {
+    if (n_seq <= 0 || T <= 0) return;
+    fa_scratch_.resize(size_t(T * T + 3 * T * hd));
+    float* scores = fa_scratch_.data();
+    float* qh = scores + T * T;
+    float* vt = qh + T * hd;
+    float* oh = vt + T * hd;
+    for (int64_t s = 0; s < n_seq; ++s) {
+      const int64_t base = s * T;
+      for (int64_t h = 0; h < n_heads; ++h) {
+        for (int64_t i = 0; i < T; ++i) {
+          const float* src = q + (base + i) * ld + h * hd;
+          std::copy(src, src + hd, qh + i * hd);
+          for (int64_t d = 0; d < hd; ++d) vt[d * T + i] = v[(base + i) * ld + h * hd + d];
+        }
+        const WeightView kv{DType::F32, k + base * ld + h * hd, T, hd, size_t(ld) * sizeof(float)};
+        matmul(kv, qh, T, scores);
+        for (int64_t e = 0; e < T * T; ++e) scores[e] *= scale;
+        softmax(scores, T, T);
+        const WeightView vv{DType::F32, vt, hd, T, size_t(T) * sizeof(float)};
+        matmul(vv, scores, T, oh);
+        for (int64_t i = 0; i < T; ++i) std::copy(oh + i * hd, oh + (i + 1) * hd, out + (base + i) * ld + h * hd);
+      }
+    }
+  }
+
   void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
     for (int64_t i = 0; i < n; ++i) {
       CLEAVE_CHECK(ids[i] >= 0 && ids[i] < table.rows);
@@ -490,6 +525,7 @@ class CpuBackend final : public Backend {
   const cpu::Kernels& k_;
   ThreadPool pool_;
   std::vector<float> scratch_;
+  std::vector<float> fa_scratch_;  // full_attention: one (sequence, head) at a time
   size_t scratch_stride_ = 0;
   std::vector<double> rope_freq_;
   float rope_base_ = 0.0f;

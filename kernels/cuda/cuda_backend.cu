@@ -426,6 +426,22 @@ class CudaBackend final : public Backend {
     cuda::launch_add(a, b, count, period, y, sm_count_, stream_);
   }
 
+  void full_attention(const float* q, const float* k, const float* v, int64_t n_seq, int64_t T,
+                      int64_t n_heads, int64_t head_dim, int64_t ld, float scale, float* out) override {
+    if (n_seq <= 0 || T <= 0 || n_heads <= 0) return;
+    // The scores of a row live in shared memory (48 KiB without opting in).
+    if (T > 12000) fail("full_attention: more than 12000 rows per sequence");
+    if (n_seq * T * n_heads > 0x7fffffff) fail("full_attention: too many (row, head) blocks for one launch");
+    use();
+    cuda::launch_full_attention(q, k, v, n_seq, T, n_heads, head_dim, ld, scale, out, stream_);
+  }
+
+  void copy(void* dst, const void* src, size_t bytes) override {
+    if (bytes == 0) return;
+    use();
+    CLEAVE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  }
+
   void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
     if (n <= 0 || table.cols <= 0) return;
     use();

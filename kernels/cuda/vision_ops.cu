@@ -75,4 +75,50 @@ void launch_add(const float* a, const float* b, int64_t count, int64_t period, f
   CLEAVE_CUDA_CHECK_LAUNCH("add_kernel");
 }
 
+namespace {
+__global__ void full_attention_kernel(const float* __restrict__ q, const float* __restrict__ k,
+                                      const float* __restrict__ v, int64_t T, int64_t n_heads,
+                                      int64_t hd, int64_t ld, float scale, float* __restrict__ out) {
+  extern __shared__ float sm[];  // T scores, then 32 for the reductions
+  float* scores = sm;
+  float* red = sm + T;
+  const int64_t r = int64_t(blockIdx.x) / n_heads, h = int64_t(blockIdx.x) % n_heads;
+  const int64_t first = r / T * T;  // the sequence's first row
+  const float* qi = q + r * ld + h * hd;
+  float m = -INFINITY;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+    const float* kj = k + (first + j) * ld + h * hd;
+    float acc = 0.0f;
+    for (int64_t d = 0; d < hd; ++d) acc = fmaf(qi[d], kj[d], acc);
+    scores[j] = acc * scale;
+    m = fmaxf(m, scores[j]);
+  }
+  m = block_max(m, red);
+  float sum = 0.0f;
+  for (int64_t j = threadIdx.x; j < T; j += blockDim.x) {
+    scores[j] = expf(scores[j] - m);
+    sum += scores[j];
+  }
+  sum = block_sum(sum, red);  // its __syncthreads also publishes scores
+  const float inv = 1.0f / sum;
+  for (int64_t d = threadIdx.x; d < hd; d += blockDim.x) {
+    const float* vd = v + first * ld + h * hd + d;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < T; ++j) acc = fmaf(scores[j], vd[j * ld], acc);
+    out[r * ld + h * hd + d] = acc * inv;
+  }
+}
+}  // namespace
+
+void launch_full_attention(const float* q, const float* k, const float* v, int64_t n_seq, int64_t T,
+                           int64_t n_heads, int64_t head_dim, int64_t ld, float scale, float* out,
+                           cudaStream_t stream) {
+  const int64_t blocks = n_seq * T * n_heads;
+  if (blocks <= 0) return;
+  const size_t shared = size_t(T + 32) * sizeof(float);
+  full_attention_kernel<<<unsigned(blocks), 128, shared, stream>>>(q, k, v, T, n_heads, head_dim, ld,
+                                                                    scale, out);
+  CLEAVE_CUDA_CHECK_LAUNCH("full_attention_kernel");
+}
+
 }  // namespace cleave::cuda

@@ -20,4 +20,12 @@ void launch_gelu(const float* x, int64_t count, bool tanh_form, float* y, int sm
 void launch_add(const float* a, const float* b, int64_t count, int64_t period, float* y,
                 int sm_count, cudaStream_t stream);
 
+// Backend::full_attention: one block per (row, head); the row's T scores in
+// shared memory (each a d-ordered fma chain), max and sum in block_max /
+// block_sum's fixed order, then each output value a j-ordered fma chain.
+// Every value's order depends on the shapes only, not on the batch.
+void launch_full_attention(const float* q, const float* k, const float* v, int64_t n_seq, int64_t T,
+                           int64_t n_heads, int64_t head_dim, int64_t ld, float scale, float* out,
+                           cudaStream_t stream);
+
 }  // namespace cleave::cuda

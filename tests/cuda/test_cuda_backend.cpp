@@ -284,6 +284,36 @@ TEST_CASE("cuda layer_norm, gelu, add (the vision encoder's ops) against cpu, ba
   }
 }
 
+TEST_CASE("cuda full_attention against cpu, batch invariant; copy") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  auto cpu = make_cpu_backend(2);
+  Rng rng(12);
+  for (int64_t T : {1, 37, 577}) {  // 577: ViT-L/14 at 336 px
+    CAPTURE(T);
+    const int64_t seqs = 3, heads = 4, hd = 64, ld = heads * hd;
+    const auto q = rng.vec(size_t(seqs * T * ld)), k = rng.vec(size_t(seqs * T * ld)),
+               v = rng.vec(size_t(seqs * T * ld));
+    const float scale = 1.0f / std::sqrt(float(hd));
+    Buf qc(*cpu, q), kc(*cpu, k), vc(*cpu, v), oc(*cpu, q.size() * 4);
+    Buf qg(*gpu, q), kg(*gpu, k), vg(*gpu, v), og(*gpu, q.size() * 4), o1(*gpu, q.size() * 4);
+    cpu->full_attention(qc.f(), kc.f(), vc.f(), seqs, T, heads, hd, ld, scale, oc.f());
+    gpu->full_attention(qg.f(), kg.f(), vg.f(), seqs, T, heads, hd, ld, scale, og.f());
+    for (int64_t s = 0; s < seqs; ++s)  // each sequence alone
+      gpu->full_attention(qg.f() + s * T * ld, kg.f() + s * T * ld, vg.f() + s * T * ld, 1, T, heads, hd,
+                          ld, scale, o1.f() + s * T * ld);
+    gpu->sync();
+    auto rg = og.get();
+    CHECK(rel_err(rg, oc.get()) <= 1e-5);
+    CHECK(same_bits(rg.data(), o1.get().data(), rg.size()));
+  }
+  const auto x = rng.vec(1000);
+  Buf a(*gpu, x), b(*gpu, x.size() * 4);
+  gpu->copy(b.p, a.p, x.size() * 4);
+  gpu->sync();
+  CHECK(b.get() == x);
+}
+
 TEST_CASE("cuda rope against cpu, batch invariant") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;

@@ -99,6 +99,11 @@ class CountingBackend final : public Backend {
   void add(const float* a, const float* b, int64_t c, int64_t p, float* y) override {
     cpu_->add(a, b, c, p, y);
   }
+  void full_attention(const float* q, const float* k, const float* v, int64_t n, int64_t t, int64_t h,
+                      int64_t hd, int64_t ld, float s, float* o) override {
+    cpu_->full_attention(q, k, v, n, t, h, hd, ld, s, o);
+  }
+  void copy(void* d, const void* s, size_t b) override { cpu_->copy(d, s, b); }
 
  private:
   std::unique_ptr<Backend> cpu_;
