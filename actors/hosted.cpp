@@ -53,6 +53,7 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
       if (!lm.ok()) return lm.status();
       VisionEncoderOptions vo = spec.vision;
       vo.n_embd = (*lm)->config().dim;
+      vo.device = spec.engine.device;  // encoders run where the node's engines do
       for (int32_t i = 0; i < count; ++i) {
         auto e = VisionEncoder::create(spec.mmproj, vo);
         if (!e.ok()) return e.status();

@@ -82,8 +82,8 @@ void configure_node_impl(caf::actor_system_config& config, const ClusterSpec& sp
 
 // A node's device: "cpu", or "cuda:N" when the build and the machine have
 // that GPU and the node hosts only what runs there (the engines of prefill,
-// decode and colocated stages; vision encoders stay on the CPU). Refused at
-// start with the reason otherwise, never ignored.
+// decode and colocated stages, vision encoders, the kv_store's tiers).
+// Refused at start with the reason otherwise, never ignored.
 Status check_device(const ClusterSpec& spec, const NodeSpec& node) {
   if (node.device == "cpu") return Status::Ok();
   const std::string what = "node '" + node.name + "': device " + node.device + ": ";

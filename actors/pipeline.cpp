@@ -480,6 +480,7 @@ Result<std::vector<std::shared_ptr<VisionEncoder>>> make_vision_encoders(const P
   if (!options.mmproj) return out;
   VisionEncoderOptions vo = options.vision;
   vo.n_embd = n_embd;
+  vo.device = options.engine.device;  // encoders run where the engines do
   const int32_t n = options.topology == Topology::mono ? 1 : options.vision_actors;
   for (int32_t i = 0; i < n; ++i) {
     auto e = VisionEncoder::create(options.mmproj, vo);

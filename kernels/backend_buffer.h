@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <new>
+#include <vector>
 
 #include "kernels/backend.h"
 
@@ -55,6 +56,37 @@ const T* to_backend(Backend& be, bool host_memory, const T* host, size_t n, Back
   T* dev = buf.grow(n);
   be.upload(dev, host, n * sizeof(T));
   return dev;
+}
+
+// Weights copied into a backend's memory once (LlamaModel::upload,
+// ClipModel::on); freed when this goes, which must be before the backend does.
+class WeightCopies {
+ public:
+  explicit WeightCopies(Backend& backend) : be_(backend) {}
+  WeightCopies(const WeightCopies&) = delete;
+  WeightCopies& operator=(const WeightCopies&) = delete;
+  ~WeightCopies();
+  // A copy of bytes at src in the backend's memory; nullptr when it is out of memory.
+  void* copy(const void* src, size_t bytes);
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  Backend& be_;
+  std::vector<void*> ptrs_;
+  uint64_t bytes_ = 0;
+};
+
+inline WeightCopies::~WeightCopies() {
+  for (void* p : ptrs_) be_.free(p);
+}
+
+inline void* WeightCopies::copy(const void* src, size_t bytes) {
+  void* dst = be_.alloc(bytes);
+  if (dst == nullptr) return nullptr;
+  be_.upload(dst, src, bytes);
+  ptrs_.push_back(dst);
+  bytes_ += bytes;
+  return dst;
 }
 
 }  // namespace cleave

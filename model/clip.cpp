@@ -98,18 +98,6 @@ Status get_rgb(const GgufFile& f, const std::string& key, float out[3], bool pos
     lhs = std::move(*_r);             \
   } while (0)
 
-// x[r] += b on each of `rows` rows (b may be empty: no bias).
-void add_bias(Backend& be, float* x, int64_t rows, const std::vector<float>& b) {
-  if (b.empty() || rows <= 0) return;
-  const int64_t dim = int64_t(b.size());
-  be.add(x, b.data(), rows * dim, dim, x);
-}
-
-void layer_norm(Backend& be, const float* x, int64_t rows, int64_t dim, const std::vector<float>& w,
-                const std::vector<float>& b, float eps, float* y) {
-  be.layer_norm(x, w.data(), b.data(), rows, dim, eps, y);
-}
-
 }  // namespace
 
 Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFile> file) {
@@ -275,10 +263,35 @@ Result<std::unique_ptr<ClipModel>> ClipModel::load(std::shared_ptr<const GgufFil
   return m;
 }
 
+// The activations: host vectors (per thread, see encode()) for a backend
+// whose memory is the host's, else buffers in the backend's memory.
+struct ClipModel::Buffers {
+  Buffers() = default;
+  explicit Buffers(Backend* be) : device(be) {}
+  float* get(int i, int64_t floats) {
+    if (!device) {
+      host[i].resize(size_t(floats));
+      return host[i].data();
+    }
+    if (!dev[i]) dev[i] = std::make_unique<BackendBuffer<float>>(*device);
+    return dev[i]->grow(size_t(floats));
+  }
+  Backend* device = nullptr;
+  std::vector<float> host[12];
+  std::unique_ptr<BackendBuffer<float>> dev[12];
+  std::vector<float> patches;  // host: the pixels rearranged, before the upload
+};
+
 Status ClipModel::encode(Backend& backend, const float* pixels, int64_t n, float* out) const {
   if (n < 1 || n > (1 << 16) || pixels == nullptr || out == nullptr)
     return Status(Code::invalid_argument, "clip: encode needs 1..65536 images and buffers (got " +
                                               std::to_string(n) + ")");
+  const bool host = backend.caps().host_memory;
+  if (placed_ ? placed_ != &backend : !host)
+    return Status(Code::invalid_argument, std::string("clip: the weights are ") +
+                                              (placed_ ? "placed on another backend" : "on the host") +
+                                              "; encode on the " + backend.caps().name +
+                                              " backend needs ClipModel::on() for it");
   auto check = [&](const WeightView& w, const char* what) -> Status {
     if (!backend.supports(Op::matmul, w.type))
       return Status(Code::unsupported, std::string("clip: backend ") + backend.caps().name +
@@ -295,7 +308,16 @@ Status ClipModel::encode(Backend& backend, const float* pixels, int64_t n, float
   // Scratch grows with the batch: a batch too large for memory is an error,
   // not an exception out of the library.
   try {
-    run(backend, pixels, n, out);
+    if (host) {
+      // Kept per thread and only grown: fresh buffers of a large batch come
+      // from mmap and page-fault on every call, which made one call of 16
+      // images 4x slower than 16 calls of one (bench --encoder).
+      thread_local Buffers scratch;
+      run(backend, scratch, pixels, n, out);
+    } else {
+      Buffers scratch(&backend);
+      run(backend, scratch, pixels, n, out);
+    }
   } catch (const std::bad_alloc&) {
     return Status(Code::out_of_memory, "clip: no memory for the scratch of " + std::to_string(n) +
                                            " images");
@@ -303,123 +325,153 @@ Status ClipModel::encode(Backend& backend, const float* pixels, int64_t n, float
   return Status::Ok();
 }
 
-namespace {
-// Per-thread activation buffers: each get() sizes one exactly (so loops over
-// size() stay right) and keeps its capacity between calls.
-struct Scratch {
-  std::vector<float> buffers[16];
-  std::vector<float>& get(int i, int64_t floats) {
-    buffers[i].resize(size_t(floats));
-    return buffers[i];
+Result<std::unique_ptr<ClipModel>> ClipModel::on(Backend& backend) const {
+  auto m = std::unique_ptr<ClipModel>(new ClipModel(*this));
+  m->placed_ = &backend;
+  m->placed_vectors_.clear();
+  m->copies_ = std::make_shared<WeightCopies>(backend);
+  WeightCopies& copies = *m->copies_;
+  auto oom = [&](const std::string& what, size_t bytes) {
+    return Status(Code::out_of_memory, "clip: no room for " + what + " (" + std::to_string(bytes) +
+                                           " bytes) in " + backend.caps().name + " memory after " +
+                                           std::to_string(copies.bytes()) + " bytes of weights");
+  };
+  auto matrix = [&](WeightView& w, const std::string& what) -> Status {
+    const size_t bytes = size_t(w.rows) * w.row_bytes;
+    void* p = copies.copy(w.data, bytes);
+    if (p == nullptr) return oom(what, bytes);
+    w.data = p;
+    return Status::Ok();
+  };
+  auto vector = [&](const std::vector<float>& v, const std::string& what) -> Status {
+    if (v.empty()) return Status::Ok();
+    void* p = copies.copy(v.data(), v.size() * sizeof(float));
+    if (p == nullptr) return oom(what, v.size() * sizeof(float));
+    m->placed_vectors_[v.data()] = static_cast<const float*>(p);
+    return Status::Ok();
+  };
+  CLEAVE_RETURN_IF_ERROR(matrix(m->patch_embd_, "v.patch_embd.weight"));
+  CLEAVE_RETURN_IF_ERROR(matrix(m->mm0_, "mm.0.weight"));
+  CLEAVE_RETURN_IF_ERROR(matrix(m->mm2_, "mm.2.weight"));
+  for (const auto* v : {&m->patch_b_, &m->class_embd_, &m->position_embd_, &m->pre_ln_w_, &m->pre_ln_b_,
+                        &m->post_ln_w_, &m->post_ln_b_, &m->mm0_b_, &m->mm2_b_})
+    CLEAVE_RETURN_IF_ERROR(vector(*v, "an encoder vector"));
+  for (size_t i = 0; i < m->layers_.size(); ++i) {
+    ClipLayer& l = m->layers_[i];
+    const std::string p = "v.blk." + std::to_string(i) + ".";
+    for (auto [w, name] : {std::pair{&l.q, "attn_q"}, std::pair{&l.k, "attn_k"}, std::pair{&l.v, "attn_v"},
+                           std::pair{&l.o, "attn_out"}, std::pair{&l.up, "ffn_up"},
+                           std::pair{&l.down, "ffn_down"}})
+      CLEAVE_RETURN_IF_ERROR(matrix(*w, p + name + ".weight"));
+    for (const auto* v : {&l.ln1_w, &l.ln1_b, &l.ln2_w, &l.ln2_b, &l.q_b, &l.k_b, &l.v_b, &l.o_b, &l.up_b,
+                          &l.down_b})
+      CLEAVE_RETURN_IF_ERROR(vector(*v, p + "norm or bias"));
   }
-};
-}  // namespace
+  return m;
+}
 
-void ClipModel::run(Backend& backend, const float* pixels, int64_t n, float* out) const {
+const float* ClipModel::at(const std::vector<float>& v) const {
+  if (!placed_ || v.empty()) return v.data();
+  return placed_vectors_.at(v.data());
+}
+
+void ClipModel::run(Backend& backend, Buffers& buf, const float* pixels, int64_t n, float* out) const {
   const ClipConfig& c = config_;
   const int64_t dim = c.dim, p = c.patch_size, side = c.image_size / c.patch_size;
   const int64_t np = c.n_patches, T = c.n_positions, rows = n * T, pdim = 3 * p * p;
   const int64_t S = c.image_size;
   const int64_t first_patch = c.has_class_embd ? 1 : 0;
+  const bool host = buf.device == nullptr;
+  // x[r] += b on each of `rows` rows (b may be empty: no bias).
+  auto add_bias = [&](float* x, int64_t nrows, const std::vector<float>& b) {
+    if (b.empty() || nrows <= 0) return;
+    backend.add(x, at(b), nrows * int64_t(b.size()), int64_t(b.size()), x);
+  };
+  auto layer_norm = [&](const float* x, const std::vector<float>& w, const std::vector<float>& b, float* y) {
+    backend.layer_norm(x, at(w), at(b), rows, dim, c.eps, y);
+  };
 
-  // Patch embedding: one row of 3 * p * p pixels per patch, (c, ky, kx) order.
-  // Scratch is kept per thread and only grows: fresh buffers of a large
-  // batch come from mmap and page-fault on every call, which made one call
-  // of 16 images 4x slower than 16 calls of one (bench --encoder).
-  thread_local Scratch scratch;
-  auto& patches = scratch.get(0, n * np * pdim);
-  auto& pe = scratch.get(1, n * np * dim);
+  // Patch embedding: one row of 3 * p * p pixels per patch, (c, ky, kx)
+  // order, arranged on the host (the image is the input).
+  buf.patches.resize(size_t(n * np * pdim));
   for (int64_t img = 0; img < n; ++img) {
     const float* px = pixels + img * 3 * S * S;
     for (int64_t py = 0; py < side; ++py)
       for (int64_t pxi = 0; pxi < side; ++pxi) {
-        float* dst = patches.data() + ((img * np) + py * side + pxi) * pdim;
+        float* dst = buf.patches.data() + ((img * np) + py * side + pxi) * pdim;
         for (int64_t ch = 0; ch < 3; ++ch)
           for (int64_t ky = 0; ky < p; ++ky)
             for (int64_t kx = 0; kx < p; ++kx)
               *dst++ = px[(ch * S + py * p + ky) * S + pxi * p + kx];
       }
   }
-  backend.matmul(patch_embd_, patches.data(), n * np, pe.data());
-  add_bias(backend, pe.data(), n * np, patch_b_);
+  const float* patches = buf.patches.data();
+  if (!host) {
+    float* dev = buf.get(0, n * np * pdim);
+    backend.upload(dev, patches, buf.patches.size() * sizeof(float));
+    patches = dev;
+  }
+  float* pe = buf.get(1, n * np * dim);
+  backend.matmul(patch_embd_, patches, n * np, pe);
+  add_bias(pe, n * np, patch_b_);
 
-  auto& x = scratch.get(2, rows * dim);
+  float* x = buf.get(2, rows * dim);
   for (int64_t img = 0; img < n; ++img) {
-    float* xi = x.data() + img * T * dim;
-    if (c.has_class_embd) std::copy(class_embd_.begin(), class_embd_.end(), xi);
-    std::copy(pe.begin() + img * np * dim, pe.begin() + (img + 1) * np * dim, xi + first_patch * dim);
+    float* xi = x + img * T * dim;
+    if (c.has_class_embd) backend.copy(xi, at(class_embd_), size_t(dim) * sizeof(float));
+    backend.copy(xi + first_patch * dim, pe + img * np * dim, size_t(np * dim) * sizeof(float));
   }
-  backend.add(x.data(), position_embd_.data(), rows * dim, T * dim, x.data());
-  if (c.has_pre_ln) layer_norm(backend, x.data(), rows, dim, pre_ln_w_, pre_ln_b_, c.eps, x.data());
+  backend.add(x, at(position_embd_), rows * dim, T * dim, x);
+  if (c.has_pre_ln) layer_norm(x, pre_ln_w_, pre_ln_b_, x);
 
-  auto& h = scratch.get(3, rows * dim);
-  auto& q = scratch.get(4, rows * dim);
-  auto& k = scratch.get(5, rows * dim);
-  auto& v = scratch.get(6, rows * dim);
-  auto& att = scratch.get(7, rows * dim);
-  auto& tmp = scratch.get(8, rows * dim);
-  auto& ff = scratch.get(9, rows * c.ffn);
-  auto& scores = scratch.get(10, T * T);
-  auto& qh = scratch.get(11, T * c.head_dim);
-  auto& vt = scratch.get(12, T * c.head_dim);
-  auto& oh = scratch.get(13, T * c.head_dim);
+  float* h = buf.get(3, rows * dim);
+  float* q = buf.get(4, rows * dim);
+  float* k = buf.get(5, rows * dim);
+  float* v = buf.get(6, rows * dim);
+  float* att = buf.get(7, rows * dim);
+  float* tmp = buf.get(8, rows * dim);
+  float* ff = buf.get(9, rows * c.ffn);
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
-  const int64_t hd = c.head_dim;
   for (const ClipLayer& l : layers_) {
-    layer_norm(backend, x.data(), rows, dim, l.ln1_w, l.ln1_b, c.eps, h.data());
-    backend.matmul(l.q, h.data(), rows, q.data());
-    backend.matmul(l.k, h.data(), rows, k.data());
-    backend.matmul(l.v, h.data(), rows, v.data());
-    add_bias(backend, q.data(), rows, l.q_b);
-    add_bias(backend, k.data(), rows, l.k_b);
-    add_bias(backend, v.data(), rows, l.v_b);
-    // Full attention within each image and head, on the backend's matmul and
-    // softmax: scores = Q K^T (K read in place as a strided matrix), then
-    // softmax(scores * scale) V with V transposed into a dense hd x T matrix.
-    // Each image runs alone, so the result does not depend on the batch.
-    for (int64_t img = 0; img < n; ++img) {
-      const int64_t base = img * T;
-      for (int64_t head = 0; head < c.n_heads; ++head) {
-        for (int64_t i = 0; i < T; ++i) {
-          const float* src = q.data() + (base + i) * dim + head * hd;
-          std::copy(src, src + hd, qh.begin() + i * hd);
-          for (int64_t d = 0; d < hd; ++d) vt[size_t(d * T + i)] = v[size_t((base + i) * dim + head * hd + d)];
-        }
-        const WeightView kv{DType::F32, k.data() + base * dim + head * hd, T, hd, size_t(dim) * sizeof(float)};
-        backend.matmul(kv, qh.data(), T, scores.data());
-        for (float& e : scores) e *= scale;
-        backend.softmax(scores.data(), T, T);
-        const WeightView vv{DType::F32, vt.data(), hd, T, size_t(T) * sizeof(float)};
-        backend.matmul(vv, scores.data(), T, oh.data());
-        for (int64_t i = 0; i < T; ++i)
-          std::copy(oh.begin() + i * hd, oh.begin() + (i + 1) * hd, att.begin() + (base + i) * dim + head * hd);
-      }
-    }
-    backend.matmul(l.o, att.data(), rows, tmp.data());
-    add_bias(backend, tmp.data(), rows, l.o_b);
-    backend.add(x.data(), tmp.data(), rows * dim, rows * dim, x.data());
+    layer_norm(x, l.ln1_w, l.ln1_b, h);
+    backend.matmul(l.q, h, rows, q);
+    backend.matmul(l.k, h, rows, k);
+    backend.matmul(l.v, h, rows, v);
+    add_bias(q, rows, l.q_b);
+    add_bias(k, rows, l.k_b);
+    add_bias(v, rows, l.v_b);
+    // Full attention within each image and head; each image alone, so the
+    // result does not depend on the batch.
+    backend.full_attention(q, k, v, n, T, c.n_heads, c.head_dim, dim, scale, att);
+    backend.matmul(l.o, att, rows, tmp);
+    add_bias(tmp, rows, l.o_b);
+    backend.add(x, tmp, rows * dim, rows * dim, x);
 
-    layer_norm(backend, x.data(), rows, dim, l.ln2_w, l.ln2_b, c.eps, h.data());
-    backend.matmul(l.up, h.data(), rows, ff.data());
-    add_bias(backend, ff.data(), rows, l.up_b);
-    backend.gelu(ff.data(), rows * c.ffn, c.use_gelu ? Gelu::tanh : Gelu::quick, ff.data());
-    backend.matmul(l.down, ff.data(), rows, tmp.data());
-    add_bias(backend, tmp.data(), rows, l.down_b);
-    backend.add(x.data(), tmp.data(), rows * dim, rows * dim, x.data());
+    layer_norm(x, l.ln2_w, l.ln2_b, h);
+    backend.matmul(l.up, h, rows, ff);
+    add_bias(ff, rows, l.up_b);
+    backend.gelu(ff, rows * c.ffn, c.use_gelu ? Gelu::tanh : Gelu::quick, ff);
+    backend.matmul(l.down, ff, rows, tmp);
+    add_bias(tmp, rows, l.down_b);
+    backend.add(x, tmp, rows * dim, rows * dim, x);
   }
-  if (c.use_post_ln) layer_norm(backend, x.data(), rows, dim, post_ln_w_, post_ln_b_, c.eps, x.data());
+  if (c.use_post_ln) layer_norm(x, post_ln_w_, post_ln_b_, x);
 
   // Projector over the patch tokens (class token dropped).
-  auto& feats = scratch.get(14, n * np * dim);
-  auto& hidden = scratch.get(15, n * np * c.mm_hidden);
-  for (int64_t img = 0; img < n; ++img)
-    std::copy(x.begin() + (img * T + first_patch) * dim, x.begin() + (img * T + T) * dim,
-              feats.begin() + img * np * dim);
-  backend.matmul(mm0_, feats.data(), n * np, hidden.data());
-  add_bias(backend, hidden.data(), n * np, mm0_b_);
-  backend.gelu(hidden.data(), n * np * c.mm_hidden, Gelu::tanh, hidden.data());
-  backend.matmul(mm2_, hidden.data(), n * np, out);
-  add_bias(backend, out, n * np, mm2_b_);
+  float* feats = x;
+  if (first_patch) {
+    feats = buf.get(10, n * np * dim);
+    for (int64_t img = 0; img < n; ++img)
+      backend.copy(feats + img * np * dim, x + (img * T + first_patch) * dim, size_t(np * dim) * sizeof(float));
+  }
+  float* hidden = buf.get(11, n * np * c.mm_hidden);
+  backend.matmul(mm0_, feats, n * np, hidden);
+  add_bias(hidden, n * np, mm0_b_);
+  backend.gelu(hidden, n * np * c.mm_hidden, Gelu::tanh, hidden);
+  float* y = host ? out : buf.get(0, n * np * c.projection_dim);  // the patches are used up
+  backend.matmul(mm2_, hidden, n * np, y);
+  add_bias(y, n * np, mm2_b_);
+  if (!host) backend.download(out, y, size_t(n * np * c.projection_dim) * sizeof(float));
 }
 
 }  // namespace cleave

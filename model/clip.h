@@ -33,10 +33,12 @@
 
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/backend_buffer.h"
 #include "model/gguf.h"
 #include "model/image.h"
 
@@ -98,18 +100,32 @@ class ClipModel {
 
   // Encodes n images: pixels is n x 3 x image_size x image_size (CHW, already
   // normalised, e.g. by preprocess_image), out is n x n_patches x
-  // projection_dim. The matrices run on `backend` (host-addressable memory:
-  // the CPU backend); each image's result is the same whether it is encoded
-  // alone or with others. invalid_argument for n < 1 or null pointers,
+  // projection_dim, both host memory. Every op runs on `backend`; each
+  // image's result is the same whether it is encoded alone or with others.
+  // A backend whose memory is not the host's (a GPU) needs the model placed
+  // there first (on()): the host then uploads the patches and downloads the
+  // output, and touches nothing else. invalid_argument for n < 1, null
+  // pointers, or a model placed on another backend (or not placed);
   // unsupported when the backend lacks matmul for the weight type,
-  // out_of_memory when the batch's scratch cannot be allocated. Scratch is
-  // per calling thread (kept between calls, grown to the largest batch):
-  // concurrent calls from different threads with their own backends are safe.
+  // out_of_memory when the batch's scratch cannot be allocated. On the host,
+  // scratch is per calling thread (kept between calls, grown to the largest
+  // batch): concurrent calls from different threads with their own backends
+  // are safe.
   Status encode(Backend& backend, const float* pixels, int64_t n, float* out) const;
+
+  // This model with its weights copied into the memory of `backend` (which
+  // must outlive it) once, in their stored types: the model encode() takes
+  // with that backend. out_of_memory naming the tensor when there is no room.
+  Result<std::unique_ptr<ClipModel>> on(Backend& backend) const;
 
  private:
   ClipModel() = default;
-  void run(Backend& backend, const float* pixels, int64_t n, float* out) const;
+  ClipModel(const ClipModel&) = default;
+  struct Buffers;
+  void run(Backend& backend, Buffers& buf, const float* pixels, int64_t n, float* out) const;
+  // A norm's, bias's or embedding's floats where the ops read them: its copy
+  // in the placed backend's memory, else the host vector itself.
+  const float* at(const std::vector<float>& v) const;
   std::shared_ptr<const GgufFile> file_;
   ClipConfig config_;
   WeightView patch_embd_;               // dim x (3 * patch * patch)
@@ -120,6 +136,11 @@ class ClipModel {
   std::vector<ClipLayer> layers_;       // the blocks that run (feature_layer of them)
   WeightView mm0_, mm2_;
   std::vector<float> mm0_b_, mm2_b_;
+  // Placed on a backend (on()): its copies of the weights, and each host
+  // vector's copy by the vector's address.
+  const Backend* placed_ = nullptr;
+  std::shared_ptr<WeightCopies> copies_;
+  std::unordered_map<const float*, const float*> placed_vectors_;
 };
 
 }  // namespace cleave

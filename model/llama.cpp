@@ -248,19 +248,6 @@ uint64_t compute_fingerprint(uint64_t file_fingerprint, Compute compute) {
 
 namespace cleave {
 
-WeightCopies::~WeightCopies() {
-  for (void* p : ptrs_) be_.free(p);
-}
-
-void* WeightCopies::copy(const void* src, size_t bytes) {
-  void* dst = be_.alloc(bytes);
-  if (dst == nullptr) return nullptr;
-  be_.upload(dst, src, bytes);
-  ptrs_.push_back(dst);
-  bytes_ += bytes;
-  return dst;
-}
-
 Result<std::unique_ptr<WeightCopies>> LlamaModel::upload(Backend& backend, int32_t first,
                                                          int32_t last, bool output) {
   auto copies = std::make_unique<WeightCopies>(backend);

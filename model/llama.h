@@ -9,6 +9,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/backend_buffer.h"
 #include "model/gguf.h"
 
 namespace cleave {
@@ -36,24 +37,6 @@ struct LlamaLayer {
   WeightView gate, up, down;                       // dense
   WeightView router;                               // MoE: n_experts x dim
   std::vector<WeightView> gate_exps, up_exps, down_exps;  // MoE: one view per expert
-};
-
-// Weights copied into a backend's memory (LlamaModel::upload); freed when
-// this goes, which must be before the backend does.
-class WeightCopies {
- public:
-  explicit WeightCopies(Backend& backend) : be_(backend) {}
-  WeightCopies(const WeightCopies&) = delete;
-  WeightCopies& operator=(const WeightCopies&) = delete;
-  ~WeightCopies();
-  // A copy of bytes at src in the backend's memory; nullptr when it is out of memory.
-  void* copy(const void* src, size_t bytes);
-  uint64_t bytes() const { return bytes_; }
-
- private:
-  Backend& be_;
-  std::vector<void*> ptrs_;
-  uint64_t bytes_ = 0;
 };
 
 class LlamaModel {

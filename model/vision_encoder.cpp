@@ -50,10 +50,20 @@ Result<std::unique_ptr<VisionEncoder>> VisionEncoder::create(std::shared_ptr<con
   auto clip = ClipModel::load(mmproj);
   if (!clip.ok()) return clip.status();
   if (options.n_embd != 0) CLEAVE_RETURN_IF_ERROR(check_projector_fits(**clip, options.n_embd));
+  auto device = parse_device(options.device);
+  if (!device.ok()) return Status(device.status().code(), "vision encoder: " + device.status().message());
+  auto backend = make_backend(*device, options.threads);
+  if (!backend.ok()) return Status(backend.status().code(), "vision encoder: " + backend.status().message());
   std::unique_ptr<VisionEncoder> e(new VisionEncoder());
   e->file_ = std::move(mmproj);
-  e->clip_ = std::move(clip.value());
-  e->backend_ = make_cpu_backend(options.threads);
+  e->backend_ = std::move(backend.value());
+  if (e->backend_->caps().host_memory) {
+    e->clip_ = std::move(clip.value());
+  } else {
+    auto placed = (*clip)->on(*e->backend_);
+    if (!placed.ok()) return placed.status();
+    e->clip_ = std::move(placed.value());
+  }
   e->options_ = options;
   e->cache_ = std::make_unique<EmbeddingCache>(options.cache_bytes);
   return e;

@@ -32,6 +32,9 @@ struct VisionEncoderOptions {
   // The language model's embedding width: 0 skips the check, else the
   // projector must give rows of this size.
   int32_t n_embd = 0;
+  // Where the encoder runs: "cpu", or "cuda:N" (the weights placed there
+  // once, ClipModel::on; the host uploads patches and downloads features).
+  std::string device = "cpu";
 };
 
 struct VisionEncoderCounters {
@@ -102,8 +105,8 @@ class VisionEncoder {
  private:
   VisionEncoder() = default;
   std::shared_ptr<const GgufFile> file_;
+  std::unique_ptr<Backend> backend_;  // before clip_: a placed model's weights live in it
   std::unique_ptr<ClipModel> clip_;
-  std::unique_ptr<Backend> backend_;
   VisionEncoderOptions options_;
   std::unique_ptr<EmbeddingCache> cache_;
   VisionEncoderCounters counters_;
