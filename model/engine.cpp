@@ -341,10 +341,7 @@ std::vector<BlockKey> Engine::keys_of(const Sequence& s) const {
 }
 
 Status Engine::copy_block(int32_t src, int32_t dst) {
-  // Through host memory: the backend moves bytes only between host and its own memory.
-  staging_.resize(own_block_bytes());
-  backend_->download(staging_.data(), block_data(src), own_block_bytes());
-  backend_->upload(block_data(dst), staging_.data(), own_block_bytes());
+  backend_->copy(block_data(dst), block_data(src), own_block_bytes());  // within its memory
   if (link_) {
     Status st = link_->copy_block(src, dst);
     if (!st.ok()) return broke(st);

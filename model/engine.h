@@ -281,7 +281,6 @@ class Engine {
   uint64_t clock_ = 0;
   CacheStats stats_;
   std::vector<Sequence> seqs_;
-  std::vector<uint8_t> staging_;  // host copy for copy-on-write
 
   // Scratch, grown on demand and reused across calls: the rows' ids,
   // positions and block tables on the host (and their copies in backend

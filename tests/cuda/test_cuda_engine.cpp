@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 
+#include "model/clip.h"
 #include "tests/cuda/gpu.h"
 #include "tests/model/model_fixtures.h"
 
@@ -196,4 +197,39 @@ TEST_CASE("cuda engine benchmark: decode at batch 1 and 32") {
                 batch, tok_s, s / 64 * 1e3, roofline, 100.0 * tok_s / roofline);
   }
 #endif
+}
+
+// The vision encoder on the GPU (ClipModel::on): features against the CPU's
+// within 1e-4 of their scale (float32 sums of other orders through 2 blocks
+// and the projector), and an image's bits alone equal its bits in a batch.
+TEST_CASE("cuda clip: features against the CPU, batch invariant on the GPU") {
+  auto gpu = gpu_or_skip();
+  if (!gpu) return;
+  ClipSpec spec;
+  spec.projection_dim = 48;
+  spec.mm_hidden = 80;
+  const std::string path = "/tmp/cleave_cuda_clip_" + std::to_string(::getpid()) + ".gguf";
+  REQUIRE(write_test_clip_model(spec, path).ok());
+  auto f = GgufFile::open(path);
+  REQUIRE(f.ok());
+  auto clip = ClipModel::load(*f);
+  REQUIRE(clip.ok());
+  const int64_t n = 3;
+  std::vector<float> px((*clip)->input_floats() * size_t(n));
+  for (size_t i = 0; i < px.size(); ++i) px[i] = float((i * 7919) % 1000) / 250.0f - 2.0f;
+  auto cpu = make_cpu_backend(4);
+  std::vector<float> want((*clip)->output_floats() * size_t(n)), got(want.size()), one((*clip)->output_floats());
+  REQUIRE((*clip)->encode(*cpu, px.data(), n, want.data()).ok());
+  auto placed = (*clip)->on(*gpu);
+  REQUIRE(placed.ok());
+  REQUIRE((*placed)->encode(*gpu, px.data(), n, got.data()).ok());
+  float scale = 0, diff = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    scale = std::max(scale, std::fabs(want[i]));
+    diff = std::max(diff, std::fabs(want[i] - got[i]));
+  }
+  CHECK(diff <= 1e-4f * scale);
+  std::printf("cuda clip: max |gpu - cpu| = %.2e of a scale %.2e\n", diff, scale);
+  REQUIRE((*placed)->encode(*gpu, px.data() + (*clip)->input_floats(), 1, one.data()).ok());
+  CHECK(std::memcmp(one.data(), got.data() + one.size(), one.size() * sizeof(float)) == 0);
 }

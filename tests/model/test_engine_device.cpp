@@ -138,7 +138,7 @@ TEST_CASE("engine on a device: the CPU backend's bits, and the host never touche
     REQUIRE(ec->size() == 3);  // 43 tokens
     for (size_t b = 0; b < 2; ++b) CHECK((*ec)[b].bytes == (*ed)[b].bytes);
     // A cached prefix ending inside a block: the next forward copies that
-    // block in device memory (download, upload) before writing it.
+    // block within device memory (Backend::copy) before writing it.
     for (Engine* e : {p.cpu.get(), p.dev.get()}) e->close_sequence(e == p.cpu.get() ? seq_cpu[1] : seq_dev[1]);
     auto rc = p.cpu->open_sequence(), rd = p.dev->open_sequence();
     REQUIRE((rc.ok() && rd.ok()));
