@@ -22,7 +22,7 @@ void add_numerics_options(CLI::App* cmd, NumericsArgs& a) {
       ->check(CLI::IsMember({"exact", "int8"}));
   cmd->add_option("--device", a.device,
                   "where each engine's forward pass runs: cpu (the default) or cuda:N (weights, "
-                  "activations and KV in GPU memory; dense models; the bits differ from the CPU's)")
+                  "activations and KV in GPU memory; the bits differ from the CPU's)")
       ->check([](const std::string& s) {
         auto d = parse_device(s);
         return d.ok() ? std::string() : d.status().message();

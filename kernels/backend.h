@@ -87,6 +87,7 @@ enum class Op {
   gelu,
   add,
   full_attention,
+  moe_combine,
 };
 
 // The GELU of a vision encoder: tanh is 0.5 x (1 + tanh(sqrt(2/pi) (x +
@@ -202,6 +203,12 @@ class Backend {
   virtual void full_attention(const float* q, const float* k, const float* v, int64_t n_seq,
                               int64_t T, int64_t n_heads, int64_t head_dim, int64_t ld, float scale,
                               float* out) = 0;
+  // The MoE combine: out[r][d] = sum over j < k, in order, of
+  // w[r k + j] * y[rows[r k + j]][d] (each product rounded, then added to a
+  // sum that starts at 0), for n rows of dim: expert j's output of row r
+  // sits at row rows[r k + j] of y.
+  virtual void moe_combine(const float* y, const int32_t* rows, const float* w, int64_t n, int64_t k,
+                           int64_t dim, float* out) = 0;
   // `bytes` from src to dst, both in the backend's memory (not overlapping).
   virtual void copy(void* dst, const void* src, size_t bytes) = 0;
 };

@@ -131,6 +131,13 @@ void ProfilingBackend::full_attention(const float* q, const float* k, const floa
   record("full_attention", since(t0), double(n_seq * T));
 }
 
+void ProfilingBackend::moe_combine(const float* y, const int32_t* rows, const float* w, int64_t n,
+                                   int64_t k, int64_t dim, float* out) {
+  const auto t0 = Clock::now();
+  inner_->moe_combine(y, rows, w, n, k, dim, out);
+  record("moe_combine", since(t0), double(n));
+}
+
 void ProfilingBackend::copy(void* dst, const void* src, size_t bytes) {
   const auto t0 = Clock::now();
   inner_->copy(dst, src, bytes);

@@ -60,6 +60,8 @@ class ProfilingBackend final : public Backend {
   void add(const float* a, const float* b, int64_t count, int64_t period, float* y) override;
   void full_attention(const float* q, const float* k, const float* v, int64_t n_seq, int64_t T,
                       int64_t n_heads, int64_t head_dim, int64_t ld, float scale, float* out) override;
+  void moe_combine(const float* y, const int32_t* rows, const float* w, int64_t n, int64_t k,
+                   int64_t dim, float* out) override;
   void copy(void* dst, const void* src, size_t bytes) override;
 
  private:

@@ -98,10 +98,6 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
       return Status(Code::unsupported, std::string("engine: cache type ") + what + " " +
                                            dtype_name(t) + " is not supported by the " +
                                            e->backend_->caps().name + " backend");
-  if (!e->host_ && c.n_experts > 0)
-    return Status(Code::unsupported, "engine: device " + o.device + " (" + e->backend_->caps().name +
-                                         "): MoE models run on the CPU backend only so far "
-                                         "(their routing reads rows on the host)");
   if (!e->host_) {
     // Weights once, in their stored types; the file's pages are not read again.
     auto copies = e->model_->upload(*e->backend_, 0, e->own_last_, e->own_last_ == c.n_layers - 1);

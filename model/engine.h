@@ -77,9 +77,9 @@ struct EngineOptions {
   // Where the forward pass runs (--device): "cpu", or "cuda:N", where the
   // weights are uploaded once and the activations, logits and paged KV live
   // in device memory; per step the host uploads token ids, positions and
-  // block tables and downloads the logits rows. On a device: dense models
-  // only, without an expert executor or stage link (unsupported otherwise),
-  // and KV types the backend supports.
+  // block tables and downloads the logits rows (and an MoE layer its rows'
+  // expert ids). On a device: no expert executor or stage link
+  // (unsupported otherwise), and KV types the backend supports.
   std::string device = "cpu";
 };
 

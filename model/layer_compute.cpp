@@ -61,7 +61,7 @@ void LayerCompute::run(const PagedKv& kv, int32_t kv_first, LayerRange layers, i
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
                 kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
-  CLEAVE_CHECK(host_ || (c.n_experts == 0 && experts == nullptr));
+  CLEAVE_CHECK(host_ || experts == nullptr);
   h_.grow(size_t(n * dim));
   q_.grow(size_t(n * q_dim));
   k_.grow(size_t(n * kv_dim));
@@ -163,26 +163,38 @@ void LayerCompute::ffn_start(const Call& call, const LlamaLayer& l, int32_t laye
     return;
   }
   const int64_t k = c.n_experts_used;
-  float* rl = grow_scratch(g.router_logits, n * c.n_experts);
-  int32_t* eid = grow_scratch(g.expert_ids, n * k);
-  float* ew = grow_scratch(g.expert_w, n * k);
+  float* rl = grow(g.router_logits, n * c.n_experts);
+  int32_t* eid_b = grow(g.expert_ids, n * k);
+  float* ew = grow(g.expert_w, n * k);
   be_.matmul(l.router, h, n, rl);
-  be_.topk_gating(rl, n, c.n_experts, k, eid, ew);
-  float* gx = grow_scratch(g.gather_x, n * k * dim);
-  float* gy = grow_scratch(g.gather_y, n * k * dim);
-  int32_t* slot = grow_scratch(g.gather_rows, n * k);  // row*k + j of each gathered row
+  be_.topk_gating(rl, n, c.n_experts, k, eid_b, ew);
+  // The gather is planned on the host from the rows' expert ids.
+  const int32_t* eid = eid_b;
+  if (!host_) {
+    g.ids_host.resize(size_t(n * k));
+    be_.download(g.ids_host.data(), eid_b, size_t(n * k) * sizeof(int32_t));
+    eid = g.ids_host.data();
+  }
+  g.src_host.resize(size_t(n * k));
+  g.at_host.resize(size_t(n * k));
+  float* gx = grow(g.gather_x, n * k * dim);
+  float* gy = grow(g.gather_y, n * k * dim);
   int64_t cnt = 0;
   for (int32_t e = 0; e < c.n_experts; ++e) {
     const int64_t first = cnt;
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t j = 0; j < k; ++j) {
         if (eid[r * k + j] != e) continue;
-        std::copy(h + r * dim, h + (r + 1) * dim, gx + cnt * dim);
-        slot[cnt++] = int32_t(r * k + j);
+        g.src_host[size_t(cnt)] = int32_t(r);
+        g.at_host[size_t(r * k + j)] = int32_t(cnt++);
       }
     }
     if (cnt > first) g.work.push_back(ExpertWork{e, cnt - first, gx + first * dim, gy + first * dim});
   }
+  // Each expert's rows one after another in gx: exact copies of h's rows.
+  const WeightView rows{DType::F32, h, n, dim, size_t(dim) * sizeof(float)};
+  be_.embed(rows, to_backend(be_, host_, g.src_host.data(), size_t(cnt), *ensure(g.gather_src)), cnt, gx);
+  g.at = to_backend(be_, host_, g.at_host.data(), size_t(n * k), *ensure(g.gather_at));
   g.gathered = cnt;
   if (call.experts) {
     g.ticket = call.experts->start(layer, g.work);
@@ -203,22 +215,8 @@ void LayerCompute::ffn_finish(const Call& call, FfnGroup& g) {
   const int64_t dim = c.dim, n = g.n;
   if (call.experts) call.experts->finish(g.ticket);
   float* tmp = tmp_.data() + g.r0 * dim;
-  if (c.n_experts > 0) {
-    const int64_t k = c.n_experts_used;
-    float* out = grow_scratch(g.moe_out, n * k * dim);  // row-major [row][j][dim]
-    const float* gy = g.gather_y.data();
-    const int32_t* slot = g.gather_rows.data();
-    const float* ew = g.expert_w.data();
-    for (int64_t i = 0; i < g.gathered; ++i)
-      std::copy(gy + i * dim, gy + (i + 1) * dim, out + int64_t(slot[i]) * dim);
-    for (int64_t r = 0; r < n; ++r) {
-      for (int64_t d = 0; d < dim; ++d) {
-        float acc = 0.f;
-        for (int64_t j = 0; j < k; ++j) acc += ew[r * k + j] * out[(r * k + j) * dim + d];
-        tmp[r * dim + d] = acc;
-      }
-    }
-  }
+  if (c.n_experts > 0)
+    be_.moe_combine(g.gather_y->data(), g.at, g.expert_w->data(), n, c.n_experts_used, dim, tmp);
   float* x = call.x + g.r0 * dim;
   be_.add(x, tmp, n * dim, n * dim, x);
 }

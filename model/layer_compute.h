@@ -8,13 +8,15 @@
 // and in which groups of rows, never changes a result.
 //
 // The activations live in the backend's memory (BackendBuffer): on a
-// device backend every op of a dense model runs there and the host touches
-// no activation. MoE routing and the expert executor read and write rows on
-// the host, so they need a backend whose memory is the host's (the engine
-// refuses them on a device).
+// device backend every op runs there and the host touches no activation;
+// an MoE layer downloads its rows' expert ids (n x k) to plan the gather
+// and uploads the plan. The expert executor reads and writes rows on the
+// host, so it needs a backend whose memory is the host's (the engine
+// refuses it on a device).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -76,8 +78,13 @@ class LayerCompute {
     bool started = false;
     uint64_t ticket = 0;
     int64_t gathered = 0;   // rows in gather_x (n * experts used)
-    std::vector<int32_t> expert_ids, gather_rows;
-    std::vector<float> expert_w, router_logits, moe_out, gather_x, gather_y;
+    // MoE, in the backend's memory: the router's logits, each row's experts
+    // and weights (gating order), the rows gathered per expert and their
+    // outputs, and where expert j's output of row r sits in gather_y.
+    std::unique_ptr<BackendBuffer<float>> router_logits, expert_w, gather_x, gather_y;
+    std::unique_ptr<BackendBuffer<int32_t>> expert_ids, gather_src, gather_at;
+    const int32_t* at = nullptr;  // gather_at's data, or the host array on the host
+    std::vector<int32_t> ids_host, src_host, at_host;  // the host's copies (plans the gather)
     std::vector<ExpertWork> work;
   };
   struct Call {  // one run()'s arguments
@@ -91,6 +98,15 @@ class LayerCompute {
   void attend(const Call& c, const LlamaLayer& l, int32_t layer, int64_t r0, int64_t n);
   void ffn_start(const Call& c, const LlamaLayer& l, int32_t layer, FfnGroup& g);
   void ffn_finish(const Call& c, FfnGroup& g);
+  template <class T>
+  BackendBuffer<T>* ensure(std::unique_ptr<BackendBuffer<T>>& b) {
+    if (!b) b = std::make_unique<BackendBuffer<T>>(be_);
+    return b.get();
+  }
+  template <class T>
+  T* grow(std::unique_ptr<BackendBuffer<T>>& b, int64_t n) {
+    return ensure(b)->grow(size_t(n));
+  }
 
   const LlamaModel& model_;
   Backend& be_;

@@ -287,6 +287,17 @@ Result<std::unique_ptr<WeightCopies>> LlamaModel::upload(Backend& backend, int32
         {&l.gate, "ffn_gate"}, {&l.up, "ffn_up"}, {&l.down, "ffn_down"}, {&l.router, "ffn_gate_inp"}};
     for (const auto& [w, name] : mats)
       if (w->data) CLEAVE_RETURN_IF_ERROR(matrix(*w, p + name + ".weight"));
+    // Stacked experts: one copy of each stack, the per-expert views into it.
+    for (auto [views, name] : {std::pair{&l.gate_exps, "ffn_gate_exps"}, std::pair{&l.up_exps, "ffn_up_exps"},
+                               std::pair{&l.down_exps, "ffn_down_exps"}}) {
+      if (views->empty()) continue;
+      const auto* base = static_cast<const uint8_t*>((*views)[0].data);
+      const size_t per = size_t((*views)[0].rows) * (*views)[0].row_bytes;
+      void* stack = copies->copy(base, per * views->size());
+      if (stack == nullptr) return oom(p + name + ".weight", per * views->size());
+      for (size_t e = 0; e < views->size(); ++e)
+        (*views)[e].data = static_cast<const uint8_t*>(stack) + e * per;
+    }
   }
   return copies;
 }

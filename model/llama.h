@@ -72,9 +72,9 @@ class LlamaModel {
   void prepare_one(Backend& backend, const WeightView& w) const;
   // For a backend whose memory is not the host's: copies what a forward
   // pass over layers [first, last] reads (the token embeddings, those
-  // layers' norms and dense matrices and, with `output`, the final norm and
-  // output head) into its memory once, in their stored types, and rebinds
-  // the model's views to the copies. MoE experts are not copied.
+  // layers' norms and matrices, MoE experts included, and, with `output`,
+  // the final norm and output head) into its memory once, in their stored
+  // types, and rebinds the model's views to the copies.
   // out_of_memory naming the tensor when the backend has no room.
   Result<std::unique_ptr<WeightCopies>> upload(Backend& backend, int32_t first, int32_t last,
                                                bool output);

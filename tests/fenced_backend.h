@@ -170,6 +170,13 @@ class FencedBackend final : public Backend {
     Open o(*this);
     inner_->full_attention(q, k, v, n_seq, T, n_heads, head_dim, ld, scale, out);
   }
+  void moe_combine(const float* y, const int32_t* rows, const float* w, int64_t n, int64_t k,
+                   int64_t dim, float* out) override {
+    check(y, "moe_combine y"), check(rows, "moe_combine rows"), check(w, "moe_combine w");
+    check(out, "moe_combine out");
+    Open o(*this);
+    inner_->moe_combine(y, rows, w, n, k, dim, out);
+  }
   void copy(void* dst, const void* src, size_t bytes) override {
     check(dst, "copy dst"), check(src, "copy src");
     Open o(*this);

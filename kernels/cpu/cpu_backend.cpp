@@ -303,6 +303,20 @@ class CpuBackend final : public Backend {
     if (bytes) std::memcpy(dst, src, bytes);
   }
 
+  // Plain scalar float arithmetic (this file has no FMA flags), so the sum
+  // is the same on every ISA and thread count.
+  void moe_combine(const float* y, const int32_t* rows, const float* w, int64_t n, int64_t k,
+                   int64_t dim, float* out) override {
+    rows_for(n, k * dim, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t d = 0; d < dim; ++d) {
+          float acc = 0.f;
+          for (int64_t j = 0; j < k; ++j) acc += w[r * k + j] * y[int64_t(rows[r * k + j]) * dim + d];
+          out[r * dim + d] = acc;
+        }
+    });
+  }
+
   // Per (sequence, head): scores = Q K^T on the matmul kernel (K read in
   // place as a strided F32 matrix, Q's head gathered dense), scaled,
   // softmax, then times V transposed into a dense hd x T matrix, scattered

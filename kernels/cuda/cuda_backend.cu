@@ -271,6 +271,21 @@ int grid_for(int64_t count, int threads, int max_blocks) {
 // All ops are queued on one blocking stream and return without waiting;
 // upload/download/sync/free wait for it. Not safe to call from two threads at
 // once (the row staging ring is per backend); use one backend per thread.
+// out[r][d] = sum_j w[r k + j] * y[rows[r k + j]][d], j in order, each
+// product rounded before the add (as the CPU backend computes it).
+__global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
+                                   const float* __restrict__ w, int64_t k, int64_t dim, int64_t count,
+                                   float* __restrict__ out) {
+  for (int64_t e = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; e < count;
+       e += int64_t(gridDim.x) * blockDim.x) {
+    const int64_t r = e / dim, d = e % dim;
+    float acc = 0.0f;
+    for (int64_t j = 0; j < k; ++j)
+      acc = __fadd_rn(acc, __fmul_rn(w[r * k + j], y[int64_t(rows[r * k + j]) * dim + d]));
+    out[e] = acc;
+  }
+}
+
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop) : device_(device) {
@@ -434,6 +449,16 @@ class CudaBackend final : public Backend {
     if (n_seq * T * n_heads > 0x7fffffff) fail("full_attention: too many (row, head) blocks for one launch");
     use();
     cuda::launch_full_attention(q, k, v, n_seq, T, n_heads, head_dim, ld, scale, out, stream_);
+  }
+
+  void moe_combine(const float* y, const int32_t* rows, const float* w, int64_t n, int64_t k,
+                   int64_t dim, float* out) override {
+    if (n <= 0 || dim <= 0) return;
+    use();
+    const int64_t count = n * dim;
+    moe_combine_kernel<<<unsigned(std::min<int64_t>((count + 255) / 256, 65535)), 256, 0, stream_>>>(
+        y, rows, w, k, dim, count, out);
+    CLEAVE_CUDA_CHECK_LAUNCH("moe_combine_kernel");
   }
 
   void copy(void* dst, const void* src, size_t bytes) override {

@@ -284,7 +284,7 @@ TEST_CASE("cuda layer_norm, gelu, add (the vision encoder's ops) against cpu, ba
   }
 }
 
-TEST_CASE("cuda full_attention against cpu, batch invariant; copy") {
+TEST_CASE("cuda full_attention against cpu, batch invariant; copy; moe_combine") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;
   auto cpu = make_cpu_backend(2);
@@ -312,6 +312,17 @@ TEST_CASE("cuda full_attention against cpu, batch invariant; copy") {
   gpu->copy(b.p, a.p, x.size() * 4);
   gpu->sync();
   CHECK(b.get() == x);
+  // moe_combine: products rounded, then added in order, on both: equal bits.
+  const int64_t n = 7, k = 2, dim = 300;
+  const auto y = rng.vec(size_t(n * k * dim)), w = rng.vec(size_t(n * k));
+  std::vector<int32_t> rows(size_t(n * k));
+  for (int64_t i = 0; i < n * k; ++i) rows[size_t(i)] = int32_t((i * 5) % (n * k));
+  Buf yc(*cpu, y), wc(*cpu, w), rc(*cpu, rows), oc(*cpu, size_t(n * dim) * 4);
+  Buf yg(*gpu, y), wg(*gpu, w), rg(*gpu, rows), og(*gpu, size_t(n * dim) * 4);
+  cpu->moe_combine(yc.f(), rc.i(), wc.f(), n, k, dim, oc.f());
+  gpu->moe_combine(yg.f(), rg.i(), wg.f(), n, k, dim, og.f());
+  gpu->sync();
+  CHECK(og.get() == oc.get());
 }
 
 TEST_CASE("cuda rope against cpu, batch invariant") {

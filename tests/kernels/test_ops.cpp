@@ -487,3 +487,28 @@ TEST_CASE("matmul batch invariance: long rows (k split into packed chunks)") {
     }
   }
 }
+
+TEST_CASE("moe_combine: each row's experts weighted and summed in gating order") {
+  const int64_t n = 5, k = 3, dim = 37, gathered = n * k;
+  const auto y = randv(size_t(gathered * dim), 501);
+  const auto w = randv(size_t(n * k), 502, 0.0f, 1.0f);
+  std::vector<int32_t> rows(size_t(n * k));
+  for (int64_t i = 0; i < n * k; ++i) rows[size_t(i)] = int32_t((i * 7) % gathered);  // a permutation
+  for (Isa isa : isas()) {
+    INFO(isa_name(isa));
+    for (int threads : {1, 2}) {
+      auto be = make_cpu_backend(threads, isa);
+      std::vector<float> out(size_t(n * dim));
+      be->moe_combine(y.data(), rows.data(), w.data(), n, k, dim, out.data());
+      for (int64_t r = 0; r < n; ++r)
+        for (int64_t d = 0; d < dim; ++d) {
+          float acc = 0.f;  // the order the op promises: products rounded, added from j = 0
+          for (int64_t j = 0; j < k; ++j) {
+            const float p = w[size_t(r * k + j)] * y[size_t(rows[size_t(r * k + j)] * dim + d)];
+            acc = acc + p;
+          }
+          REQUIRE(out[size_t(r * dim + d)] == acc);
+        }
+    }
+  }
+}

@@ -103,6 +103,10 @@ class CountingBackend final : public Backend {
                       int64_t hd, int64_t ld, float s, float* o) override {
     cpu_->full_attention(q, k, v, n, t, h, hd, ld, s, o);
   }
+  void moe_combine(const float* y, const int32_t* r, const float* w, int64_t n, int64_t k, int64_t d,
+                   float* o) override {
+    cpu_->moe_combine(y, r, w, n, k, d, o);
+  }
   void copy(void* d, const void* s, size_t b) override { cpu_->copy(d, s, b); }
 
  private:
