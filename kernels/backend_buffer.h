@@ -21,18 +21,25 @@ class BackendBuffer {
   BackendBuffer(BackendBuffer&& o) noexcept : be_(o.be_), p_(o.p_), n_(o.n_) { o.p_ = nullptr, o.n_ = 0; }
   ~BackendBuffer() { release(); }
 
-  // At least n elements (contents not kept when it grows). Aborts when the
-  // backend is out of memory: scratch is small beside the weights and KV,
-  // which are allocated (and refused) up front.
-  T* grow(size_t n) {
+  // At least n elements (contents not kept when it grows); nullptr (and
+  // empty) when the backend is out of memory.
+  T* try_grow(size_t n) {
     if (n > n_) {
       release();
-      const size_t want = n < 2 * n_ ? 2 * n_ : n;
+      size_t want = n < 2 * n_ ? 2 * n_ : n;
       p_ = static_cast<T*>(be_->alloc(want * sizeof(T)));
-      if (p_ == nullptr) std::abort();
+      if (p_ == nullptr && want > n) p_ = static_cast<T*>(be_->alloc((want = n) * sizeof(T)));
+      if (p_ == nullptr) return nullptr;
       n_ = want;
     }
     return p_;
+  }
+  // try_grow() for callers that reserved the size first (or whose sizes are
+  // bounded and tiny): out of memory here is a bug, so it aborts.
+  T* grow(size_t n) {
+    T* p = try_grow(n);
+    if (p == nullptr) std::abort();
+    return p;
   }
   T* data() const { return p_; }
   size_t size() const { return n_; }

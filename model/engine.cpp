@@ -550,6 +550,9 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     if (added[s]) need += seqs_[s].blocks->blocks_needed(added[s]);
   CLEAVE_RETURN_IF_ERROR(make_room(need));
   if (n == 0) return Status::Ok();
+  // Every buffer this batch needs, before any sequence changes: a device
+  // without room for its activations refuses the batch, losing nothing.
+  CLEAVE_RETURN_IF_ERROR(reserve(n, int64_t(items.size())));
   if (options_.compute == Compute::int8 && c.n_experts > 0 && !experts_ && !experts_prepared_) {
     // MoE experts this engine computes itself: their int8 panels once,
     // here (with an expert executor the hosts hold them instead).
@@ -623,6 +626,20 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
     for (size_t s = 0; s < seqs_.size(); ++s)
       if (added[s]) publish_full_blocks(seqs_[s]);
   return Status::Ok();
+}
+
+Status Engine::reserve(int64_t n, int64_t m) {
+  const LlamaConfig& c = config();
+  const size_t table_bound = size_t(m) * size_t((options_.context + options_.block_size - 1) / options_.block_size);
+  bool ok = x_->try_grow(size_t(n * c.dim));
+  if (ok && !host_)
+    ok = logits_->try_grow(size_t(m * c.n_vocab)) && ids_dev_->try_grow(size_t(n)) &&
+         pos_dev_->try_grow(size_t(n)) && tables_dev_->try_grow(table_bound);
+  Status st = ok ? compute_->reserve(n, m) : Status(Code::out_of_memory, "");
+  if (st.ok()) return st;
+  return Status(Code::out_of_memory, "engine: a batch of " + std::to_string(n) + " rows (" +
+                                         std::to_string(m) + " logits rows) does not fit the " +
+                                         backend_->caps().name + " backend's memory beside the weights and KV");
 }
 
 Status Engine::run_layers(int64_t n, float* x, const int32_t* pos, const AttnRow* rows,

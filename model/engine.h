@@ -260,6 +260,9 @@ class Engine {
   // micro-batches; logits of the rows in last_row.
   Status run_layers(int64_t n, float* x, const int32_t* pos, const AttnRow* rows,
                     const std::vector<int32_t>& last_row, float* logits);
+  // Scratch for a forward() of n rows and m logits rows, allocated now
+  // (out_of_memory when the backend has no room).
+  Status reserve(int64_t n, int64_t m);
   // The device path's limits (see EngineOptions::device): ok on the host.
   Status device_ready() const;
 

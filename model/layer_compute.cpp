@@ -54,6 +54,29 @@ LayerCompute::LayerCompute(const LlamaModel& model, Backend& backend)
       h_(backend), q_(backend), k_(backend), v_(backend), att_(backend), tmp_(backend),
       gate_(backend), up_(backend), last_(backend), which_(backend) {}
 
+Status LayerCompute::reserve(int64_t n, int64_t m) {
+  const LlamaConfig& c = model_.config();
+  const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
+                kv_dim = int64_t(c.n_kv_heads) * c.head_dim, k = std::max(1, c.n_experts_used);
+  const int64_t ffn_rows = c.n_experts > 0 ? n * k : n;  // an expert may take every gathered row
+  bool ok = h_.try_grow(size_t(n * dim)) && q_.try_grow(size_t(n * q_dim)) &&
+            k_.try_grow(size_t(n * kv_dim)) && v_.try_grow(size_t(n * kv_dim)) &&
+            att_.try_grow(size_t(n * q_dim)) && tmp_.try_grow(size_t(n * dim)) &&
+            gate_.try_grow(size_t(ffn_rows * c.ffn)) && up_.try_grow(size_t(ffn_rows * c.ffn)) &&
+            last_.try_grow(size_t(2 * m * dim)) && which_.try_grow(size_t(m));
+  if (ok && c.n_experts > 0) {
+    if (groups_.empty()) groups_.resize(1);
+    FfnGroup& g = groups_[0];
+    ok = ensure(g.router_logits)->try_grow(size_t(n * c.n_experts)) &&
+         ensure(g.expert_ids)->try_grow(size_t(n * k)) && ensure(g.expert_w)->try_grow(size_t(n * k)) &&
+         ensure(g.gather_x)->try_grow(size_t(n * k * dim)) && ensure(g.gather_y)->try_grow(size_t(n * k * dim)) &&
+         ensure(g.gather_src)->try_grow(size_t(n * k)) && ensure(g.gather_at)->try_grow(size_t(n * k));
+  }
+  if (ok) return Status::Ok();
+  return Status(Code::out_of_memory, "no room in " + be_.caps().name + " memory for the activations of " +
+                                         std::to_string(n) + " rows");
+}
+
 void LayerCompute::run(const PagedKv& kv, int32_t kv_first, LayerRange layers, int64_t n,
                        const int32_t* pos, const AttnRow* rows, float* x, ExpertExecutor* experts,
                        int32_t micro_batches) {

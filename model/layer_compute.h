@@ -66,6 +66,11 @@ class LayerCompute {
   // rows (attention on one group overlaps the experts of the one before).
   void run(const PagedKv& kv, int32_t kv_first, LayerRange layers, int64_t n, const int32_t* pos,
            const AttnRow* rows, float* x, ExpertExecutor* experts, int32_t micro_batches);
+  // Scratch for a run() of n rows (one micro-batch) and logits() of m, in
+  // the backend's memory, allocated now: out_of_memory naming the bytes when
+  // the backend has no room (then run() would abort), so a caller can refuse
+  // a batch before it changes anything.
+  Status reserve(int64_t n, int64_t m);
   // logits (m x n_vocab) of rows x[which[i]]: the final norm and the output
   // head. x and out in the backend's memory, which (m row indices) on the host.
   void logits(const float* x, const int32_t* which, int64_t m, float* out);

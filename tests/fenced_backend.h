@@ -37,6 +37,7 @@ class FencedBackend final : public Backend {
     // Ops given memory that is not this backend's, by name ("matmul x", ...).
     std::vector<std::string> violations;
     size_t live_allocations = 0;
+    size_t used_bytes = 0;  // of the region (freed memory is not reused)
   };
 
   explicit FencedBackend(std::unique_ptr<Backend> inner, size_t reserve = size_t(16) << 30)
@@ -62,6 +63,7 @@ class FencedBackend final : public Backend {
     const size_t at = (used_ + 63) / 64 * 64;
     if (at + bytes > reserve_) return nullptr;
     used_ = at + bytes;
+    log_->used_bytes = used_;
     live_[arena_ + at] = bytes;
     log_->live_allocations = live_.size();
     return arena_ + at;

@@ -268,9 +268,6 @@ int grid_for(int64_t count, int threads, int max_blocks) {
   return int(b < max_blocks ? b : max_blocks);
 }
 
-// All ops are queued on one blocking stream and return without waiting;
-// upload/download/sync/free wait for it. Not safe to call from two threads at
-// once (the row staging ring is per backend); use one backend per thread.
 // out[r][d] = sum_j w[r k + j] * y[rows[r k + j]][d], j in order, each
 // product rounded before the add (as the CPU backend computes it).
 __global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* __restrict__ rows,
@@ -286,6 +283,9 @@ __global__ void moe_combine_kernel(const float* __restrict__ y, const int32_t* _
   }
 }
 
+// All ops are queued on one blocking stream and return without waiting;
+// upload/download/sync/free wait for it. Not safe to call from two threads at
+// once (the row staging ring is per backend); use one backend per thread.
 class CudaBackend final : public Backend {
  public:
   CudaBackend(int device, const cudaDeviceProp& prop) : device_(device) {

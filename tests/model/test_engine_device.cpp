@@ -227,6 +227,47 @@ TEST_CASE("engine on a device: weights go up once, then a step moves ids and log
   CHECK(mf->violations.empty());
 }
 
+TEST_CASE("engine on a device: a batch whose activations do not fit is refused, losing nothing") {
+  const std::string path = model_path(small_dense(), "dense-f32");
+  EngineOptions o;
+  o.max_seqs = 16;
+  // How much of the device the weights and KV take.
+  size_t fixed = 0;
+  {
+    auto probe = std::make_unique<FencedBackend>(make_cpu_backend(1));
+    const auto log = probe->log();
+    auto e = Engine::create(open_model(path), o, std::move(probe));
+    REQUIRE(e.ok());
+    fixed = log->used_bytes;
+  }
+  // Room for a few rows' activations and logits, not for sixteen.
+  const size_t page = size_t(::sysconf(_SC_PAGESIZE));
+  auto fence = std::make_unique<FencedBackend>(make_cpu_backend(1), (fixed + (size_t(1) << 20)) / page * page + page);
+  const auto log = fence->log();
+  auto made = Engine::create(open_model(path), o, std::move(fence));
+  REQUIRE(made.ok());
+  Engine& e = **made;
+  const int32_t V = e.config().n_vocab;
+  std::vector<int32_t> seqs;
+  for (int i = 0; i < 16; ++i) seqs.push_back(*e.open_sequence());
+  const auto prompt = prompt_of(3, 9);
+  std::vector<Engine::Item> items;
+  for (int32_t s : seqs) items.push_back({s, prompt.data(), 3});
+  std::vector<float> lg(16 * size_t(V));
+  Status st = e.forward(items, lg.data());  // 16 logits rows of 32,000 floats: 2 MiB
+  CHECK(st.code() == Code::out_of_memory);
+  CHECK(st.message().find("does not fit the fenced backend's memory") != std::string::npos);
+  for (int32_t s : seqs) CHECK(e.sequence_length(s) == 0);
+  // One sequence's batch still runs, and its logits are the CPU engine's.
+  REQUIRE(e.forward({items[0]}, lg.data()).ok());
+  auto cpu = make_engine(path, o);
+  const int32_t cs = *cpu->open_sequence();
+  std::vector<float> want(static_cast<size_t>(V));
+  REQUIRE(cpu->forward({{cs, prompt.data(), 3}}, want.data()).ok());
+  CHECK(std::memcmp(want.data(), lg.data(), want.size() * sizeof(float)) == 0);
+  CHECK(log->violations.empty());
+}
+
 TEST_CASE("engine on a device: what it cannot run there is refused by name") {
   // (MoE models run there: the first two cases.)
   struct NoExperts final : ExpertExecutor {
