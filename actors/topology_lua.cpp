@@ -133,17 +133,6 @@ bool valid_host(const char* s, size_t len) {
   return true;
 }
 
-bool valid_device(const char* s, size_t len) {
-  if (len == 3 && std::memcmp(s, "cpu", 3) == 0) return true;
-  if (len < 6 || len > 9 || std::memcmp(s, "cuda:", 5) != 0) return false;
-  lua_Integer v = 0;
-  for (size_t i = 5; i < len; ++i) {
-    if (s[i] < '0' || s[i] > '9') return false;
-    v = v * 10 + (s[i] - '0');
-  }
-  return v <= kMaxCudaDevice && (len == 6 || s[5] != '0');
-}
-
 bool valid_env_name(const char* s, size_t len) {
   if (len < 1 || len > 128 || std::isdigit(static_cast<unsigned char>(s[0]))) return false;
   for (size_t i = 0; i < len; ++i)

@@ -54,7 +54,6 @@ constexpr const char* kClusterFieldList =
 constexpr size_t kMaxNodes = 4096;
 constexpr lua_Integer kMaxCount = 4096;       // actors of one kind on one node
 constexpr lua_Integer kMaxThreads = 4096;
-constexpr lua_Integer kMaxCudaDevice = 1023;
 constexpr lua_Integer kMaxTierBytes = lua_Integer(1) << 50;
 constexpr size_t kMaxPathBytes = 4096;
 constexpr size_t kMaxScriptBytes = 1 << 20;
@@ -143,7 +142,6 @@ bool opt_seconds(lua_State* L, int t, const char* key, const char* what, double*
 bool valid_name(const char* s, size_t len);
 // A host name or an IPv4/IPv6 address; resolving it is the node's business.
 bool valid_host(const char* s, size_t len);
-bool valid_device(const char* s, size_t len);
 bool valid_env_name(const char* s, size_t len);
 
 // The script's node{} (actors/topology_node.cpp) and cluster{}

@@ -1,6 +1,7 @@
 // node{}: one node of the cluster, validated into plain data before the
 // spec is touched (actors/topology.cpp says why).
 #include "actors/topology_lua.h"
+#include "kernels/backend.h"  // parse_device
 
 #include <algorithm>
 #include <cmath>
@@ -233,7 +234,7 @@ int lua_node(lua_State* L) {
   if (opt_integer(L, 1, "threads", what, &r.threads) && (r.threads < 0 || r.threads > kMaxThreads))
     raise(L, "%s: threads %I is out of range 0..%I (0: default)", what, r.threads, kMaxThreads);
   if (const char* device = opt_string(L, 1, "device", what, &len)) {
-    if (!valid_device(device, len))
+    if (std::strlen(device) != len || !parse_device(std::string(device, len)).ok())
       raise(L, "%s: bad device '%s' (expected \"cpu\" or \"cuda:N\")", what, device);
     r.device = device, r.device_len = len;
   }

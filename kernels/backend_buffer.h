@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdlib>
 #include <new>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -75,6 +76,18 @@ class WeightCopies {
   ~WeightCopies();
   // A copy of bytes at src in the backend's memory; nullptr when it is out of memory.
   void* copy(const void* src, size_t bytes);
+  // Copies `bytes` at data in and points data at the copy; out_of_memory
+  // naming `what` (and what is copied so far) when there is no room.
+  template <class T>
+  Status move_in(const T*& data, size_t bytes, const std::string& what) {
+    void* p = copy(data, bytes);
+    if (p == nullptr)
+      return Status(Code::out_of_memory, "no room for " + what + " (" + std::to_string(bytes) + " bytes) in " +
+                                             be_.caps().name + " memory after " + std::to_string(bytes_) +
+                                             " bytes of weights");
+    data = static_cast<const T*>(p);
+    return Status::Ok();
+  }
   uint64_t bytes() const { return bytes_; }
 
  private:

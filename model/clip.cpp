@@ -331,23 +331,17 @@ Result<std::unique_ptr<ClipModel>> ClipModel::on(Backend& backend) const {
   m->placed_vectors_.clear();
   m->copies_ = std::make_shared<WeightCopies>(backend);
   WeightCopies& copies = *m->copies_;
-  auto oom = [&](const std::string& what, size_t bytes) {
-    return Status(Code::out_of_memory, "clip: no room for " + what + " (" + std::to_string(bytes) +
-                                           " bytes) in " + backend.caps().name + " memory after " +
-                                           std::to_string(copies.bytes()) + " bytes of weights");
+  auto in = [&](Status status) {
+    return status.ok() ? status : Status(status.code(), "clip: " + status.message());
   };
-  auto matrix = [&](WeightView& w, const std::string& what) -> Status {
-    const size_t bytes = size_t(w.rows) * w.row_bytes;
-    void* p = copies.copy(w.data, bytes);
-    if (p == nullptr) return oom(what, bytes);
-    w.data = p;
-    return Status::Ok();
+  auto matrix = [&](WeightView& w, const std::string& what) {
+    return in(copies.move_in(w.data, size_t(w.rows) * w.row_bytes, what));
   };
   auto vector = [&](const std::vector<float>& v, const std::string& what) -> Status {
     if (v.empty()) return Status::Ok();
-    void* p = copies.copy(v.data(), v.size() * sizeof(float));
-    if (p == nullptr) return oom(what, v.size() * sizeof(float));
-    m->placed_vectors_[v.data()] = static_cast<const float*>(p);
+    const float* p = v.data();
+    CLEAVE_RETURN_IF_ERROR(in(copies.move_in(p, v.size() * sizeof(float), what)));
+    m->placed_vectors_[v.data()] = p;
     return Status::Ok();
   };
   CLEAVE_RETURN_IF_ERROR(matrix(m->patch_embd_, "v.patch_embd.weight"));

@@ -251,37 +251,25 @@ namespace cleave {
 Result<std::unique_ptr<WeightCopies>> LlamaModel::upload(Backend& backend, int32_t first,
                                                          int32_t last, bool output) {
   auto copies = std::make_unique<WeightCopies>(backend);
-  const int64_t dim = config_.dim;
-  auto oom = [&](const std::string& what, size_t bytes) {
-    return Status(Code::out_of_memory, "model: no room for " + what + " (" + std::to_string(bytes) +
-                                           " bytes) in " + backend.caps().name + " memory after " +
-                                           std::to_string(copies->bytes()) + " bytes of weights");
+  const size_t norm_bytes = size_t(config_.dim) * sizeof(float);
+  auto in = [&](Status status) {
+    return status.ok() ? status : Status(status.code(), "model: " + status.message());
   };
-  auto matrix = [&](WeightView& w, const std::string& what) -> Status {
-    const size_t bytes = size_t(w.rows) * w.row_bytes;
-    void* p = copies->copy(w.data, bytes);
-    if (p == nullptr) return oom(what, bytes);
-    w.data = p;
-    return Status::Ok();
-  };
-  auto vector = [&](const float*& v, const std::string& what) -> Status {
-    void* p = copies->copy(v, size_t(dim) * sizeof(float));
-    if (p == nullptr) return oom(what, size_t(dim) * sizeof(float));
-    v = static_cast<const float*>(p);
-    return Status::Ok();
+  auto matrix = [&](WeightView& w, const std::string& what) {
+    return in(copies->move_in(w.data, size_t(w.rows) * w.row_bytes, what));
   };
   const bool tied = output_.data == token_embd_.data;
   CLEAVE_RETURN_IF_ERROR(matrix(token_embd_, "token_embd.weight"));
   if (output) {
-    CLEAVE_RETURN_IF_ERROR(vector(output_norm_, "output_norm.weight"));
+    CLEAVE_RETURN_IF_ERROR(in(copies->move_in(output_norm_, norm_bytes, "output_norm.weight")));
     if (tied) output_.data = token_embd_.data;
     else CLEAVE_RETURN_IF_ERROR(matrix(output_, "output.weight"));
   }
   for (int32_t i = first; i <= last; ++i) {
     LlamaLayer& l = layers_[size_t(i)];
     const std::string p = "blk." + std::to_string(i) + ".";
-    CLEAVE_RETURN_IF_ERROR(vector(l.attn_norm, p + "attn_norm.weight"));
-    CLEAVE_RETURN_IF_ERROR(vector(l.ffn_norm, p + "ffn_norm.weight"));
+    CLEAVE_RETURN_IF_ERROR(in(copies->move_in(l.attn_norm, norm_bytes, p + "attn_norm.weight")));
+    CLEAVE_RETURN_IF_ERROR(in(copies->move_in(l.ffn_norm, norm_bytes, p + "ffn_norm.weight")));
     const std::pair<WeightView*, const char*> mats[] = {
         {&l.wq, "attn_q"},    {&l.wk, "attn_k"}, {&l.wv, "attn_v"},    {&l.wo, "attn_output"},
         {&l.gate, "ffn_gate"}, {&l.up, "ffn_up"}, {&l.down, "ffn_down"}, {&l.router, "ffn_gate_inp"}};
@@ -291,10 +279,9 @@ Result<std::unique_ptr<WeightCopies>> LlamaModel::upload(Backend& backend, int32
     for (auto [views, name] : {std::pair{&l.gate_exps, "ffn_gate_exps"}, std::pair{&l.up_exps, "ffn_up_exps"},
                                std::pair{&l.down_exps, "ffn_down_exps"}}) {
       if (views->empty()) continue;
-      const auto* base = static_cast<const uint8_t*>((*views)[0].data);
       const size_t per = size_t((*views)[0].rows) * (*views)[0].row_bytes;
-      void* stack = copies->copy(base, per * views->size());
-      if (stack == nullptr) return oom(p + name + ".weight", per * views->size());
+      const void* stack = (*views)[0].data;
+      CLEAVE_RETURN_IF_ERROR(in(copies->move_in(stack, per * views->size(), p + name + ".weight")));
       for (size_t e = 0; e < views->size(); ++e)
         (*views)[e].data = static_cast<const uint8_t*>(stack) + e * per;
     }
