@@ -237,7 +237,10 @@ std::vector<std::pair<std::string, uint64_t>> KvStreamCounters::snapshot() const
           {"kv_bytes_received", bytes_received},
           {"kv_blocks_received", blocks_received},
           {"kv_blocks_skipped", blocks_skipped},
-          {"kv_chunks_rejected", chunks_rejected}};
+          {"kv_chunks_rejected", chunks_rejected},
+          {"kv_shared_sent", shared_sent},
+          {"kv_shared_received", shared_received},
+          {"kv_shared_fallbacks", shared_fallbacks}};
 }
 
 void KvOutbox::put(uint64_t request_id, Records records) {

@@ -148,6 +148,10 @@ struct KvStreamCounters {
       blocks_sent{0};
   std::atomic<uint64_t> transfers_received{0}, transfers_failed{0}, chunks_received{0},
       bytes_received{0}, blocks_received{0}, blocks_skipped{0}, chunks_rejected{0};
+  // Streams between processes on one host through shared memory
+  // (actors/kv_shared.h): acknowledged offers (sender), streams taken
+  // (receiver), and tries that failed and went to the data socket.
+  std::atomic<uint64_t> shared_sent{0}, shared_received{0}, shared_fallbacks{0};
   std::vector<std::pair<std::string, uint64_t>> snapshot() const;
 };
 

@@ -116,6 +116,19 @@ struct Caps {
   // ops take only memory from alloc(), and the host reaches it through
   // upload() / download() alone.
   bool host_memory = true;
+  // alloc_shared / open_shared work: another process on this host can map
+  // this backend's memory (KV handed over without a socket).
+  bool shareable = false;
+};
+
+// Memory of a backend that another process on the same host may map
+// (Backend::alloc_shared): where it is here, its size, and the handle that
+// names it to the other process (a printable string; it travels in a
+// message).
+struct SharedRegion {
+  void* data = nullptr;
+  size_t bytes = 0;
+  std::string handle;
 };
 
 class Backend {
@@ -139,6 +152,27 @@ class Backend {
   // host memory for the CPU backend. nullptr when out of memory.
   virtual void* alloc_pinned_host(size_t bytes) = 0;
   virtual void free_pinned_host(void* ptr) = 0;
+
+  // Memory shared between processes on one host (Caps::shareable), for KV
+  // handed from a prefill process to a decoder without a socket or, on a
+  // GPU, a host copy. alloc_shared gives `bytes` of this backend's memory
+  // and a handle; free_shared releases it (another process's mapping stays
+  // valid until it closes it). open_shared maps another process's region
+  // read-only where the backend can say so (a malformed handle is
+  // invalid_argument, a region gone or of another size not_found or
+  // unavailable); close_shared unmaps it. The CPU backend shares memfd
+  // pages ("memfd:..." handles, kernels/cpu/shared_memory.h), CUDA device
+  // memory through IPC handles ("cudaipc:..."). Default: unsupported.
+  virtual Result<SharedRegion> alloc_shared(size_t bytes);
+  virtual void free_shared(const SharedRegion& region) { (void)region; }
+  virtual Result<const void*> open_shared(const std::string& handle, size_t bytes);
+  virtual void close_shared(const void* data, size_t bytes) { (void)data, (void)bytes; }
+  // XXH3-64 (seed 0) of each of n consecutive blocks of block_bytes at
+  // `data` (this backend's memory) into out[0..n) on the host: the checksum
+  // storage gives a block (checksum_bytes), computed where the bytes are,
+  // so device memory is checked without a copy to the host. Default
+  // (memory the host reads, where storage's checksum serves): unsupported.
+  virtual Status checksum_blocks(const void* data, size_t block_bytes, int64_t n, uint64_t* out);
 
   // A hint that `w` will be multiplied: a backend that multiplies some
   // weights in another form (the CPU backend's int8 panels) makes it now

@@ -37,6 +37,15 @@ class ProfilingBackend final : public Backend {
   void free(void* ptr) override { inner_->free(ptr); }
   void* alloc_pinned_host(size_t bytes) override { return inner_->alloc_pinned_host(bytes); }
   void free_pinned_host(void* ptr) override { inner_->free_pinned_host(ptr); }
+  Result<SharedRegion> alloc_shared(size_t bytes) override { return inner_->alloc_shared(bytes); }
+  void free_shared(const SharedRegion& r) override { inner_->free_shared(r); }
+  Result<const void*> open_shared(const std::string& h, size_t bytes) override {
+    return inner_->open_shared(h, bytes);
+  }
+  void close_shared(const void* p, size_t bytes) override { inner_->close_shared(p, bytes); }
+  Status checksum_blocks(const void* p, size_t block_bytes, int64_t n, uint64_t* out) override {
+    return inner_->checksum_blocks(p, block_bytes, n, out);
+  }
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
   void sync() override;

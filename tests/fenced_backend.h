@@ -54,6 +54,7 @@ class FencedBackend final : public Backend {
     Caps c = inner_->caps();
     c.name = "fenced";
     c.host_memory = false;
+    c.shareable = false;  // its arena is not shared with other processes
     return c;
   }
   bool supports(Op op, DType t) const override { return inner_->supports(op, t); }

@@ -11,6 +11,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/cpu/int8.h"
+#include "kernels/cpu/shared_memory.h"
 #include "kernels/cpu/kern.h"
 #include "kernels/thread_pool.h"
 
@@ -134,6 +135,7 @@ class CpuBackend final : public Backend {
     c.threads = pool_.threads();
     c.compute = compute_;
     if (compute_ == Compute::int8) c.int8_kernel = int8_.name;
+    c.shareable = true;
     return c;
   }
 
@@ -154,6 +156,12 @@ class CpuBackend final : public Backend {
     return std::aligned_alloc(4096, size == 0 ? 4096 : size);
   }
   void free_pinned_host(void* ptr) override { std::free(ptr); }
+  Result<SharedRegion> alloc_shared(size_t bytes) override { return memfd_alloc_shared(bytes); }
+  void free_shared(const SharedRegion& region) override { memfd_free_shared(region); }
+  Result<const void*> open_shared(const std::string& handle, size_t bytes) override {
+    return memfd_open_shared(handle, bytes);
+  }
+  void close_shared(const void* data, size_t bytes) override { memfd_close_shared(data, bytes); }
   void upload(void* dst, const void* src, size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }

@@ -28,6 +28,7 @@
 #include "kernels/backend.h"
 #pragma nv_diag_default 2810
 #include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/ipc.h"
 #include "kernels/cuda/matmul.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/weights.cuh"
@@ -315,6 +316,7 @@ class CudaBackend final : public Backend {
     c.isa = isa_;
     c.threads = sm_count_;
     c.host_memory = false;
+    c.shareable = true;
     return c;
   }
   // The KV kernels read and write F32 only (F16 / Q8_0 caches: not yet).
@@ -360,6 +362,20 @@ class CudaBackend final : public Backend {
     use();
     CLEAVE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // no copy may still read it
     CLEAVE_CUDA_CHECK(cudaFreeHost(ptr));
+  }
+  Result<SharedRegion> alloc_shared(size_t bytes) override { return cuda::ipc_alloc(device_, bytes); }
+  void free_shared(const SharedRegion& region) override { cuda::ipc_free(device_, region); }
+  Result<const void*> open_shared(const std::string& handle, size_t bytes) override {
+    return cuda::ipc_open(device_, handle, bytes);
+  }
+  void close_shared(const void* data, size_t bytes) override {
+    (void)bytes;
+    cuda::ipc_close(device_, data);
+  }
+  Status checksum_blocks(const void* data, size_t block_bytes, int64_t n, uint64_t* out) override {
+    use();
+    cuda::checksum_blocks(data, block_bytes, n, out, stream_);
+    return Status::Ok();
   }
   void upload(void* dst, const void* src, size_t bytes) override {
     if (bytes == 0) return;

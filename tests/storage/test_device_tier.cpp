@@ -56,7 +56,11 @@ class CountingBackend final : public Backend {
     ++pinned_frees;
     cpu_->free_pinned_host(p);
   }
-  Caps caps() const override { return cpu_->caps(); }
+  Caps caps() const override {
+    Caps c = cpu_->caps();
+    c.shareable = false;  // alloc_shared is not forwarded
+    return c;
+  }
   bool supports(Op op, DType t) const override { return cpu_->supports(op, t); }
   void* alloc(size_t b) override { return cpu_->alloc(b); }
   void free(void* p) override { cpu_->free(p); }

@@ -1,0 +1,193 @@
+#include "actors/kv_shared.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+
+namespace cleave {
+namespace {
+
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string line;
+  std::getline(f, line);
+  return line;
+}
+
+std::string link_of(const char* path) {
+  char buf[256];
+  const ssize_t n = readlink(path, buf, sizeof buf - 1);
+  return n > 0 ? std::string(buf, size_t(n)) : std::string();
+}
+
+}  // namespace
+
+const std::string& kv_host_identity() {
+  static const std::string id = [] {
+    const std::string boot = read_line("/proc/sys/kernel/random/boot_id");
+    const std::string pid_ns = link_of("/proc/self/ns/pid"), net_ns = link_of("/proc/self/ns/net");
+    if (boot.empty() || pid_ns.empty() || net_ns.empty()) return std::string();
+    return boot + "/" + pid_ns + "/" + net_ns;
+  }();
+  return id;
+}
+
+KvSharedOffers::~KvSharedOffers() {
+  for (auto& [id, e] : regions_) backend_->free_shared(e.region);
+}
+
+Result<std::string> KvSharedOffers::offer(uint64_t request_id, const std::vector<BlockRecord>& records,
+                                          int32_t first_block, msg::KvChunk& offer, int32_t corrupt_block) {
+  if (!backend_ || !backend_->caps().shareable)
+    return Status(Code::unsupported, "KV over shared memory: the sender's backend cannot share memory");
+  if (first_block < 0 || size_t(first_block) >= records.size())
+    return Status(Code::invalid_argument, "KV over shared memory: no blocks from block " +
+                                              std::to_string(first_block) + " of " +
+                                              std::to_string(records.size()));
+  const KvLayout& layout = records[size_t(first_block)].header.layout;
+  const size_t block_bytes = layout.block_bytes(), n = records.size() - size_t(first_block);
+  for (size_t i = 0; i < n; ++i) {
+    const BlockRecord& r = records[size_t(first_block) + i];
+    if (!(r.header.layout == layout) || r.bytes.size() != block_bytes)
+      return Status(Code::invalid_argument, "KV over shared memory: block " + std::to_string(first_block + i) +
+                                                " has another layout or size");
+  }
+  release(request_id);
+  auto region = backend_->alloc_shared(block_bytes * n);
+  if (!region.ok()) return region.status();
+  for (size_t i = 0; i < n; ++i)
+    backend_->upload(static_cast<uint8_t*>(region->data) + i * block_bytes,
+                     records[size_t(first_block) + i].bytes.data(), block_bytes);
+  if (corrupt_block >= 0) {
+    uint8_t* p = static_cast<uint8_t*>(region->data) + (size_t(corrupt_block) % n) * block_bytes;
+    uint8_t byte = 0;
+    backend_->download(&byte, p, 1);
+    byte ^= 1;
+    backend_->upload(p, &byte, 1);
+  }
+  backend_->sync();
+  offer = msg::KvChunk{};
+  offer.request_id = request_id;
+  offer.first_block = first_block;
+  offer.total_bytes = uint64_t(block_bytes) * n;
+  for (size_t i = 0; i < n; ++i) offer.headers.push_back(records[size_t(first_block) + i].header);
+  std::string handle = region->handle;
+  regions_[request_id] = Entry{std::move(region.value()), std::chrono::steady_clock::now()};
+  return handle;
+}
+
+void KvSharedOffers::release(uint64_t request_id) {
+  auto it = regions_.find(request_id);
+  if (it == regions_.end()) return;
+  backend_->free_shared(it->second.region);
+  regions_.erase(it);
+}
+
+size_t KvSharedOffers::expire(std::chrono::steady_clock::duration ttl) {
+  const auto now = std::chrono::steady_clock::now();
+  size_t n = 0;
+  for (auto it = regions_.begin(); it != regions_.end();) {
+    if (now - it->second.at > ttl) {
+      backend_->free_shared(it->second.region);
+      it = regions_.erase(it);
+      ++n;
+    } else {
+      ++it;
+    }
+  }
+  return n;
+}
+
+namespace {
+
+Status check_offer(const msg::KvChunk& offer, const msg::KvPull& pull, uint64_t max_total_bytes) {
+  auto bad = [&](const std::string& why) {
+    return Status(Code::invalid_argument,
+                  "KV over shared memory for request " + std::to_string(pull.request_id) + ": " + why);
+  };
+  if (offer.request_id != pull.request_id) return bad("the offer is for request " + std::to_string(offer.request_id));
+  if (offer.first_block != pull.first_block)
+    return bad("the offer starts at block " + std::to_string(offer.first_block) + ", asked for block " +
+               std::to_string(pull.first_block));
+  if (offer.headers.empty()) return bad("the offer has no blocks");
+  const KvLayout& layout = offer.headers.front().layout;
+  if (Status v = layout.validate(); !v.ok()) return bad(v.message());
+  for (const BlockHeader& h : offer.headers)
+    if (!(h.layout == layout)) return bad("blocks of different layouts in one offer");
+  uint64_t total = 0;
+  if (__builtin_mul_overflow(uint64_t(layout.block_bytes()), uint64_t(offer.headers.size()), &total) ||
+      total > max_total_bytes)
+    return bad(std::to_string(offer.headers.size()) + " blocks exceed the receiver's limit of " +
+               std::to_string(max_total_bytes) + " bytes");
+  if (offer.total_bytes != total)
+    return bad("a region of " + std::to_string(offer.total_bytes) + " bytes, the headers describe " +
+               std::to_string(total));
+  return Status::Ok();
+}
+
+Status mismatch(const msg::KvChunk& offer, size_t i) {
+  return Status(Code::corruption, "KV over shared memory for request " + std::to_string(offer.request_id) +
+                                      ": block " + std::to_string(offer.first_block + int32_t(i)) + " (key " +
+                                      offer.headers[i].key.hex() + ") does not match its checksum");
+}
+
+}  // namespace
+
+Result<std::vector<BlockRecord>> fetch_kv_shared(Backend& backend, const std::string& handle,
+                                                 const msg::KvChunk& offer, const msg::KvPull& pull,
+                                                 uint64_t max_total_bytes, KvStreamCounters& counters,
+                                                 BlockBufferPool* pool) {
+  CLEAVE_RETURN_IF_ERROR(check_offer(offer, pull, max_total_bytes));
+  if (!backend.caps().shareable)
+    return Status(Code::unsupported, "KV over shared memory: the receiver's backend cannot share memory");
+  if (!pool) pool = &block_buffer_pool();
+  auto mapped = backend.open_shared(handle, size_t(offer.total_bytes));
+  if (!mapped.ok()) return mapped.status();
+  const uint8_t* base = static_cast<const uint8_t*>(mapped.value());
+  const size_t block_bytes = offer.headers.front().layout.block_bytes(), n = offer.headers.size();
+  std::vector<BlockRecord> records(n);
+  Status st;
+  const bool host = backend.caps().host_memory;
+  size_t acquired = 0;
+  if (!host) {  // checked where the bytes are, then copied out
+    std::vector<uint64_t> sums(n);
+    st = backend.checksum_blocks(base, block_bytes, int64_t(n), sums.data());
+    for (size_t i = 0; st.ok() && i < n; ++i)
+      if (sums[i] != offer.headers[i].checksum) st = mismatch(offer, i);
+  }
+  for (size_t i = 0; st.ok() && i < n; ++i) {
+    records[i].header = offer.headers[i];
+    records[i].bytes = pool->acquire(block_bytes);
+    acquired = i + 1;
+    uint8_t* to = records[i].bytes.data();
+    const uint8_t* from = base + i * block_bytes;
+    if (!host) {
+      backend.download(to, from, block_bytes);
+    } else {
+      // Hash each piece of our copy while it is in cache: what is checked
+      // is what we keep, whatever the sender's pages do afterwards.
+      constexpr size_t kPiece = size_t(64) << 10;
+      ChecksumStream sum;
+      for (size_t off = 0; off < block_bytes; off += kPiece) {
+        const size_t len = std::min(kPiece, block_bytes - off);
+        std::memcpy(to + off, from + off, len);
+        sum.update(to + off, len);
+      }
+      if (sum.digest() != offer.headers[i].checksum) st = mismatch(offer, i);
+    }
+    ++counters.chunks_received;
+    counters.bytes_received += block_bytes;
+  }
+  backend.close_shared(mapped.value(), size_t(offer.total_bytes));
+  if (!st.ok()) {
+    ++counters.chunks_rejected;
+    records.resize(acquired);
+    pool->release(records);
+    return st;
+  }
+  return records;
+}
+
+}  // namespace cleave

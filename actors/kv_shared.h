@@ -1,0 +1,82 @@
+// KV handed between two processes on one host through shared memory (no
+// CAF): the prefill's kv_sender copies a stream's blocks into a region of a
+// shareable backend (Backend::alloc_shared) and answers the region's handle
+// with the block headers; the decoder's kv_receiver maps it, copies each
+// block out and checks it against its header's checksum, then acknowledges
+// so the sender frees the region. On the CPU backend that is two memcpys,
+// no socket; on a GPU backend the region is device memory (CUDA IPC) and
+// the checksums are taken on the device (Backend::checksum_blocks).
+//
+// "One host" is what shared memory reaches: the same boot of the same
+// machine, seen from the same PID and network namespaces (nodes in network
+// namespaces of their own, as the netns tests make, use the socket).
+// Anything that fails (no shareable backend, another host, a region gone,
+// a checksum that does not match) ends in a typed Status, and the receiver
+// falls back to the data socket.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "actors/kv_stream.h"
+#include "kernels/backend.h"
+
+namespace cleave {
+
+// This process's host identity ("" when /proc cannot say): boot id, PID
+// and network namespace. Two processes may share memory when theirs are
+// equal and not empty.
+const std::string& kv_host_identity();
+
+// A sender's regions, one per offered stream, until the receiver's ack or
+// the time to live. Not thread-safe (one kv_sender actor owns it).
+class KvSharedOffers {
+ public:
+  explicit KvSharedOffers(std::shared_ptr<Backend> backend) : backend_(std::move(backend)) {}
+  ~KvSharedOffers();
+  KvSharedOffers(const KvSharedOffers&) = delete;
+  KvSharedOffers& operator=(const KvSharedOffers&) = delete;
+
+  // Copies records[first_block..) into a new region (block i at i x
+  // block_bytes) and describes it: `offer` gets the request id, first
+  // block, total bytes and the block headers (their checksums are the
+  // records'); returns the handle. A new offer for the same request
+  // replaces the old one. corrupt_block >= 0 (tests) flips a bit in block
+  // corrupt_block mod n after the copy. unsupported when the backend does
+  // not share memory; invalid_argument for first_block past the records
+  // (or none after it), blocks of mixed layouts.
+  Result<std::string> offer(uint64_t request_id, const std::vector<BlockRecord>& records, int32_t first_block,
+                            msg::KvChunk& offer, int32_t corrupt_block = -1);
+  // The receiver is done with the region (or failed): it is freed.
+  void release(uint64_t request_id);
+  // Frees regions offered longer ago than ttl; returns how many.
+  size_t expire(std::chrono::steady_clock::duration ttl);
+  size_t size() const { return regions_.size(); }
+
+ private:
+  struct Entry {
+    SharedRegion region;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::shared_ptr<Backend> backend_;
+  std::unordered_map<uint64_t, Entry> regions_;
+};
+
+// The receiving end: checks `offer` against the pull (request, first block,
+// sizes, one valid layout, at most max_total_bytes: invalid_argument
+// otherwise), maps the region `handle` names, copies each block into a
+// buffer of `pool` (block_buffer_pool() when null) and checks it against its
+// header's checksum (corruption naming the block), then unmaps it. On a
+// backend whose memory the host does not read, the checksums are taken in
+// the region by the backend before the copy out. Counts chunks_received (one
+// per block), bytes_received.
+Result<std::vector<BlockRecord>> fetch_kv_shared(Backend& backend, const std::string& handle,
+                                                 const msg::KvChunk& offer, const msg::KvPull& pull,
+                                                 uint64_t max_total_bytes, KvStreamCounters& counters,
+                                                 BlockBufferPool* pool = nullptr);
+
+}  // namespace cleave

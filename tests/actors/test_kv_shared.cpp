@@ -1,0 +1,273 @@
+// KV over shared memory between processes on one host (actors/kv_shared.h,
+// the CPU backend's memfd regions, kernels/cpu/shared_memory.h): a forked
+// process maps the sender's region and gets the blocks bit for bit; bad
+// handles, offers that disagree with the pull and corrupt blocks are typed
+// errors; regions are freed on release, expiry and with their owner. A
+// backend whose memory the host does not read checks the blocks with its
+// own checksum op (here the CUDA checksum's code built for the host).
+#include <doctest/doctest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <thread>
+
+#include "actors/kv_shared.h"
+#include "kernels/cuda/xxh3.cuh"
+#include "tests/actors/kv_records.h"
+
+using namespace cleave;
+using cleave::test::make_records;
+
+namespace {
+
+msg::KvPull pull_of(uint64_t id, int32_t first) {
+  msg::KvPull p;
+  p.request_id = id;
+  p.first_block = first;
+  p.chunk_bytes = 4096;
+  p.window = 1;
+  return p;
+}
+
+bool same(const std::vector<BlockRecord>& got, const std::vector<BlockRecord>& want, size_t first) {
+  if (got.size() != want.size() - first) return false;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const BlockRecord& a = got[i];
+    const BlockRecord& b = want[first + i];
+    if (a.bytes != b.bytes || !(a.header.key == b.header.key) || a.header.checksum != b.header.checksum ||
+        a.header.n_tokens != b.header.n_tokens || !(a.header.layout == b.header.layout))
+      return false;
+  }
+  return true;
+}
+
+// Runs fn in a forked child; its exit status (0 = passed).
+template <class Fn>
+int in_child(Fn fn) {
+  const pid_t pid = fork();
+  if (pid == 0) _exit(fn());
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
+}
+
+// The CPU backend behind a device's contract for this path: memory the
+// host does not read, blocks checked by the backend's checksum op (the
+// CUDA kernel's XXH3 code, compiled for the host).
+class DeviceLike final : public Backend {
+ public:
+  std::shared_ptr<Backend> cpu = std::shared_ptr<Backend>(make_cpu_backend(1));
+  int checksum_calls = 0;
+  bool shareable = true;
+  Caps caps() const override {
+    Caps c = cpu->caps();
+    c.name = "device-like";
+    c.host_memory = false;
+    c.shareable = shareable;
+    return c;
+  }
+  bool supports(Op o, DType t) const override { return cpu->supports(o, t); }
+  void* alloc(size_t b) override { return cpu->alloc(b); }
+  void free(void* p) override { cpu->free(p); }
+  void upload(void* d, const void* s, size_t b) override { cpu->upload(d, s, b); }
+  void download(void* d, const void* s, size_t b) override { cpu->download(d, s, b); }
+  void sync() override {}
+  void* alloc_pinned_host(size_t b) override { return cpu->alloc_pinned_host(b); }
+  void free_pinned_host(void* p) override { cpu->free_pinned_host(p); }
+  Result<SharedRegion> alloc_shared(size_t b) override { return cpu->alloc_shared(b); }
+  void free_shared(const SharedRegion& r) override { cpu->free_shared(r); }
+  Result<const void*> open_shared(const std::string& h, size_t b) override { return cpu->open_shared(h, b); }
+  void close_shared(const void* p, size_t b) override { cpu->close_shared(p, b); }
+  Status checksum_blocks(const void* p, size_t bb, int64_t n, uint64_t* out) override {
+    ++checksum_calls;
+    for (int64_t i = 0; i < n; ++i) out[i] = xxh3::xxh3_64(static_cast<const uint8_t*>(p) + size_t(i) * bb, bb);
+    return Status::Ok();
+  }
+  void matmul(const WeightView& w, const float* x, int64_t n, float* y) override { cpu->matmul(w, x, n, y); }
+  void rmsnorm(const float* x, const float* w, int64_t n, int64_t d, float e, float* y) override {
+    cpu->rmsnorm(x, w, n, d, e, y);
+  }
+  void rope(float* x, int64_t n, int64_t h, int64_t d, const int32_t* p, float t) override {
+    cpu->rope(x, n, h, d, p, t);
+  }
+  void softmax(float* x, int64_t n, int64_t l) override { cpu->softmax(x, n, l); }
+  void silu_mul(const float* g, const float* u, int64_t c, float* o) override { cpu->silu_mul(g, u, c, o); }
+  void embed(const WeightView& t, const int32_t* ids, int64_t n, float* o) override { cpu->embed(t, ids, n, o); }
+  void topk_gating(const float* l, int64_t n, int64_t e, int64_t k, int32_t* ids, float* w) override {
+    cpu->topk_gating(l, n, e, k, ids, w);
+  }
+  void kv_write(const PagedKv& kv, int32_t l, const float* k, const float* v, const AttnRow* r, int64_t n) override {
+    cpu->kv_write(kv, l, k, v, r, n);
+  }
+  void attention(const PagedKv& kv, int32_t l, const float* q, const AttnRow* r, int64_t n, int32_t h, float s,
+                 float* o) override {
+    cpu->attention(kv, l, q, r, n, h, s, o);
+  }
+  void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t d, float e, float* y) override {
+    cpu->layer_norm(x, w, b, n, d, e, y);
+  }
+  void gelu(const float* x, int64_t c, Gelu k, float* y) override { cpu->gelu(x, c, k, y); }
+  void add(const float* a, const float* b, int64_t c, int64_t p, float* y) override { cpu->add(a, b, c, p, y); }
+  void full_attention(const float* q, const float* k, const float* v, int64_t s, int64_t t, int64_t h, int64_t d,
+                      int64_t ld, float scale, float* o) override {
+    cpu->full_attention(q, k, v, s, t, h, d, ld, scale, o);
+  }
+  void moe_combine(const float* y, const int32_t* r, const float* w, int64_t n, int64_t k, int64_t d,
+                   float* o) override {
+    cpu->moe_combine(y, r, w, n, k, d, o);
+  }
+  void copy(void* d, const void* s, size_t b) override { cpu->copy(d, s, b); }
+};
+
+}  // namespace
+
+TEST_CASE("kv shared: another process maps the region and gets the blocks bit for bit") {
+  auto records = make_records(5);
+  KvSharedOffers offers(std::shared_ptr<Backend>(make_cpu_backend(1)));
+  msg::KvChunk offer;
+  auto handle = offers.offer(7, *records, 2, offer);
+  REQUIRE(handle.ok());
+  CHECK(handle->rfind("memfd:", 0) == 0);
+  CHECK(offer.request_id == 7);
+  CHECK(offer.first_block == 2);
+  CHECK(offer.headers.size() == 3);
+  CHECK(offer.total_bytes == 3 * records->front().bytes.size());
+  CHECK(offers.size() == 1);
+  const int rc = in_child([&] {
+    auto cpu = make_cpu_backend(1);
+    KvStreamCounters counters;
+    auto got = fetch_kv_shared(*cpu, handle.value(), offer, pull_of(7, 2), uint64_t(1) << 30, counters);
+    if (!got.ok()) return 1;
+    if (!same(got.value(), *records, 2)) return 2;
+    if (counters.chunks_received != 3 || counters.bytes_received != offer.total_bytes) return 3;
+    return 0;
+  });
+  CHECK(rc == 0);
+  // Released: the region is gone for anyone who opens it later.
+  offers.release(7);
+  CHECK(offers.size() == 0);
+  auto cpu = make_cpu_backend(1);
+  KvStreamCounters counters;
+  auto gone = fetch_kv_shared(*cpu, handle.value(), offer, pull_of(7, 2), uint64_t(1) << 30, counters);
+  CHECK(gone.status().code() == Code::not_found);
+}
+
+TEST_CASE("kv shared: a handle that is malformed, of another size or of a reused descriptor is refused") {
+  auto cpu = make_cpu_backend(1);
+  for (const char* bad : {"", "memfd:", "memfd:1:2:3:4", "memfd:1:2:3:4:5:6", "memfd:-1:2:3:4:16",
+                          "memfd:1: 2:3:4:16", "memfd:1:2:3:4:16x", "shm:1:2:3:4:16", "memfd:+1:2:3:4:16"}) {
+    auto r = cpu->open_shared(bad, 16);
+    CHECK_MESSAGE(r.status().code() == Code::invalid_argument, bad);
+  }
+  auto region = cpu->alloc_shared(4096);
+  REQUIRE(region.ok());
+  CHECK(cpu->open_shared(region->handle, 8192).status().code() == Code::invalid_argument);
+  auto mapped = cpu->open_shared(region->handle, 4096);
+  REQUIRE(mapped.ok());
+  static_cast<uint8_t*>(region->data)[100] = 42;
+  CHECK(static_cast<const uint8_t*>(mapped.value())[100] == 42);  // the same pages
+  cpu->close_shared(mapped.value(), 4096);
+  const std::string old = region->handle;
+  cpu->free_shared(region.value());
+  // The descriptor number is taken again by another region: its inode differs.
+  auto other = cpu->alloc_shared(4096);
+  REQUIRE(other.ok());
+  auto stale = cpu->open_shared(old, 4096);
+  CHECK(stale.status().code() == Code::not_found);
+  cpu->free_shared(other.value());
+  CHECK(cpu->alloc_shared(0).status().code() == Code::invalid_argument);
+}
+
+TEST_CASE("kv shared: an offer that disagrees with the pull or a corrupt block is a typed error") {
+  auto records = make_records(4);
+  auto cpu = make_cpu_backend(1);
+  KvSharedOffers offers(std::shared_ptr<Backend>(make_cpu_backend(1)));
+  msg::KvChunk offer;
+  auto handle = offers.offer(3, *records, 0, offer);
+  REQUIRE(handle.ok());
+  const uint64_t big = uint64_t(1) << 30;
+  KvStreamCounters c;
+  CHECK(fetch_kv_shared(*cpu, *handle, offer, pull_of(4, 0), big, c).status().code() == Code::invalid_argument);
+  CHECK(fetch_kv_shared(*cpu, *handle, offer, pull_of(3, 1), big, c).status().code() == Code::invalid_argument);
+  CHECK(fetch_kv_shared(*cpu, *handle, offer, pull_of(3, 0), offer.total_bytes - 1, c).status().code() ==
+        Code::invalid_argument);
+  msg::KvChunk wrong = offer;
+  wrong.total_bytes += 1;
+  CHECK(fetch_kv_shared(*cpu, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
+  wrong = offer;
+  wrong.headers[1].layout.n_layers += 1;
+  CHECK(fetch_kv_shared(*cpu, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
+  wrong = offer;
+  wrong.headers.clear();
+  CHECK(fetch_kv_shared(*cpu, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
+  CHECK(c.chunks_received == 0);
+
+  // A bit flipped in block 2 of the region after the copy: caught, named.
+  msg::KvChunk corrupt_offer;
+  auto corrupt = offers.offer(5, *records, 0, corrupt_offer, /*corrupt_block=*/2);
+  REQUIRE(corrupt.ok());
+  auto got = fetch_kv_shared(*cpu, *corrupt, corrupt_offer, pull_of(5, 0), big, c);
+  CHECK(got.status().code() == Code::corruption);
+  CHECK(got.status().message().find("block 2 (key " + (*records)[2].header.key.hex()) != std::string::npos);
+  CHECK(c.chunks_rejected == 1);
+  // The good region still reads back.
+  auto good = fetch_kv_shared(*cpu, *handle, offer, pull_of(3, 0), big, c);
+  REQUIRE(good.ok());
+  CHECK(same(good.value(), *records, 0));
+}
+
+TEST_CASE("kv shared: a backend whose memory the host does not read checks blocks with its checksum op") {
+  auto records = make_records(3);
+  auto device = std::make_shared<DeviceLike>();
+  KvSharedOffers offers(device);
+  msg::KvChunk offer, corrupt_offer;
+  auto handle = offers.offer(1, *records, 0, offer);
+  auto corrupt = offers.offer(2, *records, 0, corrupt_offer, 0);
+  REQUIRE(handle.ok());
+  REQUIRE(corrupt.ok());
+  KvStreamCounters c;
+  auto got = fetch_kv_shared(*device, *handle, offer, pull_of(1, 0), uint64_t(1) << 30, c);
+  REQUIRE(got.ok());
+  CHECK(same(got.value(), *records, 0));
+  CHECK(device->checksum_calls == 1);
+  auto bad = fetch_kv_shared(*device, *corrupt, corrupt_offer, pull_of(2, 0), uint64_t(1) << 30, c);
+  CHECK(bad.status().code() == Code::corruption);
+  CHECK(device->checksum_calls == 2);
+}
+
+TEST_CASE("kv shared: offers are replaced, expire, and refuse what they cannot share") {
+  auto records = make_records(3);
+  auto cpu = std::shared_ptr<Backend>(make_cpu_backend(1));
+  std::string first_handle;
+  {
+    KvSharedOffers offers(cpu);
+    msg::KvChunk offer;
+    auto h1 = offers.offer(9, *records, 0, offer);
+    REQUIRE(h1.ok());
+    first_handle = *h1;
+    auto h2 = offers.offer(9, *records, 1, offer);  // replaces the first
+    REQUIRE(h2.ok());
+    CHECK(offers.size() == 1);
+    CHECK(cpu->open_shared(first_handle, 3 * records->front().bytes.size()).status().code() == Code::not_found);
+    CHECK(offers.expire(std::chrono::hours(1)) == 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    CHECK(offers.expire(std::chrono::milliseconds(1)) == 1);
+    CHECK(offers.size() == 0);
+    CHECK(offers.offer(10, *records, 3, offer).status().code() == Code::invalid_argument);
+    CHECK(offers.offer(10, *records, -1, offer).status().code() == Code::invalid_argument);
+    auto kept = offers.offer(11, *records, 0, offer);
+    REQUIRE(kept.ok());
+    first_handle = *kept;
+  }
+  // Freed with the offers that held it.
+  CHECK(cpu->open_shared(first_handle, 3 * records->front().bytes.size()).status().code() == Code::not_found);
+
+  auto no_share = std::make_shared<DeviceLike>();
+  no_share->shareable = false;
+  KvSharedOffers none(no_share);
+  msg::KvChunk offer;
+  CHECK(none.offer(1, *records, 0, offer).status().code() == Code::unsupported);
+  CHECK_FALSE(kv_host_identity().empty());
+  CHECK(kv_host_identity() == kv_host_identity());
+}
