@@ -74,6 +74,8 @@ using kv_fetch_atom = caf::atom_constant<caf::atom("kv_fetch")>;
 using encode_atom = caf::atom_constant<caf::atom("encode")>;
 using kv_socket_atom = caf::atom_constant<caf::atom("kv_socket")>;
 using kv_done_atom = caf::atom_constant<caf::atom("kv_done")>;
+using kv_shared_atom = caf::atom_constant<caf::atom("kv_shared")>;
+using kv_shared_done_atom = caf::atom_constant<caf::atom("kv_shdone")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using expert_atom = caf::atom_constant<caf::atom("expert")>;
 using expert_host_atom = caf::atom_constant<caf::atom("exhost")>;
@@ -159,20 +161,30 @@ inline std::string pool_holder_name(const caf::actor_addr& store) { return caf::
 // (false, or an error: the stage reads the store instead); chunk (from the
 // sender) answers the chunk's seq: the ack that lets the sender send
 // another. kv_done (from its own socket thread): the stream of that request
-// on the data socket ended (the outcome waits in the socket results).
+// on the data socket ended (the outcome waits in the socket results);
+// kv_shared_done (id, ok): its copy out of shared memory ended (ok: the
+// records wait there too; not ok: the data socket next).
 using kv_receiver_actor =
     caf::typed_actor<caf::replies_to<kv_fetch_atom, Bytes, caf::actor, std::string>::with<bool>,
                      caf::replies_to<kv_chunk_atom, Bytes>::with<uint32_t>,
-                     caf::reacts_to<kv_done_atom, uint64_t>, caf::reacts_to<tick_atom>>;
+                     caf::reacts_to<kv_done_atom, uint64_t>, caf::reacts_to<kv_shared_done_atom, uint64_t, bool>,
+                     caf::reacts_to<tick_atom>>;
 
 // A prefill stage's end: pull (KvPull, where to send) answers the number of
 // chunks and streams them to the receiver over CAF; socket (KvPull) offers
 // the stream on the sender's data socket (actors/kv_socket.h) and answers
-// its "host:port" and the stream's token ("" when there is nothing to send).
+// its "host:port" and the stream's token ("" when there is nothing to send);
+// shared (KvPull, the receiver's kv_host_identity()) copies the blocks into
+// shared memory (actors/kv_shared.h) and answers the region's handle and
+// the offer (a KvChunk with the headers, no data; "" and empty when there is
+// nothing to send), unsupported for a receiver on another host or a sender
+// that does not share; kv_shared_done (id, ok) from the receiver frees the
+// region (ok: the stream is done).
 using kv_sender_actor =
     caf::typed_actor<caf::replies_to<kv_pull_atom, Bytes, kv_receiver_actor>::with<uint32_t>,
                      caf::replies_to<kv_socket_atom, Bytes>::with<std::string, std::string>,
-                     caf::reacts_to<tick_atom>>;
+                     caf::replies_to<kv_shared_atom, Bytes, std::string>::with<std::string, Bytes>,
+                     caf::reacts_to<kv_shared_done_atom, uint64_t, bool>, caf::reacts_to<tick_atom>>;
 
 // submit: GenerateRequest; handoff: Handoff, with the kv_sender to pull the
 // KV from or without (then from the store) (the answer is admission only;
@@ -317,11 +329,13 @@ kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredS
 
 // kv_stream_actors.cpp: the two ends of KV streams, linked to their stage.
 // host: where the sender's data socket listens ("": CAF chunks only).
+// shared_memory: offer (sender) and take (receiver) streams between
+// processes on one host through shared memory (KvStreamOptions).
 kv_sender_actor spawn_kv_sender_linked(caf::local_actor* stage, std::shared_ptr<KvOutbox> outbox,
                                        std::shared_ptr<KvStreamCounters> counters,
-                                       int32_t corrupt_chunk, std::string host);
+                                       int32_t corrupt_chunk, std::string host, bool shared_memory);
 kv_receiver_actor spawn_kv_receiver_linked(caf::local_actor* stage, std::shared_ptr<KvInbox> inbox,
-                                           std::shared_ptr<KvStreamCounters> counters);
+                                           std::shared_ptr<KvStreamCounters> counters, bool shared_memory);
 
 // vision_encoder_actor.cpp; origin names it in events ("NODE/vision_encoder/0").
 vision_encoder_actor spawn_vision_encoder(caf::actor_system& system,

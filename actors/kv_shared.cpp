@@ -74,15 +74,18 @@ Result<std::string> KvSharedOffers::offer(uint64_t request_id, const std::vector
   offer.total_bytes = uint64_t(block_bytes) * n;
   for (size_t i = 0; i < n; ++i) offer.headers.push_back(records[size_t(first_block) + i].header);
   std::string handle = region->handle;
-  regions_[request_id] = Entry{std::move(region.value()), std::chrono::steady_clock::now()};
+  regions_[request_id] = Entry{std::move(region.value()), int32_t(n), std::chrono::steady_clock::now()};
   return handle;
 }
 
-void KvSharedOffers::release(uint64_t request_id) {
+bool KvSharedOffers::release(uint64_t request_id, int32_t* blocks, uint64_t* bytes) {
   auto it = regions_.find(request_id);
-  if (it == regions_.end()) return;
+  if (it == regions_.end()) return false;
+  if (blocks) *blocks = it->second.blocks;
+  if (bytes) *bytes = it->second.region.bytes;
   backend_->free_shared(it->second.region);
   regions_.erase(it);
+  return true;
 }
 
 size_t KvSharedOffers::expire(std::chrono::steady_clock::duration ttl) {

@@ -51,8 +51,10 @@ class KvSharedOffers {
   // (or none after it), blocks of mixed layouts.
   Result<std::string> offer(uint64_t request_id, const std::vector<BlockRecord>& records, int32_t first_block,
                             msg::KvChunk& offer, int32_t corrupt_block = -1);
-  // The receiver is done with the region (or failed): it is freed.
-  void release(uint64_t request_id);
+  // The receiver is done with the region (or failed): it is freed. false
+  // when there was none (released or expired before); else *blocks and
+  // *bytes (when given) say what it held.
+  bool release(uint64_t request_id, int32_t* blocks = nullptr, uint64_t* bytes = nullptr);
   // Frees regions offered longer ago than ttl; returns how many.
   size_t expire(std::chrono::steady_clock::duration ttl);
   size_t size() const { return regions_.size(); }
@@ -60,6 +62,7 @@ class KvSharedOffers {
  private:
   struct Entry {
     SharedRegion region;
+    int32_t blocks = 0;
     std::chrono::steady_clock::time_point at;
   };
   std::shared_ptr<Backend> backend_;

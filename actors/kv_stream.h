@@ -40,7 +40,14 @@ struct KvStreamOptions {
   bool direct = true;  // stream prefill -> decode (the store gets a copy); false: store only
   uint32_t chunk_bytes = kDefaultKvChunkBytes;
   int32_t window = kDefaultKvWindow;  // chunks in flight per stream before an ack
-  int32_t fault_corrupt_chunk = -1;   // tests: senders flip a bit in this chunk of each stream
+  // tests: senders flip a bit in this chunk of each stream (through shared
+  // memory: in block fault_corrupt_chunk mod the blocks sent)
+  int32_t fault_corrupt_chunk = -1;
+  // Between processes on one host (kv_host_identity() equal): blocks go
+  // through shared memory (actors/kv_shared.h) rather than the data socket;
+  // false: the socket always (`cleave node --kv-transport socket`). A node
+  // with false neither asks for nor offers shared memory.
+  bool shared_memory = true;
   // New requests on prefill and colocated stages first read the prompt's
   // leading blocks their engine lacks from their kv_store (in a KV pool:
   // from whichever store holds them), then compute the rest.
@@ -204,12 +211,14 @@ struct KvPullTiming {
   double seconds = 0;
   uint64_t bytes = 0;
 };
+// shared_memory: both ends as KvStreamOptions::shared_memory (true: the
+// streams go through shared memory, the two processes being on one host).
 Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
                        const std::string& host, const std::function<void(uint16_t)>& on_port,
-                       double timeout_s);
+                       double timeout_s, bool shared_memory = false);
 Result<std::vector<KvPullTiming>> pull_kv_streams(
     const std::string& host, uint16_t port, int32_t n_streams, uint32_t chunk_bytes, int32_t window,
-    const std::function<void(const std::vector<BlockRecord>&)>& sink);
+    const std::function<void(const std::vector<BlockRecord>&)>& sink, bool shared_memory = false);
 
 // Keeps freed memory in the process instead of returning it to the system
 // (malloc trim and mmap thresholds raised): first touch of fresh memory

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "actors/kv_shared.h"
 #include "actors/kv_socket.h"
 #include "actors/topology.h"
 #include "schema/codec.h"
@@ -26,6 +27,8 @@ struct KvSenderState {
   int32_t corrupt_chunk = -1;
   std::string host;  // where the data socket listens ("": no data socket)
   std::unique_ptr<KvSocketServer> socket;  // opened at the first offer
+  bool shared_memory = false;              // offers shared memory to receivers on this host
+  std::unique_ptr<KvSharedOffers> shared;  // made at the first shared offer
   static inline const char* name = "cleave.kv_sender";
 };
 using kv_sender_pointer = kv_sender_actor::stateful_pointer<KvSenderState>;
@@ -66,29 +69,36 @@ void send_chunks(kv_sender_pointer self, std::shared_ptr<SendTransfer> t, uint64
   }
 }
 
+// The records kept for a pull (not_found, or invalid_argument for a first
+// block past them).
+Result<KvOutbox::Records> kept_for(const KvSenderState& s, const msg::KvPull& pull) {
+  auto records = s.outbox->get(pull.request_id);
+  if (!records)
+    return Status(Code::not_found, "no KV kept for request " + std::to_string(pull.request_id));
+  if (size_t(pull.first_block) > records->size())
+    return Status(Code::invalid_argument, "pull from block " + std::to_string(pull.first_block) + " of " +
+                                              std::to_string(records->size()));
+  return records;
+}
+
 kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_ptr<KvOutbox> outbox,
                                             std::shared_ptr<KvStreamCounters> counters,
-                                            int32_t corrupt_chunk, std::string host) {
+                                            int32_t corrupt_chunk, std::string host, bool shared_memory) {
   self->state.outbox = std::move(outbox);
   self->state.counters = std::move(counters);
   self->state.corrupt_chunk = corrupt_chunk;
   self->state.host = std::move(host);
+  self->state.shared_memory = shared_memory;
   self->delayed_send(caf::actor_cast<kv_sender_actor>(self), kKvOutboxSweep, tick_atom::value);
   return {
       [=](kv_pull_atom, const Bytes& bytes, kv_receiver_actor to) -> caf::result<uint32_t> {
         auto& s = self->state;
         auto pull = codec::decode_as<msg::KvPull>(bytes);
         if (!pull.ok()) return to_error(pull.status());
-        auto records = s.outbox->get(pull->request_id);
-        if (!records)
-          return to_error(Status(Code::not_found, "no KV kept for request " +
-                                                      std::to_string(pull->request_id)));
-        if (size_t(pull->first_block) > records->size())
-          return to_error(Status(Code::invalid_argument,
-                                 "pull from block " + std::to_string(pull->first_block) + " of " +
-                                     std::to_string(records->size())));
+        auto records = kept_for(s, pull.value());
+        if (!records.ok()) return to_error(records.status());
         auto t = std::make_shared<SendTransfer>(
-            KvStreamWriter(pull->request_id, records, pull->first_block, pull->chunk_bytes),
+            KvStreamWriter(pull->request_id, records.value(), pull->first_block, pull->chunk_bytes),
             std::move(to), pull->window);
         const uint32_t n = t->writer.n_chunks();
         if (n == 0) {
@@ -130,8 +140,42 @@ kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_
             });
         return caf::result<std::string, std::string>(s.socket->address(), token);
       },
+      [=](kv_shared_atom, const Bytes& bytes, const std::string& host_id) -> caf::result<std::string, Bytes> {
+        auto& s = self->state;
+        auto pull = codec::decode_as<msg::KvPull>(bytes);
+        if (!pull.ok()) return to_error(pull.status());
+        if (!s.shared_memory)
+          return to_error(Status(Code::unsupported, "this KV sender does not share memory (--kv-transport socket)"));
+        if (host_id.empty() || host_id != kv_host_identity())
+          return to_error(Status(Code::unsupported, "the KV receiver is on another host"));
+        auto kept = kept_for(s, pull.value());
+        if (!kept.ok()) return to_error(kept.status());
+        const auto& records = *kept.value();
+        if (size_t(pull->first_block) == records.size()) {
+          s.outbox->erase(pull->request_id);
+          return caf::result<std::string, Bytes>(std::string(), Bytes());
+        }
+        if (!s.shared) s.shared = std::make_unique<KvSharedOffers>(std::shared_ptr<Backend>(make_cpu_backend(1)));
+        msg::KvChunk offer;
+        auto handle = s.shared->offer(pull->request_id, records, pull->first_block, offer, s.corrupt_chunk);
+        if (!handle.ok()) return to_error(handle.status());
+        return caf::result<std::string, Bytes>(handle.value(), codec::encode(offer));
+      },
+      [=](kv_shared_done_atom, uint64_t id, bool ok) {
+        auto& s = self->state;
+        int32_t blocks = 0;
+        uint64_t bytes = 0;
+        if (!s.shared || !s.shared->release(id, &blocks, &bytes) || !ok) return;  // not ok: a socket pull follows
+        ++s.counters->transfers_sent;
+        ++s.counters->shared_sent;
+        s.counters->blocks_sent += uint64_t(blocks);
+        s.counters->chunks_sent += uint64_t(blocks);
+        s.counters->bytes_sent += bytes;
+        s.outbox->erase(id);
+      },
       [=](tick_atom) {
         self->state.outbox->expire(kKvOutboxTtl);
+        if (self->state.shared) self->state.shared->expire(kKvOutboxTtl);
         self->delayed_send(caf::actor_cast<kv_sender_actor>(self), kKvOutboxSweep, tick_atom::value);
       },
   };
@@ -140,19 +184,23 @@ kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_
 struct KvReceiverState {
   struct Transfer {
     std::unique_ptr<KvStreamAssembler> assembler;
-    caf::actor_addr sender;
+    caf::actor from;  // the sender
+    Bytes pull_bytes;
+    msg::KvPull pull;
     caf::typed_response_promise<bool> done;
     Clock::time_point last_progress;
-    // While the set-up requests (connect, kv_socket) run, their own timeouts
-    // bound the transfer, and on the data socket the socket's do; the stall
-    // tick watches chunks over CAF only.
+    // While the set-up requests (connect, kv_socket, kv_shared) run, their
+    // own timeouts bound the transfer, and on the data socket and in shared
+    // memory the job's do; the stall tick watches chunks over CAF only.
     bool watched = false;
   };
   std::shared_ptr<KvInbox> inbox;
   std::shared_ptr<KvStreamCounters> counters;
   std::unordered_map<uint64_t, Transfer> transfers;
   std::unordered_set<std::string> connected;  // nodes this one reaches directly
-  std::shared_ptr<KvInbox> socket_results;  // outcomes of data socket streams, until kv_done
+  std::shared_ptr<KvInbox> socket_results;  // outcomes of socket and shared-memory streams, until taken
+  bool shared_memory = false;              // takes streams from senders on this host through shared memory
+  std::shared_ptr<Backend> shared_backend;  // maps their regions (made at the first)
   // Last member: destroyed first, joining the socket threads before the rest goes.
   std::unique_ptr<KvSocketJobs> socket_jobs = std::make_unique<KvSocketJobs>();
   static inline const char* name = "cleave.kv_receiver";
@@ -184,16 +232,109 @@ void end_transfer(kv_receiver_pointer self, uint64_t id, Result<std::vector<Bloc
 void end_transfers_from(kv_receiver_pointer self, const caf::actor_addr& sender, const Status& why) {
   std::vector<uint64_t> cut;
   for (auto& [id, t] : self->state.transfers)
-    if (t.sender == sender) cut.push_back(id);
+    if (t.from.address() == sender) cut.push_back(id);
   for (uint64_t id : cut) end_transfer(self, id, why);
+}
+
+KvReceiverState::Transfer* transfer_of(kv_receiver_pointer self, uint64_t id) {
+  auto it = self->state.transfers.find(id);
+  return it == self->state.transfers.end() ? nullptr : &it->second;
+}
+
+// The chunks over CAF (a sender in this process, or one without a data socket).
+void pull_chunks(kv_receiver_pointer self, uint64_t id) {
+  auto* t = transfer_of(self, id);
+  if (!t) return;
+  t->watched = true;
+  t->last_progress = Clock::now();
+  self->request(caf::actor_cast<kv_sender_actor>(t->from), kKvTimeout, kv_pull_atom::value, t->pull_bytes,
+                caf::actor_cast<kv_receiver_actor>(self))
+      .then(
+          [=](uint32_t n_chunks) {
+            if (n_chunks == 0) end_transfer(self, id, std::vector<BlockRecord>{});
+          },
+          [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
+}
+
+// The bytes on the sender's data socket, read on a thread of ours; a sender
+// without one streams over CAF.
+void pull_via_socket(kv_receiver_pointer self, uint64_t id) {
+  auto* t = transfer_of(self, id);
+  if (!t) return;
+  self->request(caf::actor_cast<kv_sender_actor>(t->from), kKvTimeout, kv_socket_atom::value, t->pull_bytes)
+      .then(
+          [=](const std::string& where, const std::string& token) {
+            auto& s = self->state;
+            auto* t = transfer_of(self, id);
+            if (!t) return;
+            if (where.empty()) return end_transfer(self, id, std::vector<BlockRecord>{});
+            auto results = s.socket_results;
+            auto counters = s.counters;
+            auto me = caf::actor_cast<kv_receiver_actor>(self);
+            const msg::KvPull p = t->pull;
+            s.socket_jobs->run([=] {
+              results->put(id, fetch_kv_socket(where, token, p, kKvMaxStreamBytes, *counters));
+              caf::anon_send(me, kv_done_atom::value, id);
+            });
+          },
+          [=](caf::error& e) {
+            if (from_error(e).code() == Code::unsupported) return pull_chunks(self, id);
+            end_transfer(self, id, from_error(e));
+          });
+}
+
+// A sender on this host: the blocks through shared memory, copied out on a
+// thread of ours; whatever fails there goes to the data socket.
+void pull_via_shared(kv_receiver_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto* t = transfer_of(self, id);
+  if (!t) return;
+  if (!s.shared_memory || kv_host_identity().empty()) return pull_via_socket(self, id);
+  self->request(caf::actor_cast<kv_sender_actor>(t->from), kKvTimeout, kv_shared_atom::value, t->pull_bytes,
+                kv_host_identity())
+      .then(
+          [=](const std::string& handle, const Bytes& offer_bytes) {
+            auto& s = self->state;
+            auto* t = transfer_of(self, id);
+            if (!t) return;
+            if (handle.empty()) return end_transfer(self, id, std::vector<BlockRecord>{});
+            auto offer = codec::decode_as<msg::KvChunk>(offer_bytes);
+            if (!offer.ok()) {
+              self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_shared_done_atom::value, id, false);
+              ++s.counters->shared_fallbacks;
+              return pull_via_socket(self, id);
+            }
+            if (!s.shared_backend) s.shared_backend = std::shared_ptr<Backend>(make_cpu_backend(1));
+            auto results = s.socket_results;
+            auto counters = s.counters;
+            auto backend = s.shared_backend;
+            auto me = caf::actor_cast<kv_receiver_actor>(self);
+            const msg::KvPull p = t->pull;
+            s.socket_jobs->run([=, o = std::move(offer.value())] {
+              auto got = fetch_kv_shared(*backend, handle, o, p, kKvMaxStreamBytes, *counters);
+              const bool ok = got.ok();
+              if (!ok)
+                std::fprintf(stderr, "cleave: KV of request %llu through shared memory failed (%s); using the socket\n",
+                             static_cast<unsigned long long>(id), got.status().to_string().c_str());
+              results->put(id, std::move(got));
+              caf::anon_send(me, kv_shared_done_atom::value, id, ok);
+            });
+          },
+          [=](caf::error& e) {
+            // unsupported: another host, or a sender that does not share.
+            if (from_error(e).code() == Code::unsupported) return pull_via_socket(self, id);
+            end_transfer(self, id, from_error(e));
+          });
 }
 
 kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                                                 std::shared_ptr<KvInbox> inbox,
-                                                std::shared_ptr<KvStreamCounters> counters) {
+                                                std::shared_ptr<KvStreamCounters> counters,
+                                                bool shared_memory) {
   self->state.inbox = std::move(inbox);
   self->state.counters = std::move(counters);
   self->state.socket_results = std::make_shared<KvInbox>();
+  self->state.shared_memory = shared_memory;
   self->set_down_handler([=](caf::down_msg& dm) {
     end_transfers_from(self, dm.source, Status(Code::unavailable, "the KV sender went down"));
   });
@@ -210,53 +351,18 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                                  "a KV stream for request " + std::to_string(id) + " is running"));
         KvReceiverState::Transfer t;
         t.assembler = std::make_unique<KvStreamAssembler>(id, pull->first_block, kKvMaxStreamBytes);
-        t.sender = from.address();
+        t.from = from;
+        t.pull_bytes = bytes;
+        t.pull = pull.value();
         t.done = self->make_response_promise<bool>();
         t.last_progress = Clock::now();
         auto done = t.done;
         s.transfers.emplace(id, std::move(t));
         self->monitor(from);
-        auto start_chunks = [=] {
-          if (auto it = self->state.transfers.find(id); it != self->state.transfers.end()) {
-            it->second.watched = true;
-            it->second.last_progress = Clock::now();
-          }
-          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_pull_atom::value,
-                        bytes, caf::actor_cast<kv_receiver_actor>(self))
-              .then(
-                  [=](uint32_t n_chunks) {
-                    if (n_chunks == 0) end_transfer(self, id, std::vector<BlockRecord>{});
-                  },
-                  [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
-        };
         if (from.node() == self->node()) {  // in process: chunks over CAF
-          start_chunks();
+          pull_chunks(self, id);
           return done;
         }
-        // A sender in another process: the bytes come on its data socket,
-        // read on a thread of ours; a sender without one streams over CAF.
-        auto via_socket = [=] {
-          self->request(caf::actor_cast<kv_sender_actor>(from), kKvTimeout, kv_socket_atom::value, bytes)
-              .then(
-                  [=](const std::string& where, const std::string& token) {
-                    auto& s = self->state;
-                    auto it = s.transfers.find(id);
-                    if (it == s.transfers.end()) return;
-                    if (where.empty()) return end_transfer(self, id, std::vector<BlockRecord>{});
-                    auto results = s.socket_results;
-                    auto counters = s.counters;
-                    auto me = caf::actor_cast<kv_receiver_actor>(self);
-                    const msg::KvPull p = pull.value();
-                    s.socket_jobs->run([=] {
-                      results->put(id, fetch_kv_socket(where, token, p, kKvMaxStreamBytes, *counters));
-                      caf::anon_send(me, kv_done_atom::value, id);
-                    });
-                  },
-                  [=](caf::error& e) {
-                    if (from_error(e).code() == Code::unsupported) return start_chunks();
-                    end_transfer(self, id, from_error(e));
-                  });
-        };
         // First a middleman connection of our own to the sender's node
         // (once per node): without it CAF routes through the head, and a
         // dead prefill node would show up only at the stall timeout, since
@@ -264,7 +370,7 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         // gone. Failing the connect, through the head all the same.
         const size_t colon = address.rfind(':');
         if (s.connected.count(address) || colon == std::string::npos) {
-          via_socket();
+          pull_via_shared(self, id);
         } else {
           const int port = std::atoi(address.c_str() + colon + 1);
           self->request(self->system().middleman().actor_handle(), kKvTimeout, caf::connect_atom::value,
@@ -272,9 +378,9 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
               .then(
                   [=](const caf::node_id&, const caf::strong_actor_ptr&, const std::set<std::string>&) {
                     self->state.connected.insert(address);
-                    via_socket();
+                    pull_via_shared(self, id);
                   },
-                  [=](caf::error&) { via_socket(); });
+                  [=](caf::error&) { pull_via_shared(self, id); });
         }
         return done;
       },
@@ -310,6 +416,23 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         // A transfer ended meanwhile (its sender went down) is gone: end_transfer ignores it.
         end_transfer(self, id, self->state.socket_results->take(id));
       },
+      [=](kv_shared_done_atom, uint64_t id, bool ok) {
+        auto& s = self->state;
+        auto result = s.socket_results->take(id);
+        auto* t = transfer_of(self, id);
+        if (!t) {
+          if (result.ok()) block_buffer_pool().release(result.value());
+          return;
+        }
+        // The sender frees the region either way; not ok, it keeps the KV for the socket.
+        self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_shared_done_atom::value, id, ok);
+        if (!ok) {
+          ++s.counters->shared_fallbacks;
+          return pull_via_socket(self, id);
+        }
+        ++s.counters->shared_received;
+        end_transfer(self, id, std::move(result));
+      },
       [=](tick_atom) {
         const auto now = Clock::now();
         std::vector<uint64_t> stalled;
@@ -328,14 +451,14 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
 
 kv_sender_actor spawn_kv_sender_linked(caf::local_actor* stage, std::shared_ptr<KvOutbox> outbox,
                                        std::shared_ptr<KvStreamCounters> counters,
-                                       int32_t corrupt_chunk, std::string host) {
+                                       int32_t corrupt_chunk, std::string host, bool shared_memory) {
   return stage->spawn<caf::linked>(kv_sender_fn, std::move(outbox), std::move(counters), corrupt_chunk,
-                                   std::move(host));
+                                   std::move(host), shared_memory);
 }
 
 kv_receiver_actor spawn_kv_receiver_linked(caf::local_actor* stage, std::shared_ptr<KvInbox> inbox,
-                                           std::shared_ptr<KvStreamCounters> counters) {
-  return stage->spawn<caf::linked>(kv_receiver_fn, std::move(inbox), std::move(counters));
+                                           std::shared_ptr<KvStreamCounters> counters, bool shared_memory) {
+  return stage->spawn<caf::linked>(kv_receiver_fn, std::move(inbox), std::move(counters), shared_memory);
 }
 
 }  // namespace cleave::actors
@@ -346,14 +469,14 @@ using namespace actors;
 
 Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
                        const std::string& host, const std::function<void(uint16_t)>& on_port,
-                       double timeout_s) {
+                       double timeout_s, bool shared_memory) {
   caf::actor_system_config config;
   configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
   caf::actor_system system{config};
   auto outbox = std::make_shared<KvOutbox>();
   for (int32_t i = 1; i <= n_streams; ++i) outbox->put(uint64_t(i), records);
   auto counters = std::make_shared<KvStreamCounters>();
-  auto sender = system.spawn(kv_sender_fn, outbox, counters, int32_t(-1), host);
+  auto sender = system.spawn(kv_sender_fn, outbox, counters, int32_t(-1), host, shared_memory);
   auto port = system.middleman().publish(sender, 0, host.c_str());
   Status st;
   if (!port) {
@@ -375,7 +498,7 @@ Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, 
 
 Result<std::vector<KvPullTiming>> pull_kv_streams(
     const std::string& host, uint16_t port, int32_t n_streams, uint32_t chunk_bytes, int32_t window,
-    const std::function<void(const std::vector<BlockRecord>&)>& sink) {
+    const std::function<void(const std::vector<BlockRecord>&)>& sink, bool shared_memory) {
   CLEAVE_RETURN_IF_ERROR(validate_kv_stream_options(chunk_bytes, window));
   caf::actor_system_config config;
   configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
@@ -386,7 +509,7 @@ Result<std::vector<KvPullTiming>> pull_kv_streams(
                                          std::to_string(port) + ": " + system.render(sender.error()));
   auto inbox = std::make_shared<KvInbox>();
   auto counters = std::make_shared<KvStreamCounters>();
-  auto receiver = system.spawn(kv_receiver_fn, inbox, counters);
+  auto receiver = system.spawn(kv_receiver_fn, inbox, counters, shared_memory);
   std::vector<KvPullTiming> out;
   Status st;
   caf::scoped_actor self{system};

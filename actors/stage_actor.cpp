@@ -241,10 +241,11 @@ void spawn_kv_ends(stage_pointer self) {
     const size_t colon = s.stream.node_address.rfind(':');
     s.sender = spawn_kv_sender_linked(
         self, s.outbox, s.stream_counters, s.stream.fault_corrupt_chunk,
-        colon == std::string::npos ? std::string() : s.stream.node_address.substr(0, colon));
+        colon == std::string::npos ? std::string() : s.stream.node_address.substr(0, colon),
+        s.stream.shared_memory);
   } else if (s.kind != ActorKind::prefill && !s.receiver) {
     s.inbox = std::make_shared<KvInbox>();
-    s.receiver = spawn_kv_receiver_linked(self, s.inbox, s.stream_counters);
+    s.receiver = spawn_kv_receiver_linked(self, s.inbox, s.stream_counters, s.stream.shared_memory);
   }
 }
 

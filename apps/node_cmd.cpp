@@ -50,6 +50,8 @@ struct NodeArgs {
   uint32_t kv_chunk_bytes = kDefaultKvChunkBytes;
   int32_t kv_window = kDefaultKvWindow;
   bool kv_via_store = false;
+  std::string kv_transport = "auto";
+  int32_t kv_fault_corrupt_chunk = -1;
   bool kv_fault_corrupt_served = false;
   bool kv_fault_stale_index = false;
 };
@@ -204,10 +206,21 @@ CLI::App* add_node_command(CLI::App& app) {
       ->check(CLI::Range(1, cleave::codec::kMaxKvWindow));
   cmd->add_flag("--kv-via-store", g_args.kv_via_store,
                 "prefill: hand KV over through the head's store only (no direct stream)");
+  cmd->add_option("--kv-transport", g_args.kv_transport,
+                  "KV streams between processes: auto (shared memory with a node on this host, else the "
+                  "data socket) or socket (the data socket always; this node neither offers nor takes "
+                  "shared memory)")
+      ->check(CLI::IsMember({"auto", "socket"}));
   // Tests only (hidden): the store's answers to other stores carry a
   // flipped byte in every block, so receivers must catch it.
   cmd->add_flag("--kv-fault-corrupt-served", g_args.kv_fault_corrupt_served,
                 "tests: this node's kv_store flips a byte of every block it serves to another store")
+      ->group("");
+  // Tests only (hidden): this node's KV sender flips a bit in every stream
+  // it sends (socket: that chunk; shared memory: that block mod the blocks).
+  cmd->add_option("--kv-fault-corrupt-chunk", g_args.kv_fault_corrupt_chunk,
+                  "tests: this prefill node corrupts chunk N of every KV stream it sends")
+      ->check(CLI::Range(0, 1 << 30))
       ->group("");
   // Tests only (hidden): the pool's index keeps naming blocks this store
   // dropped, so readers must cope with short answers.
@@ -373,6 +386,8 @@ int run_node_command() {
   o.kv_stream.chunk_bytes = a.kv_chunk_bytes;
   o.kv_stream.window = a.kv_window;
   o.kv_stream.direct = !a.kv_via_store;
+  o.kv_stream.shared_memory = a.kv_transport == "auto";
+  o.kv_stream.fault_corrupt_chunk = a.kv_fault_corrupt_chunk;
   o.kv_fault_corrupt_served = a.kv_fault_corrupt_served;
   o.kv_fault_stale_index = a.kv_fault_stale_index;
   if (me && me->head && !o.secret)

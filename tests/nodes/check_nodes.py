@@ -5,7 +5,11 @@ Every comparison with mono (`cleave generate --requests`, one process) is of
 tokens and of the hash of each token's logits row (`logits_hash`), over 100
 requests, half greedy and half sampled (temperature 0.9, fixed seeds).
 
-  pd across 3 processes gives mono's tokens and logits for 100 requests;
+  pd across 3 processes gives mono's tokens and logits for 100 requests,
+  with KV on the data socket (--kv-transport socket); the examples' P/D
+  runs take it through shared memory (the default between processes on
+  one host), and a prefill whose every stream is corrupt falls back from
+  shared memory to the socket to the store with the same answers;
   a worker with the wrong (or no) cluster secret is refused and the head logs it;
   kill -9 of a decode node while requests run: every request finishes with
   mono's tokens and logits (re-placed on the other decoder), no failure
@@ -216,8 +220,10 @@ try:
     head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "2",
                              "--set", "prefills=1", "--set", "decoders=1"], tag="pd_")
     expect("head prints its port", port is not None and port > 0, head.stderr())
-    p0 = worker("p0", port, tag="pd_", sets=["decoders=1"])
-    d0 = worker("d0", port, tag="pd_", sets=["decoders=1"])
+    # The data socket (shared memory, the default on one host, is the
+    # examples' below).
+    p0 = worker("p0", port, tag="pd_", sets=["decoders=1"], extra=["--kv-transport", "socket"])
+    d0 = worker("d0", port, tag="pd_", sets=["decoders=1"], extra=["--kv-transport", "socket"])
     link = LinkWatch(p0, d0)
     rc = head.wait(180)
     herr = head.stderr()
@@ -247,7 +253,8 @@ try:
     expect("KV went worker to worker: p0 streamed every block d0 received, the store served none",
            sent > 0 and int(ds.get("kv_blocks_received", -1)) == sent and
            int(ds.get("kv_transfers_received", 0)) == 100 and int(ds.get("kv_transfers_failed", 1)) == 0
-           and int(ds.get("kv_blocks_got", 1)) == 0 and int(kv.get("kv_blocks_served", 1)) == 0,
+           and int(ds.get("kv_blocks_got", 1)) == 0 and int(kv.get("kv_blocks_served", 1)) == 0
+           and int(ds.get("kv_shared_received", 1)) == 0 and int(ps.get("kv_shared_sent", 1)) == 0,
            f"p0 {ps} d0 {ds} " + " | ".join(l for l in d0.stderr().splitlines() if "KV stream" in l))
     link.stop = True
     # The KV data socket (actors/kv_socket.h). CAF's own messages between the
@@ -299,7 +306,38 @@ try:
         expect(f"{script}: every decoder took work and got its KV streamed from {head_name}",
                all(int(s.get("resumes", 0)) > 0 and int(s.get("kv_transfers_failed", 1)) == 0 for s in dstats)
                and received > 0 and int(router.get("direct_handoffs", -1)) == 100, f"{dstats} {router}")
+        expect(f"{script}: every stream went through shared memory (one host), none fell back to the socket",
+               all(int(s.get("kv_shared_received", -1)) == int(s.get("kv_transfers_received", -2)) > 0 and
+                   int(s.get("kv_shared_fallbacks", 1)) == 0 for s in dstats), dstats)
         stop_all()
+
+    # ---- (a3) every stream corrupt: shared memory -> socket -> store, same answers ----
+    out = os.path.join(WORK, "corrupt.jsonl")
+    few = os.path.join(WORK, "few.jsonl")
+    with open(few, "w") as f:
+        for r in requests[:12]:
+            f.write(json.dumps(r) + "\n")
+    head, port = start_head(["--requests", few, "--out", out, "--wait-stages", "2",
+                             "--set", "prefills=1", "--set", "decoders=1"], tag="corrupt_")
+    expect("corrupt: head listens", port is not None, head.stderr())
+    p0 = worker("p0", port, tag="corrupt_", sets=["decoders=1"], extra=["--kv-fault-corrupt-chunk", "0"])
+    d0 = worker("d0", port, tag="corrupt_", sets=["decoders=1"])
+    rc = head.wait(180)
+    results = read_results(out)
+    wrong = [r["id"] for r in results if not same_as_mono(r)]
+    for w in (p0, d0):
+        w.wait(10)
+    ds = stats_of(d0.stderr(), "d0/decode/0")
+    expect("corrupt: every request still gives mono's tokens and logits",
+           rc == 0 and len(results) == 12 and not wrong, f"rc={rc} differ: {wrong} {head.stderr()[-1500:]}")
+    # A stream whose blocks all fit one held prefix sends nothing; the rest
+    # failed twice each (shared memory, then the socket) and were read from the store.
+    failed = int(ds.get("kv_transfers_failed", -1))
+    expect("corrupt: each stream with blocks failed in shared memory, then on the socket, then read the store",
+           failed > 0 and int(ds.get("kv_shared_fallbacks", -1)) == failed and
+           int(ds.get("kv_shared_received", 1)) == 0 and int(ds.get("kv_chunks_rejected", -1)) >= 2 * failed and
+           int(ds.get("kv_blocks_got", 0)) > 0, ds)
+    stop_all()
 
     # ---- (b) cluster secret ------------------------------------------------------
     head, port = start_head(["--set", "decoders=2"], secret="s3cret-A", tag="sec_")
