@@ -36,6 +36,13 @@ const std::string& kv_host_identity() {
 
 KvSharedOffers::~KvSharedOffers() {
   for (auto& [id, e] : regions_) backend_->free_shared(e.region);
+  for (const SharedRegion& r : free_) backend_->free_shared(r);
+}
+
+void KvSharedOffers::keep(SharedRegion region) {
+  if (free_bytes_ + region.bytes > kKeptBytes) return backend_->free_shared(region);
+  free_bytes_ += region.bytes;
+  free_.push_back(std::move(region));
 }
 
 Result<std::string> KvSharedOffers::offer(uint64_t request_id, const std::vector<BlockRecord>& records,
@@ -55,8 +62,21 @@ Result<std::string> KvSharedOffers::offer(uint64_t request_id, const std::vector
                                                 " has another layout or size");
   }
   release(request_id);
-  auto region = backend_->alloc_shared(block_bytes * n);
-  if (!region.ok()) return region.status();
+  const size_t need = block_bytes * n;
+  // The smallest kept region that fits, else a new one.
+  Result<SharedRegion> region = Status(Code::not_found, "");
+  size_t best = free_.size();
+  for (size_t i = 0; i < free_.size(); ++i)
+    if (free_[i].bytes >= need && (best == free_.size() || free_[i].bytes < free_[best].bytes)) best = i;
+  if (best < free_.size()) {
+    region = std::move(free_[best]);
+    free_bytes_ -= region->bytes;
+    free_.erase(free_.begin() + ptrdiff_t(best));
+    ++reused_;
+  } else {
+    region = backend_->alloc_shared(need);
+    if (!region.ok()) return region.status();
+  }
   for (size_t i = 0; i < n; ++i)
     backend_->upload(static_cast<uint8_t*>(region->data) + i * block_bytes,
                      records[size_t(first_block) + i].bytes.data(), block_bytes);
@@ -74,7 +94,7 @@ Result<std::string> KvSharedOffers::offer(uint64_t request_id, const std::vector
   offer.total_bytes = uint64_t(block_bytes) * n;
   for (size_t i = 0; i < n; ++i) offer.headers.push_back(records[size_t(first_block) + i].header);
   std::string handle = region->handle;
-  regions_[request_id] = Entry{std::move(region.value()), int32_t(n), std::chrono::steady_clock::now()};
+  regions_[request_id] = Entry{std::move(region.value()), int32_t(n), uint64_t(need), std::chrono::steady_clock::now()};
   return handle;
 }
 
@@ -82,8 +102,8 @@ bool KvSharedOffers::release(uint64_t request_id, int32_t* blocks, uint64_t* byt
   auto it = regions_.find(request_id);
   if (it == regions_.end()) return false;
   if (blocks) *blocks = it->second.blocks;
-  if (bytes) *bytes = it->second.region.bytes;
-  backend_->free_shared(it->second.region);
+  if (bytes) *bytes = it->second.used;
+  keep(std::move(it->second.region));
   regions_.erase(it);
   return true;
 }
@@ -93,6 +113,7 @@ size_t KvSharedOffers::expire(std::chrono::steady_clock::duration ttl) {
   size_t n = 0;
   for (auto it = regions_.begin(); it != regions_.end();) {
     if (now - it->second.at > ttl) {
+      // Freed, not kept: a receiver that is only late may still read it.
       backend_->free_shared(it->second.region);
       it = regions_.erase(it);
       ++n;
@@ -138,17 +159,56 @@ Status mismatch(const msg::KvChunk& offer, size_t i) {
 
 }  // namespace
 
-Result<std::vector<BlockRecord>> fetch_kv_shared(Backend& backend, const std::string& handle,
+Result<std::shared_ptr<const void>> KvSharedMappings::map(const std::string& handle, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (size_t i = 0; i < lru_.size(); ++i) {
+    if (lru_[i].handle != handle) continue;
+    Entry e = std::move(lru_[i]);
+    lru_.erase(lru_.begin() + ptrdiff_t(i));
+    if (e.bytes >= bytes) {
+      ++hits_;
+      lru_.push_back(std::move(e));
+      return lru_.back().data;
+    }
+    mapped_ -= e.bytes;  // too short: mapped again below
+    break;
+  }
+  auto opened = backend_->open_shared(handle, bytes);
+  if (!opened.ok()) return opened.status();
+  std::shared_ptr<Backend> backend = backend_;
+  std::shared_ptr<const void> data(opened.value(),
+                                   [backend, bytes](const void* p) { backend->close_shared(p, bytes); });
+  lru_.push_back(Entry{handle, bytes, data});
+  mapped_ += bytes;
+  while (mapped_ > max_bytes_ && lru_.size() > 1) {
+    mapped_ -= lru_.front().bytes;
+    lru_.erase(lru_.begin());
+  }
+  return data;
+}
+
+size_t KvSharedMappings::size() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return lru_.size();
+}
+
+uint64_t KvSharedMappings::hits() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return hits_;
+}
+
+Result<std::vector<BlockRecord>> fetch_kv_shared(KvSharedMappings& mappings, const std::string& handle,
                                                  const msg::KvChunk& offer, const msg::KvPull& pull,
                                                  uint64_t max_total_bytes, KvStreamCounters& counters,
                                                  BlockBufferPool* pool) {
   CLEAVE_RETURN_IF_ERROR(check_offer(offer, pull, max_total_bytes));
+  Backend& backend = mappings.backend();
   if (!backend.caps().shareable)
     return Status(Code::unsupported, "KV over shared memory: the receiver's backend cannot share memory");
   if (!pool) pool = &block_buffer_pool();
-  auto mapped = backend.open_shared(handle, size_t(offer.total_bytes));
+  auto mapped = mappings.map(handle, size_t(offer.total_bytes));
   if (!mapped.ok()) return mapped.status();
-  const uint8_t* base = static_cast<const uint8_t*>(mapped.value());
+  const uint8_t* base = static_cast<const uint8_t*>(mapped.value().get());
   const size_t block_bytes = offer.headers.front().layout.block_bytes(), n = offer.headers.size();
   std::vector<BlockRecord> records(n);
   Status st;
@@ -183,7 +243,6 @@ Result<std::vector<BlockRecord>> fetch_kv_shared(Backend& backend, const std::st
     ++counters.chunks_received;
     counters.bytes_received += block_bytes;
   }
-  backend.close_shared(mapped.value(), size_t(offer.total_bytes));
   if (!st.ok()) {
     ++counters.chunks_rejected;
     records.resize(acquired);

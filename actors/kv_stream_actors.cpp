@@ -200,7 +200,7 @@ struct KvReceiverState {
   std::unordered_set<std::string> connected;  // nodes this one reaches directly
   std::shared_ptr<KvInbox> socket_results;  // outcomes of socket and shared-memory streams, until taken
   bool shared_memory = false;              // takes streams from senders on this host through shared memory
-  std::shared_ptr<Backend> shared_backend;  // maps their regions (made at the first)
+  std::shared_ptr<KvSharedMappings> shared_maps;  // senders' regions, mapped (made at the first)
   // Last member: destroyed first, joining the socket threads before the rest goes.
   std::unique_ptr<KvSocketJobs> socket_jobs = std::make_unique<KvSocketJobs>();
   static inline const char* name = "cleave.kv_receiver";
@@ -304,14 +304,15 @@ void pull_via_shared(kv_receiver_pointer self, uint64_t id) {
               ++s.counters->shared_fallbacks;
               return pull_via_socket(self, id);
             }
-            if (!s.shared_backend) s.shared_backend = std::shared_ptr<Backend>(make_cpu_backend(1));
+            if (!s.shared_maps)
+              s.shared_maps = std::make_shared<KvSharedMappings>(std::shared_ptr<Backend>(make_cpu_backend(1)));
             auto results = s.socket_results;
             auto counters = s.counters;
-            auto backend = s.shared_backend;
+            auto maps = s.shared_maps;
             auto me = caf::actor_cast<kv_receiver_actor>(self);
             const msg::KvPull p = t->pull;
             s.socket_jobs->run([=, o = std::move(offer.value())] {
-              auto got = fetch_kv_shared(*backend, handle, o, p, kKvMaxStreamBytes, *counters);
+              auto got = fetch_kv_shared(*maps, handle, o, p, kKvMaxStreamBytes, *counters);
               const bool ok = got.ok();
               if (!ok)
                 std::fprintf(stderr, "cleave: KV of request %llu through shared memory failed (%s); using the socket\n",

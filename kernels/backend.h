@@ -157,22 +157,34 @@ class Backend {
   // handed from a prefill process to a decoder without a socket or, on a
   // GPU, a host copy. alloc_shared gives `bytes` of this backend's memory
   // and a handle; free_shared releases it (another process's mapping stays
-  // valid until it closes it). open_shared maps another process's region
-  // read-only where the backend can say so (a malformed handle is
-  // invalid_argument, a region gone or of another size not_found or
-  // unavailable); close_shared unmaps it. The CPU backend shares memfd
+  // valid until it closes it). open_shared maps the first `bytes` of
+  // another process's region, read-only where the backend can say so (a
+  // malformed handle or more bytes than the region has is
+  // invalid_argument, a region gone not_found or unavailable);
+  // close_shared(data, the same bytes) unmaps it. The CPU backend shares memfd
   // pages ("memfd:..." handles, kernels/cpu/shared_memory.h), CUDA device
   // memory through IPC handles ("cudaipc:..."). Default: unsupported.
-  virtual Result<SharedRegion> alloc_shared(size_t bytes);
+  // (Inline: a key function here would tie every user of the interface,
+  // the fuzz targets' object lists among them, to one more source file.)
+  virtual Result<SharedRegion> alloc_shared(size_t bytes) {
+    (void)bytes;
+    return Status(Code::unsupported, "the " + caps().name + " backend cannot share memory between processes");
+  }
   virtual void free_shared(const SharedRegion& region) { (void)region; }
-  virtual Result<const void*> open_shared(const std::string& handle, size_t bytes);
+  virtual Result<const void*> open_shared(const std::string& handle, size_t bytes) {
+    (void)handle, (void)bytes;
+    return Status(Code::unsupported, "the " + caps().name + " backend cannot share memory between processes");
+  }
   virtual void close_shared(const void* data, size_t bytes) { (void)data, (void)bytes; }
   // XXH3-64 (seed 0) of each of n consecutive blocks of block_bytes at
   // `data` (this backend's memory) into out[0..n) on the host: the checksum
   // storage gives a block (checksum_bytes), computed where the bytes are,
   // so device memory is checked without a copy to the host. Default
   // (memory the host reads, where storage's checksum serves): unsupported.
-  virtual Status checksum_blocks(const void* data, size_t block_bytes, int64_t n, uint64_t* out);
+  virtual Status checksum_blocks(const void* data, size_t block_bytes, int64_t n, uint64_t* out) {
+    (void)data, (void)block_bytes, (void)n, (void)out;
+    return Status(Code::unsupported, "the " + caps().name + " backend has no checksum op (the host reads its memory)");
+  }
 
   // A hint that `w` will be multiplied: a backend that multiplies some
   // weights in another form (the CPU backend's int8 panels) makes it now

@@ -3,10 +3,13 @@
 // raw TCP over loopback (plain sockets, the same bytes, the same chunk
 // size, measured before and after the protocol, the better of the two), in
 // the same run, per chunk size. The bench starts itself a second time
-// (--serve) as the sending process.
+// (--serve) as the sending process. --transport shared moves the same
+// streams through shared memory (actors/kv_shared.h: the sender copies the
+// blocks into a region, the receiver copies them out and checks each
+// block's XXH3), beside one memcpy of the same bytes in this process.
 //
 //   cleave_kv_bench [--mib 64] [--reps 5] [--chunks 65536,262144,1048576,4194304]
-//                   [--window 8] [--json FILE]
+//                   [--window 8] [--transport socket|shared] [--json FILE]
 #include <CLI/CLI.hpp>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -114,6 +117,8 @@ void serve_raw(int listener, const std::vector<BlockRecord>& records) {
   ::close(fd);
 }
 
+bool g_shared = false;  // --transport shared
+
 int serve(int mib, int streams) {
   auto records = make_records(mib);
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -130,7 +135,7 @@ int serve(int mib, int streams) {
   Status st = serve_kv_sender(records, streams, "127.0.0.1", [&](uint16_t port) {
     std::printf("ports %u %u\n", unsigned(port), unsigned(ntohs(addr.sin_port)));
     std::fflush(stdout);
-  }, 300);
+  }, 300, g_shared);
   raw.join();
   ::close(listener);
   if (!st.ok()) {
@@ -157,9 +162,15 @@ int main(int argc, char** argv) {
   app.add_option("--chunks", chunks, "chunk sizes in bytes")->delimiter(',');
   app.add_option("--window", window, "chunks in flight per stream")->check(CLI::Range(1, 1024));
   app.add_option("--json", json_path, "write the figures as JSON");
+  std::string transport = "socket";
+  app.add_option("--transport", transport,
+                 "socket: the data socket beside raw TCP, per chunk size; shared: shared memory beside memcpy")
+      ->check(CLI::IsMember({"socket", "shared"}));
   app.add_option("--serve", serve_streams, "internal: be the sending process for N streams");
   CLI11_PARSE(app, argc, argv);
   g_kv_type = kv_type == "f16" ? DType::F16 : kv_type == "q8_0" ? DType::Q8_0 : DType::F32;
+  g_shared = transport == "shared";
+  if (g_shared) chunks = {chunks.front()};  // one region per stream: no chunks
   retain_freed_memory();  // as `cleave node` does
   if (serve_streams > 0) return serve(mib, serve_streams);
 
@@ -169,8 +180,12 @@ int main(int argc, char** argv) {
   std::printf("KV transfer: %d blocks of %zu bytes (%s KV, %.1f MiB, %d tokens) per transfer, window %d, %d reps\n",
               int(records->size()), bench_layout().block_bytes(), kv_type.c_str(), double(total) / (1 << 20),
               int(records->size()) * bench_layout().tokens_per_block, window, reps);
-  std::printf("%10s %14s %14s %8s %8s %12s\n", "chunk", "raw tcp GB/s", "kv chunks GB/s", "ratio",
-              "chunks", "ms/transfer");
+  if (g_shared)
+    std::printf("%10s %14s %14s %8s %8s %12s\n", "transport", "memcpy GB/s", "kv shared GB/s", "ratio", "blocks",
+                "ms/transfer");
+  else
+    std::printf("%10s %14s %14s %8s %8s %12s\n", "chunk", "raw tcp GB/s", "kv chunks GB/s", "ratio", "chunks",
+                "ms/transfer");
   nlohmann::json out = nlohmann::json::array();
   std::string congestion;  // of the raw TCP and KV data sockets alike
   for (uint32_t chunk : chunks) {
@@ -184,7 +199,8 @@ int main(int argc, char** argv) {
     const std::string mib_s = std::to_string(mib), streams_s = std::to_string(reps);
     char* child_argv[] = {argv[0], const_cast<char*>("--serve"), const_cast<char*>(streams_s.c_str()),
                           const_cast<char*>("--mib"), const_cast<char*>(mib_s.c_str()),
-                          const_cast<char*>("--kv-type"), const_cast<char*>(kv_type.c_str()), nullptr};
+                          const_cast<char*>("--kv-type"), const_cast<char*>(kv_type.c_str()),
+                          const_cast<char*>("--transport"), const_cast<char*>(transport.c_str()), nullptr};
     pid_t pid = 0;
     if (posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, child_argv, environ) != 0) {
       std::perror("posix_spawn");
@@ -215,7 +231,20 @@ int main(int argc, char** argv) {
     }
     congestion = configure_kv_data_socket(raw_fd);
     std::vector<uint8_t> buf(total);
+    // With --transport shared the limit is one memcpy of the same bytes
+    // into a buffer already touched (the receiver's pool is warm too).
+    auto memcpy_phase = [&]() -> double {
+      std::vector<double> seconds;
+      for (int r = 0; r < reps; ++r) {
+        const auto t0 = Clock::now();
+        for (const BlockRecord& b : *records)
+          std::memcpy(buf.data() + size_t(&b - records->data()) * b.bytes.size(), b.bytes.data(), b.bytes.size());
+        seconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      }
+      return median(seconds);
+    };
     auto raw_phase = [&]() -> double {
+      if (g_shared) return memcpy_phase();
       std::vector<double> seconds;
       for (int r = 0; r < reps; ++r) {
         const uint64_t c = chunk;
@@ -235,7 +264,7 @@ int main(int argc, char** argv) {
                                    same = same && got.size() == records->size();
                                    for (size_t b = 0; same && b < got.size(); ++b)
                                      same = got[b].bytes == (*records)[b].bytes;
-                                 });
+                                 }, g_shared);
     const double raw_after = raw_phase();
     const uint64_t end = 0;
     send_all(raw_fd, &end, sizeof end);
@@ -263,13 +292,18 @@ int main(int argc, char** argv) {
     const double raw_gbs = double(total) / std::min(raw_before, raw_after) / 1e9;
     const double kv_gbs = double(total) / median(kv_s) / 1e9;
     const uint64_t n_chunks = (total + chunk - 1) / chunk;
-    std::printf("%10u %14.2f %14.2f %7.0f%% %8llu %12.2f\n", chunk, raw_gbs, kv_gbs, 100 * kv_gbs / raw_gbs,
-                static_cast<unsigned long long>(n_chunks), 1e3 * median(kv_s));
+    if (g_shared)
+      std::printf("%10s %14.2f %14.2f %7.0f%% %8zu %12.2f\n", "shared", raw_gbs, kv_gbs, 100 * kv_gbs / raw_gbs,
+                  records->size(), 1e3 * median(kv_s));
+    else
+      std::printf("%10u %14.2f %14.2f %7.0f%% %8llu %12.2f\n", chunk, raw_gbs, kv_gbs, 100 * kv_gbs / raw_gbs,
+                  static_cast<unsigned long long>(n_chunks), 1e3 * median(kv_s));
     out.push_back({{"chunk_bytes", chunk}, {"bytes", total}, {"window", window}, {"reps", reps},
-                   {"raw_tcp_gb_s", raw_gbs}, {"kv_stream_gb_s", kv_gbs},
+                   {g_shared ? "memcpy_gb_s" : "raw_tcp_gb_s", raw_gbs}, {"kv_stream_gb_s", kv_gbs},
                    {"ratio", kv_gbs / raw_gbs}, {"chunks", n_chunks}, {"kv_type", kv_type},
                    {"tokens", records->size() * size_t(bench_layout().tokens_per_block)},
-                   {"kv_ms_per_transfer", 1e3 * median(kv_s)},
+                   {"kv_ms_per_transfer", 1e3 * median(kv_s)}, {"transport", transport},
+                   {"limit", g_shared ? "memcpy" : "raw_tcp"},
                    {"tcp_congestion", congestion}});
   }
   std::printf("TCP congestion control of both paths: %s\n", congestion.c_str());

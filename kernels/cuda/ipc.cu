@@ -94,9 +94,9 @@ Result<const void*> ipc_open(int device, const std::string& handle, size_t bytes
       std::sscanf(handle.c_str() + b + 1, "%llu%n", &n, &used) != 1 || b + 1 + size_t(used) != c ||
       !unhex(handle.substr(c + 1), &h, sizeof h))
     return Status(Code::invalid_argument, "shared memory: malformed handle '" + handle.substr(0, 64) + "'");
-  if (n != bytes)
+  if (bytes == 0 || n < bytes)
     return Status(Code::invalid_argument, "shared memory: handle names " + std::to_string(n) + " bytes, " +
-                                              std::to_string(bytes) + " expected");
+                                              std::to_string(bytes) + " asked for");
   if (handle.substr(a + 1, b - a - 1) != uuid_of(device))
     return Status(Code::unsupported, "shared memory: the region is on another GPU");
   CLEAVE_CUDA_CHECK(cudaSetDevice(device));

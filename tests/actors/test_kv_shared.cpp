@@ -135,22 +135,42 @@ TEST_CASE("kv shared: another process maps the region and gets the blocks bit fo
   CHECK(offer.total_bytes == 3 * records->front().bytes.size());
   CHECK(offers.size() == 1);
   const int rc = in_child([&] {
-    auto cpu = make_cpu_backend(1);
+    KvSharedMappings maps(std::shared_ptr<Backend>(make_cpu_backend(1)));
     KvStreamCounters counters;
-    auto got = fetch_kv_shared(*cpu, handle.value(), offer, pull_of(7, 2), uint64_t(1) << 30, counters);
+    auto got = fetch_kv_shared(maps, handle.value(), offer, pull_of(7, 2), uint64_t(1) << 30, counters);
     if (!got.ok()) return 1;
     if (!same(got.value(), *records, 2)) return 2;
     if (counters.chunks_received != 3 || counters.bytes_received != offer.total_bytes) return 3;
     return 0;
   });
   CHECK(rc == 0);
-  // Released: the region is gone for anyone who opens it later.
-  offers.release(7);
+  // Released: kept for the next offer that fits, which reuses its pages.
+  int32_t blocks = 0;
+  uint64_t bytes = 0;
+  CHECK(offers.release(7, &blocks, &bytes));
+  CHECK(blocks == 3);
+  CHECK(bytes == offer.total_bytes);
+  CHECK_FALSE(offers.release(7));
   CHECK(offers.size() == 0);
-  auto cpu = make_cpu_backend(1);
+  CHECK(offers.kept() == 1);
+  msg::KvChunk smaller;
+  auto again = offers.offer(8, *records, 3, smaller);  // 2 blocks fit the 3-block region
+  REQUIRE(again.ok());
+  CHECK(*again == *handle);
+  CHECK(offers.reused() == 1);
+  CHECK(offers.kept() == 0);
+  KvSharedMappings maps(std::shared_ptr<Backend>(make_cpu_backend(1)));
   KvStreamCounters counters;
-  auto gone = fetch_kv_shared(*cpu, handle.value(), offer, pull_of(7, 2), uint64_t(1) << 30, counters);
-  CHECK(gone.status().code() == Code::not_found);
+  auto got = fetch_kv_shared(maps, *again, smaller, pull_of(8, 3), uint64_t(1) << 30, counters);
+  REQUIRE(got.ok());
+  CHECK(same(got.value(), *records, 3));
+  // A larger offer than any kept region gets a new one.
+  msg::KvChunk larger;
+  offers.release(8);
+  auto bigger = offers.offer(9, *records, 0, larger);
+  REQUIRE(bigger.ok());
+  CHECK(*bigger != *handle);
+  CHECK(offers.reused() == 1);
 }
 
 TEST_CASE("kv shared: a handle that is malformed, of another size or of a reused descriptor is refused") {
@@ -162,7 +182,11 @@ TEST_CASE("kv shared: a handle that is malformed, of another size or of a reused
   }
   auto region = cpu->alloc_shared(4096);
   REQUIRE(region.ok());
-  CHECK(cpu->open_shared(region->handle, 8192).status().code() == Code::invalid_argument);
+  CHECK(cpu->open_shared(region->handle, 8192).status().code() == Code::invalid_argument);  // more than it has
+  CHECK(cpu->open_shared(region->handle, 0).status().code() == Code::invalid_argument);
+  auto prefix = cpu->open_shared(region->handle, 100);  // the first 100 bytes
+  REQUIRE(prefix.ok());
+  cpu->close_shared(prefix.value(), 100);
   auto mapped = cpu->open_shared(region->handle, 4096);
   REQUIRE(mapped.ok());
   static_cast<uint8_t*>(region->data)[100] = 42;
@@ -181,38 +205,38 @@ TEST_CASE("kv shared: a handle that is malformed, of another size or of a reused
 
 TEST_CASE("kv shared: an offer that disagrees with the pull or a corrupt block is a typed error") {
   auto records = make_records(4);
-  auto cpu = make_cpu_backend(1);
+  KvSharedMappings maps(std::shared_ptr<Backend>(make_cpu_backend(1)));
   KvSharedOffers offers(std::shared_ptr<Backend>(make_cpu_backend(1)));
   msg::KvChunk offer;
   auto handle = offers.offer(3, *records, 0, offer);
   REQUIRE(handle.ok());
   const uint64_t big = uint64_t(1) << 30;
   KvStreamCounters c;
-  CHECK(fetch_kv_shared(*cpu, *handle, offer, pull_of(4, 0), big, c).status().code() == Code::invalid_argument);
-  CHECK(fetch_kv_shared(*cpu, *handle, offer, pull_of(3, 1), big, c).status().code() == Code::invalid_argument);
-  CHECK(fetch_kv_shared(*cpu, *handle, offer, pull_of(3, 0), offer.total_bytes - 1, c).status().code() ==
+  CHECK(fetch_kv_shared(maps, *handle, offer, pull_of(4, 0), big, c).status().code() == Code::invalid_argument);
+  CHECK(fetch_kv_shared(maps, *handle, offer, pull_of(3, 1), big, c).status().code() == Code::invalid_argument);
+  CHECK(fetch_kv_shared(maps, *handle, offer, pull_of(3, 0), offer.total_bytes - 1, c).status().code() ==
         Code::invalid_argument);
   msg::KvChunk wrong = offer;
   wrong.total_bytes += 1;
-  CHECK(fetch_kv_shared(*cpu, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
+  CHECK(fetch_kv_shared(maps, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
   wrong = offer;
   wrong.headers[1].layout.n_layers += 1;
-  CHECK(fetch_kv_shared(*cpu, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
+  CHECK(fetch_kv_shared(maps, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
   wrong = offer;
   wrong.headers.clear();
-  CHECK(fetch_kv_shared(*cpu, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
+  CHECK(fetch_kv_shared(maps, *handle, wrong, pull_of(3, 0), big, c).status().code() == Code::invalid_argument);
   CHECK(c.chunks_received == 0);
 
   // A bit flipped in block 2 of the region after the copy: caught, named.
   msg::KvChunk corrupt_offer;
   auto corrupt = offers.offer(5, *records, 0, corrupt_offer, /*corrupt_block=*/2);
   REQUIRE(corrupt.ok());
-  auto got = fetch_kv_shared(*cpu, *corrupt, corrupt_offer, pull_of(5, 0), big, c);
+  auto got = fetch_kv_shared(maps, *corrupt, corrupt_offer, pull_of(5, 0), big, c);
   CHECK(got.status().code() == Code::corruption);
   CHECK(got.status().message().find("block 2 (key " + (*records)[2].header.key.hex()) != std::string::npos);
   CHECK(c.chunks_rejected == 1);
   // The good region still reads back.
-  auto good = fetch_kv_shared(*cpu, *handle, offer, pull_of(3, 0), big, c);
+  auto good = fetch_kv_shared(maps, *handle, offer, pull_of(3, 0), big, c);
   REQUIRE(good.ok());
   CHECK(same(good.value(), *records, 0));
 }
@@ -221,47 +245,100 @@ TEST_CASE("kv shared: a backend whose memory the host does not read checks block
   auto records = make_records(3);
   auto device = std::make_shared<DeviceLike>();
   KvSharedOffers offers(device);
+  KvSharedMappings maps(device);
   msg::KvChunk offer, corrupt_offer;
   auto handle = offers.offer(1, *records, 0, offer);
   auto corrupt = offers.offer(2, *records, 0, corrupt_offer, 0);
   REQUIRE(handle.ok());
   REQUIRE(corrupt.ok());
   KvStreamCounters c;
-  auto got = fetch_kv_shared(*device, *handle, offer, pull_of(1, 0), uint64_t(1) << 30, c);
+  auto got = fetch_kv_shared(maps, *handle, offer, pull_of(1, 0), uint64_t(1) << 30, c);
   REQUIRE(got.ok());
   CHECK(same(got.value(), *records, 0));
   CHECK(device->checksum_calls == 1);
-  auto bad = fetch_kv_shared(*device, *corrupt, corrupt_offer, pull_of(2, 0), uint64_t(1) << 30, c);
+  auto bad = fetch_kv_shared(maps, *corrupt, corrupt_offer, pull_of(2, 0), uint64_t(1) << 30, c);
   CHECK(bad.status().code() == Code::corruption);
   CHECK(device->checksum_calls == 2);
+}
+
+TEST_CASE("kv shared: a receiver keeps its mappings for the next streams in a region") {
+  auto records = make_records(4);
+  const size_t bb = records->front().bytes.size();
+  KvSharedOffers offers(std::shared_ptr<Backend>(make_cpu_backend(1)));
+  KvSharedMappings maps(std::shared_ptr<Backend>(make_cpu_backend(1)), /*max_bytes=*/4 * bb);
+  KvStreamCounters c;
+  msg::KvChunk offer;
+  auto h = offers.offer(1, *records, 2, offer);  // a 2-block region
+  REQUIRE(h.ok());
+  REQUIRE(fetch_kv_shared(maps, *h, offer, pull_of(1, 2), uint64_t(1) << 30, c).ok());
+  CHECK(maps.size() == 1);
+  CHECK(maps.hits() == 0);
+  offers.release(1);
+  auto h2 = offers.offer(2, *records, 3, offer);  // reuses the region with other bytes
+  REQUIRE(h2.ok());
+  CHECK(*h2 == *h);
+  auto got = fetch_kv_shared(maps, *h2, offer, pull_of(2, 3), uint64_t(1) << 30, c);
+  REQUIRE(got.ok());
+  CHECK(same(got.value(), *records, 3));  // the new bytes through the kept mapping
+  CHECK(maps.hits() == 1);
+  // A mapping held by a reader outlives its eviction.
+  auto held = maps.map(*h2, bb);
+  REQUIRE(held.ok());
+  msg::KvChunk big;
+  auto h3 = offers.offer(3, *records, 0, big);  // 4 blocks: evicts the 2-block mapping
+  REQUIRE(h3.ok());
+  REQUIRE(fetch_kv_shared(maps, *h3, big, pull_of(3, 0), uint64_t(1) << 30, c).ok());
+  CHECK(maps.size() == 1);
+  CHECK(static_cast<const uint8_t*>(held.value().get())[0] == (*records)[3].bytes[0]);
+  auto part = maps.map(*h3, bb);  // within the kept 4-block mapping
+  REQUIRE(part.ok());
+  CHECK(maps.hits() == 3);
+  // A kept mapping shorter than asked for is made again, longer.
+  KvSharedMappings fresh(std::shared_ptr<Backend>(make_cpu_backend(1)));
+  REQUIRE(fresh.map(*h3, bb).ok());
+  auto whole = fresh.map(*h3, 4 * bb);
+  REQUIRE(whole.ok());
+  CHECK(fresh.hits() == 0);
+  CHECK(fresh.size() == 1);
+  CHECK(static_cast<const uint8_t*>(whole.value().get())[3 * bb + 5] == (*records)[3].bytes[5]);
 }
 
 TEST_CASE("kv shared: offers are replaced, expire, and refuse what they cannot share") {
   auto records = make_records(3);
   auto cpu = std::shared_ptr<Backend>(make_cpu_backend(1));
-  std::string first_handle;
+  std::string first_handle, second;
   {
     KvSharedOffers offers(cpu);
     msg::KvChunk offer;
     auto h1 = offers.offer(9, *records, 0, offer);
     REQUIRE(h1.ok());
     first_handle = *h1;
-    auto h2 = offers.offer(9, *records, 1, offer);  // replaces the first
+    auto h2 = offers.offer(9, *records, 1, offer);  // replaces the first, in its region
     REQUIRE(h2.ok());
     CHECK(offers.size() == 1);
-    CHECK(cpu->open_shared(first_handle, 3 * records->front().bytes.size()).status().code() == Code::not_found);
+    CHECK(*h2 == first_handle);
+    CHECK(offers.reused() == 1);
     CHECK(offers.expire(std::chrono::hours(1)) == 0);
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
     CHECK(offers.expire(std::chrono::milliseconds(1)) == 1);
     CHECK(offers.size() == 0);
+    // Expired regions are freed, not kept: a late receiver may still read them.
+    CHECK(offers.kept() == 0);
+    CHECK(cpu->open_shared(first_handle, 100).status().code() == Code::not_found);
     CHECK(offers.offer(10, *records, 3, offer).status().code() == Code::invalid_argument);
     CHECK(offers.offer(10, *records, -1, offer).status().code() == Code::invalid_argument);
-    auto kept = offers.offer(11, *records, 0, offer);
+    auto live = offers.offer(11, *records, 0, offer);
+    REQUIRE(live.ok());
+    first_handle = *live;
+    auto kept = offers.offer(12, *records, 0, offer);
     REQUIRE(kept.ok());
-    first_handle = *kept;
+    second = *kept;
+    offers.release(12);
+    CHECK(offers.kept() == 1);
   }
-  // Freed with the offers that held it.
-  CHECK(cpu->open_shared(first_handle, 3 * records->front().bytes.size()).status().code() == Code::not_found);
+  // Freed with the offers that held them, live or kept.
+  CHECK(cpu->open_shared(first_handle, 100).status().code() == Code::not_found);
+  CHECK(cpu->open_shared(second, 100).status().code() == Code::not_found);
 
   auto no_share = std::make_shared<DeviceLike>();
   no_share->shareable = false;
