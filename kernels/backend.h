@@ -66,7 +66,9 @@ Status check_kv_type(DType t, int32_t head_dim, const char* what);
 // One query row of attention: the token at absolute position `pos` of a
 // sequence whose blocks are block_table[0..n_blocks). It attends keys at
 // positions [0, pos] (causal). Prefill passes many rows of one sequence;
-// decode passes one row for each of many sequences.
+// decode passes one row for each of many sequences. kv_write and attention
+// take an array of them in backend memory (on a device the engine uploads
+// it once per forward pass, beside the positions), each block_table too.
 struct AttnRow {
   const int32_t* block_table = nullptr;  // backend-addressable memory
   int32_t n_blocks = 0;

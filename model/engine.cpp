@@ -110,6 +110,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   e->ids_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
   e->pos_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
   e->tables_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
+  e->rows_dev_ = std::make_unique<BackendBuffer<AttnRow>>(be);
   if (o.profile_ops) {
     auto profiling = std::make_unique<ProfilingBackend>(std::move(e->backend_));
     e->profile_ = profiling.get();
@@ -599,10 +600,12 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
   // memory: one upload each per step.
   const int32_t* ids_b = to_backend(*backend_, host_, ids, size_t(n), *ids_dev_);
   const int32_t* pos_b = to_backend(*backend_, host_, pos, size_t(n), *pos_dev_);
-  if (!host_) {
+  const AttnRow* rows_b = rows;
+  if (!host_) {  // and the rows that point into them: four uploads in all
     const int32_t* tables = to_backend(*backend_, host_, tables_.data(), tables_.size(), *tables_dev_);
     for (size_t i = 0, r = 0; i < items.size(); ++i)
       for (int32_t t = 0; t < items[i].n_tokens; ++t, ++r) rows[r].block_table = tables + table_at[i];
+    rows_b = to_backend(*backend_, host_, rows, size_t(n), *rows_dev_);
   }
 
   const int64_t dim = c.dim;
@@ -621,7 +624,7 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
       src += dim;
     }
   }
-  CLEAVE_RETURN_IF_ERROR(run_layers(n, x, pos_b, rows, last_row, logits));
+  CLEAVE_RETURN_IF_ERROR(run_layers(n, x, pos_b, rows_b, last_row, logits));
   if (index_)
     for (size_t s = 0; s < seqs_.size(); ++s)
       if (added[s]) publish_full_blocks(seqs_[s]);
@@ -634,7 +637,7 @@ Status Engine::reserve(int64_t n, int64_t m) {
   bool ok = x_->try_grow(size_t(n * c.dim));
   if (ok && !host_)
     ok = logits_->try_grow(size_t(m * c.n_vocab)) && ids_dev_->try_grow(size_t(n)) &&
-         pos_dev_->try_grow(size_t(n)) && tables_dev_->try_grow(table_bound);
+         pos_dev_->try_grow(size_t(n)) && tables_dev_->try_grow(table_bound) && rows_dev_->try_grow(size_t(n));
   Status st = ok ? compute_->reserve(n, m) : Status(Code::out_of_memory, "");
   if (st.ok()) return st;
   return Status(Code::out_of_memory, "engine: a batch of " + std::to_string(n) + " rows (" +

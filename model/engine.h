@@ -286,12 +286,13 @@ class Engine {
   std::vector<Sequence> seqs_;
 
   // Scratch, grown on demand and reused across calls: the rows' ids,
-  // positions and block tables on the host (and their copies in backend
-  // memory on a device), the activations and logits in backend memory.
+  // positions, block tables and AttnRows on the host (and their copies in
+  // backend memory on a device), the activations and logits in backend memory.
   std::vector<int32_t> positions_, token_ids_, tables_;
-  std::vector<AttnRow> rows_;  // host array; block_table pointers in backend memory
+  std::vector<AttnRow> rows_;  // on a device: block_table pointers into tables_dev_
   std::unique_ptr<BackendBuffer<float>> x_, logits_;
   std::unique_ptr<BackendBuffer<int32_t>> ids_dev_, pos_dev_, tables_dev_;
+  std::unique_ptr<BackendBuffer<AttnRow>> rows_dev_;
   std::unique_ptr<LayerCompute> compute_;
   std::shared_ptr<ExpertExecutor> experts_;
   bool experts_prepared_ = false;  // forward() prepared the local experts

@@ -138,16 +138,17 @@ class FencedBackend final : public Backend {
   }
   void kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
                 const AttnRow* rows, int64_t n) override {
-    check(kv.data, "kv_write kv"), check(k, "kv_write k"), check(v, "kv_write v");
-    check_rows(rows, n, "kv_write block_table");
+    check(kv.data, "kv_write kv"), check(k, "kv_write k"), check(v, "kv_write v"), check(rows, "kv_write rows");
     Open o(*this);
+    check_rows(rows, n, "kv_write block_table");
     inner_->kv_write(kv, layer, k, v, rows, n);
   }
   void attention(const PagedKv& kv, int32_t layer, const float* q, const AttnRow* rows, int64_t n,
                  int32_t n_heads, float scale, float* out) override {
-    check(kv.data, "attention kv"), check(q, "attention q"), check(out, "attention out");
-    check_rows(rows, n, "attention block_table");
+    check(kv.data, "attention kv"), check(q, "attention q"), check(out, "attention out"),
+        check(rows, "attention rows");
     Open o(*this);
+    check_rows(rows, n, "attention block_table");
     inner_->attention(kv, layer, q, rows, n, n_heads, scale, out);
   }
   void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t dim, float eps,
@@ -205,6 +206,8 @@ class FencedBackend final : public Backend {
   void check(const void* p, const char* what) {
     if (p != nullptr && !mine(p)) log_->violations.push_back(what);
   }
+  // Reads the rows: call it while the arena is open (they are in it, or a
+  // violation was recorded and they are host memory).
   void check_rows(const AttnRow* rows, int64_t n, const char* what) {
     for (int64_t i = 0; i < n; ++i)
       if (!mine(rows[i].block_table)) {

@@ -296,17 +296,10 @@ class CudaBackend final : public Backend {
     // A blocking stream: work on the legacy default stream (cudaMemcpy,
     // events recorded on stream 0) stays ordered with it.
     CLEAVE_CUDA_CHECK(cudaStreamCreate(&stream_));
-    for (RowSlot& slot : row_slots_)
-      CLEAVE_CUDA_CHECK(cudaEventCreateWithFlags(&slot.done, cudaEventDisableTiming));
   }
   ~CudaBackend() override {
     cudaSetDevice(device_);
     cudaStreamSynchronize(stream_);
-    for (RowSlot& slot : row_slots_) {
-      if (slot.dev) cudaFree(slot.dev);
-      if (slot.host) cudaFreeHost(slot.host);
-      cudaEventDestroy(slot.done);
-    }
     cudaStreamDestroy(stream_);
   }
 
@@ -508,10 +501,9 @@ class CudaBackend final : public Backend {
     if (n <= 0) return;
     check_f32_kv(kv, "kv_write");
     use();
-    const AttnRow* rows_dev = stage_rows(rows, n);
     const int threads = kv.head_dim >= 256 ? 256 : ((kv.head_dim + 31) / 32) * 32;
     kv_write_kernel<<<dim3(unsigned(n), unsigned(kv.n_kv_heads)), threads, 0, stream_>>>(
-        to_dev(kv), layer, k, v, rows_dev);
+        to_dev(kv), layer, k, v, rows);
     CLEAVE_CUDA_CHECK_LAUNCH("kv_write_kernel");
   }
 
@@ -522,11 +514,10 @@ class CudaBackend final : public Backend {
       fail("attention: n_heads is not a multiple of n_kv_heads");
     check_f32_kv(kv, "attention");
     use();
-    const AttnRow* rows_dev = stage_rows(rows, n);
     const size_t smem = (size_t(2) * kv.head_dim + size_t(2) * kv.block_size) * sizeof(float);
     if (smem > 48 * 1024) fail("attention: head_dim/block_size too large for shared memory");
     attention_kernel<<<dim3(unsigned(n), unsigned(n_heads)), kAttnThreads, smem, stream_>>>(
-        to_dev(kv), layer, q, rows_dev, n_heads, scale, out);
+        to_dev(kv), layer, q, rows, n_heads, scale, out);
     CLEAVE_CUDA_CHECK_LAUNCH("attention_kernel");
   }
 
@@ -547,48 +538,10 @@ class CudaBackend final : public Backend {
     if (!dtype_known(static_cast<uint32_t>(t))) fail("unknown weight type");
   }
 
-  // The host AttnRow array (whose block_table pointers are device memory)
-  // copied to the device, ordered on the stream. It goes through a ring of
-  // pinned staging slots so the copy is truly asynchronous (a pageable copy
-  // would wait for the stream); a slot is reused only after the event of its
-  // previous copy, kRowSlots calls ago, has completed. Device-side reuse is
-  // ordered by the stream itself.
-  const AttnRow* stage_rows(const AttnRow* rows, int64_t n) {
-    const size_t bytes = size_t(n) * sizeof(AttnRow);
-    RowSlot& slot = row_slots_[next_slot_];
-    next_slot_ = (next_slot_ + 1) % kRowSlots;
-    if (slot.used) CLEAVE_CUDA_CHECK(cudaEventSynchronize(slot.done));
-    if (bytes > slot.cap) {
-      CLEAVE_CUDA_CHECK(cudaStreamSynchronize(stream_));
-      if (slot.dev) CLEAVE_CUDA_CHECK(cudaFree(slot.dev));
-      if (slot.host) CLEAVE_CUDA_CHECK(cudaFreeHost(slot.host));
-      size_t cap = 4096;
-      while (cap < bytes) cap *= 2;
-      CLEAVE_CUDA_CHECK(cudaMalloc(&slot.dev, cap));
-      CLEAVE_CUDA_CHECK(cudaMallocHost(&slot.host, cap));
-      slot.cap = cap;
-    }
-    std::memcpy(slot.host, rows, bytes);
-    CLEAVE_CUDA_CHECK(cudaMemcpyAsync(slot.dev, slot.host, bytes, cudaMemcpyHostToDevice, stream_));
-    CLEAVE_CUDA_CHECK(cudaEventRecord(slot.done, stream_));
-    slot.used = true;
-    return static_cast<const AttnRow*>(slot.dev);
-  }
-
   int device_ = 0;
   int sm_count_ = 0;
   std::string isa_;
   cudaStream_t stream_ = nullptr;
-  struct RowSlot {
-    void* host = nullptr;  // pinned
-    void* dev = nullptr;
-    size_t cap = 0;
-    cudaEvent_t done = nullptr;
-    bool used = false;
-  };
-  static constexpr int kRowSlots = 8;
-  RowSlot row_slots_[kRowSlots];
-  int next_slot_ = 0;
 };
 
 std::string cuda_error(const char* call, cudaError_t err) {

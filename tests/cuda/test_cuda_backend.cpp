@@ -64,6 +64,7 @@ struct Buf {
   Buf& operator=(const Buf&) = delete;
   float* f() const { return static_cast<float*>(p); }
   int32_t* i() const { return static_cast<int32_t*>(p); }
+  const AttnRow* rows() const { return static_cast<const AttnRow*>(p); }
   template <class T = float>
   std::vector<T> get() const {
     std::vector<T> v(bytes / sizeof(T));
@@ -467,11 +468,13 @@ TEST_CASE("cuda kv_write + attention against cpu - chunked prefill and batching 
     KvFixture fc(*cpu, c, garbage, blocks), fg(*gpu, c, garbage, blocks);
     Buf kc(*cpu, k), vc(*cpu, v), qc(*cpu, q), kg(*gpu, k), vg(*gpu, v), qg(*gpu, q);
     Buf oc(*cpu, qn * 4), og(*gpu, qn * 4);
-    auto rc = fc.rows(0, c.seq), rg = fg.rows(0, c.seq);
+    // The CPU's rows in host memory, the GPU's in device memory (the contract).
+    auto rc = fc.rows(0, c.seq);
+    Buf rg(*gpu, fg.rows(0, c.seq));
     cpu->kv_write(fc.kv, layer, kc.f(), vc.f(), rc.data(), c.seq);
     cpu->attention(fc.kv, layer, qc.f(), rc.data(), c.seq, c.n_heads, scale, oc.f());
-    gpu->kv_write(fg.kv, layer, kg.f(), vg.f(), rg.data(), c.seq);
-    gpu->attention(fg.kv, layer, qg.f(), rg.data(), c.seq, c.n_heads, scale, og.f());
+    gpu->kv_write(fg.kv, layer, kg.f(), vg.f(), rg.rows(), c.seq);
+    gpu->attention(fg.kv, layer, qg.f(), rg.rows(), c.seq, c.n_heads, scale, og.f());
     gpu->sync();
     const auto whole = og.get();
     CHECK(rel_err(fg.data->get(), fc.data->get()) == 0.0);  // kv_write is a copy
@@ -484,9 +487,9 @@ TEST_CASE("cuda kv_write + attention against cpu - chunked prefill and batching 
     const int32_t cuts[] = {0, 1, 14, c.seq};
     for (int ci = 0; ci + 1 < 4; ++ci) {
       const int32_t a = cuts[ci], b = cuts[ci + 1];
-      auto r = f2.rows(a, b);
-      gpu->kv_write(f2.kv, layer, kg.f() + a * kvrow, vg.f() + a * kvrow, r.data(), b - a);
-      gpu->attention(f2.kv, layer, qg.f() + a * qrow, r.data(), b - a, c.n_heads, scale,
+      Buf r(*gpu, f2.rows(a, b));
+      gpu->kv_write(f2.kv, layer, kg.f() + a * kvrow, vg.f() + a * kvrow, r.rows(), b - a);
+      gpu->attention(f2.kv, layer, qg.f() + a * qrow, r.rows(), b - a, c.n_heads, scale,
                      o2.f() + a * qrow);
     }
     gpu->sync();
@@ -503,8 +506,8 @@ TEST_CASE("cuda kv_write + attention against cpu - chunked prefill and batching 
       std::memcpy(qs.data() + j * qrow, q.data() + size_t(order[j]) * qrow, qrow * 4);
       rs.push_back(AttnRow{fg.table->i(), nblk, order[j]});
     }
-    Buf qsg(*gpu, qs), o3(*gpu, qn * 4);
-    gpu->attention(fg.kv, layer, qsg.f(), rs.data(), c.seq, c.n_heads, scale, o3.f());
+    Buf qsg(*gpu, qs), o3(*gpu, qn * 4), rsg(*gpu, rs);
+    gpu->attention(fg.kv, layer, qsg.f(), rsg.rows(), c.seq, c.n_heads, scale, o3.f());
     gpu->sync();
     const auto shuffled = o3.get();
     bool same = true;
@@ -614,8 +617,9 @@ TEST_CASE("cuda benchmark") {
         o(*gpu, size_t(seqs) * c.n_heads * c.head_dim * 4);
     std::vector<AttnRow> rows;
     for (int32_t s = 0; s < seqs; ++s) rows.push_back(AttnRow{tg.i() + s * nblk, nblk, c.seq - 1});
+    Buf rows_g(*gpu, rows);
     const double ms = time_ms(
-        [&] { gpu->attention(kv, 0, q.f(), rows.data(), seqs, c.n_heads, 0.088f, o.f()); }, 10);
+        [&] { gpu->attention(kv, 0, q.f(), rows_g.rows(), seqs, c.n_heads, 0.088f, o.f()); }, 10);
     const double bytes = double(data.bytes);
     std::printf("  attention decode 64 x 2048 tok %8.0f GB/s of KV  %.3f ms\n",
                 bytes / (ms * 1e-3) / 1e9, ms);

@@ -190,10 +190,11 @@ TEST_CASE("engine on a device: weights go up once, then a step moves ids and log
   f->traffic = {};
   const int32_t ta = 11, tb = 12;
   REQUIRE(eng.forward({{a, &ta, 1}, {b, &tb, 1}}, lg.data()).ok());
-  // ids (2), positions (2) and the two block tables (41 -> 3 blocks, 8 -> 1).
+  // ids (2), positions (2), the two block tables (41 -> 3 blocks, 8 -> 1)
+  // and the 2 rows' AttnRows, once for every layer's kv_write and attention.
   const FencedBackend::Traffic t = f->traffic;
-  CHECK(t.uploads == 3);
-  CHECK(t.upload_bytes == sizeof(int32_t) * (2 + 2 + 3 + 1));
+  CHECK(t.uploads == 4);
+  CHECK(t.upload_bytes == sizeof(int32_t) * (2 + 2 + 3 + 1) + 2 * sizeof(AttnRow));
   CHECK(t.downloads == 1);
   CHECK(t.download_bytes == 2 * size_t(V) * sizeof(float));
   CHECK(f->violations.empty());
@@ -220,8 +221,8 @@ TEST_CASE("engine on a device: weights go up once, then a step moves ids and log
   mf->traffic = {};
   REQUIRE(moe.forward({{ma, &ta, 1}, {mb, &tb, 1}}, lg.data()).ok());
   const FencedBackend::Traffic mt = mf->traffic;
-  CHECK(mt.uploads == 3 + 2 * 2);
-  CHECK(mt.upload_bytes == sizeof(int32_t) * (2 + 2 + 3 + 1 + 2 * (4 + 4)));
+  CHECK(mt.uploads == 4 + 2 * 2);
+  CHECK(mt.upload_bytes == sizeof(int32_t) * (2 + 2 + 3 + 1 + 2 * (4 + 4)) + 2 * sizeof(AttnRow));
   CHECK(mt.downloads == 1 + 2);
   CHECK(mt.download_bytes == 2 * size_t(V) * sizeof(float) + 2 * 4 * sizeof(int32_t));
   CHECK(mf->violations.empty());
