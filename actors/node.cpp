@@ -357,7 +357,7 @@ class HeadNode final : public Node {
       front->n_vocab = store.n_vocab;
       front->n_embd = store.n_embd;
       KvStoreRole role;
-      if (options_.spec.kv_pool) {  // one model (the loader refuses a pool with several)
+      if (options_.spec.kv_pool) {  // a pool per model: its workers' stores join this directory
         index = std::make_shared<KvPoolIndex>();
         role.index = index;
         role.replicate_reads = options_.spec.kv_replicate_reads;

@@ -52,11 +52,11 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
                         "cluster { kv_pool = true } (its store joins the head's pool)");
 
   // Several models: each model's nodes make a cluster of their own behind
-  // the head's router for that model; what spans models is refused.
+  // the head's router for that model (with kv_pool, a pool of their own
+  // whose directory is the head's store of that model); what spans models
+  // is refused.
   const std::vector<std::string> models = cluster_models(c);
   if (models.size() > 1) {
-    if (c.kv_pool)
-      return at(head->line, "cluster{}.kv_pool with several models (node{}.model): a pool serves one model");
     for (const NodeSpec& n : c.nodes) {
       const char* what = n.stage.set || n.count("stage") > 0 ? "stage{} pipelines"
                          : n.count("expert") > 0             ? "expert actors"
