@@ -171,20 +171,61 @@ __global__ void topk_gating_kernel(const float* __restrict__ logits, int64_t n, 
   for (int64_t j = 0; j < k; ++j) weights[i * k + j] = weights[i * k + j] / sel_sum;
 }
 
-// PagedKv without its host-only methods; F32 K and V only (check_f32_kv).
+// PagedKv as the kernels address it: K rows in k_type, V rows in v_type
+// (F32, F16 or Q8_0), laid out as PagedKv::offset lays them.
 struct KvDev {
-  float* data;
+  uint8_t* data;
   int32_t n_blocks, block_size, n_layers, n_kv_heads, head_dim;
-  __device__ size_t offset(int32_t block, int32_t layer, int32_t kv, int32_t head,
-                           int32_t slot) const {
-    const size_t layer_elems = size_t(2) * n_kv_heads * block_size * head_dim;
-    return size_t(block) * layer_elems * n_layers + size_t(layer) * layer_elems +
-           ((size_t(kv) * n_kv_heads + head) * block_size + slot) * head_dim;
+  DType k_type, v_type;
+  size_t k_row, v_row;  // bytes of one K / V row
+  __device__ uint8_t* row(int32_t block, int32_t layer, int32_t kv, int32_t head, int32_t slot) const {
+    const size_t layer_bytes = size_t(n_kv_heads) * block_size * (k_row + v_row);
+    const size_t base = size_t(block) * layer_bytes * n_layers + size_t(layer) * layer_bytes;
+    if (kv == 0) return data + base + (size_t(head) * block_size + slot) * k_row;
+    return data + base + size_t(n_kv_heads) * block_size * k_row + (size_t(head) * block_size + slot) * v_row;
   }
 };
 
 KvDev to_dev(const PagedKv& kv) {
-  return KvDev{reinterpret_cast<float*>(kv.data), kv.n_blocks, kv.block_size, kv.n_layers, kv.n_kv_heads, kv.head_dim};
+  return KvDev{kv.data,    kv.n_blocks, kv.block_size,    kv.n_layers,     kv.n_kv_heads,
+               kv.head_dim, kv.k_type,  kv.v_type,        kv.k_row_bytes(), kv.v_row_bytes()};
+}
+
+// Element c of a stored row, widened exactly to F32 (Q8_0: d x q, both
+// exact in F32, as the CPU backend widens).
+// An F32 row after Q8_0 rows (34 bytes each) may sit off a 4-byte boundary
+// (an odd block size): then it is read and written byte-wise.
+__device__ __forceinline__ float load_kv(const uint8_t* row, DType t, int32_t c) {
+  if (t == DType::F32) {
+    if ((reinterpret_cast<uintptr_t>(row) & 3) == 0) return reinterpret_cast<const float*>(row)[c];
+    float f;
+    memcpy(&f, row + size_t(c) * 4, 4);
+    return f;
+  }
+  if (t == DType::F16) return __half2float(reinterpret_cast<const __half*>(row)[c]);
+  const uint8_t* b = row + size_t(c / 32) * 34;  // Q8_0: f16 scale, 32 int8
+  return __half2float(*reinterpret_cast<const __half*>(b)) * float(int8_t(b[2 + c % 32]));
+}
+
+// Stores element c of a row. Q8_0 is llama.cpp's quantize_row_q8_0, as the
+// CPU backend's (kernels/dtype.cpp): each 32-element block's lanes are one
+// warp (head_dim and the thread count are multiples of 32), amax by a
+// warp max, d = amax / 127, q = roundf(x / d) as x * (1 / d), d stored as
+// F16 rounded to nearest even: the same bytes as the CPU's.
+__device__ __forceinline__ void store_kv(uint8_t* row, DType t, int32_t c, float x) {
+  if (t == DType::F32) {
+    if ((reinterpret_cast<uintptr_t>(row) & 3) == 0) reinterpret_cast<float*>(row)[c] = x;
+    else memcpy(row + size_t(c) * 4, &x, 4);
+  } else if (t == DType::F16) {
+    reinterpret_cast<__half*>(row)[c] = __float2half_rn(x);
+  } else {
+    const float amax = warp_max(fabsf(x));
+    const float d = __fdiv_rn(amax, 127.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    uint8_t* b = row + size_t(c / 32) * 34;
+    if (c % 32 == 0) *reinterpret_cast<__half*>(b) = __float2half_rn(d);
+    b[2 + c % 32] = uint8_t(int8_t(roundf(__fmul_rn(x, id))));
+  }
 }
 
 // grid (n, n_kv_heads)
@@ -196,12 +237,12 @@ __global__ void kv_write_kernel(KvDev kv, int32_t layer, const float* __restrict
   const int32_t blk = row.block_table[row.pos / kv.block_size];
   const int32_t slot = row.pos % kv.block_size;
   const int32_t hd = kv.head_dim;
-  float* kd = kv.data + kv.offset(blk, layer, 0, h, slot);
-  float* vd = kv.data + kv.offset(blk, layer, 1, h, slot);
+  uint8_t* kd = kv.row(blk, layer, 0, h, slot);
+  uint8_t* vd = kv.row(blk, layer, 1, h, slot);
   const int64_t src = (i * kv.n_kv_heads + h) * hd;
   for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
-    kd[c] = k[src + c];
-    vd[c] = v[src + c];
+    store_kv(kd, kv.k_type, c, k[src + c]);
+    store_kv(vd, kv.v_type, c, v[src + c]);
   }
 }
 
@@ -232,12 +273,13 @@ __global__ void __launch_bounds__(kAttnThreads)
   const int32_t nblk = row.pos / bs + 1;
   for (int32_t b = 0; b < nblk; ++b) {
     const int32_t blk = row.block_table[b];
-    const float* kb = kv.data + kv.offset(blk, layer, 0, kh, 0);
-    const float* vb = kv.data + kv.offset(blk, layer, 1, kh, 0);
+    const uint8_t* kb = kv.row(blk, layer, 0, kh, 0);
+    const uint8_t* vb = kv.row(blk, layer, 1, kh, 0);
     const int32_t valid = min(bs, row.pos - b * bs + 1);
     for (int32_t j = warp; j < valid; j += nwarps) {
+      const uint8_t* kr = kb + size_t(j) * kv.k_row;
       float d = 0.0f;
-      for (int32_t c = lane; c < hd; c += kWarp) d = fmaf(qs[c], kb[int64_t(j) * hd + c], d);
+      for (int32_t c = lane; c < hd; c += kWarp) d = fmaf(qs[c], load_kv(kr, kv.k_type, c), d);
       d = warp_sum(d);
       if (lane == 0) s[j] = d * scale;
     }
@@ -251,7 +293,7 @@ __global__ void __launch_bounds__(kAttnThreads)
     for (int32_t j = 0; j < valid; ++j) l += p[j];
     for (int32_t c = threadIdx.x; c < hd; c += blockDim.x) {
       float a = acc[c] * corr;
-      for (int32_t j = 0; j < valid; ++j) a = fmaf(p[j], vb[int64_t(j) * hd + c], a);
+      for (int32_t j = 0; j < valid; ++j) a = fmaf(p[j], load_kv(vb + size_t(j) * kv.v_row, kv.v_type, c), a);
       acc[c] = a;
     }
     m = mb;
@@ -312,9 +354,10 @@ class CudaBackend final : public Backend {
     c.shareable = true;
     return c;
   }
-  // The KV kernels read and write F32 only (F16 / Q8_0 caches: not yet).
+  // The KV kernels store and read F32, F16 and Q8_0 caches (the CPU's).
   bool supports(Op op, DType t) const override {
-    if (op == Op::kv_write || op == Op::attention) return t == DType::F32;
+    if (op == Op::kv_write || op == Op::attention)
+      return t == DType::F32 || t == DType::F16 || t == DType::Q8_0;
     return dtype_known(static_cast<uint32_t>(t));
   }
 
@@ -499,7 +542,7 @@ class CudaBackend final : public Backend {
   void kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
                 const AttnRow* rows, int64_t n) override {
     if (n <= 0) return;
-    check_f32_kv(kv, "kv_write");
+    check_kv(kv, "kv_write");
     use();
     const int threads = kv.head_dim >= 256 ? 256 : ((kv.head_dim + 31) / 32) * 32;
     kv_write_kernel<<<dim3(unsigned(n), unsigned(kv.n_kv_heads)), threads, 0, stream_>>>(
@@ -512,7 +555,7 @@ class CudaBackend final : public Backend {
     if (n <= 0 || n_heads <= 0) return;
     if (kv.n_kv_heads <= 0 || n_heads % kv.n_kv_heads != 0)
       fail("attention: n_heads is not a multiple of n_kv_heads");
-    check_f32_kv(kv, "attention");
+    check_kv(kv, "attention");
     use();
     const size_t smem = (size_t(2) * kv.head_dim + size_t(2) * kv.block_size) * sizeof(float);
     if (smem > 48 * 1024) fail("attention: head_dim/block_size too large for shared memory");
@@ -529,9 +572,13 @@ class CudaBackend final : public Backend {
     return unsigned(n);
   }
 
-  static void check_f32_kv(const PagedKv& kv, const char* op) {
-    if (kv.k_type != DType::F32 || kv.v_type != DType::F32)
-      fail((std::string(op) + ": the cuda backend's KV cache is F32 only").c_str());
+  static void check_kv(const PagedKv& kv, const char* op) {
+    for (DType t : {kv.k_type, kv.v_type}) {
+      if (t != DType::F32 && t != DType::F16 && t != DType::Q8_0)
+        fail((std::string(op) + ": a KV cache type the cuda backend does not store").c_str());
+      if (t == DType::Q8_0 && kv.head_dim % 32 != 0)
+        fail((std::string(op) + ": a Q8_0 KV cache needs head_dim a multiple of 32").c_str());
+    }
   }
 
   static void check_type(DType t) {

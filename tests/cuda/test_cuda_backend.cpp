@@ -133,8 +133,11 @@ TEST_CASE("cuda backend: caps, supports, memory round trip") {
   CHECK(caps.threads > 0);
   MESSAGE("cuda caps: " << caps.isa << ", " << caps.threads << " SMs");
   for (Op op : {Op::matmul, Op::rmsnorm, Op::rope, Op::softmax, Op::silu_mul, Op::embed,
-                Op::topk_gating, Op::kv_write, Op::attention, Op::layer_norm, Op::gelu, Op::add})
+                Op::topk_gating, Op::layer_norm, Op::gelu, Op::add})
     for (DType t : kTypes) CHECK(gpu->supports(op, t));
+  // KV caches: the CPU backend's types (no BF16).
+  for (Op op : {Op::kv_write, Op::attention})
+    for (DType t : kTypes) CHECK(gpu->supports(op, t) == (t != DType::BF16));
   Rng rng(1);
   auto v = rng.vec(12345);
   Buf b(*gpu, v);
@@ -406,6 +409,7 @@ namespace {
 
 struct AttnCase {
   int32_t block_size, n_kv_heads, n_heads, head_dim, seq;
+  DType k_type = DType::F32, v_type = DType::F32;
 };
 
 // Fills a KV cache on `be` with the same random garbage, runs kv_write for
@@ -422,8 +426,15 @@ struct KvFixture {
     kv.n_layers = 2;
     kv.n_kv_heads = c.n_kv_heads;
     kv.head_dim = c.head_dim;
-    std::vector<float> g(kv.block_bytes() / 4 * size_t(kv.n_blocks));
-    for (size_t k = 0; k < g.size(); ++k) g[k] = garbage[k % garbage.size()];
+    kv.k_type = c.k_type;
+    kv.v_type = c.v_type;
+    // The garbage's bytes, whatever the KV types (kv_write must overwrite
+    // exactly the rows it stores, as the CPU does).
+    std::vector<uint8_t> g(kv.block_bytes() * size_t(kv.n_blocks));
+    for (size_t k = 0; k < g.size(); ++k) {
+      const float f = garbage[(k / 4) % garbage.size()];
+      g[k] = reinterpret_cast<const uint8_t*>(&f)[k % 4];
+    }
     data = std::make_unique<Buf>(be, g);
     kv.data = reinterpret_cast<uint8_t*>(data->f());
     table = std::make_unique<Buf>(be, blocks);
@@ -448,8 +459,15 @@ TEST_CASE("cuda kv_write + attention against cpu - chunked prefill and batching 
       {16, 4, 4, 128, 33},  // MHA
       {32, 1, 8, 128, 70},  // MQA
       {7, 2, 6, 80, 20},    // odd block size and head_dim
+      // The other KV types (the stored bytes must be the CPU's)
+      {16, 2, 4, 64, 50, DType::F16, DType::F16},
+      {16, 2, 4, 64, 50, DType::Q8_0, DType::Q8_0},
+      {32, 1, 8, 128, 70, DType::Q8_0, DType::F16},
+      {7, 1, 2, 32, 20, DType::Q8_0, DType::F32},  // F32 V rows off a 4-byte boundary
   };
   for (const AttnCase& c : cases) {
+    CAPTURE(int(c.k_type));
+    CAPTURE(int(c.v_type));
     CAPTURE(c.block_size);
     CAPTURE(c.head_dim);
     CAPTURE(c.n_heads);
@@ -477,7 +495,7 @@ TEST_CASE("cuda kv_write + attention against cpu - chunked prefill and batching 
     gpu->attention(fg.kv, layer, qg.f(), rg.rows(), c.seq, c.n_heads, scale, og.f());
     gpu->sync();
     const auto whole = og.get();
-    CHECK(rel_err(fg.data->get(), fc.data->get()) == 0.0);  // kv_write is a copy
+    CHECK(fg.data->get<uint8_t>() == fc.data->get<uint8_t>());  // the CPU's stored bytes
     CHECK(rel_err(whole, oc.get()) <= 5e-5);
 
     // Chunked prefill on a fresh GPU cache: chunks of 1, 13, rest.

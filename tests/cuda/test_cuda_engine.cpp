@@ -102,6 +102,50 @@ TEST_CASE("cuda engine: logits against the CPU engine, greedy tokens where the m
   }
 }
 
+// F16 and Q8_0 KV caches (F16 weights): both engines store K and V rounded
+// from their own float32 rows, which differ by the bound above, so a value
+// near a rounding boundary may land one step apart: half an F16 ulp (2^-11
+// of the value) or one Q8_0 step (1/127 of its 32-block's largest value).
+// One such step moves a score or an output by at most that much of one
+// term; the bounds below allow it: 2e-3 (F16 KV) and 1e-2 (Q8_0 KV) of
+// (1 + max |cpu logit|), with greedy tokens equal where the CPU's margin
+// exceeds twice the bound.
+TEST_CASE("cuda engine: F16 and Q8_0 KV caches against the CPU engine's") {
+  if (!gpu_or_skip()) return;
+  const std::string path = model_path(gpu_spec(DType::F16), "gpu-F16");
+  for (DType kv : {DType::F16, DType::Q8_0}) {
+    CAPTURE(dtype_name(kv));
+    EngineOptions oc = on("cpu"), og = on("cuda:0");
+    oc.cache_type_k = oc.cache_type_v = og.cache_type_k = og.cache_type_v = kv;
+    auto cpu = make_engine(path, oc);
+    auto gpu = make_engine(path, og);
+    const int32_t V = cpu->config().n_vocab;
+    const int32_t sc = *cpu->open_sequence(), sg = *gpu->open_sequence();
+    const auto prompt = prompt_of(100, 9);
+    std::vector<float> lc(static_cast<size_t>(V)), lg(static_cast<size_t>(V));
+    REQUIRE(cpu->forward({{sc, prompt.data(), 100}}, lc.data()).ok());
+    REQUIRE(gpu->forward({{sg, prompt.data(), 100}}, lg.data()).ok());
+    const float rel = kv == DType::F16 ? 2e-3f : 1e-2f;
+    double worst = 0;
+    for (int step = 0; step < 32; ++step) {
+      float scale = 0, diff = 0;
+      for (int32_t i = 0; i < V; ++i) {
+        scale = std::max(scale, std::fabs(lc[size_t(i)]));
+        diff = std::max(diff, std::fabs(lc[size_t(i)] - lg[size_t(i)]));
+      }
+      const float bound = rel * (1 + scale);
+      CHECK(diff <= bound);
+      worst = std::max(worst, double(diff / (1 + scale)));
+      const int32_t tok = argmax(lc.data(), V);
+      if (margin(lc.data(), V) > 2 * bound) CHECK(argmax(lg.data(), V) == tok);
+      REQUIRE(cpu->forward({{sc, &tok, 1}}, lc.data()).ok());
+      REQUIRE(gpu->forward({{sg, &tok, 1}}, lg.data()).ok());
+    }
+    std::printf("cuda engine, %s KV: max |gpu - cpu| / (1 + max|logit|) = %.2e over 32 steps\n", dtype_name(kv),
+                worst);
+  }
+}
+
 TEST_CASE("cuda engine: a row's bits do not depend on the batch or on chunked prefill") {
   if (!gpu_or_skip()) return;
   const std::string path = model_path(gpu_spec(DType::F16), "gpu-F16");
