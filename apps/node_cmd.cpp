@@ -327,6 +327,10 @@ int run_node_command() {
     if (me && me->count("prefill") + me->count("decode") + me->count("colocated") == 0)
       throw CLI::ValidationError(flag, "'" + a.name + "' has no prefill, decode or colocated actors (the attention side)");
   }
+  // Only prefill stages send KV streams.
+  if (g_node_cmd->get_option("--kv-fault-corrupt-chunk")->count() > 0 && me && me->count("prefill") == 0)
+    throw CLI::ValidationError("--kv-fault-corrupt-chunk",
+                               "'" + a.name + "' has no prefill actors (only they send KV streams)");
   // Micro-batches are cut by a pipeline's first stage.
   if (g_node_cmd->get_option("--pipeline-micro-batches")->count() > 0 && me &&
       !(me->stage.set && me->count("stage") == 0))

@@ -660,6 +660,10 @@ expect_error("topology check -m: a cut past the model's layers",
 expect_error("topology check -m: a cut short of the model's layers",
              ["topology", "check", pp_topo, "-m", moe, "--set", "layers=2"], 1,
              "pipeline 'decode1'", "layers [2, 2] are held by no stage")
+expect_error("node: the hidden --kv-fault-corrupt-chunk on a node without prefill actors",
+             ["node", "--topology", os.path.join(examples, "pd_2nodes.lua"), "--name", "decode", "-m", model,
+              "--set", "prefill_port=1", "--kv-fault-corrupt-chunk", "0"], 2, "--kv-fault-corrupt-chunk",
+             "'decode' has no prefill actors")
 expect_error("node: --pipeline-micro-batches on a later stage",
              ["node", "--topology", pp_topo, "--name", "prefill1_2", "-m", moe, "--set", "layers=3",
               "--pipeline-micro-batches", "2"], 2, "--pipeline-micro-batches", "is not a pipeline's first stage")
