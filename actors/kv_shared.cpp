@@ -136,18 +136,10 @@ Status check_offer(const msg::KvChunk& offer, const msg::KvPull& pull, uint64_t 
     return bad("the offer starts at block " + std::to_string(offer.first_block) + ", asked for block " +
                std::to_string(pull.first_block));
   if (offer.headers.empty()) return bad("the offer has no blocks");
-  const KvLayout& layout = offer.headers.front().layout;
-  if (Status v = layout.validate(); !v.ok()) return bad(v.message());
-  for (const BlockHeader& h : offer.headers)
-    if (!(h.layout == layout)) return bad("blocks of different layouts in one offer");
+  if (Status v = offer.headers.front().layout.validate(); !v.ok()) return bad(v.message());
   uint64_t total = 0;
-  if (__builtin_mul_overflow(uint64_t(layout.block_bytes()), uint64_t(offer.headers.size()), &total) ||
-      total > max_total_bytes)
-    return bad(std::to_string(offer.headers.size()) + " blocks exceed the receiver's limit of " +
-               std::to_string(max_total_bytes) + " bytes");
-  if (offer.total_bytes != total)
-    return bad("a region of " + std::to_string(offer.total_bytes) + " bytes, the headers describe " +
-               std::to_string(total));
+  if (std::string why = check_stream_headers(offer.headers, offer.total_bytes, max_total_bytes, total); !why.empty())
+    return bad(why);
   return Status::Ok();
 }
 

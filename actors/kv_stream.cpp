@@ -22,6 +22,19 @@ Status validate_kv_stream_options(uint32_t chunk_bytes, int32_t window) {
   return Status::Ok();
 }
 
+std::string check_stream_headers(const std::vector<BlockHeader>& headers, uint64_t stated_bytes,
+                                 uint64_t max_total, uint64_t& total) {
+  const KvLayout& layout = headers.front().layout;
+  for (const BlockHeader& h : headers)
+    if (!(h.layout == layout)) return "blocks of different layouts in one stream";
+  if (__builtin_mul_overflow(uint64_t(layout.block_bytes()), uint64_t(headers.size()), &total) || total > max_total)
+    return std::to_string(headers.size()) + " blocks exceed the receiver's limit of " + std::to_string(max_total) +
+           " bytes";
+  if (stated_bytes != total)
+    return "stream of " + std::to_string(stated_bytes) + " bytes, the headers describe " + std::to_string(total);
+  return "";
+}
+
 namespace {
 
 // Walks the layer-major stream position `pos` over n blocks of a layout:
@@ -123,16 +136,9 @@ Status KvStreamAssembler::check(const msg::KvChunk& c, uint64_t size) {
       return bad("starts at block " + std::to_string(c.first_block) + ", asked for block " +
                  std::to_string(first_block_));
     const KvLayout& layout = c.headers.front().layout;
-    for (const BlockHeader& h : c.headers)
-      if (!(h.layout == layout)) return bad("blocks of different layouts in one stream");
     uint64_t total = 0;
-    if (__builtin_mul_overflow(uint64_t(layout.block_bytes()), uint64_t(c.headers.size()), &total) ||
-        total > max_total_)
-      return bad(std::to_string(c.headers.size()) + " blocks exceed the receiver's limit of " +
-                 std::to_string(max_total_) + " bytes");
-    if (c.total_bytes != total)
-      return bad("stream of " + std::to_string(c.total_bytes) + " bytes, the headers describe " +
-                 std::to_string(total));
+    if (std::string why = check_stream_headers(c.headers, c.total_bytes, max_total_, total); !why.empty())
+      return bad(why);
     total_ = total;
     layer_bytes_ = layout.layer_bytes();
     records_.resize(c.headers.size());

@@ -61,6 +61,13 @@ struct KvStreamOptions {
 // KvPull may ask for (schema/codec.h).
 Status validate_kv_stream_options(uint32_t chunk_bytes, int32_t window);
 
+// The block headers a stream (or a shared-memory offer) starts with, against
+// the byte count it states: one layout, at most max_total bytes in all. The
+// reason when they do not fit (for the caller to put in context), else "";
+// total gets their bytes. headers must not be empty.
+std::string check_stream_headers(const std::vector<BlockHeader>& headers, uint64_t stated_bytes,
+                                 uint64_t max_total, uint64_t& total);
+
 class KvStreamWriter {
  public:
   // Streams (*records)[first_block..]; every record has one layout (the

@@ -49,6 +49,42 @@ ModelSpec gpu_spec(DType t) {
   return s;
 }
 
+struct Agreement {
+  double worst = 0;  // max |gpu - cpu| / (1 + max |cpu logit|)
+  int compared = 0, equal = 0, close_calls = 0;
+};
+
+// `steps` teacher-forced steps from the logits in lc / lg (the GPU is fed
+// the CPU's greedy token so the rows stay comparable): at each, |gpu - cpu|
+// <= rel (1 + max |cpu logit|), and the greedy tokens equal wherever the
+// CPU's top-2 margin exceeds twice that bound.
+Agreement teacher_forced(Engine& cpu, int32_t sc, Engine& gpu, int32_t sg, std::vector<float>& lc,
+                         std::vector<float>& lg, float rel, int steps) {
+  const int32_t V = int32_t(lc.size());
+  Agreement a;
+  for (int step = 0; step < steps; ++step) {
+    float scale = 0, diff = 0;
+    for (int32_t i = 0; i < V; ++i) {
+      scale = std::max(scale, std::fabs(lc[size_t(i)]));
+      diff = std::max(diff, std::fabs(lc[size_t(i)] - lg[size_t(i)]));
+    }
+    const float bound = rel * (1 + scale);
+    CHECK(diff <= bound);
+    a.worst = std::max(a.worst, double(diff / (1 + scale)));
+    const int32_t tok = argmax(lc.data(), V);
+    if (margin(lc.data(), V) > 2 * bound) {
+      ++a.compared;
+      a.equal += argmax(lg.data(), V) == tok;
+      CHECK(argmax(lg.data(), V) == tok);
+    } else {
+      ++a.close_calls;
+    }
+    REQUIRE(cpu.forward({{sc, &tok, 1}}, lc.data()).ok());
+    REQUIRE(gpu.forward({{sg, &tok, 1}}, lg.data()).ok());
+  }
+  return a;
+}
+
 }  // namespace
 
 // Bound: both backends compute every dot product in float32, in different
@@ -74,31 +110,10 @@ TEST_CASE("cuda engine: logits against the CPU engine, greedy tokens where the m
     std::vector<float> lc(static_cast<size_t>(V)), lg(static_cast<size_t>(V));
     REQUIRE(cpu->forward({{sc, prompt.data(), 100}}, lc.data()).ok());
     REQUIRE(gpu->forward({{sg, prompt.data(), 100}}, lg.data()).ok());
-    int compared = 0, equal = 0, close_calls = 0;
-    double worst = 0;
-    for (int step = 0; step < 32; ++step) {
-      float scale = 0, diff = 0;
-      for (int32_t i = 0; i < V; ++i) {
-        scale = std::max(scale, std::fabs(lc[size_t(i)]));
-        diff = std::max(diff, std::fabs(lc[size_t(i)] - lg[size_t(i)]));
-      }
-      const float bound = 1e-3f * (1 + scale);
-      CHECK(diff <= bound);
-      worst = std::max(worst, double(diff / (1 + scale)));
-      const int32_t tok = argmax(lc.data(), V);
-      if (margin(lc.data(), V) > 2 * bound) {
-        ++compared;
-        equal += argmax(lg.data(), V) == tok;
-        CHECK(argmax(lg.data(), V) == tok);
-      } else {
-        ++close_calls;
-      }
-      REQUIRE(cpu->forward({{sc, &tok, 1}}, lc.data()).ok());
-      REQUIRE(gpu->forward({{sg, &tok, 1}}, lg.data()).ok());
-    }
+    const Agreement a = teacher_forced(*cpu, sc, *gpu, sg, lc, lg, 1e-3f, 32);
     std::printf("cuda engine %s: max |gpu - cpu| / (1 + max|logit|) = %.2e over 32 steps; greedy equal %d/%d "
                 "(%d steps inside the margin)\n",
-                dtype_name(t), worst, equal, compared, close_calls);
+                dtype_name(t), a.worst, a.equal, a.compared, a.close_calls);
   }
 }
 
@@ -125,24 +140,9 @@ TEST_CASE("cuda engine: F16 and Q8_0 KV caches against the CPU engine's") {
     std::vector<float> lc(static_cast<size_t>(V)), lg(static_cast<size_t>(V));
     REQUIRE(cpu->forward({{sc, prompt.data(), 100}}, lc.data()).ok());
     REQUIRE(gpu->forward({{sg, prompt.data(), 100}}, lg.data()).ok());
-    const float rel = kv == DType::F16 ? 2e-3f : 1e-2f;
-    double worst = 0;
-    for (int step = 0; step < 32; ++step) {
-      float scale = 0, diff = 0;
-      for (int32_t i = 0; i < V; ++i) {
-        scale = std::max(scale, std::fabs(lc[size_t(i)]));
-        diff = std::max(diff, std::fabs(lc[size_t(i)] - lg[size_t(i)]));
-      }
-      const float bound = rel * (1 + scale);
-      CHECK(diff <= bound);
-      worst = std::max(worst, double(diff / (1 + scale)));
-      const int32_t tok = argmax(lc.data(), V);
-      if (margin(lc.data(), V) > 2 * bound) CHECK(argmax(lg.data(), V) == tok);
-      REQUIRE(cpu->forward({{sc, &tok, 1}}, lc.data()).ok());
-      REQUIRE(gpu->forward({{sg, &tok, 1}}, lg.data()).ok());
-    }
-    std::printf("cuda engine, %s KV: max |gpu - cpu| / (1 + max|logit|) = %.2e over 32 steps\n", dtype_name(kv),
-                worst);
+    const Agreement a = teacher_forced(*cpu, sc, *gpu, sg, lc, lg, kv == DType::F16 ? 2e-3f : 1e-2f, 32);
+    std::printf("cuda engine, %s KV: max |gpu - cpu| / (1 + max|logit|) = %.2e over 32 steps; greedy equal %d/%d\n",
+                dtype_name(kv), a.worst, a.equal, a.compared);
   }
 }
 
