@@ -11,7 +11,6 @@ under any other router is refused when the script loads.
 usage: check_cost.py CLEAVE VOCAB WORKDIR"""
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -34,16 +33,6 @@ with open(REQ, "w") as f:
                             "temperature": 0 if i % 2 else 0.8, "seed": i}) + "\n")
 
 
-# "The same speed" needs A and B not to take turns on one core: on a 2-core
-# machine, unpinned, the scheduler at times gave one of them a fraction of
-# the other's CPU, its measured prefill rate fell, and cost_aware rightly
-# sent it less (splits of 9:23 were seen). Each gets a core of its own.
-CORES = sorted(os.sched_getaffinity(0))
-PIN = {"A": [], "B": []}
-if len(CORES) >= 2 and shutil.which("taskset"):
-    PIN = {"A": ["taskset", "-c", str(CORES[0])], "B": ["taskset", "-c", str(CORES[1])]}
-
-
 def run(tag, a_cost, b_cost):
     """Both workers join, then the head runs the burst: (A's, B's) requests."""
     sets = ["--set", f"a_cost={a_cost}", "--set", f"b_cost={b_cost}"]
@@ -54,7 +43,7 @@ def run(tag, a_cost, b_cost):
     m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
     expect(tag + "head prints its port", m is not None, head.stderr())
     port = m.group(2) if m else "1"
-    workers = {name: NodeProcess([*PIN[name], CLEAVE, "node", *common, "--name", name, "--set", f"head_port={port}",
+    workers = {name: NodeProcess([CLEAVE, "node", *common, "--name", name, "--set", f"head_port={port}",
                                   "--join-timeout", "20", "--no-rejoin"], os.path.join(WORK, tag + name + ".err"))
                for name in ("A", "B")}
     rc = head.wait(300)
