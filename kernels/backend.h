@@ -188,10 +188,15 @@ class Backend {
     return Status(Code::unsupported, "the " + caps().name + " backend has no checksum op (the host reads its memory)");
   }
 
-  // A hint that `w` will be multiplied: a backend that multiplies some
-  // weights in another form (the CPU backend's int8 panels) makes it now
-  // rather than in the first request's matmul. Nothing else changes.
-  virtual void prepare(const WeightView& w) { (void)w; }
+  // A hint that `w` will be multiplied and its bytes stay as they are: a
+  // backend that multiplies weights in another form (the CPU backend's
+  // panels) makes it now, once, rather than in every matmul. Results do not
+  // change. True when the backend keeps that copy and will not read w's own
+  // memory in matmul again (its owner may release the pages).
+  virtual bool prepare(const WeightView& w) {
+    (void)w;
+    return false;
+  }
 
   // y[i][r] = sum_c x[i][c] * w[r][c] for i < n, r < w.rows.
   // x is n x w.cols, y is n x w.rows (row-major, dense).

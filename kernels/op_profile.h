@@ -32,7 +32,7 @@ class ProfilingBackend final : public Backend {
 
   Caps caps() const override { return inner_->caps(); }
   bool supports(Op op, DType t) const override { return inner_->supports(op, t); }
-  void prepare(const WeightView& w) override { inner_->prepare(w); }
+  bool prepare(const WeightView& w) override { return inner_->prepare(w); }
   void* alloc(size_t bytes) override { return inner_->alloc(bytes); }
   void free(void* ptr) override { inner_->free(ptr); }
   void* alloc_pinned_host(size_t bytes) override { return inner_->alloc_pinned_host(bytes); }

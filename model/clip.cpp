@@ -304,6 +304,13 @@ Status ClipModel::encode(Backend& backend, const float* pixels, int64_t n, float
   for (const ClipLayer& l : layers_)
     for (const WeightView* w : {&l.q, &l.k, &l.v, &l.o, &l.up, &l.down})
       CLEAVE_RETURN_IF_ERROR(check(*w, "v.blk.*"));
+  // The backend's own form of each matrix (the CPU backend's panels), made
+  // on the first call and found again on later ones.
+  if (host) {
+    for (const WeightView* w : {&patch_embd_, &mm0_, &mm2_}) backend.prepare(*w);
+    for (const ClipLayer& l : layers_)
+      for (const WeightView* w : {&l.q, &l.k, &l.v, &l.o, &l.up, &l.down}) backend.prepare(*w);
+  }
 
   // Scratch grows with the batch: a batch too large for memory is an error,
   // not an exception out of the library.

@@ -117,8 +117,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
     e->backend_ = std::move(profiling);
   }
   e->compute_ = std::make_unique<LayerCompute>(*e->model_, *e->backend_);
-  // int8 panels now, not in the first request (experts: on first use, as
-  // expert hosts may compute them instead).
+  // The backend's panels now, not in the first request (experts: on first
+  // use, as expert hosts may compute them instead).
   e->model_->prepare(*e->backend_, 0, e->own_last_, LlamaModel::Matrices::dense,
                      e->own_last_ == c.n_layers - 1);
   e->layout_.k_type = o.cache_type_k;
@@ -554,9 +554,9 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
   // Every buffer this batch needs, before any sequence changes: a device
   // without room for its activations refuses the batch, losing nothing.
   CLEAVE_RETURN_IF_ERROR(reserve(n, int64_t(items.size())));
-  if (options_.compute == Compute::int8 && c.n_experts > 0 && !experts_ && !experts_prepared_) {
-    // MoE experts this engine computes itself: their int8 panels once,
-    // here (with an expert executor the hosts hold them instead).
+  if (c.n_experts > 0 && !experts_ && !experts_prepared_) {
+    // MoE experts this engine computes itself: their panels once, here
+    // (with an expert executor the hosts hold them instead).
     model_->prepare(*backend_, 0, own_last_, LlamaModel::Matrices::experts, false);
     experts_prepared_ = true;
   }

@@ -37,6 +37,9 @@ void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t exper
                     int64_t rows, float* gp, float* up, float* y) {
   if (rows == 0) return;
   const auto views = expert_views(l, expert);
+  // The backend's own form of the expert (found again after its first use):
+  // replicas a host takes on and experts no one prepared ahead get it too.
+  for (const WeightView* w : views) be.prepare(*w);
   be.matmul(*views[0], x, rows, gp);
   be.matmul(*views[1], x, rows, up);
   be.silu_mul(gp, up, rows * ffn, gp);
@@ -88,7 +91,7 @@ Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const Ggu
   h->model_ = std::move(*model);
   h->backend_ = make_cpu_backend(threads, detect_isa(), compute);
   h->set_ = std::move(set);
-  // int8 panels of the experts it holds, made now (replicas added later: on first use).
+  // Panels of the experts it holds, made now (replicas added later: on first use).
   const LlamaConfig& c = h->model_->config();
   for (int32_t layer = 0; layer < c.n_layers; ++layer)
     for (int32_t e = 0; e < experts_per_layer(c); ++e)

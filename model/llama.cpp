@@ -223,11 +223,11 @@ void LlamaModel::prepare(Backend& backend, int32_t first, int32_t last, Matrices
 }
 
 void LlamaModel::prepare_one(Backend& backend, const WeightView& w) const {
-  backend.prepare(w);
-  // The backend keeps what it prepared (int8 panels): the file pages it read
-  // go at once, so the peak RSS is not file + panels. Never the embedding
-  // table's (embed reads its rows), even when the output shares it.
-  if (backend.caps().compute == Compute::int8 && w.data != token_embd_.data)
+  // A backend that keeps its own copy (the CPU backend's panels) no longer
+  // reads the file's pages: they go at once, so the peak RSS is not file +
+  // copy (a later read faults them back in from the file). Never the
+  // embedding table's (embed reads its rows), even when the output shares it.
+  if (backend.prepare(w) && w.data != token_embd_.data)
     file_->release_pages(w.data, size_t(w.rows) * w.row_bytes);
 }
 

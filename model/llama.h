@@ -67,8 +67,8 @@ class LlamaModel {
   // backend.prepare() on those matrices of layers [first, last] and, with
   // `output`, the output matrix.
   void prepare(Backend& backend, int32_t first, int32_t last, Matrices which, bool output) const;
-  // backend.prepare(w); under Compute::int8 w's file pages are released
-  // after (the backend multiplies its panels, not them).
+  // backend.prepare(w); when the backend keeps its own copy (the CPU
+  // backend's panels), w's file pages are released after.
   void prepare_one(Backend& backend, const WeightView& w) const;
   // For a backend whose memory is not the host's: copies what a forward
   // pass over layers [first, last] reads (the token embeddings, those

@@ -92,10 +92,10 @@ class FencedBackend final : public Backend {
   void sync() override { inner_->sync(); }
   void* alloc_pinned_host(size_t bytes) override { return inner_->alloc_pinned_host(bytes); }
   void free_pinned_host(void* ptr) override { inner_->free_pinned_host(ptr); }
-  void prepare(const WeightView& w) override {
+  bool prepare(const WeightView& w) override {
     check(w.data, "prepare w");
     Open o(*this);
-    inner_->prepare(w);
+    return inner_->prepare(w);
   }
 
   void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {

@@ -5,14 +5,17 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
 #include <unordered_map>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cpu/int8.h"
-#include "kernels/cpu/shared_memory.h"
 #include "kernels/cpu/kern.h"
+#include "kernels/cpu/packed_weights.h"
+#include "kernels/cpu/panels.h"
+#include "kernels/cpu/shared_memory.h"
 #include "kernels/thread_pool.h"
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -112,21 +115,12 @@ Int8Kernels int8_kernels_for(Isa isa) {
   return {cpu::int8_matmul_scalar, cpu::int8_quantize_rows, "scalar"};
 }
 
-// A Q8_0 matrix repacked into int8 panels, and the view it was made from.
-struct Int8Panels {
-  int64_t rows = 0, cols = 0;
-  size_t row_bytes = 0;
-  uint8_t* data = nullptr;
-};
-
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int threads, Isa isa, Compute compute)
       : isa_(isa), k_(kernels_for(isa)), pool_(threads < 1 ? 1 : threads), compute_(compute),
         int8_(int8_kernels_for(isa)) {}
-  ~CpuBackend() override {
-    for (auto& [ptr, p] : panels_) std::free(p.data);
-  }
+  ~CpuBackend() override { std::free(pack_scratch_); }
 
   Caps caps() const override {
     Caps c;
@@ -170,8 +164,13 @@ class CpuBackend final : public Backend {
   }
   void sync() override {}
 
-  void prepare(const WeightView& w) override {
-    if (compute_ == Compute::int8 && w.type == DType::Q8_0 && w.rows > 0) panels_for(w);
+  // Every matrix is multiplied from panels; a prepared one's are made once
+  // (and shared with other backends over the same view), so the backend no
+  // longer reads w's own bytes.
+  bool prepare(const WeightView& w) override {
+    if (w.rows <= 0 || w.cols <= 0 || w.data == nullptr || !supports(Op::matmul, w.type)) return false;
+    prepared(w);
+    return true;
   }
 
   void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
@@ -180,27 +179,19 @@ class CpuBackend final : public Backend {
     CLEAVE_CHECK(w.cols > 0);
     CLEAVE_CHECK(w.cols % dtype_block_elems(w.type) == 0);
     CLEAVE_CHECK(w.row_bytes >= dtype_row_bytes(w.type, w.cols));
-    if (compute_ == Compute::int8 && w.type == DType::Q8_0) return matmul_int8(w, x, n, y);
-    cpu::MatmulArgs a{static_cast<int>(w.type),
-                      static_cast<const uint8_t*>(w.data),
-                      w.row_bytes,
-                      w.rows,
-                      w.cols,
-                      x,
-                      n,
-                      y};
+    if (form_for(w) == cpu::PackForm::int8) return matmul_int8(prepared(w), x, n, y);
+    const int wtype = static_cast<int>(w.type);
+    const size_t stride = cpu::panel_stride(wtype, w.cols);
+    const int64_t panels = (w.rows + cpu::kPanel - 1) / cpu::kPanel;
+    const cpu::PackedWeights* p = find_prepared(w);
+    const uint8_t* data = p ? p->data : pack_for_call(w, panels, stride);
+    cpu::PanelMatmulArgs a{wtype, data, stride, w.rows, w.cols, x, n, y};
     const cpu::Kernels& k = k_;
-    const int64_t nr = n <= k.stream_n ? k.nr1 : k.nr;  // split at the kernel's row blocks
-    const int64_t blocks = (w.rows + nr - 1) / nr;
-    auto body = [&a, &k, nr](int64_t b0, int64_t b1, int) {
-      const int64_t r0 = b0 * nr;
-      const int64_t r1 = b1 * nr < a.rows ? b1 * nr : a.rows;
-      k.matmul(&a, r0, r1);
-    };
+    auto body = [&a, &k](int64_t p0, int64_t p1, int) { k.matmul(&a, p0, p1); };
     if (n * w.rows * w.cols < kMinParallelWork || pool_.threads() == 1) {
-      body(0, blocks, 0);
+      body(0, panels, 0);
     } else {
-      pool_.parallel_for(blocks, body);
+      pool_.parallel_for(panels, body);
     }
   }
 
@@ -482,9 +473,8 @@ class CpuBackend final : public Backend {
  private:
   // The int8 path: the x rows quantised (threaded by rows), then the panels
   // split over the threads.
-  void matmul_int8(const WeightView& w, const float* x, int64_t n, float* y) {
-    const Int8Panels& p = panels_for(w);
-    const int64_t cols = w.cols, nb = cols / 32;
+  void matmul_int8(const cpu::PackedWeights& p, const float* x, int64_t n, float* y) {
+    const int64_t cols = p.cols, nb = cols / 32;
     xq_.resize(size_t(n * cols));
     xd_.resize(size_t(n * nb));
     xc_.resize(size_t(n * nb));
@@ -495,32 +485,74 @@ class CpuBackend final : public Backend {
     rows_for(n, cols * 4, [&](int64_t i0, int64_t i1, int) {
       quantize(x + i0 * cols, i1 - i0, cols, xq + i0 * cols, xd + i0 * nb, xc + i0 * nb);
     });
-    cpu::Int8MatmulArgs a{p.data, w.rows, cols, xq, xd, xc, n, y};
+    cpu::Int8MatmulArgs a{p.data, p.rows, cols, xq, xd, xc, n, y};
     const cpu::Int8MatmulFn fn = int8_.matmul;
-    const int64_t panels = (w.rows + cpu::kPanelRows - 1) / cpu::kPanelRows;
+    const int64_t panels = (p.rows + cpu::kPanelRows - 1) / cpu::kPanelRows;
     auto body = [&a, fn](int64_t p0, int64_t p1, int) { fn(&a, p0, p1); };
-    if (n * w.rows * cols < kMinParallelWork || pool_.threads() == 1) {
+    if (n * p.rows * cols < kMinParallelWork || pool_.threads() == 1) {
       body(0, panels, 0);
     } else {
       pool_.parallel_for(panels, body);
     }
   }
 
-  // The panels of a Q8_0 view, made on its first use. Keyed by the data
-  // address; a different shape at the same address is repacked.
-  const Int8Panels& panels_for(const WeightView& w) {
-    std::lock_guard<std::mutex> lock(panels_mu_);
-    Int8Panels& p = panels_[w.data];
-    if (p.data && p.rows == w.rows && p.cols == w.cols && p.row_bytes == w.row_bytes) return p;
-    std::free(p.data);
-    const size_t bytes = cpu::int8_panel_bytes(w.rows, w.cols);
-    p.data = static_cast<uint8_t*>(std::aligned_alloc(64, (bytes + 63) / 64 * 64));
-    CLEAVE_CHECK(p.data != nullptr);
-    p.rows = w.rows;
-    p.cols = w.cols;
-    p.row_bytes = w.row_bytes;
-    cpu::int8_pack_q8_0(static_cast<const uint8_t*>(w.data), w.row_bytes, w.rows, w.cols, p.data);
-    return p;
+  cpu::PackForm form_for(const WeightView& w) const {
+    return compute_ == Compute::int8 && w.type == DType::Q8_0 ? cpu::PackForm::int8 : cpu::PackForm::exact;
+  }
+
+  // This backend's copy of w's panels (made, or taken from another backend's,
+  // on first use). Keyed by the data address; a view of another shape at
+  // that address is packed again.
+  const cpu::PackedWeights& prepared(const WeightView& w) {
+    if (const cpu::PackedWeights* p = find_prepared(w)) return *p;
+    const cpu::PackForm form = form_for(w);
+    auto packed = cpu::shared_packed(w, form, [&](uint8_t* out) {
+      const auto* src = static_cast<const uint8_t*>(w.data);
+      if (form == cpu::PackForm::int8) {
+        cpu::int8_pack_q8_0(src, w.row_bytes, w.rows, w.cols, out);
+        return;
+      }
+      pack_panels(w, src, out);
+    });
+    std::lock_guard<std::mutex> lock(prepared_mu_);
+    auto& slot = prepared_[w.data];
+    slot = std::move(packed);
+    return *slot;
+  }
+
+  const cpu::PackedWeights* find_prepared(const WeightView& w) {
+    std::lock_guard<std::mutex> lock(prepared_mu_);
+    auto it = prepared_.find(w.data);
+    return it != prepared_.end() && it->second->matches(w, form_for(w)) ? it->second.get() : nullptr;
+  }
+
+  // Exact panels of w into out, split over the threads.
+  void pack_panels(const WeightView& w, const uint8_t* src, uint8_t* out) {
+    const int wtype = static_cast<int>(w.type);
+    const size_t stride = cpu::panel_stride(wtype, w.cols);
+    const int64_t panels = (w.rows + cpu::kPanel - 1) / cpu::kPanel;
+    auto body = [&](int64_t p0, int64_t p1, int) {
+      cpu::pack_panels(wtype, src, w.row_bytes, w.rows, w.cols, p0, p1, out + size_t(p0) * stride);
+    };
+    if (w.rows * w.cols < kMinParallelWork || pool_.threads() == 1) {
+      body(0, panels, 0);
+    } else {
+      pool_.parallel_for(panels, body);
+    }
+  }
+
+  // An unprepared view (activations multiplied as weights, or a caller that
+  // never prepares) is packed for this call only: its bytes may change.
+  const uint8_t* pack_for_call(const WeightView& w, int64_t panels, size_t stride) {
+    const size_t bytes = size_t(panels) * stride;
+    if (bytes > pack_scratch_bytes_) {
+      std::free(pack_scratch_);
+      pack_scratch_bytes_ = (bytes + 63) / 64 * 64;
+      pack_scratch_ = static_cast<uint8_t*>(std::aligned_alloc(64, pack_scratch_bytes_));
+      CLEAVE_CHECK(pack_scratch_ != nullptr);
+    }
+    pack_panels(w, static_cast<const uint8_t*>(w.data), pack_scratch_);
+    return pack_scratch_;
   }
 
   // Run fn over n rows, threaded when rows * cost_per_row is large enough.
@@ -554,8 +586,10 @@ class CpuBackend final : public Backend {
   int64_t rope_dim_ = 0;
   Compute compute_;
   Int8Kernels int8_;
-  std::mutex panels_mu_;
-  std::unordered_map<const void*, Int8Panels> panels_;
+  std::mutex prepared_mu_;
+  std::unordered_map<const void*, std::shared_ptr<const cpu::PackedWeights>> prepared_;
+  uint8_t* pack_scratch_ = nullptr;
+  size_t pack_scratch_bytes_ = 0;
   std::vector<int8_t> xq_;
   std::vector<float> xd_;
   std::vector<int32_t> xc_;

@@ -15,16 +15,7 @@ namespace cleave::cpu {
 // Weight type codes (the DType values).
 enum WeightCode : int { kWF32 = 0, kWF16 = 1, kWQ8 = 8, kWBF16 = 30 };
 
-struct MatmulArgs {
-  int wtype;
-  const uint8_t* w;
-  size_t row_bytes;
-  int64_t rows;
-  int64_t cols;
-  const float* x;  // n x cols, dense
-  int64_t n;
-  float* y;  // n x rows, dense
-};
+struct PanelMatmulArgs;  // kernels/cpu/panels.h
 
 // Attention over one layer of the paged KV cache (byte addresses: K and V
 // rows may be F32, F16 or Q8_0, each widened exactly to F32 as it is read).
@@ -48,12 +39,8 @@ struct AttnArgs {
 
 struct Kernels {
   int lanes;  // SIMD width of the reductions
-  int mr;     // matmul microkernel: x rows ...
-  int nr;     // ... by weight rows
-  int nr1;    // weight rows per block when n <= stream_n (decode, small batches)
-  int stream_n;  // up to this many x rows: the weights as nr1 streams, read once
-  // y[i][r] for every i < n and r in [r0, r1).
-  void (*matmul)(const MatmulArgs* a, int64_t r0, int64_t r1);
+  // y[i][r] for every i < n and the rows of panels [p0, p1).
+  void (*matmul)(const PanelMatmulArgs* a, int64_t p0, int64_t p1);
   void (*rmsnorm_row)(const float* x, const float* w, int64_t dim, float eps, float* y);
   void (*softmax_row)(float* x, int64_t len);
   // out = silu(g) * u, elementwise; each element computed the same way
@@ -73,7 +60,7 @@ struct Kernels {
   void (*gelu)(const float* x, int64_t count, int kind, float* y);
   // y = a + b elementwise; y may be a.
   void (*add)(const float* a, const float* b, int64_t count, float* y);
-  // Test hook: the matmul's combined horizontal sums (combined) against
+  // Test hook: attention's combined horizontal sums (combined) against
   // per-accumulator hsum (single) for n <= 24 accumulators of `lanes` floats.
   void (*hsums_check)(const float* acc, int n, float* combined, float* single);
 };

@@ -4,22 +4,15 @@
 
 #include "kernels/cpu/kern.h"
 
-#ifndef CLEAVE_STREAM_N
-#define CLEAVE_STREAM_N 16
-#endif
-
 namespace {
 
 struct V {
   using vec = __m256;
   static constexpr int W = 8;
-  static constexpr int MR = 4;  // 4 x rows by 3 weight rows = 12 accumulators
-  static constexpr int NR = 3;
-  static constexpr int NR1 = 6;  // weight rows per decode (1 x row) block
-  // Up to this many x rows a matmul streams the weights as in decode
-  // (measured against the packed panels).
-  static constexpr int STREAM_N = CLEAVE_STREAM_N;
-  static constexpr int MR_STREAM = 2;  // x rows per pass over a block of NR1 streams
+  // Matmul microkernel: up to 6 x rows by np_for(rows) panels of 16 outputs
+  // (two vectors each): at most 12 accumulators of the 16 registers.
+  static constexpr int MR = 6;
+  static constexpr int np_for(int mi) { return mi == 1 ? 4 : mi <= 3 ? 2 : 1; }
   static vec zero() { return _mm256_setzero_ps(); }
   static vec set1(float f) { return _mm256_set1_ps(f); }
   static vec loadu(const float* p) { return _mm256_loadu_ps(p); }

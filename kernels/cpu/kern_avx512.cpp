@@ -7,24 +7,16 @@
 
 #include "kernels/cpu/kern.h"
 
-#ifndef CLEAVE_STREAM_N
-#define CLEAVE_STREAM_N 16
-#endif
-
 namespace {
 
 struct V {
   using vec = __m512;
   static constexpr int W = 16;
-  static constexpr int MR = 4;  // 4 x rows by 6 weight rows = 24 accumulators
-  static constexpr int NR = 6;
-  // Decode (1 x row): weight rows per block = concurrent row streams (6
-  // measured best; 8, 12, 16 lose on Zen 5).
-  static constexpr int NR1 = 6;
-  // Up to this many x rows a matmul streams the weights as in decode
-  // (measured against the packed panels).
-  static constexpr int STREAM_N = CLEAVE_STREAM_N;
-  static constexpr int MR_STREAM = 4;  // x rows per pass over a block of NR1 streams
+  // Matmul microkernel: up to 6 x rows by np_for(rows) panels of 16 outputs
+  // (one vector each): 8 independent chains at 1-2 rows (decode streams 8
+  // panels), 24 accumulators at 6.
+  static constexpr int MR = 6;
+  static constexpr int np_for(int mi) { return mi <= 2 ? 8 : 4; }
   static vec zero() { return _mm512_setzero_ps(); }
   static vec set1(float f) { return _mm512_set1_ps(f); }
   static vec loadu(const float* p) { return _mm512_loadu_ps(p); }

@@ -6,10 +6,6 @@
 #include "kernels/cpu/kern.h"
 #include "kernels/dtype.h"
 
-#ifndef CLEAVE_STREAM_N
-#define CLEAVE_STREAM_N 16
-#endif
-
 namespace {
 
 struct V {
@@ -18,12 +14,7 @@ struct V {
   };
   static constexpr int W = 8;
   static constexpr int MR = 2;
-  static constexpr int NR = 2;
-  static constexpr int NR1 = 2;
-  // Up to this many x rows a matmul streams the weights as in decode
-  // (measured against the packed panels).
-  static constexpr int STREAM_N = CLEAVE_STREAM_N;
-  static constexpr int MR_STREAM = 2;  // x rows per pass over a block of NR1 streams
+  static constexpr int np_for(int mi) { return mi == 1 ? 2 : 1; }
 #define CLEAVE_LANES(expr) \
   vec r;                   \
   for (int i = 0; i < 8; ++i) r.v[i] = (expr); \

@@ -3,28 +3,30 @@
 // V. Everything here has internal linkage (anonymous namespace), so an ISA
 // file's copies never leak into another.
 //
-// V provides: vec, W (lanes), MR/NR (matmul microkernel), zero, set1, loadu,
-// storeu, add, sub, mul, div, max, min, fmadd(a, b, c) = a*b+c, hsum/hmax
-// (a fixed reduction tree), load_f16, load_bf16, load_q8(q, d), f16 (scalar),
-// fmas(a, b, c) (scalar a*b+c, fused exactly when fmadd is), pow2n, sqrt1.
+// V provides: vec, W (lanes), MR and np_for(mi) (the matmul microkernel: x
+// rows by panels), zero, set1, loadu, storeu, add, sub, mul, div, max, min,
+// fmadd(a, b, c) = a*b+c, hsum/hmax (a fixed reduction tree), load_f16,
+// load_bf16, load_q8(q, d), f16 (scalar), fmas(a, b, c) (scalar a*b+c, fused
+// exactly when fmadd is), pow2n, sqrt1.
 //
-// Batch invariance: every dot product y[i][r] runs the same operations in the
-// same order in every microkernel: one accumulator vector over k in W-steps,
+// Batch invariance: a matmul output is one FMA chain over k in order
+// (kernels/cpu/panels.h), whatever microkernel computes it; the other dot
+// products (norms, attention) run one accumulator vector over k in W-steps,
 // V::hsum, then the scalar tail in k order. Elementwise functions handle a
 // ragged end by padding into a full vector, so an element's value never
 // depends on where it sits.
 #pragma once
 
 #include "kernels/cpu/kern.h"
+#include "kernels/cpu/panels.h"
 
 #ifndef CLEAVE_PF_BYTES
-#define CLEAVE_PF_BYTES 1024
+#define CLEAVE_PF_BYTES 512
 #endif
 
 namespace {
 
 using cleave::cpu::AttnArgs;
-using cleave::cpu::MatmulArgs;
 
 template <class T>
 inline T min_of(T a, T b) {
@@ -102,282 +104,184 @@ struct LQ8 {
 };
 
 // ---- matmul ----------------------------------------------------------------
+// Over 16-row panels (kernels/cpu/panels.h): each output is one FMA chain
+// over k in order, in lane r % 16 of a panel's vector(s).
 
-// MI x-rows (stride cols) times NR weight rows (stride rs bytes):
-// y[i * ldy + j * ys]. pfd > 0 prefetches each weight row pfd bytes ahead.
-template <class V, class L, int MI, int NR>
-void mk(const float* x, int64_t cols, const uint8_t* w, size_t rs, float* y, int64_t ldy,
-        int64_t ys = 1, size_t pfd = 0) {
+using cleave::cpu::PanelMatmulArgs;
+
+// Panel loaders: the V::W weights of rows [v * W, v * W + W) of a panel at k.
+template <class V>
+struct PF32 {
+  static constexpr int kBlock = 1;
+  static constexpr int kStep = 64;  // bytes of a panel per k
+  static typename V::vec load(const uint8_t* P, int64_t k, int v) {
+    return V::loadu(reinterpret_cast<const float*>(P) + k * 16 + v * V::W);
+  }
+};
+template <class V>
+struct PF16 {
+  static constexpr int kBlock = 1;
+  static constexpr int kStep = 32;
+  static typename V::vec load(const uint8_t* P, int64_t k, int v) {
+    return V::load_f16(P + (k * 16 + v * V::W) * 2);
+  }
+};
+template <class V>
+struct PBF16 {
+  static constexpr int kBlock = 1;
+  static constexpr int kStep = 32;
+  static typename V::vec load(const uint8_t* P, int64_t k, int v) {
+    return V::load_bf16(P + (k * 16 + v * V::W) * 2);
+  }
+};
+template <class V>
+struct PQ8 {
+  static constexpr int kBlock = 32;
+};
+
+// MI x rows (stride ldx) times NP panels (stride ps bytes) over k in
+// [0, cols): y[i * ldy + c] for output column c < valid of the NP * 16.
+// pf: the panels are cold (the first x rows to sweep them), so each one is
+// prefetched CLEAVE_PF_BYTES ahead: NP streams crossing a page every few
+// hundred k are more than the hardware prefetchers follow alone.
+template <class V, class PL, int MI, int NP>
+void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, float* y,
+        int64_t ldy, int64_t valid, bool pf) {
   using vec = typename V::vec;
-  vec acc[MI][NR];
+  constexpr int VP = 16 / V::W;
+  constexpr int NV = NP * VP;
+  vec acc[MI][NV];
 #pragma GCC unroll 8
   for (int i = 0; i < MI; ++i)
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
-  const int64_t kv = cols / V::W * V::W;
-  int64_t k0 = 0;
-  if constexpr (MI > 1 && L::kBlock > V::W) {
-    // A few x rows over Q8_0: each weight block widened once for all of
-    // them, every accumulator still stepping through k in order. (Decode,
-    // below, keeps its x vectors in registers across the weight rows: one
-    // loop for both measured a few % slower at batch 1.)
-    constexpr int VB = L::kBlock / V::W;
-    const int64_t kb = cols / L::kBlock * L::kBlock;
-    for (; k0 < kb; k0 += L::kBlock) {
+    for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
+  if constexpr (PL::kBlock == 1) {
+    for (int64_t k = 0; k < cols; ++k) {
+      if (pf && (k * PL::kStep) % 64 == 0)
+#pragma GCC unroll 8
+        for (int p = 0; p < NP; ++p) V::prefetch(P + p * ps + k * PL::kStep + CLEAVE_PF_BYTES);
+      vec w[NV];
 #pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) {
-        if (pfd) V::prefetch(L::addr(w + j * rs, k0) + pfd);
-        vec wv[VB];
-        L::load_block(w + j * rs, k0, wv);
+      for (int j = 0; j < NV; ++j) w[j] = PL::load(P + (j / VP) * ps, k, j % VP);
 #pragma GCC unroll 8
-        for (int v = 0; v < VB; ++v)
-#pragma GCC unroll 8
-          for (int i = 0; i < MI; ++i)
-            acc[i][j] = V::fmadd(V::loadu(x + i * cols + k0 + v * V::W), wv[v], acc[i][j]);
+      for (int i = 0; i < MI; ++i) {
+        const vec xb = V::set1(x[i * ldx + k]);
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) acc[i][j] = V::fmadd(xb, w[j], acc[i][j]);
       }
     }
-  }
-  if constexpr (MI == 1 && L::kBlock > V::W) {
-    // Decode over Q8_0: one scale load per 32-element block, chunks still
-    // accumulated in k order (the same operations as the loop below).
-    constexpr int VB = L::kBlock / V::W;
-    const int64_t kb = cols / L::kBlock * L::kBlock;
-    for (; k0 < kb; k0 += L::kBlock) {
-      vec xv[VB];
-#pragma GCC unroll 8
-      for (int v = 0; v < VB; ++v) xv[v] = V::loadu(x + k0 + v * V::W);
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) {
-        if (pfd) V::prefetch(L::addr(w + j * rs, k0) + pfd);
-        vec wv[VB];
-        L::load_block(w + j * rs, k0, wv);
-#pragma GCC unroll 8
-        for (int v = 0; v < VB; ++v) acc[0][j] = V::fmadd(xv[v], wv[v], acc[0][j]);
-      }
-    }
-  }
-  for (int64_t k = k0; k < kv; k += V::W) {
-    vec xv[MI];
-#pragma GCC unroll 8
-    for (int i = 0; i < MI; ++i) xv[i] = V::loadu(x + i * cols + k);
-#pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      if (pfd) V::prefetch(L::addr(w + j * rs, k) + pfd);
-      const vec wv = L::load(w + j * rs, k);
-#pragma GCC unroll 8
-      for (int i = 0; i < MI; ++i) acc[i][j] = V::fmadd(xv[i], wv, acc[i][j]);
-    }
-  }
-  // V::hsums: each accumulator reduced exactly as V::hsum reduces it.
-  float hs[MI * NR];
-  V::template hsums<MI * NR>(&acc[0][0], hs);
-  for (int i = 0; i < MI; ++i) {
-    for (int j = 0; j < NR; ++j) {
-      float s = hs[i * NR + j];
-      for (int64_t k = kv; k < cols; ++k) s = V::fmas(x[i * cols + k], L::at(w + j * rs, k), s);
-      y[i * ldy + j * ys] = s;
-    }
-  }
-}
-
-// Prefill microkernel over a packed weight panel: NR weight rows' vectors for
-// k in [k0, k1) stored k-step-major (P[(k - k0) / W * NR + j], exactly the
-// values L::load gives, so the FMAs see the same operands as mk). The same
-// per-accumulator sequence as mk: zero at k0 == 0, else resume from accs
-// (stored there by the previous chunk, bit-exact); at k1 == kv (the vector
-// end of k) V::hsums, the scalar tail from the original rows w, y stored.
-template <class V, class L, int MI, int NR>
-void mkp(const float* x, int64_t cols, const typename V::vec* P, int64_t k0, int64_t k1,
-         typename V::vec* accs, const uint8_t* w, size_t rs, float* y, int64_t ldy) {
-  using vec = typename V::vec;
-  vec acc[MI][NR];
-  if (k0 == 0) {
-#pragma GCC unroll 8
-    for (int i = 0; i < MI; ++i)
-#pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) acc[i][j] = V::zero();
   } else {
-#pragma GCC unroll 8
-    for (int i = 0; i < MI; ++i)
+    // Q8_0: a block's 16 scales widened once; each weight d x q (exact).
+    const int64_t nb = cols / 32;
+    for (int64_t b = 0; b < nb; ++b) {
+      const size_t boff = size_t(b) * cleave::cpu::kQ8PanelBlockBytes;
+      vec d[NV];
 #pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) acc[i][j] = accs[i * NR + j];
-  }
-  const vec* p = P;
-  for (int64_t k = k0; k < k1; k += V::W, p += NR) {
-    vec xv[MI];
+      for (int j = 0; j < NV; ++j) d[j] = V::load_f16(P + (j / VP) * ps + boff + (j % VP) * V::W * 2);
+      for (int kk = 0; kk < 32; ++kk) {
+        if (pf && kk * 64 < int(cleave::cpu::kQ8PanelBlockBytes))
 #pragma GCC unroll 8
-    for (int i = 0; i < MI; ++i) xv[i] = V::loadu(x + i * cols + k);
+          for (int p = 0; p < NP; ++p) V::prefetch(P + p * ps + boff + kk * 64 + CLEAVE_PF_BYTES);
+        const int64_t k = b * 32 + kk;
+        vec w[NV];
 #pragma GCC unroll 16
-    for (int j = 0; j < NR; ++j) {
-      const vec wv = p[j];
+        for (int j = 0; j < NV; ++j)
+          w[j] = V::load_q8(reinterpret_cast<const int8_t*>(P + (j / VP) * ps + boff + 32 + kk * 16 +
+                                                            (j % VP) * V::W),
+                            d[j]);
 #pragma GCC unroll 8
-      for (int i = 0; i < MI; ++i) acc[i][j] = V::fmadd(xv[i], wv, acc[i][j]);
+        for (int i = 0; i < MI; ++i) {
+          const vec xb = V::set1(x[i * ldx + k]);
+#pragma GCC unroll 16
+          for (int j = 0; j < NV; ++j) acc[i][j] = V::fmadd(xb, w[j], acc[i][j]);
+        }
+      }
     }
   }
-  const int64_t kv = cols / V::W * V::W;
-  if (k1 < kv) {
+  if (valid == NP * 16) {
 #pragma GCC unroll 8
     for (int i = 0; i < MI; ++i)
 #pragma GCC unroll 16
-      for (int j = 0; j < NR; ++j) accs[i * NR + j] = acc[i][j];
-    return;
-  }
-  float hs[MI * NR];
-  V::template hsums<MI * NR>(&acc[0][0], hs);
-  if (kv == cols) {
-    for (int i = 0; i < MI; ++i)
-      for (int j = 0; j < NR; ++j) y[i * ldy + j] = hs[i * NR + j];
+      for (int j = 0; j < NV; ++j) V::storeu(y + i * ldy + j * V::W, acc[i][j]);
     return;
   }
   for (int i = 0; i < MI; ++i) {
-    for (int j = 0; j < NR; ++j) {
-      float s = hs[i * NR + j];
-      for (int64_t k = kv; k < cols; ++k) s = V::fmas(x[i * cols + k], L::at(w + j * rs, k), s);
-      y[i * ldy + j] = s;
-    }
+    float buf[NV * V::W];
+    for (int j = 0; j < NV; ++j) V::storeu(buf + j * V::W, acc[i][j]);
+    for (int64_t c = 0; c < valid; ++c) y[i * ldy + c] = buf[c];
   }
 }
 
-template <class V, class L, int MI>
-void mk_nr(int nr, const float* x, int64_t cols, const uint8_t* w, size_t rb, float* y,
-           int64_t ldy) {
-  switch (nr) {
-    case 1: mk<V, L, MI, 1>(x, cols, w, rb, y, ldy); return;
-    case 2: mk<V, L, MI, (V::NR >= 2 ? 2 : 1)>(x, cols, w, rb, y, ldy); return;
-    case 3: mk<V, L, MI, (V::NR >= 3 ? 3 : 1)>(x, cols, w, rb, y, ldy); return;
-    case 4: mk<V, L, MI, (V::NR >= 4 ? 4 : 1)>(x, cols, w, rb, y, ldy); return;
-    case 5: mk<V, L, MI, (V::NR >= 5 ? 5 : 1)>(x, cols, w, rb, y, ldy); return;
-    case 6: mk<V, L, MI, (V::NR >= 6 ? 6 : 1)>(x, cols, w, rb, y, ldy); return;
-    case 7: mk<V, L, MI, (V::NR >= 7 ? 7 : 1)>(x, cols, w, rb, y, ldy); return;
-    case 8: mk<V, L, MI, (V::NR >= 8 ? 8 : 1)>(x, cols, w, rb, y, ldy); return;
+template <class V, class PL, int MI>
+void pk_np(int np, const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, float* y,
+           int64_t ldy, int64_t valid, bool pf) {
+  switch (np) {
+    case 1: pk<V, PL, MI, 1>(x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 2: pk<V, PL, MI, (V::np_for(MI) >= 2 ? 2 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 4: pk<V, PL, MI, (V::np_for(MI) >= 4 ? 4 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 8: pk<V, PL, MI, (V::np_for(MI) >= 8 ? 8 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf); return;
     default: __builtin_trap();
   }
 }
 
-template <class V, class L>
-void mk_any(int mi, int nr, const float* x, int64_t cols, const uint8_t* w, size_t rb, float* y,
-            int64_t ldy) {
+template <class V, class PL>
+void pk_any(int mi, int np, const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols,
+            float* y, int64_t ldy, int64_t valid, bool pf) {
   switch (mi) {
-    case 1: mk_nr<V, L, 1>(nr, x, cols, w, rb, y, ldy); return;
-    case 2: mk_nr<V, L, (V::MR >= 2 ? 2 : 1)>(nr, x, cols, w, rb, y, ldy); return;
-    case 3: mk_nr<V, L, (V::MR >= 3 ? 3 : 1)>(nr, x, cols, w, rb, y, ldy); return;
-    case 4: mk_nr<V, L, (V::MR >= 4 ? 4 : 1)>(nr, x, cols, w, rb, y, ldy); return;
+    case 1: pk_np<V, PL, 1>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 2: pk_np<V, PL, (V::MR >= 2 ? 2 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 3: pk_np<V, PL, (V::MR >= 3 ? 3 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 4: pk_np<V, PL, (V::MR >= 4 ? 4 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 5: pk_np<V, PL, (V::MR >= 5 ? 5 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 6: pk_np<V, PL, (V::MR >= 6 ? 6 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
     default: __builtin_trap();
   }
 }
 
-// mk over mi x rows (1..MR) at once, the weight rows as decode streams.
-template <class V, class L, int NR>
-void mk_stream(int mi, const float* x, int64_t cols, const uint8_t* w, size_t rs, float* y,
-               int64_t ldy, int64_t ys, size_t pfd) {
-  switch (mi) {
-    case 1: mk<V, L, 1, NR>(x, cols, w, rs, y, ldy, ys, pfd); return;
-    case 2: mk<V, L, (V::MR >= 2 ? 2 : 1), NR>(x, cols, w, rs, y, ldy, ys, pfd); return;
-    case 3: mk<V, L, (V::MR >= 3 ? 3 : 1), NR>(x, cols, w, rs, y, ldy, ys, pfd); return;
-    case 4: mk<V, L, (V::MR >= 4 ? 4 : 1), NR>(x, cols, w, rs, y, ldy, ys, pfd); return;
-    default: __builtin_trap();
-  }
+// The largest power of two <= n (n >= 1), at most cap.
+inline int pow2_at_most(int64_t n, int cap) {
+  int g = 1;
+  while (g * 2 <= cap && g * 2 <= n) g *= 2;
+  return g;
 }
 
-template <class V, class L>
-void matmul_t(const MatmulArgs* a, int64_t r0, int64_t r1) {
+// y[i][r] for every x row and the rows of panels [p0, p1): the x rows in
+// passes that stay in L2; per pass, groups of panels (as many as the
+// microkernel's registers hold at that row count) each swept by every
+// MR-row block while they sit in L1 / L2, so the weights stream from memory
+// once per pass.
+template <class V, class PL>
+void matmul_p(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
   const int64_t cols = a->cols, rows = a->rows, n = a->n;
-  const size_t rb = a->row_bytes;
-  if (n <= V::STREAM_N) {
-    // Decode and small batches: the range's rows as NR1 long streams (block
-    // b takes rows r0 + b + j * S), so each stream reads contiguous memory
-    // for the hardware prefetchers; the x rows go through each block of
-    // weight rows MR_STREAM at a time while it sits in L1 (read from memory once).
-    // Every output still runs mk's operation sequence.
-    const int64_t S = (r1 - r0) / V::NR1;
-    // Software prefetch L::kDecodePfRows rows ahead in each stream (Q8_0:
-    // CLEAVE_PF_BYTES ahead). Measured on Zen 5 (100M and 15M models, 1 and 2
-    // threads): F16 best at 1 row (2 rows loses ~7% on 100M, 0 loses on the
-    // L3-sized 15M), F32 (3 KiB rows) gains ~15% from 2 rows.
-    const size_t pfd = L::kBlock > V::W ? size_t(CLEAVE_PF_BYTES) : L::kDecodePfRows * rb;
-    for (int64_t b = 0; b < S; ++b)
-      for (int64_t i = 0; i < n; i += V::MR_STREAM)
-        mk_stream<V, L, V::NR1>(int(min_of<int64_t>(V::MR_STREAM, n - i)), a->x + i * cols, cols,
-                                a->w + size_t(r0 + b) * rb, S * rb, a->y + i * rows + r0 + b, rows, S,
-                                i == 0 ? pfd : 0);
-    for (int64_t r = r0 + S * V::NR1; r < r1; r += V::NR) {
-      const int nr = int(min_of<int64_t>(V::NR, r1 - r));
-      for (int64_t i = 0; i < n; i += V::MR)
-        mk_any<V, L>(int(min_of<int64_t>(V::MR, n - i)), nr, a->x + i * cols, cols, a->w + size_t(r) * rb, rb,
-                     a->y + i * rows + r, rows);
-    }
-    return;
-  }
-  // x rows per pass: keep them within ~512 KiB (L2), weights stream once per pass.
+  const size_t ps = a->stride;
   int64_t xg = (int64_t(512) * 1024) / (cols * 4 > 0 ? cols * 4 : 1);
   xg = xg / V::MR * V::MR;
   if (xg < V::MR) xg = V::MR;
-  // Full NR-row weight panels are packed, KC elements of k at a time, into an
-  // aligned k-step-major buffer (one sequential L1-resident stream, converted
-  // once instead of once per x group); the MR-row groups of the pass sweep it,
-  // resuming their accumulators from accs between chunks.
-  using vec = typename V::vec;
-  constexpr int64_t KC = 1024 / V::W * V::W;
-  constexpr int64_t kMaxGroups = 32;
-  const int64_t kv = cols / V::W * V::W;
-  // Rows longer than one chunk whose unpacked panel still fits half of L1
-  // (F16 / BF16 up to 2048 wide) measured faster unpacked (no accumulator
-  // round trips); both paths give the same bits.
-  const bool pack = (L::kBlock <= V::W || KC % L::kBlock == 0) &&
-                    (kv <= KC || size_t(V::NR) * rb > size_t(24) * 1024);
-  if (kv > KC && xg > kMaxGroups * V::MR) xg = kMaxGroups * V::MR;
-  alignas(64) vec P[KC / V::W * V::NR];
-  alignas(64) vec accs[kMaxGroups * V::MR * V::NR];
   for (int64_t i0 = 0; i0 < n; i0 += xg) {
     const int64_t i1 = min_of(n, i0 + xg);
-    const int64_t ifull = i0 + (i1 - i0) / V::MR * V::MR;
-    for (int64_t r = r0; r < r1; r += V::NR) {
-      const int nr = int(min_of<int64_t>(V::NR, r1 - r));
-      const uint8_t* w = a->w + size_t(r) * rb;
-      // Prefetch the next panel's rows (each panel is read once per pass, so
-      // it is cold), spread over this panel's x sweep.
-      const int64_t nnext = min_of<int64_t>(V::NR, r1 - r - nr);
-      const int64_t pf_lines = nnext > 0 ? int64_t(nnext * rb + 63) / 64 : 0;
-      const int64_t calls = ((ifull - i0) / V::MR) * ((kv + KC - 1) / KC) + 1;
-      const int64_t pf_per = (pf_lines + calls - 1) / calls;
-      const uint8_t* pfb = w + size_t(nr) * rb;
-      int64_t pf_at = 0;
-      if (pack && nr == V::NR && kv > 0 && ifull > i0) {
-        for (int64_t k0 = 0; k0 < kv; k0 += KC) {
-          const int64_t k1 = min_of(kv, k0 + KC);
-          vec* q = P;
-          for (int64_t k = k0; k < k1; k += V::W, q += V::NR)
-#pragma GCC unroll 16
-            for (int j = 0; j < V::NR; ++j) q[j] = L::load(w + j * rb, k);
-          for (int64_t i = i0; i < ifull; i += V::MR) {
-            for (const int64_t e = pf_at + pf_per; pf_at < e && pf_at < pf_lines; ++pf_at)
-              V::prefetch(pfb + pf_at * 64);
-            mkp<V, L, V::MR, V::NR>(a->x + i * cols, cols, P, k0, k1,
-                                    accs + (i - i0) / V::MR * (V::MR * V::NR), w, rb,
-                                    a->y + i * rows + r, rows);
-          }
-        }
-      } else {
-        for (int64_t i = i0; i < ifull; i += V::MR) {
-          for (const int64_t e = pf_at + pf_per; pf_at < e && pf_at < pf_lines; ++pf_at)
-            V::prefetch(pfb + pf_at * 64);
-          mk_nr<V, L, V::MR>(nr, a->x + i * cols, cols, w, rb, a->y + i * rows + r, rows);
-        }
+    const int gmax = V::np_for(int(min_of<int64_t>(V::MR, i1 - i0)));
+    for (int64_t p = p0; p < p1;) {
+      const int np = pow2_at_most(p1 - p, gmax);
+      const uint8_t* P = a->panels + size_t(p) * ps;
+      const int64_t valid = min_of<int64_t>(int64_t(np) * 16, rows - p * 16);
+      // np <= np_for(mi) for every block: np_for never grows with mi.
+      for (int64_t i = i0; i < i1; i += V::MR) {
+        const int mi = int(min_of<int64_t>(V::MR, i1 - i));
+        pk_any<V, PL>(mi, np, a->x + i * cols, cols, P, ps,
+                      cols, a->y + i * rows + p * 16, rows, valid, i == i0);
       }
-      if (ifull < i1)
-        mk_any<V, L>(int(i1 - ifull), nr, a->x + ifull * cols, cols, w, rb, a->y + ifull * rows + r,
-                     rows);
+      p += np;
     }
   }
 }
 
 template <class V>
-void matmul_k(const MatmulArgs* a, int64_t r0, int64_t r1) {
+void matmul_k(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
   switch (a->wtype) {
-    case cleave::cpu::kWF32: matmul_t<V, LF32<V>>(a, r0, r1); return;
-    case cleave::cpu::kWF16: matmul_t<V, LF16<V>>(a, r0, r1); return;
-    case cleave::cpu::kWBF16: matmul_t<V, LBF16<V>>(a, r0, r1); return;
-    case cleave::cpu::kWQ8: matmul_t<V, LQ8<V>>(a, r0, r1); return;
+    case cleave::cpu::kWF32: matmul_p<V, PF32<V>>(a, p0, p1); return;
+    case cleave::cpu::kWF16: matmul_p<V, PF16<V>>(a, p0, p1); return;
+    case cleave::cpu::kWBF16: matmul_p<V, PBF16<V>>(a, p0, p1); return;
+    case cleave::cpu::kWQ8: matmul_p<V, PQ8<V>>(a, p0, p1); return;
     default: __builtin_trap();
   }
 }
@@ -614,8 +518,7 @@ void hsums_check(const float* acc, int n, float* combined, float* single) {
 }  // namespace
 
 #define CLEAVE_DEFINE_KERNEL_TABLE(name)                                                     \
-  const ::cleave::cpu::Kernels name = {V::W,          V::MR,           V::NR,              \
-                                       V::NR1,        V::STREAM_N,     &matmul_k<V>,    &rmsnorm_row_k<V>,  \
+  const ::cleave::cpu::Kernels name = {V::W,           &matmul_k<V>,    &rmsnorm_row_k<V>,  \
                                        &softmax_row_k<V>, &silu_mul_k<V>, &attn_k<V>,      \
                                        &layer_norm_row_k<V>, &gelu_k<V>, &add_k<V>,     \
                                        &hsums_check<V>};

@@ -441,9 +441,9 @@ TEST_CASE("topk_gating vs reference - ties and batch invariance") {
   }
 }
 
-TEST_CASE("matmul combined horizontal sums equal hsum bit for bit") {
-  // The matmul microkernels reduce many accumulators at once; each must get
-  // exactly V::hsum's additions, so a row's bits match whatever the block.
+TEST_CASE("combined horizontal sums equal hsum bit for bit") {
+  // Attention reduces many positions' accumulators at once; each must get
+  // exactly V::hsum's additions, so a score's bits match whatever the block.
   for (Isa isa : isas()) {
     const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
                             : isa == Isa::avx2 ? cpu::kKernelsAvx2
@@ -463,9 +463,8 @@ TEST_CASE("matmul combined horizontal sums equal hsum bit for bit") {
   }
 }
 
-TEST_CASE("matmul batch invariance: long rows (k split into packed chunks)") {
-  // cols past the prefill kernel's k chunk (1024), so accumulators resume
-  // across chunks; ragged cols for the scalar tail; n past one x pass.
+TEST_CASE("matmul batch invariance: long rows (x rows in several passes)") {
+  // cols past 1024 and n past what one x pass keeps in L2, ragged cols.
   for (Isa isa : isas()) {
     std::unique_ptr<Backend> be[2] = {make_cpu_backend(1, isa), make_cpu_backend(2, isa)};
     for (DType t : kTypes) {

@@ -1,0 +1,108 @@
+// The exact matmul's documented formula (kernels/cpu/panels.h): each output
+// one FMA chain over k in order, so AVX2 and AVX-512 give the same bits; a
+// prepared view's panels against the per-call packing; and the copy a
+// prepared view is multiplied from.
+#include <doctest/doctest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "tests/kernels/kernel_test_util.h"
+
+using namespace cleave;
+using test::isas;
+using test::make_weights;
+using test::randv;
+using test::Weights;
+
+namespace {
+
+const DType kTypes[] = {DType::F32, DType::F16, DType::BF16, DType::Q8_0};
+
+// The formula on the dequantised weights: fused (AVX2 / AVX-512) or the
+// portable kernels' product rounded before the add.
+std::vector<float> formula(const Weights& w, const float* x, int64_t n, bool fused) {
+  std::vector<float> y(size_t(n * w.rows));
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t r = 0; r < w.rows; ++r) {
+      float s = 0.0f;
+      for (int64_t c = 0; c < w.cols; ++c) {
+        const float a = x[i * w.cols + c], b = w.deq[size_t(r * w.cols + c)];
+        if (fused) {
+          s = std::fmaf(a, b, s);
+        } else {
+          volatile float p = a * b;  // rounded, never contracted into an fma
+          s = p + s;
+        }
+      }
+      y[size_t(i * w.rows + r)] = s;
+    }
+  return y;
+}
+
+}  // namespace
+
+TEST_CASE("matmul: each output is one multiply-add chain over k in order, on every ISA") {
+  for (Isa isa : isas()) {
+    for (int threads : {1, 2}) {
+      auto be = make_cpu_backend(threads, isa);
+      for (DType t : kTypes) {
+        const bool q8 = t == DType::Q8_0;
+        // Rows past one panel, ragged panels, cols past an x pass's L2 budget.
+        for (const auto& [rows, cols] : {std::pair<int64_t, int64_t>{1, q8 ? 32 : 5}, {17, q8 ? 64 : 33},
+                                         {70, q8 ? 288 : 291}, {200, q8 ? 96 : 40}}) {
+          const Weights w = make_weights(t, rows, cols, uint32_t(rows * 7 + cols));
+          for (int64_t n : {1, 2, 3, 7, 13, 40}) {
+            const auto x = randv(size_t(n * cols), uint32_t(n * 3 + 1));
+            std::vector<float> y(size_t(n * rows), -1.0f);
+            be->matmul(w.view(), x.data(), n, y.data());
+            const auto ref = formula(w, x.data(), n, isa != Isa::scalar);
+            INFO(isa_name(isa) << " " << dtype_name(t) << " rows=" << rows << " cols=" << cols << " n=" << n
+                               << " threads=" << threads);
+            CHECK(std::memcmp(y.data(), ref.data(), y.size() * 4) == 0);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul: a prepared view's panels give the per-call packing's bits; its copy is what is multiplied") {
+  for (Isa isa : isas()) {
+    for (DType t : kTypes) {
+      const int64_t rows = 83, cols = t == DType::Q8_0 ? 160 : 150;
+      Weights w = make_weights(t, rows, cols, 41);
+      const auto x = randv(size_t(37 * cols), 42);
+      auto plain = make_cpu_backend(2, isa);
+      auto prep = make_cpu_backend(2, isa);
+      auto other = make_cpu_backend(1, isa);
+      std::vector<float> want(size_t(37 * rows)), got(want.size());
+      plain->matmul(w.view(), x.data(), 37, want.data());
+      INFO(isa_name(isa) << " " << dtype_name(t));
+      REQUIRE(prep->prepare(w.view()));
+      REQUIRE(other->prepare(w.view()));  // the same copy, shared
+      for (int64_t n : {1, 5, 37}) {
+        std::fill(got.begin(), got.end(), -1.0f);
+        prep->matmul(w.view(), x.data(), n, got.data());
+        CHECK(std::memcmp(got.data(), want.data(), size_t(n * rows) * 4) == 0);
+      }
+      // Change the view's bytes: the prepared backends keep multiplying
+      // their copy (as prepare() says), the unprepared one sees the change.
+      const std::vector<uint8_t> saved = w.data;
+      for (size_t i = 0; i < w.data.size(); i += 3) w.data[i] = uint8_t(w.data[i] ^ 0x11);
+      std::vector<float> changed(want.size());
+      plain->matmul(w.view(), x.data(), 37, changed.data());
+      CHECK(std::memcmp(changed.data(), want.data(), want.size() * 4) != 0);
+      prep.reset();  // the other holder keeps the shared copy alive
+      other->matmul(w.view(), x.data(), 37, got.data());
+      CHECK(std::memcmp(got.data(), want.data(), want.size() * 4) == 0);
+      w.data = saved;
+    }
+  }
+  // Nothing to keep for an empty view or a type the backend cannot multiply.
+  auto be = make_cpu_backend(1, Isa::scalar);
+  CHECK_FALSE(be->prepare(WeightView{}));
+}
