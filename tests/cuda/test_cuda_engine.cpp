@@ -88,7 +88,7 @@ Agreement teacher_forced(Engine& cpu, int32_t sc, Engine& gpu, int32_t sg, std::
 }  // namespace
 
 // Bound: both backends compute every dot product in float32, in different
-// orders (the GPU's fixed per-row trees against the CPU's lanes + hsum).
+// orders (the GPU's fixed per-row trees against the CPU's one chain over k).
 // Each differs from the exact sum by at most about K * eps * sum|x_k w_k|
 // (K <= 512 here: ~3e-5 of the magnitudes); through 4 layers of 7 matmuls,
 // two norms and the attention softmax the difference stays well under
