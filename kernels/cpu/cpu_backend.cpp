@@ -98,6 +98,10 @@ void store_kv_row(DType t, const float* x, int32_t head_dim, uint8_t* out) {
   CLEAVE_CHECK(false);
 }
 
+// RoPE's cos and sin are kept for positions below this (1 MiB at head_dim
+// 128); later positions compute theirs per row.
+constexpr int64_t kRopeCachedPositions = 4096;
+
 // Below this many multiply-adds an op runs on the calling thread only.
 constexpr int64_t kMinParallelWork = 64 * 1024;
 
@@ -207,28 +211,37 @@ class CpuBackend final : public Backend {
             float freq_base) override {
     CLEAVE_CHECK(head_dim % 2 == 0);
     const int64_t half = head_dim / 2;
-    // Inverse frequencies depend only on (freq_base, head_dim).
+    // Inverse frequencies depend only on (freq_base, head_dim); so do each
+    // position's cos and sin, kept per position (every layer's q and k at
+    // that position reuse them) up to kRopeCachedPositions.
     if (rope_base_ != freq_base || rope_dim_ != head_dim) {
       rope_freq_.resize(static_cast<size_t>(half));
       for (int64_t j = 0; j < half; ++j)
         rope_freq_[j] = std::pow(double(freq_base), -2.0 * double(j) / double(head_dim));
       rope_base_ = freq_base;
       rope_dim_ = head_dim;
+      rope_table_.clear();
+    }
+    int32_t max_pos = -1;
+    for (int64_t i = 0; i < n; ++i) max_pos = std::max(max_pos, positions[i]);
+    const int64_t cached = std::min<int64_t>(int64_t(max_pos) + 1, kRopeCachedPositions);
+    for (int64_t p = int64_t(rope_table_.size()) / (2 * half); p < cached; ++p) {
+      rope_table_.resize(size_t((p + 1) * 2 * half));
+      rope_angles(p, half, rope_table_.data() + p * 2 * half);
     }
     ensure_scratch(static_cast<size_t>(2 * half));
-    const double* freq = rope_freq_.data();
     float* scratch = scratch_.data();
     const size_t stride = scratch_stride_;
+    const float* table = rope_table_.data();
     rows_for(n, n_heads * head_dim * 8, [&](int64_t i0, int64_t i1, int t) {
-      float* cs = scratch + size_t(t) * stride;
-      float* sn = cs + half;
       for (int64_t i = i0; i < i1; ++i) {
-        const double p = double(positions[i]);
-        for (int64_t j = 0; j < half; ++j) {
-          const double theta = p * freq[j];
-          cs[j] = static_cast<float>(std::cos(theta));
-          sn[j] = static_cast<float>(std::sin(theta));
+        const float* cs = table + int64_t(positions[i]) * 2 * half;
+        if (positions[i] < 0 || positions[i] >= kRopeCachedPositions) {
+          float* own = scratch + size_t(t) * stride;
+          rope_angles(positions[i], half, own);
+          cs = own;
         }
+        const float* sn = cs + half;
         float* row = x + i * n_heads * head_dim;
         for (int64_t h = 0; h < n_heads; ++h) {
           float* v = row + h * head_dim;
@@ -555,6 +568,16 @@ class CpuBackend final : public Backend {
     return pack_scratch_;
   }
 
+  // cos then sin of position p times each inverse frequency (in double, so
+  // the angle of a large position stays exact to float precision).
+  void rope_angles(int64_t p, int64_t half, float* out) const {
+    for (int64_t j = 0; j < half; ++j) {
+      const double theta = double(p) * rope_freq_[size_t(j)];
+      out[j] = static_cast<float>(std::cos(theta));
+      out[half + j] = static_cast<float>(std::sin(theta));
+    }
+  }
+
   // Run fn over n rows, threaded when rows * cost_per_row is large enough.
   template <class F>
   void rows_for(int64_t n, int64_t cost_per_row, F&& fn) {
@@ -582,6 +605,7 @@ class CpuBackend final : public Backend {
   std::vector<float> fa_scratch_;  // full_attention: one (sequence, head) at a time
   size_t scratch_stride_ = 0;
   std::vector<double> rope_freq_;
+  std::vector<float> rope_table_;  // per position: half cos, then half sin
   float rope_base_ = 0.0f;
   int64_t rope_dim_ = 0;
   Compute compute_;

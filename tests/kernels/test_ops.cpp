@@ -213,6 +213,34 @@ TEST_CASE("rope vs reference and batch invariance") {
   }
 }
 
+TEST_CASE("rope: kept and computed angles give the documented bits, at any position") {
+  // Each position's cos and sin are float(cos(p * f_j)) in double, kept per
+  // position below 4096 and computed per row past it; either way a rotated
+  // pair is (x0 c - x1 s, x0 s + x1 c), each product rounded.
+  const int64_t heads = 2, hd = 64;
+  const float base = 10000.0f;
+  const std::vector<int32_t> pos = {0, 1, 77, 4095, 4096, 9999, 70000, 3};
+  const auto x = randv(size_t(int64_t(pos.size()) * heads * hd), 43);
+  for (Isa isa : isas()) {
+    auto be = make_cpu_backend(2, isa);
+    for (int pass = 0; pass < 2; ++pass) {  // the second finds the angles kept
+      std::vector<float> y = x;
+      be->rope(y.data(), int64_t(pos.size()), heads, hd, pos.data(), base);
+      for (size_t i = 0; i < pos.size(); ++i)
+        for (int64_t h = 0; h < heads; ++h)
+          for (int64_t j = 0; j < hd / 2; ++j) {
+            const double th = double(pos[i]) * std::pow(double(base), -2.0 * double(j) / double(hd));
+            const float c = float(std::cos(th)), sn = float(std::sin(th));
+            const size_t o = (i * size_t(heads) + size_t(h)) * size_t(hd) + size_t(2 * j);
+            const float a = x[o] * c, b = x[o + 1] * sn, d = x[o] * sn, e = x[o + 1] * c;
+            const float want[2] = {a - b, d + e};
+            INFO(isa_name(isa) << " pass " << pass << " position " << pos[i] << " j " << j);
+            REQUIRE(std::memcmp(&y[o], want, sizeof want) == 0);
+          }
+    }
+  }
+}
+
 TEST_CASE("softmax vs reference and batch invariance") {
   for (Isa isa : isas()) {
     auto be1 = make_cpu_backend(1, isa);
