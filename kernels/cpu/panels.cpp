@@ -10,10 +10,10 @@ namespace {
 
 size_t round64(size_t b) { return (b + 63) / 64 * 64; }
 
-// A row-major matrix of `esize`-byte elements, 16 rows at a time, to k-major.
+// nrows (<= 16) rows of `esize`-byte elements to k-major (out is zeroed:
+// rows past nrows stay zero).
 void transpose16(const uint8_t* w, size_t row_bytes, int64_t nrows, int64_t cols, size_t esize,
                  uint8_t* out) {
-  std::memset(out, 0, size_t(cols) * 16 * esize);
   for (int64_t j = 0; j < nrows; ++j) {
     const uint8_t* row = w + size_t(j) * row_bytes;
     uint8_t* o = out + size_t(j) * esize;
