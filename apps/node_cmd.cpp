@@ -67,10 +67,12 @@ struct DrainArgs {
 DrainArgs g_drain;
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
+std::atomic<bool> g_restarting{false};  // a worker about to exec_self()
 
 void on_signal(int sig) {
   g_signal.store(sig);
   g_stop.store(true);
+  if (g_restarting.load()) std::_Exit(128 + sig);  // as the default action would end it
 }
 
 [[noreturn]] void fail(const Status& st) { throw std::runtime_error(st.to_string()); }
@@ -456,9 +458,19 @@ int run_node_command() {
         if (a.no_rejoin) fail(Status(Code::unavailable, "lost the head at " + node->address()));
         // A fresh process: CAF's teardown after a broken peer can hang (see
         // finish()), and the new run dials the head for --join-timeout.
+        // A stop signal that came already stops this run; one that comes
+        // from here until the exec ends the process at once (on_signal),
+        // rather than being lost with this run while the next one dials a
+        // head that is gone.
+        g_restarting.store(true);
+        if (g_stop.load()) {
+          g_restarting.store(false);
+          break;
+        }
         std::fprintf(stderr, "cleave node %s: lost the head at %s; starting again to rejoin it (%g s)\n",
                      a.name.c_str(), node->address().c_str(), a.join_timeout_s);
         const std::string err = exec_self();
+        g_restarting.store(false);
         fail(Status(Code::unavailable, "lost the head at " + node->address() + " and cannot start again: " + err));
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
@@ -472,7 +484,7 @@ int run_node_command() {
   http_server.reset();  // no route runs once the node goes
   batch_api.reset();
   int code = 0;
-  if (g_signal.load() == SIGTERM && !node->is_head() && !node->drained()) {
+  if (g_signal.load() == SIGTERM && !node->is_head() && !node->drained() && !node->lost_head()) {
     // SIGTERM drains a worker first: no request it serves fails.
     auto moved = node->drain();
     if (moved.ok()) {
