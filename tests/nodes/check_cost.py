@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
 """Cost-aware placement across processes (tests/nodes/cost.lua): a head and
-colocated nodes A and B of the same speed, real processes on loopback. With
-router cost_aware and equal costs A and B share a burst of requests; with
-unequal ones the node of lower cost serves more of it
+colocated nodes A and B of the same configuration, real processes on
+loopback. With router cost_aware and equal costs A and B share a burst of
+requests (each at least a third: the split follows their measured prefill
+rates); with unequal ones the node of lower cost serves more of it, and more
+than it did with equal costs
 (their predicted TTFT x cost is lower until its queue is `cost ratio` times
 longer), swapping the costs swaps the sides, and the tokens, text and per-step
 logits hashes are one `cleave generate --requests` process's (mono). A cost
@@ -62,11 +64,19 @@ def run(tag, a_cost, b_cost):
 try:
     REF = mono_results(CLEAVE, MODEL, REQ)
     a, b = run("equal_", 1, 1)
-    expect(f"equal costs: A and B share the burst ({a} vs {b})", abs(a - b) <= 2, (a, b))
+    # With equal costs the split follows the prefill rates the router
+    # measures on each node, and two identical workers sharing this 2-core
+    # machine with the head measure rates that differ by up to ~30 % (15-17
+    # each in 20 runs here, 14 vs 18 once on CI): neither may be starved.
+    # The cost runs below must skew it further (cheaper node: 23-24 of 32).
+    expect(f"equal costs: A and B share the burst ({a} vs {b})", min(a, b) >= N // 3, (a, b))
+    equal_a, equal_b = a, b
     a, b = run("b_cheap_", 3, 1)
     expect(f"cost A=3, B=1: B serves more than A ({b} vs {a})", b > a, (a, b))
+    expect(f"cost A=3, B=1: B serves more than with equal costs ({b} vs {equal_b})", b > equal_b, (b, equal_b))
     a, b = run("a_cheap_", 1, 3)
     expect(f"cost A=1, B=3: A serves more than B ({a} vs {b})", a > b, (a, b))
+    expect(f"cost A=1, B=3: A serves more than with equal costs ({a} vs {equal_a})", a > equal_a, (a, equal_a))
     p = subprocess.run([CLEAVE, "topology", "check", TOPOLOGY, "--set", "router=round_robin", "--set", "a_cost=2"],
                        capture_output=True, text=True, timeout=60)
     expect("a cost under router round_robin is refused, naming the node and the policy",
