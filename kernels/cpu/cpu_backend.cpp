@@ -225,9 +225,10 @@ class CpuBackend final : public Backend {
     int32_t max_pos = -1;
     for (int64_t i = 0; i < n; ++i) max_pos = std::max(max_pos, positions[i]);
     const int64_t cached = std::min<int64_t>(int64_t(max_pos) + 1, kRopeCachedPositions);
-    for (int64_t p = int64_t(rope_table_.size()) / (2 * half); p < cached; ++p) {
-      rope_table_.resize(size_t((p + 1) * 2 * half));
-      rope_angles(p, half, rope_table_.data() + p * 2 * half);
+    const int64_t have = int64_t(rope_table_.size()) / (2 * half);
+    if (cached > have) {
+      rope_table_.resize(size_t(cached * 2 * half));
+      for (int64_t p = have; p < cached; ++p) rope_angles(p, half, rope_table_.data() + p * 2 * half);
     }
     ensure_scratch(static_cast<size_t>(2 * half));
     float* scratch = scratch_.data();

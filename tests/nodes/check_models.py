@@ -23,18 +23,11 @@ CLEAVE, VOCAB, WORK = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "models.lua")
 sys.path.insert(0, HERE)
-from node_process import (NodeProcess, expect, failures, make_model, mono_answers, post_completion,  # noqa: E402
+from node_process import (NodeProcess, expect, failures, make_two_models, mono_answers, post_completion,  # noqa: E402
                           random_completions, run_clients, stats_of, stop_all, wait_until)
 
-os.makedirs(WORK, exist_ok=True)
-MODEL_A = os.path.join(WORK, "alpha.gguf")
-MODEL_B = os.path.join(WORK, "beta.gguf")
-make_model(CLEAVE, VOCAB, MODEL_A, "--name", "alpha", "--dim", "64", "--layers", "4", "--heads", "4",
-           "--kv-heads", "2", "--ffn", "128", "--ctx", "512")
-make_model(CLEAVE, VOCAB, MODEL_B, "--name", "beta", "--dim", "96", "--layers", "3", "--heads", "4",
-           "--kv-heads", "4", "--ffn", "192", "--ctx", "512")
+MODEL_A, MODEL_B, SETS = make_two_models(CLEAVE, VOCAB, WORK)
 N = 24
-SETS = ["--set", f"model_a={MODEL_A}", "--set", f"model_b={MODEL_B}"]
 # The same prompts for both models: their caches must stay apart.
 A = random_completions(31, N, "alpha", (8, 40), (8, 24))
 B = [dict(b, model="beta") for b in A]

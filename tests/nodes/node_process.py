@@ -107,6 +107,19 @@ def make_model(cleave, vocab, out, *shape):
     expect("make-model " + os.path.basename(out), p.returncode == 0, p.stderr)
 
 
+def make_two_models(cleave, vocab, work):
+    """The several-model tests' models in work (models.lua, models_pool.lua):
+    alpha (dim 64, GQA 4:2) and beta (dim 96, 3 layers), context 512. Their
+    paths and the --set arguments that name them (model_a, model_b)."""
+    os.makedirs(work, exist_ok=True)
+    a, b = os.path.join(work, "alpha.gguf"), os.path.join(work, "beta.gguf")
+    make_model(cleave, vocab, a, "--name", "alpha", "--dim", "64", "--layers", "4", "--heads", "4",
+               "--kv-heads", "2", "--ffn", "128", "--ctx", "512")
+    make_model(cleave, vocab, b, "--name", "beta", "--dim", "96", "--layers", "3", "--heads", "4",
+               "--kv-heads", "4", "--ffn", "192", "--ctx", "512")
+    return a, b, ["--set", f"model_a={a}", "--set", f"model_b={b}"]
+
+
 def make_gqa128(cleave, vocab, work):
     """The serving tests' model (dim 128, 4 layers, GQA 4:2, context 512) in
     work: its path."""
