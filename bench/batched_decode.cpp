@@ -24,10 +24,11 @@ using Clock = std::chrono::steady_clock;
 // One step's time split by where it went (seconds).
 struct Split {
   double step = 0, output = 0, layer_matmul = 0, attention = 0, other_ops = 0;
+  double kv_write = 0;  // the part of `attention` that stores the step's K and V
   double outside() const { return step - output - layer_matmul - attention - other_ops; }
   void operator+=(const Split& o) {
     step += o.step, output += o.output, layer_matmul += o.layer_matmul;
-    attention += o.attention, other_ops += o.other_ops;
+    attention += o.attention, other_ops += o.other_ops, kv_write += o.kv_write;
   }
 };
 
@@ -41,7 +42,7 @@ Split split_of(const ProfilingBackend& p, double step_seconds, int64_t n_vocab) 
     else if (name.rfind("matmul ", 0) == 0)
       s.layer_matmul += t.seconds;
     else if (name == "attention" || name == "kv_write")
-      s.attention += t.seconds;
+      s.attention += t.seconds, s.kv_write += name == "kv_write" ? t.seconds : 0.0;
     else
       s.other_ops += t.seconds;
   }
@@ -98,7 +99,7 @@ BatchRun run_batch(Engine& engine, int batch, int prompt, int generate) {
   out.mean_ctx = ctx_sum / pure;
   const double inv = 1.0 / pure;
   out.per_step.step *= inv, out.per_step.output *= inv, out.per_step.layer_matmul *= inv;
-  out.per_step.attention *= inv, out.per_step.other_ops *= inv;
+  out.per_step.attention *= inv, out.per_step.other_ops *= inv, out.per_step.kv_write *= inv;
   return out;
 }
 
@@ -250,6 +251,7 @@ int run_batched_section(const BatchedOptions& o) {
               {"speedup_vs_batch1", speedup}, {"roofline_speedup", ceiling},
               {"step_ms", 1e3 * s.step}, {"output_ms", 1e3 * s.output},
               {"layer_matmul_ms", 1e3 * s.layer_matmul}, {"attention_ms", 1e3 * s.attention},
+              {"kv_write_ms", 1e3 * s.kv_write},
               {"other_ops_ms", 1e3 * s.other_ops}, {"outside_backend_ms", 1e3 * s.outside()}};
     results["runs"].push_back(j);
   }

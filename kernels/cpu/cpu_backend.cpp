@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/int8.h"
 #include "kernels/cpu/kern.h"
 #include "kernels/cpu/packed_weights.h"
@@ -83,15 +84,10 @@ const cpu::Kernels& kernels_for(Isa isa) {
 }
 
 // One K or V row of head_dim floats into the cache's type.
-void store_kv_row(DType t, const float* x, int32_t head_dim, uint8_t* out) {
+void store_kv_row(const cpu::Kernels& k, DType t, const float* x, int32_t head_dim, uint8_t* out) {
   switch (t) {
     case DType::F32: std::memcpy(out, x, size_t(head_dim) * 4); return;
-    case DType::F16:
-      for (int32_t j = 0; j < head_dim; ++j) {
-        const uint16_t h = fp32_to_fp16(x[j]);
-        std::memcpy(out + 2 * j, &h, 2);
-      }
-      return;
+    case DType::F16: k.f16_row(x, head_dim, out); return;
     case DType::Q8_0: quantize_row_q8_0(x, head_dim, out); return;
     case DType::BF16: break;
   }
@@ -143,11 +139,8 @@ class CpuBackend final : public Backend {
     return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
   }
 
-  void* alloc(size_t bytes) override {
-    const size_t size = (bytes + 63) / 64 * 64;
-    return std::aligned_alloc(64, size == 0 ? 64 : size);
-  }
-  void free(void* ptr) override { std::free(ptr); }
+  void* alloc(size_t bytes) override { return cpu::host_alloc(bytes); }
+  void free(void* ptr) override { cpu::host_free(ptr); }
   // No DMA engine to serve: page-aligned memory (what cudaHostAlloc gives).
   void* alloc_pinned_host(size_t bytes) override {
     const size_t size = (bytes + 4095) / 4096 * 4096;
@@ -417,17 +410,36 @@ class CpuBackend final : public Backend {
     for (int64_t i = 0; i < n; ++i) {
       const AttnRow& r = rows[i];
       CLEAVE_CHECK(r.pos >= 0);
-      const int32_t b = r.pos / kv.block_size, slot = r.pos % kv.block_size;
+      const int32_t b = r.pos / kv.block_size;
       CLEAVE_CHECK(b < r.n_blocks);
       const int32_t blk = r.block_table[b];
       CLEAVE_CHECK(blk >= 0 && blk < kv.n_blocks);
-      for (int32_t h = 0; h < kv.n_kv_heads; ++h) {
-        store_kv_row(kv.k_type, k + i * row_elems + size_t(h) * kv.head_dim, kv.head_dim,
-                     kv.data + kv.offset(blk, layer, 0, h, slot));
-        store_kv_row(kv.v_type, v + i * row_elems + size_t(h) * kv.head_dim, kv.head_dim,
-                     kv.data + kv.offset(blk, layer, 1, h, slot));
-      }
     }
+    auto slot_of = [&](int64_t i, int32_t kvi, int32_t h) {
+      const AttnRow& r = rows[i];
+      return kv.data + kv.offset(r.block_table[r.pos / kv.block_size], layer, kvi, h, r.pos % kv.block_size);
+    };
+    // A decode step's rows land in as many blocks far apart, each store
+    // missing the cache (2 ms of a batch-32 step, measured): the rows are
+    // split over the threads, and each asks for a later row's lines before
+    // it stores its own. A row's bytes depend on its values only.
+    constexpr int64_t kAhead = 4;
+    const size_t k_bytes = kv.k_row_bytes(), v_bytes = kv.v_row_bytes();
+    rows_for(n, int64_t(row_elems) * 32, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t i = r0; i < r1; ++i) {
+        if (i + kAhead < r1)
+          for (int32_t h = 0; h < kv.n_kv_heads; ++h) {
+            const uint8_t* pk = slot_of(i + kAhead, 0, h);
+            const uint8_t* pv = slot_of(i + kAhead, 1, h);
+            for (size_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(pk + off, 1, 3);
+            for (size_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(pv + off, 1, 3);
+          }
+        for (int32_t h = 0; h < kv.n_kv_heads; ++h) {
+          store_kv_row(k_, kv.k_type, k + i * row_elems + size_t(h) * kv.head_dim, kv.head_dim, slot_of(i, 0, h));
+          store_kv_row(k_, kv.v_type, v + i * row_elems + size_t(h) * kv.head_dim, kv.head_dim, slot_of(i, 1, h));
+        }
+      }
+    });
   }
 
   void attention(const PagedKv& kv, int32_t layer, const float* q, const AttnRow* rows, int64_t n,

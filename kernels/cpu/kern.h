@@ -63,6 +63,8 @@ struct Kernels {
   // Test hook: attention's combined horizontal sums (combined) against
   // per-accumulator hsum (single) for n <= 24 accumulators of `lanes` floats.
   void (*hsums_check)(const float* acc, int n, float* combined, float* single);
+  // count floats to F16 bytes, fp32_to_fp16 (kernels/dtype.h) bit for bit.
+  void (*f16_row)(const float* x, int64_t count, uint8_t* out);
 };
 
 extern const Kernels kKernelsScalar;

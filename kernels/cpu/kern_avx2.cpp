@@ -85,6 +85,13 @@ struct V {
     return _mm256_mul_ps(_mm256_cvtepi32_ps(i), d);
   }
   static float f16(uint16_t h) { return _cvtsh_ss(h); }
+  // W floats to f16 at p, rounded to nearest even; true when one is a NaN
+  // (the hardware quiets NaNs, fp32_to_fp16 keeps their payload).
+  static bool store_f16(const float* x, uint8_t* p) {
+    const __m256 v = _mm256_loadu_ps(x);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return _mm256_movemask_ps(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)) != 0;
+  }
   static vec pow2n(vec n) {
     const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));

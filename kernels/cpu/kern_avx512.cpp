@@ -86,6 +86,14 @@ struct V {
     return _mm512_mul_ps(_mm512_cvtepi32_ps(i), d);
   }
   static float f16(uint16_t h) { return _cvtsh_ss(h); }
+  // W floats to f16 at p, rounded to nearest even; true when one is a NaN
+  // (the hardware quiets NaNs, fp32_to_fp16 keeps their payload).
+  static bool store_f16(const float* x, uint8_t* p) {
+    const __m512 v = _mm512_loadu_ps(x);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p),
+                        _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    return _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q) != 0;
+  }
   // 2^n for integral n in [-126, 127].
   static vec pow2n(vec n) {
     const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));

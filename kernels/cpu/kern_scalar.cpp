@@ -74,6 +74,14 @@ struct V {
     return r;
   }
   static void prefetch(const uint8_t* p) { (void)p; }
+  // W floats to f16 at p by the portable formula; never asks for a redo.
+  static bool store_f16(const float* x, uint8_t* p) {
+    for (int i = 0; i < 8; ++i) {
+      const uint16_t h = cleave::fp32_to_fp16(x[i]);
+      std::memcpy(p + 2 * i, &h, 2);
+    }
+    return false;
+  }
   static float sqrt1(float x) { return std::sqrt(x); }
 #undef CLEAVE_LANES
 };

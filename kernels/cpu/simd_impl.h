@@ -19,6 +19,7 @@
 
 #include "kernels/cpu/kern.h"
 #include "kernels/cpu/panels.h"
+#include "kernels/dtype.h"
 
 #ifndef CLEAVE_PF_BYTES
 #define CLEAVE_PF_BYTES 512
@@ -517,8 +518,25 @@ void hsums_check(const float* acc, int n, float* combined, float* single) {
 
 }  // namespace
 
+// count floats to f16 (kernels/dtype.h's fp32_to_fp16, bit for bit: the
+// hardware's round to nearest even, with NaN lanes redone by the formula).
+template <class V>
+void f16_row_k(const float* x, int64_t count, uint8_t* out) {
+  int64_t i = 0;
+  for (; i + V::W <= count; i += V::W)
+    if (V::store_f16(x + i, out + 2 * i))
+      for (int j = 0; j < V::W; ++j) {
+        const uint16_t h = cleave::fp32_to_fp16(x[i + j]);
+        __builtin_memcpy(out + 2 * (i + j), &h, 2);
+      }
+  for (; i < count; ++i) {
+    const uint16_t h = cleave::fp32_to_fp16(x[i]);
+    __builtin_memcpy(out + 2 * i, &h, 2);
+  }
+}
+
 #define CLEAVE_DEFINE_KERNEL_TABLE(name)                                                     \
   const ::cleave::cpu::Kernels name = {V::W,           &matmul_k<V>,    &rmsnorm_row_k<V>,  \
                                        &softmax_row_k<V>, &silu_mul_k<V>, &attn_k<V>,      \
                                        &layer_norm_row_k<V>, &gelu_k<V>, &add_k<V>,     \
-                                       &hsums_check<V>};
+                                       &hsums_check<V>, &f16_row_k<V>};

@@ -184,13 +184,14 @@ TEST_CASE("kv_write puts each row at block_table of pos / bs - slot pos % bs, in
   Cfg c;
   c.hd = 64;
   for (auto [kt, vt] : kv_types(c.hd)) {
-    for (Isa isa : isas()) {
-      auto be = make_cpu_backend(1, isa);
+    for (Isa isa : isas())
+    for (int threads : {1, 2}) {  // 40 rows: the rows go to both threads
+      auto be = make_cpu_backend(threads, isa);
       Cache cache(8, c.bs, c.layers, c.nkv, c.hd, kt, vt);
       const auto seqs = make_seqs(c, {40}, 8, 5);
       const Seq& s = seqs[0];
       write_kv(*be, c, cache, s, 0, s.len);
-      INFO(dtype_name(kt) << "/" << dtype_name(vt) << " " << isa_name(isa));
+      INFO(dtype_name(kt) << "/" << dtype_name(vt) << " " << isa_name(isa) << " threads " << threads);
       for (int32_t p = 0; p < s.len; ++p)
         for (int32_t h = 0; h < c.nkv; ++h) {
           const uint8_t* k = cache.mem.data() + cache.kv.offset(s.table[p / c.bs], c.layer, 0, h, p % c.bs);

@@ -4,7 +4,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <numeric>
 #include <random>
@@ -13,7 +16,9 @@
 
 #include "kernels/backend.h"
 #include "tests/kernels/kernel_test_util.h"
+#include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/kern.h"
+#include "kernels/dtype.h"
 
 using namespace cleave;
 
@@ -491,6 +496,49 @@ TEST_CASE("combined horizontal sums equal hsum bit for bit") {
   }
 }
 
+TEST_CASE("f16_row stores fp32_to_fp16's bits on every ISA, NaN payloads, ties and subnormals included") {
+  // The F16 KV cache's rows go through the hardware conversion; a row's
+  // bytes must not depend on the ISA (the topology invariant crosses hosts).
+  auto bits = [](uint32_t u) {
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  };
+  std::vector<float> x = {0.0f, -0.0f, 1.0f, -1.0f, 65504.0f, 65519.99f, 65520.0f, -65520.0f, 1e9f,
+                          std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                          bits(0x7fc00000u), bits(0x7f800001u), bits(0xff812345u), bits(0x7fa00000u),
+                          bits(0x7f802000u),                      // signalling, payload in the kept bits
+                          6.1035156e-05f, 6.0975552e-05f,         // smallest normal half, a subnormal
+                          5.9604645e-08f, 2.9802322e-08f,         // smallest subnormal half, its half (tie to 0)
+                          4.4703484e-08f, 1e-40f, -1e-40f,        // 1.5 x smallest (tie to even), f32 denormals
+                          1.00048828125f, 1.00146484375f, 2049.0f, 2051.0f};  // ties to even
+  std::mt19937 rng(7);
+  for (int i = 0; i < 4000; ++i) {
+    uint32_t u = rng();
+    if (i % 3 == 0) u = (u & 0x807fffffu) | (uint32_t(101 + rng() % 50) << 23);  // near the half range
+    x.push_back(bits(u));
+  }
+  std::vector<uint8_t> want(x.size() * 2);
+  for (size_t i = 0; i < x.size(); ++i) {
+    const uint16_t h = fp32_to_fp16(x[i]);
+    std::memcpy(want.data() + 2 * i, &h, 2);
+  }
+  for (Isa isa : isas()) {
+    const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
+                            : isa == Isa::avx2 ? cpu::kKernelsAvx2
+                                               : cpu::kKernelsScalar;
+    for (size_t count : {x.size(), x.size() - 5, size_t(7), size_t(1)}) {
+      std::vector<uint8_t> got(count * 2, 0xAB);
+      k.f16_row(x.data(), int64_t(count), got.data());
+      size_t bad = 0, first = 0;
+      for (size_t i = 0; i < count; ++i)
+        if (std::memcmp(got.data() + 2 * i, want.data() + 2 * i, 2) != 0 && bad++ == 0) first = i;
+      INFO(std::string(isa_name(isa)) << " count " << count << ": " << bad << " differ, the first at " << first);
+      CHECK(bad == 0);
+    }
+  }
+}
+
 TEST_CASE("matmul batch invariance: long rows (x rows in several passes)") {
   // cols past 1024 and n past what one x pass keeps in L2, ragged cols.
   for (Isa isa : isas()) {
@@ -538,4 +586,46 @@ TEST_CASE("moe_combine: each row's experts weighted and summed in gating order")
         }
     }
   }
+}
+
+TEST_CASE("CPU backend memory: large buffers on 2 MiB lines with the huge-page advice, small ones from the heap") {
+  auto be = make_cpu_backend(1);
+  void* small = be->alloc(1000);
+  void* large = be->alloc(cpu::kHostLargeBytes + 12345);
+  REQUIRE(small != nullptr);
+  REQUIRE(large != nullptr);
+  CHECK(reinterpret_cast<uintptr_t>(small) % 64 == 0);
+  CHECK(reinterpret_cast<uintptr_t>(large) % (size_t(2) << 20) == 0);
+  CHECK_FALSE(cpu::host_is_mapped(small));
+  CHECK(cpu::host_is_mapped(large));
+  std::memset(large, 7, cpu::kHostLargeBytes + 12345);  // every byte is ours
+  // The advice shows in the mapping's THPeligible unless THP is off here.
+  std::string mode;
+  if (std::FILE* f = std::fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r")) {
+    char buf[128] = {};
+    if (std::fgets(buf, sizeof buf, f)) mode = buf;
+    std::fclose(f);
+  }
+  if (!mode.empty() && mode.find("[never]") == std::string::npos) {
+    std::FILE* f = std::fopen("/proc/self/smaps", "r");
+    REQUIRE(f != nullptr);
+    char line[512];
+    bool in_vma = false, eligible = false;
+    const uintptr_t at = reinterpret_cast<uintptr_t>(large);
+    while (std::fgets(line, sizeof line, f)) {
+      unsigned long lo = 0, hi = 0;
+      if (std::sscanf(line, "%lx-%lx ", &lo, &hi) == 2 && std::strchr(line, '-') < std::strchr(line, ' ')) {
+        in_vma = at >= lo && at < hi;
+        continue;
+      }
+      if (in_vma && std::strncmp(line, "THPeligible:", 12) == 0) eligible = std::atoi(line + 12) == 1;
+    }
+    std::fclose(f);
+    INFO("transparent_hugepage: " << mode);
+    CHECK(eligible);
+  }
+  be->free(large);
+  be->free(small);
+  CHECK_FALSE(cpu::host_is_mapped(large));
+  be->free(nullptr);
 }
