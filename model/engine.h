@@ -173,6 +173,20 @@ class Engine {
   Status import_blocks(int32_t seq, const int32_t* tokens, int32_t n_tokens,
                        const std::vector<BlockRecord>& records);
 
+  // Blocks [first_block, n) of the sequence copied by the backend into
+  // `dst`, this engine's backend memory of at least (n - first_block) x
+  // block_bytes() (block i at i x block_bytes()), the bytes never passing
+  // through the host; `headers` gets their sealed headers, the checksums
+  // taken where the bytes are (Backend::checksum_blocks on a device).
+  // invalid_argument as export_blocks; unsupported on a pipeline stage
+  // (its later layers are elsewhere).
+  Status export_blocks_to(int32_t seq, int32_t first_block, void* dst, std::vector<BlockHeader>& headers) const;
+  // import_blocks for blocks in this engine's backend memory: headers[i]'s
+  // bytes at src + i x block_bytes(). The same checks, the checksums taken
+  // where the bytes are, then copied by the backend.
+  Status import_blocks_from(int32_t seq, const int32_t* tokens, int32_t n_tokens,
+                            const std::vector<BlockHeader>& headers, const void* src);
+
   struct CacheStats {
     uint64_t lookups = 0, hit_tokens = 0, published_blocks = 0, evicted_blocks = 0;
   };
@@ -248,6 +262,14 @@ class Engine {
   void publish_full_blocks(Sequence& s);
   // Keys of the first n_full full blocks of s, then the partial one if any.
   std::vector<BlockKey> keys_of(const Sequence& s) const;
+  // engine_blocks.cpp: what every export and import checks first. An
+  // import's checks (everything but the bytes' checksums) return the first
+  // block the records fill and the sequence's tokens afterwards.
+  Status check_export(int32_t seq, int32_t first_block) const;
+  BlockHeader header_of(const Sequence& s, const std::vector<BlockKey>& keys, int32_t b) const;
+  Result<int32_t> check_import(int32_t seq, const int32_t* tokens, int32_t n_tokens,
+                               const std::vector<const BlockHeader*>& headers, size_t n_bytes,
+                               std::vector<int32_t>& probe_tokens) const;
   size_t block_bytes() const { return layout_.block_bytes(); }  // a record's: every layer
   uint8_t* block_data(int32_t block) const { return kv_.data + size_t(block) * kv_.block_bytes(); }
   Status copy_block(int32_t src, int32_t dst);

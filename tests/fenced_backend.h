@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "storage/block.h"
 
 namespace cleave::testing {
 
@@ -38,6 +39,7 @@ class FencedBackend final : public Backend {
     std::vector<std::string> violations;
     size_t live_allocations = 0;
     size_t used_bytes = 0;  // of the region (freed memory is not reused)
+    uint64_t checksummed_blocks = 0;  // blocks checksum_blocks hashed where they are
   };
 
   explicit FencedBackend(std::unique_ptr<Backend> inner, size_t reserve = size_t(16) << 30)
@@ -90,6 +92,16 @@ class FencedBackend final : public Backend {
     log_->traffic.download_bytes += bytes;
   }
   void sync() override { inner_->sync(); }
+  // A device's checksum op: the blocks hashed where they are.
+  Status checksum_blocks(const void* data, size_t block_bytes, int64_t n, uint64_t* out) override {
+    check(data, "checksum_blocks data");
+    if (mine(out)) log_->violations.push_back("checksum_blocks out");
+    Open o(*this);
+    for (int64_t i = 0; i < n; ++i)
+      out[i] = checksum_bytes(static_cast<const uint8_t*>(data) + size_t(i) * block_bytes, block_bytes);
+    log_->checksummed_blocks += uint64_t(n);
+    return Status::Ok();
+  }
   void* alloc_pinned_host(size_t bytes) override { return inner_->alloc_pinned_host(bytes); }
   void free_pinned_host(void* ptr) override { inner_->free_pinned_host(ptr); }
   bool prepare(const WeightView& w) override {

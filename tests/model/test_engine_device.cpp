@@ -325,3 +325,111 @@ TEST_CASE("--device values") {
   CHECK((*cpu)->caps().name == "cpu");
   CHECK((*cpu)->caps().host_memory);
 }
+
+TEST_CASE("engine on a device: KV blocks exported into device memory import into another engine, never through the host") {
+  const std::string path = model_path(small_dense(), "dense-f32");
+  EngineOptions o;
+  o.threads = 1;
+  o.max_seqs = 2;
+  o.block_size = 8;
+  Pair src = cpu_and_device(path, o), dst = cpu_and_device(path, o);
+  const int32_t V = src.cpu->config().n_vocab;
+  const auto prompt = prompt_of(29, 7);  // 3 full blocks and 5 tokens
+  const int32_t a = *src.dev->open_sequence(), ac = *src.cpu->open_sequence();
+  const size_t nv = static_cast<size_t>(V);
+  std::vector<float> lg(nv), lc(nv);
+  REQUIRE(src.dev->forward({{a, prompt.data(), 29}}, lg.data()).ok());
+  REQUIRE(src.cpu->forward({{ac, prompt.data(), 29}}, lc.data()).ok());
+  auto host = src.cpu->export_blocks(ac, 1);  // what the host path seals
+  REQUIRE(host.ok());
+  REQUIRE(host->size() == 3);
+
+  Backend& sb = src.dev->backend();
+  const size_t bb = host->front().bytes.size();
+  void* out = sb.alloc(3 * bb);
+  REQUIRE(out != nullptr);
+  src.fence->traffic = {};
+  std::vector<BlockHeader> headers;
+  Status st = src.dev->export_blocks_to(a, 1, out, headers);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  // No byte of a block went up or down: copied and hashed on the device.
+  CHECK(src.fence->traffic.downloads == 0);
+  CHECK(src.fence->traffic.uploads == 0);
+  CHECK(src.fence->checksummed_blocks == 3);
+  REQUIRE(headers.size() == 3);
+  // The device's bytes, moved by the test (between two processes this is
+  // the IPC region) into the other engine's device memory.
+  std::vector<uint8_t> moved(3 * bb);
+  sb.download(moved.data(), out, moved.size());
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(headers[i].key == (*host)[i].header.key);
+    CHECK(headers[i].n_tokens == (*host)[i].header.n_tokens);
+    CHECK(headers[i].model_fingerprint == (*host)[i].header.model_fingerprint);
+    CHECK(headers[i].checksum == checksum_bytes(moved.data() + i * bb, bb));
+  }
+  // Full blocks hold the CPU engine's bytes; the last block only in its 5
+  // filled slots (the rest is whatever the pool's memory held).
+  for (size_t i = 0; i < 2; ++i) CHECK(headers[i].checksum == (*host)[i].header.checksum);
+  Backend& db = dst.dev->backend();
+  void* in = db.alloc(3 * bb);
+  REQUIRE(in != nullptr);
+  db.upload(in, moved.data(), moved.size());
+  const int32_t b = *dst.dev->open_sequence(), bc = *dst.cpu->open_sequence();
+  // Its first block comes from its own prefill of that block's tokens.
+  REQUIRE(dst.dev->forward({{b, prompt.data(), 8}}, lg.data()).ok());
+  REQUIRE(dst.cpu->forward({{bc, prompt.data(), 8}}, lc.data()).ok());
+  // A flipped byte in block 2 (the third record) is corruption naming it,
+  // and nothing changes.
+  uint8_t byte = 0;
+  db.download(&byte, static_cast<uint8_t*>(in) + 2 * bb + 100, 1);
+  const uint8_t flipped = uint8_t(byte ^ 0x10);
+  db.upload(static_cast<uint8_t*>(in) + 2 * bb + 100, &flipped, 1);
+  st = dst.dev->import_blocks_from(b, prompt.data(), 29, headers, in);
+  CHECK(st.code() == Code::corruption);
+  CHECK(st.message().find("block 3") != std::string::npos);
+  CHECK(dst.dev->sequence_length(b) == 8);
+  db.upload(static_cast<uint8_t*>(in) + 2 * bb + 100, &byte, 1);
+  // Other tokens give other keys: refused.
+  std::vector<int32_t> other = prompt;
+  other[20] = (other[20] + 1) % V;
+  st = dst.dev->import_blocks_from(b, other.data(), 29, headers, in);
+  CHECK(st.code() == Code::invalid_argument);
+  CHECK(dst.dev->sequence_length(b) == 8);
+
+  dst.fence->traffic = {};
+  dst.fence->checksummed_blocks = 0;
+  st = dst.dev->import_blocks_from(b, prompt.data(), 29, headers, in);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  CHECK(dst.fence->traffic.uploads == 0);
+  CHECK(dst.fence->traffic.downloads == 0);
+  CHECK(dst.fence->checksummed_blocks == 3);
+  REQUIRE(dst.cpu->import_blocks(bc, prompt.data(), 29, *host).ok());
+  CHECK(dst.dev->sequence_length(b) == 29);
+  // Decoding goes on with the source engine's bits.
+  const int32_t next = 3;
+  std::vector<float> want(nv), got(nv), ref(nv);
+  REQUIRE(src.cpu->forward({{ac, &next, 1}}, want.data()).ok());
+  REQUIRE(dst.dev->forward({{b, &next, 1}}, got.data()).ok());
+  REQUIRE(dst.cpu->forward({{bc, &next, 1}}, ref.data()).ok());
+  CHECK(same(got, want));
+  CHECK(same(ref, want));
+  CHECK(src.fence->violations.empty());
+  CHECK(dst.fence->violations.empty());
+
+  // On host memory (the CPU backend) the same calls hash on the host (the
+  // sequence grew by a token since).
+  auto now = src.cpu->export_blocks(ac, 1);
+  REQUIRE(now.ok());
+  void* hbuf = src.cpu->backend().alloc(3 * bb);
+  std::vector<BlockHeader> hh;
+  REQUIRE(src.cpu->export_blocks_to(ac, 1, hbuf, hh).ok());
+  REQUIRE(hh.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(hh[i].checksum == (*now)[i].header.checksum);
+    CHECK(std::memcmp(static_cast<uint8_t*>(hbuf) + i * bb, (*now)[i].bytes.data(), bb) == 0);
+  }
+  CHECK(src.cpu->export_blocks_to(ac, 5, hbuf, hh).code() == Code::invalid_argument);
+  src.cpu->backend().free(hbuf);
+  sb.free(out);
+  db.free(in);
+}
