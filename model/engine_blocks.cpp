@@ -3,6 +3,7 @@
 // import_blocks_from: a device's blocks handed to another process without
 // a host copy).
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "model/engine.h"
@@ -69,6 +70,8 @@ Result<std::vector<BlockRecord>> Engine::export_blocks(int32_t seq, int32_t firs
     if (rest)
       std::copy(later.begin() + ptrdiff_t(size_t(b - first_block) * rest),
                 later.begin() + ptrdiff_t(size_t(b - first_block + 1) * rest), r.bytes.begin() + ptrdiff_t(own));
+    for (const ByteRange& u : unfilled_ranges(layout_, int32_t(r.header.n_tokens)))
+      std::memset(r.bytes.data() + u.offset, 0, u.bytes);
     seal(r);
   }
   return records;
@@ -87,6 +90,26 @@ Status Engine::export_blocks_to(int32_t seq, int32_t first_block, void* dst,
   uint8_t* to = static_cast<uint8_t*>(dst);
   for (int32_t i = 0; i < n; ++i)
     backend_->copy(to + size_t(i) * bb, block_data(s.blocks->blocks()[size_t(first_block + i)]), bb);
+  // The last block's unfilled slots zeroed, as export_blocks does: from a
+  // zeroed buffer in backend memory where the host cannot write.
+  if (n > 0) {
+    const int32_t filled = header_of(s, keys, first_block + n - 1).n_tokens;
+    const std::vector<ByteRange> unfilled = unfilled_ranges(layout_, filled);
+    uint8_t* last = to + size_t(n - 1) * bb;
+    if (host_) {
+      for (const ByteRange& u : unfilled) std::memset(last + u.offset, 0, u.bytes);
+    } else if (!unfilled.empty()) {
+      size_t most = 0;
+      for (const ByteRange& u : unfilled) most = std::max(most, u.bytes);
+      void* zeros = backend_->alloc(most);
+      if (!zeros) return Status(Code::out_of_memory, "engine: no backend memory for an export's zeroed slots");
+      const std::vector<uint8_t> host_zeros(most, 0);
+      backend_->upload(zeros, host_zeros.data(), most);
+      for (const ByteRange& u : unfilled) backend_->copy(last + u.offset, zeros, u.bytes);
+      backend_->sync();
+      backend_->free(zeros);
+    }
+  }
   std::vector<uint64_t> sums(static_cast<size_t>(n));
   if (n > 0) {
     Status st = checksums_in_place(*backend_, host_, dst, bb, n, sums.data());

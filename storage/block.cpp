@@ -150,6 +150,23 @@ void seal(BlockRecord& record) {
   record.header.checksum = checksum_bytes(record.bytes.data(), record.bytes.size());
 }
 
+std::vector<ByteRange> unfilled_ranges(const KvLayout& l, int32_t filled) {
+  std::vector<ByteRange> out;
+  if (filled < 0 || filled >= l.tokens_per_block) return out;
+  const size_t k_head = size_t(l.tokens_per_block) * l.k_row_bytes();
+  const size_t v_head = size_t(l.tokens_per_block) * l.v_row_bytes();
+  const size_t left = size_t(l.tokens_per_block - filled);
+  for (int32_t layer = 0; layer < l.n_layers; ++layer) {
+    const size_t base = size_t(layer) * l.layer_bytes();
+    for (int32_t h = 0; h < l.n_kv_heads; ++h)
+      out.push_back({base + size_t(h) * k_head + size_t(filled) * l.k_row_bytes(), left * l.k_row_bytes()});
+    for (int32_t h = 0; h < l.n_kv_heads; ++h)
+      out.push_back({base + size_t(l.n_kv_heads) * k_head + size_t(h) * v_head + size_t(filled) * l.v_row_bytes(),
+                     left * l.v_row_bytes()});
+  }
+  return out;
+}
+
 Status verify_header(const BlockHeader& h, size_t n_bytes, uint64_t model_fingerprint,
                      const KvLayout& layout) {
   if (h.model_fingerprint != model_fingerprint)

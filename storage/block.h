@@ -123,6 +123,15 @@ class ChecksumStream {
 };
 // Fills header.checksum from bytes.
 void seal(BlockRecord& record);
+// A byte range of a block (offset, length).
+struct ByteRange {
+  size_t offset = 0, bytes = 0;
+};
+// Where a block of layout l keeps the slots [filled, tokens_per_block) of
+// every (layer, K or V, head): the bytes no token of a partly filled block
+// wrote. Exports zero them, so a record's bytes depend on its tokens only
+// (not on what the pool's memory held before: another request's KV).
+std::vector<ByteRange> unfilled_ranges(const KvLayout& l, int32_t filled);
 // corruption (naming the key and what differs) unless the checksum matches
 // the bytes and the record's model fingerprint and layout are the expected
 // ones and the byte count fits the layout.

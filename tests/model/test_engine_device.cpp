@@ -5,6 +5,7 @@
 // in and the logits rows out. Also --device parsing and its refusals.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <numeric>
 
@@ -353,8 +354,11 @@ TEST_CASE("engine on a device: KV blocks exported into device memory import into
   Status st = src.dev->export_blocks_to(a, 1, out, headers);
   REQUIRE_MESSAGE(st.ok(), st.to_string());
   // No byte of a block went up or down: copied and hashed on the device.
+  // One upload: the zeros for the last block's 3 unfilled slots.
+  const KvLayout& L = host->front().header.layout;
   CHECK(src.fence->traffic.downloads == 0);
-  CHECK(src.fence->traffic.uploads == 0);
+  CHECK(src.fence->traffic.uploads == 1);
+  CHECK(src.fence->traffic.upload_bytes == 3 * std::max(L.k_row_bytes(), L.v_row_bytes()));
   CHECK(src.fence->checksummed_blocks == 3);
   REQUIRE(headers.size() == 3);
   // The device's bytes, moved by the test (between two processes this is
@@ -367,9 +371,8 @@ TEST_CASE("engine on a device: KV blocks exported into device memory import into
     CHECK(headers[i].model_fingerprint == (*host)[i].header.model_fingerprint);
     CHECK(headers[i].checksum == checksum_bytes(moved.data() + i * bb, bb));
   }
-  // Full blocks hold the CPU engine's bytes; the last block only in its 5
-  // filled slots (the rest is whatever the pool's memory held).
-  for (size_t i = 0; i < 2; ++i) CHECK(headers[i].checksum == (*host)[i].header.checksum);
+  // The CPU engine's bytes, the last block's unfilled slots zeroed by both.
+  for (size_t i = 0; i < 3; ++i) CHECK(headers[i].checksum == (*host)[i].header.checksum);
   Backend& db = dst.dev->backend();
   void* in = db.alloc(3 * bb);
   REQUIRE(in != nullptr);

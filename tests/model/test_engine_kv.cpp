@@ -221,6 +221,47 @@ TEST_CASE("engine kv: export after prefill, import into another engine, decoding
   }
 }
 
+TEST_CASE("engine kv: a record's bytes depend on its tokens only, not on what its pool block held before") {
+  // a runs a long sequence first, so the block its second sequence's
+  // partial block lands in holds that sequence's KV in the unfilled slots;
+  // b is fresh. Their records of the same tokens must be the same bytes
+  // (the unfilled slots zeroed), host and backend-memory exports alike.
+  auto a = make_engine(opts(1, false));
+  auto b = make_engine(opts(1, false));
+  const int32_t s0 = open(*a);
+  step(*a, s0, tokens_of(64, 9));  // 4 full blocks of other tokens
+  a->close_sequence(s0);
+  const auto P = tokens_of(21, 4);  // a full block, then 5 of 16 slots
+  const int32_t sa = open(*a), sb = open(*b);
+  step(*a, sa, P);
+  step(*b, sb, P);
+  auto ra = a->export_blocks(sa), rb = b->export_blocks(sb);
+  REQUIRE((ra.ok() && rb.ok()));
+  REQUIRE(ra->size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK((*ra)[i].bytes == (*rb)[i].bytes);
+    CHECK((*ra)[i].header.checksum == (*rb)[i].header.checksum);
+  }
+  const KvLayout& L = a->kv_layout();
+  for (const ByteRange& u : unfilled_ranges(L, 5))
+    for (size_t j = 0; j < u.bytes; ++j) REQUIRE((*ra)[1].bytes[u.offset + j] == 0);
+  const size_t bb = L.block_bytes();
+  void* buf = a->backend().alloc(2 * bb);
+  std::vector<BlockHeader> h;
+  REQUIRE(a->export_blocks_to(sa, 0, buf, h).ok());
+  REQUIRE(h.size() == 2);
+  for (size_t i = 0; i < 2; ++i) {
+    CHECK(h[i].checksum == (*rb)[i].header.checksum);
+    CHECK(std::memcmp(static_cast<uint8_t*>(buf) + i * bb, (*rb)[i].bytes.data(), bb) == 0);
+  }
+  a->backend().free(buf);
+  // The ranges cover exactly the slots past `filled` of every head's rows.
+  size_t covered = 0;
+  for (const ByteRange& u : unfilled_ranges(L, 5)) covered += u.bytes;
+  CHECK(covered == bb / size_t(L.tokens_per_block) * size_t(L.tokens_per_block - 5));
+  CHECK(unfilled_ranges(L, L.tokens_per_block).empty());
+}
+
 TEST_CASE("engine kv: import rejects corrupt, misplaced or foreign records and changes nothing") {
   auto a = make_engine(opts(1));
   auto b = make_engine(opts(1));
