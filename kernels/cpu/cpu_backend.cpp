@@ -487,13 +487,29 @@ class CpuBackend final : public Backend {
     };
     const int64_t tasks = n * tpr;
     int64_t work = 0;
-    for (int64_t i = 0; i < n && work < kMinParallelWork; ++i)
-      work += int64_t(rows[i].pos + 1) * n_heads * kv.head_dim * 2;
+    for (int64_t i = 0; i < n; ++i) work += int64_t(rows[i].pos + 1) * n_heads * kv.head_dim * 2;
     if (work < kMinParallelWork || pool_.threads() == 1) {
       body(0, tasks, 0);
-    } else {
-      pool_.parallel_for(tasks, body);
+      return;
     }
+    // A row's work grows with its position (a prefill's last row attends
+    // 128 times what its first does): equal counts of rows per thread left
+    // one thread with three times the other's work at 2 threads. The
+    // threads get contiguous task ranges of equal work instead (each row's
+    // bits do not depend on which thread runs it).
+    const int T = pool_.threads();
+    attn_bounds_.assign(size_t(T) + 1, tasks);
+    attn_bounds_[0] = 0;
+    int64_t done = 0;
+    int next = 1;
+    for (int64_t task = 0; task < tasks && next < T; ++task) {
+      while (next < T && done * T >= work * next) attn_bounds_[size_t(next++)] = task;
+      done += int64_t(rows[task / tpr].pos + 1) * n_heads / tpr * kv.head_dim * 2;
+    }
+    const int64_t* bounds = attn_bounds_.data();
+    pool_.parallel_for(T, [&](int64_t r0, int64_t r1, int) {
+      for (int64_t r = r0; r < r1; ++r) body(bounds[r], bounds[r + 1], int(r));
+    });
   }
 
  private:
@@ -615,6 +631,7 @@ class CpuBackend final : public Backend {
   const cpu::Kernels& k_;
   ThreadPool pool_;
   std::vector<float> scratch_;
+  std::vector<int64_t> attn_bounds_;  // attention: each thread's task range
   std::vector<float> fa_scratch_;  // full_attention: one (sequence, head) at a time
   size_t scratch_stride_ = 0;
   std::vector<double> rope_freq_;
