@@ -11,6 +11,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "model/clip.h"
 #include "tests/cuda/gpu.h"
@@ -180,6 +181,53 @@ TEST_CASE("cuda engine: a row's bits do not depend on the batch or on chunked pr
   for (int j = 0; j < 3; ++j)
     CHECK(std::memcmp(lg.data() + size_t(j) * size_t(V), alone[size_t(order[j])].data(),
                       size_t(V) * sizeof(float)) == 0);
+}
+
+TEST_CASE("cuda engine: KV blocks exported into device memory import into another engine on the GPU") {
+  if (!gpu_or_skip()) return;
+  const std::string path = model_path(gpu_spec(DType::F16), "gpu-F16");
+  auto src = make_engine(path, on("cuda:0"));
+  auto dst = make_engine(path, on("cuda:0"));
+  const int32_t V = src->config().n_vocab;
+  const auto p = prompt_of(70, 6);  // 4 full blocks and 6 tokens
+  const int32_t a = *src->open_sequence();
+  std::vector<float> lg(static_cast<size_t>(V)), want(static_cast<size_t>(V)), got(static_cast<size_t>(V));
+  REQUIRE(src->forward({{a, p.data(), 70}}, lg.data()).ok());
+  auto host = src->export_blocks(a);  // through the host, hashed there
+  REQUIRE(host.ok());
+  const size_t n = host->size(), bb = host->front().bytes.size();
+  Backend& sb = src->backend();
+  void* out = sb.alloc(n * bb);
+  REQUIRE(out != nullptr);
+  std::vector<BlockHeader> headers;
+  Status st = src->export_blocks_to(a, 0, out, headers);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  REQUIRE(headers.size() == n);
+  // The device XXH3 against the host's, over the same bytes.
+  for (size_t i = 0; i < n; ++i) CHECK(headers[i].checksum == (*host)[i].header.checksum);
+  // One process, one GPU: the other engine's backend copies device to device.
+  Backend& db = dst->backend();
+  void* in = db.alloc(n * bb);
+  REQUIRE(in != nullptr);
+  db.copy(in, out, n * bb);
+  db.sync();
+  const int32_t b = *dst->open_sequence();
+  uint8_t byte = 0, flipped = 0;
+  db.download(&byte, static_cast<uint8_t*>(in) + bb + 7, 1);
+  flipped = uint8_t(byte ^ 1);
+  db.upload(static_cast<uint8_t*>(in) + bb + 7, &flipped, 1);
+  CHECK(dst->import_blocks_from(b, p.data(), 70, headers, in).code() == Code::corruption);
+  CHECK(dst->sequence_length(b) == 0);
+  db.upload(static_cast<uint8_t*>(in) + bb + 7, &byte, 1);
+  st = dst->import_blocks_from(b, p.data(), 70, headers, in);
+  REQUIRE_MESSAGE(st.ok(), st.to_string());
+  for (int32_t t = 200; t < 204; ++t) {
+    REQUIRE(src->forward({{a, &t, 1}}, want.data()).ok());
+    REQUIRE(dst->forward({{b, &t, 1}}, got.data()).ok());
+    CHECK(std::memcmp(want.data(), got.data(), static_cast<size_t>(V) * sizeof(float)) == 0);
+  }
+  sb.free(out);
+  db.free(in);
 }
 
 // Decode throughput on the 100M GQA F16 shape at batch 1 and 32, beside the
