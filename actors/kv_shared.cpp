@@ -45,6 +45,40 @@ void KvSharedOffers::keep(SharedRegion region) {
   free_.push_back(std::move(region));
 }
 
+Result<SharedRegion> KvSharedOffers::take(size_t bytes) {
+  size_t best = free_.size();
+  for (size_t i = 0; i < free_.size(); ++i)
+    if (free_[i].bytes >= bytes && (best == free_.size() || free_[i].bytes < free_[best].bytes)) best = i;
+  if (best == free_.size()) return backend_->alloc_shared(bytes);
+  SharedRegion region = std::move(free_[best]);
+  free_bytes_ -= region.bytes;
+  free_.erase(free_.begin() + ptrdiff_t(best));
+  ++reused_;
+  return region;
+}
+
+std::string KvSharedOffers::publish(uint64_t request_id, SharedRegion region, std::vector<BlockHeader> headers,
+                                    int32_t first_block, size_t block_bytes, int32_t corrupt_block,
+                                    msg::KvChunk& offer) {
+  const size_t n = headers.size();
+  if (corrupt_block >= 0) {
+    uint8_t* p = static_cast<uint8_t*>(region.data) + (size_t(corrupt_block) % n) * block_bytes;
+    uint8_t byte = 0;
+    backend_->download(&byte, p, 1);
+    byte ^= 1;
+    backend_->upload(p, &byte, 1);
+  }
+  backend_->sync();
+  offer = msg::KvChunk{};
+  offer.request_id = request_id;
+  offer.first_block = first_block;
+  offer.total_bytes = uint64_t(block_bytes) * n;
+  offer.headers = std::move(headers);
+  std::string handle = region.handle;
+  regions_[request_id] = Entry{std::move(region), int32_t(n), uint64_t(block_bytes * n), std::chrono::steady_clock::now()};
+  return handle;
+}
+
 Result<std::string> KvSharedOffers::offer(uint64_t request_id, const std::vector<BlockRecord>& records,
                                           int32_t first_block, msg::KvChunk& offer, int32_t corrupt_block) {
   if (!backend_ || !backend_->caps().shareable)
@@ -62,40 +96,36 @@ Result<std::string> KvSharedOffers::offer(uint64_t request_id, const std::vector
                                                 " has another layout or size");
   }
   release(request_id);
-  const size_t need = block_bytes * n;
-  // The smallest kept region that fits, else a new one.
-  Result<SharedRegion> region = Status(Code::not_found, "");
-  size_t best = free_.size();
-  for (size_t i = 0; i < free_.size(); ++i)
-    if (free_[i].bytes >= need && (best == free_.size() || free_[i].bytes < free_[best].bytes)) best = i;
-  if (best < free_.size()) {
-    region = std::move(free_[best]);
-    free_bytes_ -= region->bytes;
-    free_.erase(free_.begin() + ptrdiff_t(best));
-    ++reused_;
-  } else {
-    region = backend_->alloc_shared(need);
-    if (!region.ok()) return region.status();
-  }
-  for (size_t i = 0; i < n; ++i)
+  auto region = take(block_bytes * n);
+  if (!region.ok()) return region.status();
+  std::vector<BlockHeader> headers;
+  for (size_t i = 0; i < n; ++i) {
     backend_->upload(static_cast<uint8_t*>(region->data) + i * block_bytes,
                      records[size_t(first_block) + i].bytes.data(), block_bytes);
-  if (corrupt_block >= 0) {
-    uint8_t* p = static_cast<uint8_t*>(region->data) + (size_t(corrupt_block) % n) * block_bytes;
-    uint8_t byte = 0;
-    backend_->download(&byte, p, 1);
-    byte ^= 1;
-    backend_->upload(p, &byte, 1);
+    headers.push_back(records[size_t(first_block) + i].header);
   }
-  backend_->sync();
-  offer = msg::KvChunk{};
-  offer.request_id = request_id;
-  offer.first_block = first_block;
-  offer.total_bytes = uint64_t(block_bytes) * n;
-  for (size_t i = 0; i < n; ++i) offer.headers.push_back(records[size_t(first_block) + i].header);
-  std::string handle = region->handle;
-  regions_[request_id] = Entry{std::move(region.value()), int32_t(n), uint64_t(need), std::chrono::steady_clock::now()};
-  return handle;
+  return publish(request_id, std::move(region.value()), std::move(headers), first_block, block_bytes,
+                 corrupt_block, offer);
+}
+
+Result<std::string> KvSharedOffers::offer_from(uint64_t request_id, const void* blocks,
+                                               const std::vector<BlockHeader>& headers, int32_t first_block,
+                                               msg::KvChunk& offer, int32_t corrupt_block) {
+  if (!backend_ || !backend_->caps().shareable)
+    return Status(Code::unsupported, "KV over shared memory: the sender's backend cannot share memory");
+  if (headers.empty() || !blocks || first_block < 0)
+    return Status(Code::invalid_argument, "KV over shared memory: an offer from backend memory needs blocks");
+  const KvLayout& layout = headers.front().layout;
+  for (size_t i = 0; i < headers.size(); ++i)
+    if (!(headers[i].layout == layout))
+      return Status(Code::invalid_argument, "KV over shared memory: block " + std::to_string(first_block + i) +
+                                                " has another layout");
+  const size_t block_bytes = layout.block_bytes(), bytes = block_bytes * headers.size();
+  release(request_id);
+  auto region = take(bytes);
+  if (!region.ok()) return region.status();
+  backend_->copy(region->data, blocks, bytes);
+  return publish(request_id, std::move(region.value()), headers, first_block, block_bytes, corrupt_block, offer);
 }
 
 bool KvSharedOffers::release(uint64_t request_id, int32_t* blocks, uint64_t* bytes) {
@@ -189,17 +219,28 @@ uint64_t KvSharedMappings::hits() const {
   return hits_;
 }
 
+namespace {
+
+// The offer checked against the pull and its region mapped.
+Result<std::shared_ptr<const void>> open_offer(KvSharedMappings& mappings, const std::string& handle,
+                                               const msg::KvChunk& offer, const msg::KvPull& pull,
+                                               uint64_t max_total_bytes) {
+  CLEAVE_RETURN_IF_ERROR(check_offer(offer, pull, max_total_bytes));
+  if (!mappings.backend().caps().shareable)
+    return Status(Code::unsupported, "KV over shared memory: the receiver's backend cannot share memory");
+  return mappings.map(handle, size_t(offer.total_bytes));
+}
+
+}  // namespace
+
 Result<std::vector<BlockRecord>> fetch_kv_shared(KvSharedMappings& mappings, const std::string& handle,
                                                  const msg::KvChunk& offer, const msg::KvPull& pull,
                                                  uint64_t max_total_bytes, KvStreamCounters& counters,
                                                  BlockBufferPool* pool) {
-  CLEAVE_RETURN_IF_ERROR(check_offer(offer, pull, max_total_bytes));
-  Backend& backend = mappings.backend();
-  if (!backend.caps().shareable)
-    return Status(Code::unsupported, "KV over shared memory: the receiver's backend cannot share memory");
-  if (!pool) pool = &block_buffer_pool();
-  auto mapped = mappings.map(handle, size_t(offer.total_bytes));
+  auto mapped = open_offer(mappings, handle, offer, pull, max_total_bytes);
   if (!mapped.ok()) return mapped.status();
+  Backend& backend = mappings.backend();
+  if (!pool) pool = &block_buffer_pool();
   const uint8_t* base = static_cast<const uint8_t*>(mapped.value().get());
   const size_t block_bytes = offer.headers.front().layout.block_bytes(), n = offer.headers.size();
   std::vector<BlockRecord> records(n);
@@ -242,6 +283,34 @@ Result<std::vector<BlockRecord>> fetch_kv_shared(KvSharedMappings& mappings, con
     return st;
   }
   return records;
+}
+
+Result<std::vector<BlockHeader>> fetch_kv_shared_to(KvSharedMappings& mappings, const std::string& handle,
+                                                    const msg::KvChunk& offer, const msg::KvPull& pull,
+                                                    uint64_t max_total_bytes, KvStreamCounters& counters,
+                                                    void* dst) {
+  if (!dst) return Status(Code::invalid_argument, "KV over shared memory: no memory to fetch into");
+  auto mapped = open_offer(mappings, handle, offer, pull, max_total_bytes);
+  if (!mapped.ok()) return mapped.status();
+  Backend& backend = mappings.backend();
+  const size_t block_bytes = offer.headers.front().layout.block_bytes(), n = offer.headers.size();
+  backend.copy(dst, mapped.value().get(), size_t(offer.total_bytes));
+  backend.sync();
+  counters.chunks_received += n;
+  counters.bytes_received += offer.total_bytes;
+  std::vector<uint64_t> sums(n);
+  if (backend.caps().host_memory) {
+    for (size_t i = 0; i < n; ++i)
+      sums[i] = checksum_bytes(static_cast<const uint8_t*>(dst) + i * block_bytes, block_bytes);
+  } else {
+    CLEAVE_RETURN_IF_ERROR(backend.checksum_blocks(dst, block_bytes, int64_t(n), sums.data()));
+  }
+  for (size_t i = 0; i < n; ++i)
+    if (sums[i] != offer.headers[i].checksum) {
+      ++counters.chunks_rejected;
+      return mismatch(offer, i);
+    }
+  return offer.headers;
 }
 
 }  // namespace cleave

@@ -55,6 +55,14 @@ class KvSharedOffers {
   // (or none after it), blocks of mixed layouts.
   Result<std::string> offer(uint64_t request_id, const std::vector<BlockRecord>& records, int32_t first_block,
                             msg::KvChunk& offer, int32_t corrupt_block = -1);
+  // offer() for blocks already in this offerer's backend memory: headers[i]'s
+  // bytes at blocks + i x block_bytes (an engine's export_blocks_to on the
+  // same backend, a device's KV), copied into the region by the backend, never
+  // through the host. first_block is the pull's (the first header's block).
+  // invalid_argument for no headers, headers of mixed layouts, or no
+  // memory.
+  Result<std::string> offer_from(uint64_t request_id, const void* blocks, const std::vector<BlockHeader>& headers,
+                                 int32_t first_block, msg::KvChunk& offer, int32_t corrupt_block = -1);
   // The receiver is done with the region (or failed): it is freed. false
   // when there was none (released or expired before); else *blocks and
   // *bytes (when given) say what it held.
@@ -76,6 +84,11 @@ class KvSharedOffers {
   };
   // Keeps a released region for reuse while under kKeptBytes, else frees it.
   void keep(SharedRegion region);
+  // The smallest kept region of at least `bytes`, else a new one.
+  Result<SharedRegion> take(size_t bytes);
+  // Flips a bit of block corrupt_block mod n (tests), then records the offer.
+  std::string publish(uint64_t request_id, SharedRegion region, std::vector<BlockHeader> headers,
+                      int32_t first_block, size_t block_bytes, int32_t corrupt_block, msg::KvChunk& offer);
   std::shared_ptr<Backend> backend_;
   std::unordered_map<uint64_t, Entry> regions_;
   std::vector<SharedRegion> free_;
@@ -110,6 +123,18 @@ class KvSharedMappings {
   std::vector<Entry> lru_;  // most recent last
   uint64_t mapped_ = 0, hits_ = 0;
 };
+
+// fetch_kv_shared into `dst`, memory of the mappings' backend of at least
+// offer.total_bytes (block i at i x block_bytes): the region's blocks copied
+// by the backend, never through the host, then checked against their
+// headers where they landed (checksum_blocks on a device), so what is
+// checked is what is kept. Returns the headers (for
+// Engine::import_blocks_from). Errors as fetch_kv_shared's. Counts
+// chunks_received (one per block), bytes_received.
+Result<std::vector<BlockHeader>> fetch_kv_shared_to(KvSharedMappings& mappings, const std::string& handle,
+                                                    const msg::KvChunk& offer, const msg::KvPull& pull,
+                                                    uint64_t max_total_bytes, KvStreamCounters& counters,
+                                                    void* dst);
 
 // The receiving end: checks `offer` against the pull (request, first block,
 // sizes, one valid layout, at most max_total_bytes: invalid_argument

@@ -10,11 +10,13 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstring>
 #include <thread>
 
 #include "actors/kv_shared.h"
 #include "kernels/cuda/xxh3.cuh"
 #include "tests/actors/kv_records.h"
+#include "tests/model/model_fixtures.h"
 
 using namespace cleave;
 using cleave::test::make_records;
@@ -59,6 +61,7 @@ class DeviceLike final : public Backend {
  public:
   std::shared_ptr<Backend> cpu = std::shared_ptr<Backend>(make_cpu_backend(1));
   int checksum_calls = 0;
+  int uploads = 0, downloads = 0;  // host <-> "device" moves
   bool shareable = true;
   Caps caps() const override {
     Caps c = cpu->caps();
@@ -70,8 +73,14 @@ class DeviceLike final : public Backend {
   bool supports(Op o, DType t) const override { return cpu->supports(o, t); }
   void* alloc(size_t b) override { return cpu->alloc(b); }
   void free(void* p) override { cpu->free(p); }
-  void upload(void* d, const void* s, size_t b) override { cpu->upload(d, s, b); }
-  void download(void* d, const void* s, size_t b) override { cpu->download(d, s, b); }
+  void upload(void* d, const void* s, size_t b) override {
+    ++uploads;
+    cpu->upload(d, s, b);
+  }
+  void download(void* d, const void* s, size_t b) override {
+    ++downloads;
+    cpu->download(d, s, b);
+  }
   void sync() override {}
   void* alloc_pinned_host(size_t b) override { return cpu->alloc_pinned_host(b); }
   void free_pinned_host(void* p) override { cpu->free_pinned_host(p); }
@@ -259,6 +268,111 @@ TEST_CASE("kv shared: a backend whose memory the host does not read checks block
   auto bad = fetch_kv_shared(maps, *corrupt, corrupt_offer, pull_of(2, 0), uint64_t(1) << 30, c);
   CHECK(bad.status().code() == Code::corruption);
   CHECK(device->checksum_calls == 2);
+}
+
+TEST_CASE("kv shared: blocks in backend memory reach another process's backend memory, never through the host") {
+  auto records = make_records(4);
+  const size_t bb = records->front().bytes.size();
+  auto device = std::make_shared<DeviceLike>();
+  // The sender's blocks in its "device" memory, as an engine's
+  // export_blocks_to leaves them: blocks 1..3.
+  void* blocks = device->alloc(3 * bb);
+  std::vector<BlockHeader> headers;
+  for (size_t i = 1; i < 4; ++i) {
+    device->upload(static_cast<uint8_t*>(blocks) + (i - 1) * bb, (*records)[i].bytes.data(), bb);
+    headers.push_back((*records)[i].header);
+  }
+  device->uploads = 0;
+  KvSharedOffers offers(device);
+  msg::KvChunk offer;
+  auto handle = offers.offer_from(3, blocks, headers, 1, offer);
+  REQUIRE(handle.ok());
+  CHECK(device->uploads == 0);
+  CHECK(device->downloads == 0);
+  CHECK(offer.first_block == 1);
+  CHECK(offer.total_bytes == 3 * bb);
+  CHECK(offer.headers.size() == 3);
+  const int rc = in_child([&] {
+    auto dev = std::make_shared<DeviceLike>();
+    KvSharedMappings maps(dev);
+    KvStreamCounters counters;
+    void* dst = dev->alloc(3 * bb);
+    auto got = fetch_kv_shared_to(maps, handle.value(), offer, pull_of(3, 1), uint64_t(1) << 30, counters, dst);
+    if (!got.ok()) return 1;
+    if (got->size() != 3 || dev->uploads != 0 || dev->downloads != 0) return 2;
+    if (dev->checksum_calls != 1) return 3;  // checked where the bytes landed
+    for (size_t i = 0; i < 3; ++i)
+      if (std::memcmp(static_cast<uint8_t*>(dst) + i * bb, (*records)[i + 1].bytes.data(), bb) != 0) return 4;
+    if (counters.chunks_received != 3 || counters.bytes_received != 3 * bb) return 5;
+    return 0;
+  });
+  CHECK(rc == 0);
+  // A flipped bit is corruption naming the block; a pull that disagrees is
+  // refused before anything is copied.
+  msg::KvChunk bad_offer;
+  auto bad = offers.offer_from(4, blocks, headers, 1, bad_offer, 1);
+  REQUIRE(bad.ok());
+  KvSharedMappings maps(device);
+  KvStreamCounters c;
+  void* dst = device->alloc(3 * bb);
+  auto got = fetch_kv_shared_to(maps, *bad, bad_offer, pull_of(4, 1), uint64_t(1) << 30, c, dst);
+  CHECK(got.status().code() == Code::corruption);
+  CHECK(got.status().message().find("block 2") != std::string::npos);
+  CHECK(c.chunks_rejected == 1);
+  CHECK(fetch_kv_shared_to(maps, *handle, offer, pull_of(3, 0), uint64_t(1) << 30, c, dst).status().code() ==
+        Code::invalid_argument);
+  CHECK(fetch_kv_shared_to(maps, *handle, offer, pull_of(3, 1), uint64_t(1) << 30, c, nullptr).status().code() ==
+        Code::invalid_argument);
+  CHECK(offers.offer_from(5, blocks, {}, 1, bad_offer).status().code() == Code::invalid_argument);
+  std::vector<BlockHeader> mixed = headers;
+  mixed[1].layout.head_dim *= 2;
+  CHECK(offers.offer_from(5, blocks, mixed, 1, bad_offer).status().code() == Code::invalid_argument);
+  device->free(dst);
+  device->free(blocks);
+}
+
+TEST_CASE("kv shared: an engine's KV through a region in backend memory: export_blocks_to, offer, fetch, import_blocks_from") {
+  using namespace cleave::fixtures;
+  const std::string path = model_path(small_dense(), "dense-f32");
+  EngineOptions o;
+  o.threads = 1;
+  o.block_size = 8;
+  auto src = make_engine(path, o);
+  const auto prompt = prompt_of(29, 5);
+  const int32_t V = src->config().n_vocab;
+  const int32_t a = *src->open_sequence();
+  std::vector<float> lg(static_cast<size_t>(V));
+  REQUIRE(src->forward({{a, prompt.data(), 29}}, lg.data()).ok());
+  std::shared_ptr<Backend> be(make_cpu_backend(1));  // the engine's memory is the host's here
+  const size_t bb = src->kv_layout().block_bytes();
+  void* out = be->alloc(4 * bb);
+  std::vector<BlockHeader> headers;
+  REQUIRE(src->export_blocks_to(a, 0, out, headers).ok());
+  KvSharedOffers offers(be);
+  msg::KvChunk offer;
+  auto handle = offers.offer_from(11, out, headers, 0, offer);
+  REQUIRE(handle.ok());
+  // The decoder's side in another process: fetched into its backend memory
+  // and imported from there; it decodes on with the prefill engine's bits.
+  const int32_t next = 9;
+  std::vector<float> want(static_cast<size_t>(V));
+  REQUIRE(src->forward({{a, &next, 1}}, want.data()).ok());
+  const int rc = in_child([&] {
+    auto dst = make_engine(path, o);
+    std::shared_ptr<Backend> dbe(make_cpu_backend(1));
+    KvSharedMappings maps(dbe);
+    KvStreamCounters counters;
+    void* in = dbe->alloc(4 * bb);
+    auto got = fetch_kv_shared_to(maps, handle.value(), offer, pull_of(11, 0), uint64_t(1) << 30, counters, in);
+    if (!got.ok()) return 1;
+    const int32_t b = *dst->open_sequence();
+    if (!dst->import_blocks_from(b, prompt.data(), 29, got.value(), in).ok()) return 2;
+    std::vector<float> lg2(static_cast<size_t>(V));
+    if (!dst->forward({{b, &next, 1}}, lg2.data()).ok()) return 3;
+    return std::memcmp(lg2.data(), want.data(), lg2.size() * sizeof(float)) == 0 ? 0 : 4;
+  });
+  CHECK(rc == 0);
+  be->free(out);
 }
 
 TEST_CASE("kv shared: a receiver keeps its mappings for the next streams in a region") {
