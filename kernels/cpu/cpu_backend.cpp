@@ -88,7 +88,7 @@ void store_kv_row(const cpu::Kernels& k, DType t, const float* x, int32_t head_d
   switch (t) {
     case DType::F32: std::memcpy(out, x, size_t(head_dim) * 4); return;
     case DType::F16: k.f16_row(x, head_dim, out); return;
-    case DType::Q8_0: quantize_row_q8_0(x, head_dim, out); return;
+    case DType::Q8_0: k.q8_0_row(x, head_dim, out); return;
     case DType::BF16: break;
   }
   CLEAVE_CHECK(false);
@@ -419,26 +419,14 @@ class CpuBackend final : public Backend {
       const AttnRow& r = rows[i];
       return kv.data + kv.offset(r.block_table[r.pos / kv.block_size], layer, kvi, h, r.pos % kv.block_size);
     };
-    // A decode step's rows land in as many blocks far apart, each store
-    // missing the cache (2 ms of a batch-32 step, measured): the rows are
-    // split over the threads, and each asks for a later row's lines before
-    // it stores its own. A row's bytes depend on its values only.
-    constexpr int64_t kAhead = 4;
-    const size_t k_bytes = kv.k_row_bytes(), v_bytes = kv.v_row_bytes();
+    // The rows split over the threads (a decode step's rows land in as many
+    // blocks far apart); a row's bytes depend on its values only.
     rows_for(n, int64_t(row_elems) * 32, [&](int64_t r0, int64_t r1, int) {
-      for (int64_t i = r0; i < r1; ++i) {
-        if (i + kAhead < r1)
-          for (int32_t h = 0; h < kv.n_kv_heads; ++h) {
-            const uint8_t* pk = slot_of(i + kAhead, 0, h);
-            const uint8_t* pv = slot_of(i + kAhead, 1, h);
-            for (size_t off = 0; off < k_bytes; off += 64) __builtin_prefetch(pk + off, 1, 3);
-            for (size_t off = 0; off < v_bytes; off += 64) __builtin_prefetch(pv + off, 1, 3);
-          }
+      for (int64_t i = r0; i < r1; ++i)
         for (int32_t h = 0; h < kv.n_kv_heads; ++h) {
           store_kv_row(k_, kv.k_type, k + i * row_elems + size_t(h) * kv.head_dim, kv.head_dim, slot_of(i, 0, h));
           store_kv_row(k_, kv.v_type, v + i * row_elems + size_t(h) * kv.head_dim, kv.head_dim, slot_of(i, 1, h));
         }
-      }
     });
   }
 

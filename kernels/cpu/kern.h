@@ -65,6 +65,8 @@ struct Kernels {
   void (*hsums_check)(const float* acc, int n, float* combined, float* single);
   // count floats to F16 bytes, fp32_to_fp16 (kernels/dtype.h) bit for bit.
   void (*f16_row)(const float* x, int64_t count, uint8_t* out);
+  // cols (a multiple of 32) floats to Q8_0 blocks, quantize_row_q8_0 (kernels/dtype.h) bit for bit.
+  void (*q8_0_row)(const float* x, int64_t cols, uint8_t* out);
 };
 
 extern const Kernels kKernelsScalar;

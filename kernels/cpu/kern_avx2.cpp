@@ -96,6 +96,41 @@ struct V {
     const __m256i e = _mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127));
     return _mm256_castsi256_ps(_mm256_slli_epi32(e, 23));
   }
+  // The largest |x| of 32 floats into *amax; false when one is not finite.
+  static bool amax32(const float* x, float* amax) {
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 big = _mm256_set1_ps(3.40282347e+38f);
+    __m256 m = _mm256_setzero_ps();
+    for (int h = 0; h < 32; h += 8) {
+      const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + h), absmask);
+      if (_mm256_movemask_ps(_mm256_cmp_ps(a, big, _CMP_LE_OQ)) != 0xFF) return false;
+      m = _mm256_max_ps(m, a);
+    }
+    const __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+    const __m128 m2 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    *amax = _mm_cvtss_f32(_mm_max_ss(m2, _mm_shuffle_ps(m2, m2, 1)));
+    return true;
+  }
+  // q[j] = roundf(x[j] * id) for 32 floats (half away from zero: trunc,
+  // then one more away from zero when the exact remainder is at least 0.5).
+  static void round_q8_32(const float* x, float id, int8_t* q) {
+    const __m256 idv = _mm256_set1_ps(id), half = _mm256_set1_ps(0.5f);
+    const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256 sign = _mm256_castsi256_ps(_mm256_set1_epi32(int32_t(0x80000000u))), one = _mm256_set1_ps(1.0f);
+    for (int h = 0; h < 32; h += 8) {
+      const __m256 v = _mm256_mul_ps(_mm256_loadu_ps(x + h), idv);
+      __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __m256 up = _mm256_cmp_ps(_mm256_and_ps(_mm256_sub_ps(v, t), absmask), half, _CMP_GE_OQ);
+      const __m256 step = _mm256_or_ps(one, _mm256_and_ps(v, sign));
+      t = _mm256_add_ps(t, _mm256_and_ps(up, step));
+      const __m256i i = _mm256_cvttps_epi32(t);
+      const __m256i p16 = _mm256_packs_epi32(i, i);       // per 128-bit lane: a0-3 a0-3 | a4-7 a4-7
+      const __m256i p8 = _mm256_packs_epi16(p16, p16);    // bytes: a0-3 x4 | a4-7 x4
+      const int32_t lo = _mm256_extract_epi32(p8, 0), hi = _mm256_extract_epi32(p8, 4);
+      __builtin_memcpy(q + h, &lo, 4);
+      __builtin_memcpy(q + h + 4, &hi, 4);
+    }
+  }
   static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   static float sqrt1(float x) { return __builtin_sqrtf(x); }
 };

@@ -99,6 +99,28 @@ struct V {
     const __m512i e = _mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127));
     return _mm512_castsi512_ps(_mm512_slli_epi32(e, 23));
   }
+  // The largest |x| of 32 floats into *amax; false when one is not finite.
+  static bool amax32(const float* x, float* amax) {
+    const __m512 a = _mm512_abs_ps(_mm512_loadu_ps(x)), b = _mm512_abs_ps(_mm512_loadu_ps(x + 16));
+    const __m512 big = _mm512_set1_ps(3.40282347e+38f);
+    if ((_mm512_cmp_ps_mask(a, big, _CMP_LE_OQ) & _mm512_cmp_ps_mask(b, big, _CMP_LE_OQ)) != 0xFFFF) return false;
+    *amax = _mm512_reduce_max_ps(_mm512_max_ps(a, b));
+    return true;
+  }
+  // q[j] = roundf(x[j] * id) for 32 floats (half away from zero: trunc,
+  // then one more away from zero when the exact remainder is at least 0.5).
+  static void round_q8_32(const float* x, float id, int8_t* q) {
+    const __m512 idv = _mm512_set1_ps(id), half = _mm512_set1_ps(0.5f);
+    const __m512i sign = _mm512_set1_epi32(int32_t(0x80000000u)), one = _mm512_set1_epi32(0x3f800000);
+    for (int h = 0; h < 32; h += 16) {
+      const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + h), idv);
+      __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+      const __mmask16 up = _mm512_cmp_ps_mask(_mm512_abs_ps(_mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+      const __m512 step = _mm512_castsi512_ps(_mm512_or_si512(one, _mm512_and_si512(_mm512_castps_si512(v), sign)));
+      t = _mm512_mask_add_ps(t, up, t, step);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + h), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t)));
+    }
+  }
   static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   static float sqrt1(float x) { return __builtin_sqrtf(x); }
 };

@@ -74,6 +74,12 @@ struct V {
     return r;
   }
   static void prefetch(const uint8_t* p) { (void)p; }
+  // The portable path quantises each block with quantize_row_q8_0 itself.
+  static bool amax32(const float* x, float* amax) {
+    (void)x, (void)amax;
+    return false;
+  }
+  static void round_q8_32(const float* x, float id, int8_t* q) { (void)x, (void)id, (void)q; }
   // W floats to f16 at p by the portable formula; never asks for a redo.
   static bool store_f16(const float* x, uint8_t* p) {
     for (int i = 0; i < 8; ++i) {

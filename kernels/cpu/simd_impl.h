@@ -535,8 +535,34 @@ void f16_row_k(const float* x, int64_t count, uint8_t* out) {
   }
 }
 
+// quantize_row_q8_0 (kernels/dtype.h) bit for bit, a 32-value block at a
+// time: the same amax, d = amax / 127, id = 1 / d and roundf(x id); a
+// block holding a NaN or an infinity, or whose 1 / d overflows, goes
+// through quantize_row_q8_0.
+template <class V>
+void q8_0_row_k(const float* x, int64_t cols, uint8_t* out) {
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + b * 32;
+    uint8_t* ob = out + b * 34;
+    float amax = 0.0f;
+    if (!V::amax32(xb, &amax)) {
+      cleave::quantize_row_q8_0(xb, 32, ob);
+      continue;
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (!(id <= 3.40282347e+38f)) {  // d subnormal: x id is out of int8's range, which each ISA converts its own way
+      cleave::quantize_row_q8_0(xb, 32, ob);
+      continue;
+    }
+    const uint16_t dh = cleave::fp32_to_fp16(d);
+    __builtin_memcpy(ob, &dh, 2);
+    V::round_q8_32(xb, id, reinterpret_cast<int8_t*>(ob + 2));
+  }
+}
+
 #define CLEAVE_DEFINE_KERNEL_TABLE(name)                                                     \
   const ::cleave::cpu::Kernels name = {V::W,           &matmul_k<V>,    &rmsnorm_row_k<V>,  \
                                        &softmax_row_k<V>, &silu_mul_k<V>, &attn_k<V>,      \
                                        &layer_norm_row_k<V>, &gelu_k<V>, &add_k<V>,     \
-                                       &hsums_check<V>, &f16_row_k<V>};
+                                       &hsums_check<V>, &f16_row_k<V>, &q8_0_row_k<V>};

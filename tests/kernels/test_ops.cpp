@@ -539,6 +539,44 @@ TEST_CASE("f16_row stores fp32_to_fp16's bits on every ISA, NaN payloads, ties a
   }
 }
 
+TEST_CASE("q8_0_row stores quantize_row_q8_0's bytes on every ISA: ties, zeros, non-finite blocks") {
+  // The Q8_0 KV cache's rows; a row's bytes must not depend on the ISA.
+  std::vector<float> x;
+  std::mt19937 rng(11);
+  auto block = [&](auto gen) {
+    for (int j = 0; j < 32; ++j) x.push_back(gen(j));
+  };
+  // amax 127: d = 1, id = 1, so x itself rounds: halves tie away from zero.
+  block([](int j) { return j == 0 ? 127.0f : float(j - 16) + (j % 2 ? 0.5f : -0.5f); });
+  block([](int j) { return j == 5 ? -127.0f : -float(j) * 0.5f; });
+  block([](int) { return 0.0f; });
+  block([](int j) { return j % 2 ? -0.0f : 0.0f; });
+  block([](int j) { return j == 3 ? std::numeric_limits<float>::quiet_NaN() : float(j); });
+  block([](int j) { return j == 7 ? -std::numeric_limits<float>::infinity() : float(j); });
+  block([](int j) { return j == 9 ? std::numeric_limits<float>::max() : 1.0f; });
+  block([](int j) { return float(j) * 1e-42f; });  // f32 denormals
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int b = 0; b < 200; ++b) {
+    const float scale = std::ldexp(1.0f, int(rng() % 40) - 20);
+    block([&](int) { return u(rng) * scale; });
+  }
+  const int64_t cols = int64_t(x.size());
+  std::vector<uint8_t> want(size_t(cols / 32) * 34);
+  quantize_row_q8_0(x.data(), cols, want.data());
+  for (Isa isa : isas()) {
+    const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
+                            : isa == Isa::avx2 ? cpu::kKernelsAvx2
+                                               : cpu::kKernelsScalar;
+    std::vector<uint8_t> got(want.size(), 0xAB);
+    k.q8_0_row(x.data(), cols, got.data());
+    size_t bad = 0, first = 0;
+    for (size_t b = 0; b < want.size() / 34; ++b)
+      if (std::memcmp(got.data() + b * 34, want.data() + b * 34, 34) != 0 && bad++ == 0) first = b;
+    INFO(std::string(isa_name(isa)) << ": " << bad << " blocks differ, the first " << first);
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("matmul batch invariance: long rows (x rows in several passes)") {
   // cols past 1024 and n past what one x pass keeps in L2, ragged cols.
   for (Isa isa : isas()) {
