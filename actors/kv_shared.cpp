@@ -299,12 +299,7 @@ Result<std::vector<BlockHeader>> fetch_kv_shared_to(KvSharedMappings& mappings, 
   counters.chunks_received += n;
   counters.bytes_received += offer.total_bytes;
   std::vector<uint64_t> sums(n);
-  if (backend.caps().host_memory) {
-    for (size_t i = 0; i < n; ++i)
-      sums[i] = checksum_bytes(static_cast<const uint8_t*>(dst) + i * block_bytes, block_bytes);
-  } else {
-    CLEAVE_RETURN_IF_ERROR(backend.checksum_blocks(dst, block_bytes, int64_t(n), sums.data()));
-  }
+  CLEAVE_RETURN_IF_ERROR(checksum_blocks_in_place(backend, dst, block_bytes, int64_t(n), sums.data()));
   for (size_t i = 0; i < n; ++i)
     if (sums[i] != offer.headers[i].checksum) {
       ++counters.chunks_rejected;

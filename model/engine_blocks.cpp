@@ -9,20 +9,6 @@
 #include "model/engine.h"
 
 namespace cleave {
-namespace {
-
-// XXH3-64 of n blocks of block_bytes at `data` (memory of `be`), taken where
-// the bytes are: by the host on host memory, by the backend's own op on a
-// device.
-Status checksums_in_place(Backend& be, bool host, const void* data, size_t block_bytes, int64_t n,
-                          uint64_t* out) {
-  if (!host) return be.checksum_blocks(data, block_bytes, n, out);
-  const uint8_t* p = static_cast<const uint8_t*>(data);
-  for (int64_t i = 0; i < n; ++i) out[i] = checksum_bytes(p + size_t(i) * block_bytes, block_bytes);
-  return Status::Ok();
-}
-
-}  // namespace
 
 Status Engine::check_export(int32_t seq, int32_t first_block) const {
   if (!is_open(seq))
@@ -112,7 +98,7 @@ Status Engine::export_blocks_to(int32_t seq, int32_t first_block, void* dst,
   }
   std::vector<uint64_t> sums(static_cast<size_t>(n));
   if (n > 0) {
-    Status st = checksums_in_place(*backend_, host_, dst, bb, n, sums.data());
+    Status st = checksum_blocks_in_place(*backend_, dst, bb, n, sums.data());
     if (!st.ok()) return Status(st.code(), "engine: checksums of exported blocks: " + st.message());
   }
   headers.clear();
@@ -236,7 +222,7 @@ Status Engine::import_blocks_from(int32_t seq, const int32_t* tokens, int32_t n_
   if (n_blocks > 0) {
     if (!src) return Status(Code::invalid_argument, "engine: import of blocks from no memory");
     std::vector<uint64_t> sums(static_cast<size_t>(n_blocks));
-    Status st = checksums_in_place(*backend_, host_, src, bb, n_blocks, sums.data());
+    Status st = checksum_blocks_in_place(*backend_, src, bb, n_blocks, sums.data());
     if (!st.ok()) return Status(st.code(), "engine: checksums of imported blocks: " + st.message());
     for (int32_t i = 0; i < n_blocks; ++i)
       if (sums[size_t(i)] != headers[size_t(i)].checksum)

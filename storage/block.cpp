@@ -146,6 +146,13 @@ BlockBufferPool& block_buffer_pool() {
   return pool;
 }
 
+Status checksum_blocks_in_place(Backend& be, const void* data, size_t block_bytes, int64_t n, uint64_t* out) {
+  if (!be.caps().host_memory) return be.checksum_blocks(data, block_bytes, n, out);
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  for (int64_t i = 0; i < n; ++i) out[i] = checksum_bytes(p + size_t(i) * block_bytes, block_bytes);
+  return Status::Ok();
+}
+
 void seal(BlockRecord& record) {
   record.header.checksum = checksum_bytes(record.bytes.data(), record.bytes.size());
 }

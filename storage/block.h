@@ -105,6 +105,10 @@ class BlockBufferPool {
 BlockBufferPool& block_buffer_pool();
 
 uint64_t checksum_bytes(const uint8_t* data, size_t n);
+// checksum_bytes of n blocks of block_bytes at `data`, memory of `be`, taken
+// where the bytes are: by the host on host memory, by the backend's own op
+// (Backend::checksum_blocks) on a device.
+Status checksum_blocks_in_place(Backend& be, const void* data, size_t block_bytes, int64_t n, uint64_t* out);
 // checksum_bytes over bytes that come in pieces (a socket's reads): digest()
 // equals checksum_bytes of the pieces laid end to end. Move-only.
 class ChecksumStream {
