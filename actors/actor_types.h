@@ -330,12 +330,17 @@ kv_store_actor spawn_kv_store(caf::actor_system& system, std::shared_ptr<TieredS
 // kv_stream_actors.cpp: the two ends of KV streams, linked to their stage.
 // host: where the sender's data socket listens ("": CAF chunks only).
 // shared_memory: offer (sender) and take (receiver) streams between
-// processes on one host through shared memory (KvStreamOptions).
+// processes on one host through shared memory (KvStreamOptions). device:
+// the stage engine's backend when its memory is not the host's (null
+// otherwise): blocks kept in it are offered from there and streams through
+// shared memory land there, device to device (KvReceived::blocks).
 kv_sender_actor spawn_kv_sender_linked(caf::local_actor* stage, std::shared_ptr<KvOutbox> outbox,
                                        std::shared_ptr<KvStreamCounters> counters,
-                                       int32_t corrupt_chunk, std::string host, bool shared_memory);
+                                       int32_t corrupt_chunk, std::string host, bool shared_memory,
+                                       std::shared_ptr<Backend> device);
 kv_receiver_actor spawn_kv_receiver_linked(caf::local_actor* stage, std::shared_ptr<KvInbox> inbox,
-                                           std::shared_ptr<KvStreamCounters> counters, bool shared_memory);
+                                           std::shared_ptr<KvStreamCounters> counters, bool shared_memory,
+                                           std::shared_ptr<Backend> device);
 
 // vision_encoder_actor.cpp; origin names it in events ("NODE/vision_encoder/0").
 vision_encoder_actor spawn_vision_encoder(caf::actor_system& system,

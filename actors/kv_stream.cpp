@@ -251,13 +251,31 @@ std::vector<std::pair<std::string, uint64_t>> KvStreamCounters::snapshot() const
 
 void KvOutbox::put(uint64_t request_id, Records records) {
   std::lock_guard<std::mutex> lock(mu_);
-  map_[request_id] = Entry{std::move(records), std::chrono::steady_clock::now()};
+  map_[request_id] = Entry{Kept{std::move(records), nullptr}, std::chrono::steady_clock::now()};
 }
 
-KvOutbox::Records KvOutbox::get(uint64_t request_id) const {
+void KvOutbox::put(uint64_t request_id, Blocks blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_[request_id] = Entry{Kept{nullptr, std::move(blocks)}, std::chrono::steady_clock::now()};
+}
+
+KvOutbox::Kept KvOutbox::get(uint64_t request_id) const {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = map_.find(request_id);
-  return it == map_.end() ? nullptr : it->second.records;
+  return it == map_.end() ? Kept{} : it->second.kept;
+}
+
+Result<KvOutbox::Records> KvOutbox::host_records(uint64_t request_id) {
+  Kept kept = get(request_id);
+  if (!kept) return Status(Code::not_found, "no KV kept for request " + std::to_string(request_id));
+  if (kept.records) return kept.records;
+  auto records = kept.blocks->to_records();  // outside the lock: the stage puts meanwhile
+  if (!records.ok()) return records.status();
+  auto shared = std::make_shared<const std::vector<BlockRecord>>(std::move(records.value()));
+  std::lock_guard<std::mutex> lock(mu_);
+  auto it = map_.find(request_id);
+  if (it != map_.end() && it->second.kept.blocks == kept.blocks) it->second.kept.records = shared;
+  return Records(shared);
 }
 
 void KvOutbox::erase(uint64_t request_id) {
@@ -277,18 +295,30 @@ size_t KvOutbox::size() const {
 }
 
 void KvInbox::put(uint64_t request_id, Result<std::vector<BlockRecord>> records) {
-  std::lock_guard<std::mutex> lock(mu_);
-  map_.insert_or_assign(request_id, std::move(records));
+  if (!records.ok()) return put(request_id, Result<KvReceived>(records.status()));
+  put(request_id, Result<KvReceived>(KvReceived{std::move(records.value()), nullptr}));
 }
 
-Result<std::vector<BlockRecord>> KvInbox::take(uint64_t request_id) {
+void KvInbox::put(uint64_t request_id, Result<KvReceived> received) {
+  std::lock_guard<std::mutex> lock(mu_);
+  map_.insert_or_assign(request_id, std::move(received));
+}
+
+Result<KvReceived> KvInbox::take_received(uint64_t request_id) {
   std::lock_guard<std::mutex> lock(mu_);
   auto it = map_.find(request_id);
   if (it == map_.end())
     return Status(Code::not_found, "no kv stream for request " + std::to_string(request_id));
-  Result<std::vector<BlockRecord>> out = std::move(it->second);
+  Result<KvReceived> out = std::move(it->second);
   map_.erase(it);
   return out;
+}
+
+Result<std::vector<BlockRecord>> KvInbox::take(uint64_t request_id) {
+  auto got = take_received(request_id);
+  if (!got.ok()) return got.status();
+  if (!got->blocks) return std::move(got->records);
+  return got->blocks->to_records();
 }
 
 void KvInbox::erase(uint64_t request_id) {

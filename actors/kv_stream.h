@@ -27,6 +27,7 @@
 
 #include "common/status.h"
 #include "schema/messages.h"
+#include "storage/backend_blocks.h"
 #include "storage/block.h"
 
 namespace cleave {
@@ -171,12 +172,26 @@ struct KvStreamCounters {
 
 // A prefill stage's finished KV, kept for its decoder's pull until the
 // stream is done or the entry is older than the time to live (the KV store
-// holds a copy for re-placements).
+// holds a copy for re-placements): host records, or (a device prefill's)
+// blocks left in its backend memory, which go to a decoder on the same host
+// device to device (KvSharedOffers::offer_from) and are downloaded once for
+// any other path.
 class KvOutbox {
  public:
   using Records = std::shared_ptr<const std::vector<BlockRecord>>;
+  using Blocks = std::shared_ptr<const BackendBlocks>;
+  struct Kept {
+    Records records;
+    Blocks blocks;  // set instead of records
+    size_t size() const { return blocks ? blocks->size() : records ? records->size() : 0; }
+    explicit operator bool() const { return records || blocks; }
+  };
   void put(uint64_t request_id, Records records);
-  Records get(uint64_t request_id) const;  // null when absent
+  void put(uint64_t request_id, Blocks blocks);
+  Kept get(uint64_t request_id) const;  // empty when absent
+  // The entry's KV as host records: its records, else its blocks downloaded
+  // (once: kept for later pulls). not_found when absent.
+  Result<Records> host_records(uint64_t request_id);
   void erase(uint64_t request_id);
   // Drops entries put longer ago than ttl; returns how many.
   size_t expire(std::chrono::steady_clock::duration ttl);
@@ -184,24 +199,35 @@ class KvOutbox {
 
  private:
   struct Entry {
-    Records records;
+    Kept kept;
     std::chrono::steady_clock::time_point at;
   };
   mutable std::mutex mu_;
   std::unordered_map<uint64_t, Entry> map_;
 };
 
+// What a finished stream brought: host records, or (fetched through shared
+// memory into a device decoder's memory) blocks in its backend's memory.
+struct KvReceived {
+  std::vector<BlockRecord> records;
+  std::shared_ptr<BackendBlocks> blocks;  // set instead of records
+  size_t size() const { return blocks ? blocks->size() : records.size(); }
+};
+
 // Streams a decoder's receiver finished (or failed), until its stage takes them.
 class KvInbox {
  public:
   void put(uint64_t request_id, Result<std::vector<BlockRecord>> records);
+  void put(uint64_t request_id, Result<KvReceived> received);
   // not_found when nothing is there for the request.
+  Result<KvReceived> take_received(uint64_t request_id);
+  // take_received() as host records (backend blocks downloaded).
   Result<std::vector<BlockRecord>> take(uint64_t request_id);
   void erase(uint64_t request_id);
 
  private:
   std::mutex mu_;
-  std::unordered_map<uint64_t, Result<std::vector<BlockRecord>>> map_;
+  std::unordered_map<uint64_t, Result<KvReceived>> map_;
 };
 
 
@@ -220,12 +246,17 @@ struct KvPullTiming {
 };
 // shared_memory: both ends as KvStreamOptions::shared_memory (true: the
 // streams go through shared memory, the two processes being on one host).
-Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
-                       const std::string& host, const std::function<void(uint16_t)>& on_port,
-                       double timeout_s, bool shared_memory = false);
-Result<std::vector<KvPullTiming>> pull_kv_streams(
-    const std::string& host, uint16_t port, int32_t n_streams, uint32_t chunk_bytes, int32_t window,
-    const std::function<void(const std::vector<BlockRecord>&)>& sink, bool shared_memory = false);
+// device: a stage engine's backend whose memory is not the host's, as the
+// stages pass it (the sender offers kv.blocks from there; the receiver
+// fetches into it: KvReceived::blocks).
+Status serve_kv_sender(KvOutbox::Kept kv, int32_t n_streams, const std::string& host,
+                       const std::function<void(uint16_t)>& on_port, double timeout_s, bool shared_memory = false,
+                       std::shared_ptr<Backend> device = nullptr);
+Result<std::vector<KvPullTiming>> pull_kv_streams(const std::string& host, uint16_t port, int32_t n_streams,
+                                                  uint32_t chunk_bytes, int32_t window,
+                                                  const std::function<void(const KvReceived&)>& sink,
+                                                  bool shared_memory = false,
+                                                  std::shared_ptr<Backend> device = nullptr);
 
 // Keeps freed memory in the process instead of returning it to the system
 // (malloc trim and mmap thresholds raised): first touch of fresh memory

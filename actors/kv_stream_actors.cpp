@@ -28,6 +28,9 @@ struct KvSenderState {
   std::string host;  // where the data socket listens ("": no data socket)
   std::unique_ptr<KvSocketServer> socket;  // opened at the first offer
   bool shared_memory = false;              // offers shared memory to receivers on this host
+  // The stage engine's backend when its memory is not the host's (a GPU):
+  // its blocks are offered from there, device to device.
+  std::shared_ptr<Backend> device;
   std::unique_ptr<KvSharedOffers> shared;  // made at the first shared offer
   static inline const char* name = "cleave.kv_sender";
 };
@@ -69,21 +72,41 @@ void send_chunks(kv_sender_pointer self, std::shared_ptr<SendTransfer> t, uint64
   }
 }
 
-// The records kept for a pull (not_found, or invalid_argument for a first
-// block past them).
-Result<KvOutbox::Records> kept_for(const KvSenderState& s, const msg::KvPull& pull) {
-  auto records = s.outbox->get(pull.request_id);
-  if (!records)
-    return Status(Code::not_found, "no KV kept for request " + std::to_string(pull.request_id));
-  if (size_t(pull.first_block) > records->size())
+// The KV kept for a pull (not_found, or invalid_argument for a first
+// block past it).
+Result<KvOutbox::Kept> kept_for(const KvSenderState& s, const msg::KvPull& pull) {
+  auto kept = s.outbox->get(pull.request_id);
+  if (!kept) return Status(Code::not_found, "no KV kept for request " + std::to_string(pull.request_id));
+  if (size_t(pull.first_block) > kept.size())
     return Status(Code::invalid_argument, "pull from block " + std::to_string(pull.first_block) + " of " +
-                                              std::to_string(records->size()));
-  return records;
+                                              std::to_string(kept.size()));
+  return kept;
+}
+
+// Offers the kept KV in shared memory: blocks in the device's memory copied
+// into a region of it by the device, host records uploaded.
+Result<std::string> offer_shared(KvSenderState& s, const msg::KvPull& pull, const KvOutbox::Kept& kept,
+                                 msg::KvChunk& offer) {
+  if (!s.shared)
+    s.shared = std::make_unique<KvSharedOffers>(s.device ? s.device
+                                                         : std::shared_ptr<Backend>(make_cpu_backend(1)));
+  const size_t first = size_t(pull.first_block);
+  if (kept.blocks && s.device && &kept.blocks->backend() == s.device.get()) {
+    const auto& hs = kept.blocks->headers();
+    return s.shared->offer_from(pull.request_id, kept.blocks->block(first),
+                                std::vector<BlockHeader>(hs.begin() + long(first), hs.end()), pull.first_block,
+                                offer, s.corrupt_chunk);
+  }
+  auto records = s.outbox->host_records(pull.request_id);
+  if (!records.ok()) return records.status();
+  return s.shared->offer(pull.request_id, *records.value(), pull.first_block, offer, s.corrupt_chunk);
 }
 
 kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_ptr<KvOutbox> outbox,
                                             std::shared_ptr<KvStreamCounters> counters,
-                                            int32_t corrupt_chunk, std::string host, bool shared_memory) {
+                                            int32_t corrupt_chunk, std::string host, bool shared_memory,
+                                            std::shared_ptr<Backend> device) {
+  self->state.device = std::move(device);
   self->state.outbox = std::move(outbox);
   self->state.counters = std::move(counters);
   self->state.corrupt_chunk = corrupt_chunk;
@@ -95,7 +118,9 @@ kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_
         auto& s = self->state;
         auto pull = codec::decode_as<msg::KvPull>(bytes);
         if (!pull.ok()) return to_error(pull.status());
-        auto records = kept_for(s, pull.value());
+        auto kept = kept_for(s, pull.value());
+        if (!kept.ok()) return to_error(kept.status());
+        auto records = s.outbox->host_records(pull->request_id);
         if (!records.ok()) return to_error(records.status());
         auto t = std::make_shared<SendTransfer>(
             KvStreamWriter(pull->request_id, records.value(), pull->first_block, pull->chunk_bytes),
@@ -115,14 +140,9 @@ kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_
         if (Status v = validate_kv_stream_options(pull->chunk_bytes, pull->window); !v.ok())
           return to_error(v);
         const uint64_t id = pull->request_id;
-        auto records = s.outbox->get(id);
-        if (!records)
-          return to_error(Status(Code::not_found, "no KV kept for request " + std::to_string(id)));
-        if (size_t(pull->first_block) > records->size())
-          return to_error(Status(Code::invalid_argument,
-                                 "pull from block " + std::to_string(pull->first_block) + " of " +
-                                     std::to_string(records->size())));
-        if (size_t(pull->first_block) == records->size()) {
+        auto kept = kept_for(s, pull.value());
+        if (!kept.ok()) return to_error(kept.status());
+        if (size_t(pull->first_block) == kept->size()) {
           s.outbox->erase(id);
           return caf::result<std::string, std::string>(std::string(), std::string());
         }
@@ -133,9 +153,11 @@ kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_
           if (!server.ok()) return to_error(server.status());
           s.socket = std::move(server.value());
         }
+        auto records = s.outbox->host_records(id);
+        if (!records.ok()) return to_error(records.status());
         std::weak_ptr<KvOutbox> outbox = s.outbox;
         const std::string token = s.socket->offer(
-            id, records, pull->first_block, pull->chunk_bytes, [outbox, id](bool complete) {
+            id, records.value(), pull->first_block, pull->chunk_bytes, [outbox, id](bool complete) {
               if (auto o = outbox.lock(); o && complete) o->erase(id);
             });
         return caf::result<std::string, std::string>(s.socket->address(), token);
@@ -150,14 +172,12 @@ kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_
           return to_error(Status(Code::unsupported, "the KV receiver is on another host"));
         auto kept = kept_for(s, pull.value());
         if (!kept.ok()) return to_error(kept.status());
-        const auto& records = *kept.value();
-        if (size_t(pull->first_block) == records.size()) {
+        if (size_t(pull->first_block) == kept->size()) {
           s.outbox->erase(pull->request_id);
           return caf::result<std::string, Bytes>(std::string(), Bytes());
         }
-        if (!s.shared) s.shared = std::make_unique<KvSharedOffers>(std::shared_ptr<Backend>(make_cpu_backend(1)));
         msg::KvChunk offer;
-        auto handle = s.shared->offer(pull->request_id, records, pull->first_block, offer, s.corrupt_chunk);
+        auto handle = offer_shared(s, pull.value(), kept.value(), offer);
         if (!handle.ok()) return to_error(handle.status());
         return caf::result<std::string, Bytes>(handle.value(), codec::encode(offer));
       },
@@ -201,6 +221,9 @@ struct KvReceiverState {
   std::shared_ptr<KvInbox> socket_results;  // outcomes of socket and shared-memory streams, until taken
   bool shared_memory = false;              // takes streams from senders on this host through shared memory
   std::shared_ptr<KvSharedMappings> shared_maps;  // senders' regions, mapped (made at the first)
+  // The stage engine's backend when its memory is not the host's (a GPU):
+  // streams through shared memory land there, device to device.
+  std::shared_ptr<Backend> device;
   // Last member: destroyed first, joining the socket threads before the rest goes.
   std::unique_ptr<KvSocketJobs> socket_jobs = std::make_unique<KvSocketJobs>();
   static inline const char* name = "cleave.kv_receiver";
@@ -208,7 +231,7 @@ struct KvReceiverState {
 using kv_receiver_pointer = kv_receiver_actor::stateful_pointer<KvReceiverState>;
 
 // Hands the outcome to the stage (inbox + the fetch's answer).
-void end_transfer(kv_receiver_pointer self, uint64_t id, Result<std::vector<BlockRecord>> result) {
+void end_transfer(kv_receiver_pointer self, uint64_t id, Result<KvReceived> result) {
   auto& s = self->state;
   auto it = s.transfers.find(id);
   if (it == s.transfers.end()) return;
@@ -226,6 +249,33 @@ void end_transfer(kv_receiver_pointer self, uint64_t id, Result<std::vector<Bloc
   s.transfers.erase(it);
   s.inbox->put(id, std::move(result));
   done.deliver(ok);
+}
+
+void end_transfer_records(kv_receiver_pointer self, uint64_t id, Result<std::vector<BlockRecord>> result) {
+  if (!result.ok()) return end_transfer(self, id, Result<KvReceived>(result.status()));
+  end_transfer(self, id, Result<KvReceived>(KvReceived{std::move(result.value()), nullptr}));
+}
+
+// A shared-memory offer fetched into the device's memory (device to device,
+// checked there), else into host records.
+Result<KvReceived> fetch_shared(KvSharedMappings& maps, const std::shared_ptr<Backend>& device,
+                                const std::string& handle, const msg::KvChunk& offer, const msg::KvPull& pull,
+                                KvStreamCounters& counters) {
+  if (!device) {
+    auto got = fetch_kv_shared(maps, handle, offer, pull, kKvMaxStreamBytes, counters);
+    if (!got.ok()) return got.status();
+    return KvReceived{std::move(got.value()), nullptr};
+  }
+  uint64_t total = 0;
+  if (offer.headers.empty()) return Status(Code::invalid_argument, "KV over shared memory: an offer of no blocks");
+  const std::string bad = check_stream_headers(offer.headers, offer.total_bytes, kKvMaxStreamBytes, total);
+  if (!bad.empty()) return Status(Code::invalid_argument, "KV over shared memory: " + bad);
+  auto blocks = BackendBlocks::allocate(device, offer.headers.size(), offer.headers.front().layout.block_bytes());
+  if (!blocks.ok()) return blocks.status();
+  auto got = fetch_kv_shared_to(maps, handle, offer, pull, kKvMaxStreamBytes, counters, (*blocks)->data());
+  if (!got.ok()) return got.status();
+  (*blocks)->headers() = std::move(got.value());
+  return KvReceived{{}, std::move(blocks.value())};
 }
 
 // Ends every stream from one sender (it went down, or sent garbage).
@@ -251,7 +301,7 @@ void pull_chunks(kv_receiver_pointer self, uint64_t id) {
                 caf::actor_cast<kv_receiver_actor>(self))
       .then(
           [=](uint32_t n_chunks) {
-            if (n_chunks == 0) end_transfer(self, id, std::vector<BlockRecord>{});
+            if (n_chunks == 0) end_transfer_records(self, id, std::vector<BlockRecord>{});
           },
           [=](caf::error& e) { end_transfer(self, id, from_error(e)); });
 }
@@ -267,7 +317,7 @@ void pull_via_socket(kv_receiver_pointer self, uint64_t id) {
             auto& s = self->state;
             auto* t = transfer_of(self, id);
             if (!t) return;
-            if (where.empty()) return end_transfer(self, id, std::vector<BlockRecord>{});
+            if (where.empty()) return end_transfer_records(self, id, std::vector<BlockRecord>{});
             auto results = s.socket_results;
             auto counters = s.counters;
             auto me = caf::actor_cast<kv_receiver_actor>(self);
@@ -297,7 +347,7 @@ void pull_via_shared(kv_receiver_pointer self, uint64_t id) {
             auto& s = self->state;
             auto* t = transfer_of(self, id);
             if (!t) return;
-            if (handle.empty()) return end_transfer(self, id, std::vector<BlockRecord>{});
+            if (handle.empty()) return end_transfer_records(self, id, std::vector<BlockRecord>{});
             auto offer = codec::decode_as<msg::KvChunk>(offer_bytes);
             if (!offer.ok()) {
               self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_shared_done_atom::value, id, false);
@@ -305,14 +355,16 @@ void pull_via_shared(kv_receiver_pointer self, uint64_t id) {
               return pull_via_socket(self, id);
             }
             if (!s.shared_maps)
-              s.shared_maps = std::make_shared<KvSharedMappings>(std::shared_ptr<Backend>(make_cpu_backend(1)));
+              s.shared_maps = std::make_shared<KvSharedMappings>(
+                  s.device ? s.device : std::shared_ptr<Backend>(make_cpu_backend(1)));
             auto results = s.socket_results;
             auto counters = s.counters;
             auto maps = s.shared_maps;
+            auto device = s.device;
             auto me = caf::actor_cast<kv_receiver_actor>(self);
             const msg::KvPull p = t->pull;
             s.socket_jobs->run([=, o = std::move(offer.value())] {
-              auto got = fetch_kv_shared(*maps, handle, o, p, kKvMaxStreamBytes, *counters);
+              auto got = fetch_shared(*maps, device, handle, o, p, *counters);
               const bool ok = got.ok();
               if (!ok)
                 std::fprintf(stderr, "cleave: KV of request %llu through shared memory failed (%s); using the socket\n",
@@ -331,7 +383,8 @@ void pull_via_shared(kv_receiver_pointer self, uint64_t id) {
 kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                                                 std::shared_ptr<KvInbox> inbox,
                                                 std::shared_ptr<KvStreamCounters> counters,
-                                                bool shared_memory) {
+                                                bool shared_memory, std::shared_ptr<Backend> device) {
+  self->state.device = std::move(device);
   self->state.inbox = std::move(inbox);
   self->state.counters = std::move(counters);
   self->state.socket_results = std::make_shared<KvInbox>();
@@ -410,19 +463,19 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         ++s.counters->chunks_received;
         s.counters->bytes_received += chunk->data.size();
         it->second.last_progress = Clock::now();
-        if (a.complete()) end_transfer(self, id, a.take());
+        if (a.complete()) end_transfer_records(self, id, a.take());
         return chunk->seq;
       },
       [=](kv_done_atom, uint64_t id) {
         // A transfer ended meanwhile (its sender went down) is gone: end_transfer ignores it.
-        end_transfer(self, id, self->state.socket_results->take(id));
+        end_transfer(self, id, self->state.socket_results->take_received(id));
       },
       [=](kv_shared_done_atom, uint64_t id, bool ok) {
         auto& s = self->state;
-        auto result = s.socket_results->take(id);
+        auto result = s.socket_results->take_received(id);
         auto* t = transfer_of(self, id);
         if (!t) {
-          if (result.ok()) block_buffer_pool().release(result.value());
+          if (result.ok()) block_buffer_pool().release(result->records);
           return;
         }
         // The sender frees the region either way; not ok, it keeps the KV for the socket.
@@ -452,14 +505,17 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
 
 kv_sender_actor spawn_kv_sender_linked(caf::local_actor* stage, std::shared_ptr<KvOutbox> outbox,
                                        std::shared_ptr<KvStreamCounters> counters,
-                                       int32_t corrupt_chunk, std::string host, bool shared_memory) {
+                                       int32_t corrupt_chunk, std::string host, bool shared_memory,
+                                       std::shared_ptr<Backend> device) {
   return stage->spawn<caf::linked>(kv_sender_fn, std::move(outbox), std::move(counters), corrupt_chunk,
-                                   std::move(host), shared_memory);
+                                   std::move(host), shared_memory, std::move(device));
 }
 
 kv_receiver_actor spawn_kv_receiver_linked(caf::local_actor* stage, std::shared_ptr<KvInbox> inbox,
-                                           std::shared_ptr<KvStreamCounters> counters, bool shared_memory) {
-  return stage->spawn<caf::linked>(kv_receiver_fn, std::move(inbox), std::move(counters), shared_memory);
+                                           std::shared_ptr<KvStreamCounters> counters, bool shared_memory,
+                                           std::shared_ptr<Backend> device) {
+  return stage->spawn<caf::linked>(kv_receiver_fn, std::move(inbox), std::move(counters), shared_memory,
+                                   std::move(device));
 }
 
 }  // namespace cleave::actors
@@ -468,16 +524,19 @@ namespace cleave {
 
 using namespace actors;
 
-Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, int32_t n_streams,
-                       const std::string& host, const std::function<void(uint16_t)>& on_port,
-                       double timeout_s, bool shared_memory) {
+Status serve_kv_sender(KvOutbox::Kept kv, int32_t n_streams, const std::string& host,
+                       const std::function<void(uint16_t)>& on_port, double timeout_s, bool shared_memory,
+                       std::shared_ptr<Backend> device) {
   caf::actor_system_config config;
   configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
   caf::actor_system system{config};
   auto outbox = std::make_shared<KvOutbox>();
-  for (int32_t i = 1; i <= n_streams; ++i) outbox->put(uint64_t(i), records);
+  for (int32_t i = 1; i <= n_streams; ++i) {
+    if (kv.blocks) outbox->put(uint64_t(i), kv.blocks);
+    else outbox->put(uint64_t(i), kv.records);
+  }
   auto counters = std::make_shared<KvStreamCounters>();
-  auto sender = system.spawn(kv_sender_fn, outbox, counters, int32_t(-1), host, shared_memory);
+  auto sender = system.spawn(kv_sender_fn, outbox, counters, int32_t(-1), host, shared_memory, std::move(device));
   auto port = system.middleman().publish(sender, 0, host.c_str());
   Status st;
   if (!port) {
@@ -497,9 +556,10 @@ Status serve_kv_sender(std::shared_ptr<const std::vector<BlockRecord>> records, 
   return st;
 }
 
-Result<std::vector<KvPullTiming>> pull_kv_streams(
-    const std::string& host, uint16_t port, int32_t n_streams, uint32_t chunk_bytes, int32_t window,
-    const std::function<void(const std::vector<BlockRecord>&)>& sink, bool shared_memory) {
+Result<std::vector<KvPullTiming>> pull_kv_streams(const std::string& host, uint16_t port, int32_t n_streams,
+                                                  uint32_t chunk_bytes, int32_t window,
+                                                  const std::function<void(const KvReceived&)>& sink,
+                                                  bool shared_memory, std::shared_ptr<Backend> device) {
   CLEAVE_RETURN_IF_ERROR(validate_kv_stream_options(chunk_bytes, window));
   caf::actor_system_config config;
   configure_node(config, ClusterSpec{}, 0);  // as a node's, with default heartbeats
@@ -510,7 +570,7 @@ Result<std::vector<KvPullTiming>> pull_kv_streams(
                                          std::to_string(port) + ": " + system.render(sender.error()));
   auto inbox = std::make_shared<KvInbox>();
   auto counters = std::make_shared<KvStreamCounters>();
-  auto receiver = system.spawn(kv_receiver_fn, inbox, counters, shared_memory);
+  auto receiver = system.spawn(kv_receiver_fn, inbox, counters, shared_memory, std::move(device));
   std::vector<KvPullTiming> out;
   Status st;
   caf::scoped_actor self{system};
@@ -526,12 +586,12 @@ Result<std::vector<KvPullTiming>> pull_kv_streams(
                   caf::actor_cast<caf::actor>(*sender), std::string())
         .receive([&](bool ok) { complete = ok; }, [&](caf::error& e) { st = from_error(e); });
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
-    auto records = inbox->take(uint64_t(i));
-    if (st.ok() && !complete) st = records.ok() ? Status(Code::aborted, "stream failed") : records.status();
+    auto got = inbox->take_received(uint64_t(i));
+    if (st.ok() && !complete) st = got.ok() ? Status(Code::aborted, "stream failed") : got.status();
     if (!st.ok()) break;
     out.push_back(KvPullTiming{seconds, counters->bytes_received - bytes_before});
-    sink(records.value());
-    block_buffer_pool().release(records.value());  // as a decoder's scheduler does
+    sink(got.value());
+    block_buffer_pool().release(got->records);  // as a decoder's scheduler does
   }
   caf::anon_send_exit(receiver, caf::exit_reason::user_shutdown);
   if (!st.ok()) return st;

@@ -61,17 +61,23 @@ void fail_request(stage_pointer self, uint64_t id, Status why) {
 
 // Prefill: the KV goes to the store first, then the Handoff (keys only) to
 // the router. A failed put still hands off: the decoder recomputes.
+//
+// A device engine's KV stays in its memory for the decoder's pull (device
+// to device on one host); the store's copy is downloaded after the handoff
+// went out.
 void publish_handoff(stage_pointer self, SchedulerEvent&& e) {
   auto& s = self->state;
   msg::Handoff h;
   h.request = std::move(e.request);
   h.generated = std::move(e.generated);
   h.n_kv_tokens = e.n_kv_tokens;
+  if (e.backend_blocks)
+    for (const BlockHeader& b : e.backend_blocks->headers()) h.kv_keys.push_back(b.key);
   for (const BlockRecord& r : e.blocks) h.kv_keys.push_back(r.header.key);
   if (s.sender) h.kv_source = s.stream.node_address;
   Bytes handoff = codec::encode(h);
   ++s.handoffs;
-  if (e.blocks.empty()) {
+  if (h.kv_keys.empty()) {
     self->send(s.router, handoff_atom::value, std::move(handoff));
     return;
   }
@@ -80,12 +86,22 @@ void publish_handoff(stage_pointer self, SchedulerEvent&& e) {
   if (direct) {
     // The decoder pulls from the outbox; the store's copy (for a
     // re-placement) goes at the same time and delays nothing.
-    auto records = std::make_shared<const std::vector<BlockRecord>>(std::move(e.blocks));
-    s.outbox->put(h.request.request_id, records);
-    self->send(s.router, handoff_atom::value, handoff, s.sender);
-    put.blocks = *records;
+    if (e.backend_blocks) {
+      s.outbox->put(h.request.request_id, e.backend_blocks);
+      self->send(s.router, handoff_atom::value, handoff, s.sender);
+    } else {
+      auto records = std::make_shared<const std::vector<BlockRecord>>(std::move(e.blocks));
+      s.outbox->put(h.request.request_id, records);
+      self->send(s.router, handoff_atom::value, handoff, s.sender);
+      put.blocks = *records;
+    }
   } else {
     put.blocks = std::move(e.blocks);
+  }
+  if (e.backend_blocks) {
+    auto records = e.backend_blocks->to_records();
+    if (records.ok()) put.blocks = std::move(records.value());
+    else ++s.kv_errors;  // the store lacks them: a re-placement recomputes
   }
   const uint64_t n = put.blocks.size();
   self->request(s.kv, kKvTimeout, kv_put_atom::value, codec::encode(put))
@@ -147,14 +163,18 @@ void run_step(stage_pointer self) {
   kick(self);
 }
 
-// blocks hold KV from block first_block on; this engine caches the ones before.
-void finish_resume(stage_pointer self, std::shared_ptr<msg::Handoff> h,
-                   std::vector<BlockRecord> blocks, int32_t first_block) {
+// blocks hold KV from block first_block on; this engine caches the ones
+// before. They are host records, or in the engine's backend memory.
+void finish_resume(stage_pointer self, std::shared_ptr<msg::Handoff> h, KvReceived blocks,
+                   int32_t first_block) {
   auto& s = self->state;
   const uint64_t id = h->request.request_id;
   if (s.awaiting_kv.erase(id) == 0) return;  // cancelled meanwhile
-  Status st = s.core->resume(std::move(h->request), std::move(h->generated), std::move(blocks),
-                             first_block);
+  Status st = blocks.blocks ? s.core->resume_from_backend(std::move(h->request), std::move(h->generated),
+                                             std::shared_ptr<const BackendBlocks>(std::move(blocks.blocks)),
+                                             first_block)
+                            : s.core->resume(std::move(h->request), std::move(h->generated),
+                                             std::move(blocks.records), first_block);
   if (!st.ok()) fail_request(self, id, st);
   kick(self);
 }
@@ -173,7 +193,7 @@ void fetch_from_store(stage_pointer self, std::shared_ptr<msg::Handoff> h,
             if (!blocks.ok()) ++self->state.kv_errors;
             if (blocks.ok()) self->state.kv_blocks_got += blocks->blocks.size();
             finish_resume(self, h,
-                          blocks.ok() ? std::move(blocks->blocks) : std::vector<BlockRecord>{},
+                          KvReceived{blocks.ok() ? std::move(blocks->blocks) : std::vector<BlockRecord>{}, nullptr},
                           first_block);
           },
           [=](caf::error&) {
@@ -228,6 +248,11 @@ caf::result<bool> submit_with_pool(stage_pointer self, GenerateRequest request) 
   return true;
 }
 
+// The engine's backend when its memory is not the host's (a GPU), else null.
+std::shared_ptr<Backend> device_of(StageCore& core) {
+  return core.engine().host_memory() ? nullptr : core.engine().shared_backend();
+}
+
 // A handed-off request: the decoder skips the leading blocks its prefix
 // cache holds (incremental), streams the rest from the prefill's kv_sender
 // when there is one, else (or when the stream fails) reads the store.
@@ -242,10 +267,11 @@ void spawn_kv_ends(stage_pointer self) {
     s.sender = spawn_kv_sender_linked(
         self, s.outbox, s.stream_counters, s.stream.fault_corrupt_chunk,
         colon == std::string::npos ? std::string() : s.stream.node_address.substr(0, colon),
-        s.stream.shared_memory);
+        s.stream.shared_memory, device_of(*s.core));
   } else if (s.kind != ActorKind::prefill && !s.receiver) {
     s.inbox = std::make_shared<KvInbox>();
-    s.receiver = spawn_kv_receiver_linked(self, s.inbox, s.stream_counters, s.stream.shared_memory);
+    s.receiver = spawn_kv_receiver_linked(self, s.inbox, s.stream_counters, s.stream.shared_memory,
+                                          device_of(*s.core));
   }
 }
 
@@ -266,7 +292,7 @@ caf::result<bool> accept_handoff(stage_pointer self, const Bytes& bytes,
   s.awaiting_kv.insert(id);
   if (!h->blocks.empty()) {  // KV inline
     std::vector<BlockRecord> blocks = std::move(h->blocks);
-    finish_resume(self, h, std::move(blocks), 0);
+    finish_resume(self, h, KvReceived{std::move(blocks), nullptr}, 0);
     return true;
   }
   std::vector<BlockKey> keys =
@@ -290,7 +316,7 @@ caf::result<bool> accept_handoff(stage_pointer self, const Bytes& bytes,
                 caf::actor_cast<caf::actor>(*source), h->kv_source)
       .then(
           [=](bool complete) {
-            auto blocks = self->state.inbox->take(id);
+            auto blocks = self->state.inbox->take_received(id);
             if (!complete || !blocks.ok()) return on_failure(keys);
             finish_resume(self, h, std::move(blocks.value()), first);
           },

@@ -60,8 +60,9 @@ Result<std::unique_ptr<StageCore>> StageCore::create(std::shared_ptr<const GgufF
                                                      std::shared_ptr<const Tokenizer> tokenizer,
                                                      const EngineOptions& engine,
                                                      const SchedulerOptions& scheduler,
-                                                     std::string name) {
-  auto e = Engine::create(std::move(file), engine);
+                                                     std::string name,
+                                                     std::shared_ptr<Backend> backend) {
+  auto e = Engine::create(std::move(file), engine, std::move(backend));
   if (!e.ok()) return e.status();
   std::unique_ptr<StageCore> core(new StageCore());
   core->name_ = std::move(name);
@@ -95,20 +96,34 @@ Status StageCore::submit(GenerateRequest request) {
     st = scheduler_->submit(request);
     if (st.code() != Code::busy) return st;
   }
-  push_backlog(Work{std::move(request), false, {}, {}, 0});
+  push_backlog(Work{std::move(request), false, {}, {}, 0, nullptr});
   return Status::Ok();
 }
 
 Status StageCore::resume(GenerateRequest request, std::vector<int32_t> generated,
                          std::vector<BlockRecord> blocks, int32_t first_block) {
-  Status st = check_request(request);
+  return queue_resume(Work{std::move(request), true, std::move(generated), std::move(blocks), first_block, nullptr});
+}
+
+Status StageCore::resume_from_backend(GenerateRequest request, std::vector<int32_t> generated,
+                                      std::shared_ptr<const BackendBlocks> blocks, int32_t first_block) {
+  return queue_resume(Work{std::move(request), true, std::move(generated), {}, first_block, std::move(blocks)});
+}
+
+Status StageCore::queue_resume(Work work) {
+  Status st = check_request(work.request);
   if (!st.ok()) return st;
   if (backlog_.empty()) {
-    st = scheduler_->resume(request, generated, blocks, first_block);
+    st = resume_now(work);
     if (st.code() != Code::busy) return st;
   }
-  push_backlog(Work{std::move(request), true, std::move(generated), std::move(blocks), first_block});
+  push_backlog(std::move(work));
   return Status::Ok();
+}
+
+Status StageCore::resume_now(const Work& w) {
+  return w.backend_blocks ? scheduler_->resume_from_backend(w.request, w.generated, w.backend_blocks, w.first_block)
+                          : scheduler_->resume(w.request, w.generated, w.blocks, w.first_block);
 }
 
 void StageCore::cancel(uint64_t request_id) {
@@ -119,8 +134,7 @@ void StageCore::cancel(uint64_t request_id) {
 void StageCore::drain_backlog(std::vector<SchedulerEvent>& events) {
   while (!backlog_.empty()) {
     Work& w = backlog_.front();
-    Status st = w.resume ? scheduler_->resume(w.request, w.generated, w.blocks, w.first_block)
-                         : scheduler_->submit(w.request);
+    Status st = w.resume ? resume_now(w) : scheduler_->submit(w.request);
     if (st.code() == Code::busy) return;
     if (!st.ok()) {
       SchedulerEvent failed;

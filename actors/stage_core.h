@@ -38,12 +38,14 @@ std::vector<BlockKey> resume_kv_keys(const std::vector<int32_t>& prompt,
 
 class StageCore {
  public:
-  // invalid_argument / the engine's errors. tokenizer may be null.
+  // invalid_argument / the engine's errors. tokenizer may be null. backend:
+  // as Engine::create's (null: the one engine.device names).
   static Result<std::unique_ptr<StageCore>> create(std::shared_ptr<const GgufFile> file,
                                                    std::shared_ptr<const Tokenizer> tokenizer,
                                                    const EngineOptions& engine,
                                                    const SchedulerOptions& scheduler,
-                                                   std::string name);
+                                                   std::string name,
+                                                   std::shared_ptr<Backend> backend = nullptr);
 
   const std::string& name() const { return name_; }
   Engine& engine() { return *engine_; }
@@ -58,6 +60,9 @@ class StageCore {
   // first_block: see Scheduler::resume (incremental KV).
   Status resume(GenerateRequest request, std::vector<int32_t> generated,
                 std::vector<BlockRecord> blocks, int32_t first_block = 0);
+  // The KV in the engine's backend memory (Scheduler::resume_from_backend).
+  Status resume_from_backend(GenerateRequest request, std::vector<int32_t> generated,
+                             std::shared_ptr<const BackendBlocks> blocks, int32_t first_block = 0);
   // Drops the request wherever it waits or runs; no event.
   void cancel(uint64_t request_id);
 
@@ -93,8 +98,12 @@ class StageCore {
     std::vector<int32_t> generated;
     std::vector<BlockRecord> blocks;
     int32_t first_block = 0;
+    std::shared_ptr<const BackendBlocks> backend_blocks;  // instead of blocks
   };
   StageCore() = default;
+  Status queue_resume(Work work);
+  // The scheduler's resume() for queued work (busy when its queue is full).
+  Status resume_now(const Work& work);
   void push_backlog(Work work);
   // Feeds queued work to the scheduler until it answers busy.
   void drain_backlog(std::vector<SchedulerEvent>& events);

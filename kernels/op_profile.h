@@ -23,7 +23,7 @@ struct OpTime {
 
 class ProfilingBackend final : public Backend {
  public:
-  explicit ProfilingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  explicit ProfilingBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
 
   // By op name; matmuls as "matmul ROWSxCOLS" of their weight (rows = outputs).
   const std::map<std::string, OpTime>& times() const { return times_; }
@@ -76,7 +76,7 @@ class ProfilingBackend final : public Backend {
  private:
   void record(const std::string& name, double seconds, double rows);
 
-  std::unique_ptr<Backend> inner_;
+  std::shared_ptr<Backend> inner_;
   std::map<std::string, OpTime> times_;
 };
 

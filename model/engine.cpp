@@ -36,7 +36,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
 
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> file,
                                                const EngineOptions& options,
-                                               std::unique_ptr<Backend> backend) {
+                                               std::shared_ptr<Backend> backend) {
   auto device = parse_device(options.device);
   if (!device.ok()) return Status(device.status().code(), "engine: " + device.status().message());
   if (backend && device->kind != Device::Kind::cpu)
@@ -112,7 +112,7 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   e->tables_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
   e->rows_dev_ = std::make_unique<BackendBuffer<AttnRow>>(be);
   if (o.profile_ops) {
-    auto profiling = std::make_unique<ProfilingBackend>(std::move(e->backend_));
+    auto profiling = std::make_shared<ProfilingBackend>(std::move(e->backend_));
     e->profile_ = profiling.get();
     e->backend_ = std::move(profiling);
   }

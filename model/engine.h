@@ -28,6 +28,7 @@
 #include "model/layer_compute.h"
 #include "model/layer_stage.h"
 #include "model/llama.h"
+#include "storage/backend_blocks.h"
 #include "storage/block.h"
 #include "storage/block_pool.h"
 #include "storage/prefix.h"
@@ -97,13 +98,17 @@ class Engine {
   // kernels (tests/fenced_backend.h).
   static Result<std::unique_ptr<Engine>> create(std::shared_ptr<const GgufFile> file,
                                                 const EngineOptions& options,
-                                                std::unique_ptr<Backend> backend);
+                                                std::shared_ptr<Backend> backend);
   ~Engine();
 
   const LlamaModel& model() const { return *model_; }
   const LlamaConfig& config() const { return model_->config(); }
   const EngineOptions& options() const { return options_; }
   Backend& backend() { return *backend_; }
+  // The same, for what outlives a call (blocks exported into its memory).
+  const std::shared_ptr<Backend>& shared_backend() const { return backend_; }
+  // The backend's memory is the host's (the CPU backend).
+  bool host_memory() const { return host_; }
   // The op times since the engine began (or the last reset()), when
   // options().profile_ops; nullptr otherwise.
   ProfilingBackend* op_profile() { return profile_; }
@@ -181,6 +186,9 @@ class Engine {
   // invalid_argument as export_blocks; unsupported on a pipeline stage
   // (its later layers are elsewhere).
   Status export_blocks_to(int32_t seq, int32_t first_block, void* dst, std::vector<BlockHeader>& headers) const;
+  // export_blocks_to into new memory of this engine's backend (what a device
+  // prefill hands off). Its errors, and out_of_memory when there is no room.
+  Result<std::shared_ptr<BackendBlocks>> export_backend_blocks(int32_t seq, int32_t first_block = 0) const;
   // import_blocks for blocks in this engine's backend memory: headers[i]'s
   // bytes at src + i x block_bytes(). The same checks, the checksums taken
   // where the bytes are, then copied by the backend.
@@ -289,7 +297,7 @@ class Engine {
   Status device_ready() const;
 
   std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Backend> backend_;
+  std::shared_ptr<Backend> backend_;
   bool host_ = true;  // backend_'s memory is the host's
   ProfilingBackend* profile_ = nullptr;  // backend_ itself, when profile_ops
   // On a device: the weights' copies there (the model's views point at them).

@@ -109,6 +109,15 @@ Status Engine::export_blocks_to(int32_t seq, int32_t first_block, void* dst,
   return Status::Ok();
 }
 
+Result<std::shared_ptr<BackendBlocks>> Engine::export_backend_blocks(int32_t seq, int32_t first_block) const {
+  CLEAVE_RETURN_IF_ERROR(check_export(seq, first_block));
+  const int32_t n = seqs_[size_t(seq)].blocks->n_blocks() - first_block;
+  auto blocks = BackendBlocks::allocate(backend_, size_t(std::max(n, 1)), block_bytes());
+  if (!blocks.ok()) return Status(blocks.status().code(), "engine: export: " + blocks.status().message());
+  CLEAVE_RETURN_IF_ERROR(export_blocks_to(seq, first_block, (*blocks)->data(), (*blocks)->headers()));
+  return blocks;
+}
+
 Result<int32_t> Engine::check_import(int32_t seq, const int32_t* tokens, int32_t n_tokens,
                                      const std::vector<const BlockHeader*>& headers, size_t n_bytes,
                                      std::vector<int32_t>& probe_tokens) const {

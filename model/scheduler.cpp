@@ -23,6 +23,7 @@ struct Scheduler::Entry {
   int32_t fed = 0;   // tokens of progress.history() the sequence holds
   bool resumed = false;
   std::vector<BlockRecord> records;  // resume(): KV to import at admission
+  std::shared_ptr<const BackendBlocks> backend_records;  // or that KV in the engine's backend memory
   int32_t records_first_block = 0;   // the block records[0] holds (the ones before: cached here)
   int32_t imported = 0;              // tokens of fed that came from records
   bool done = false;                 // left running_ during this step
@@ -92,6 +93,24 @@ Status Scheduler::submit(GenerateRequest request) {
 
 Status Scheduler::resume(GenerateRequest request, std::vector<int32_t> generated,
                          std::vector<BlockRecord> blocks, int32_t first_block) {
+  auto entry = resumed_entry(std::move(request), generated, first_block);
+  if (!entry.ok()) return entry.status();
+  (*entry)->records = std::move(blocks);
+  return enqueue(std::move(entry.value()));
+}
+
+Status Scheduler::resume_from_backend(GenerateRequest request, std::vector<int32_t> generated,
+                                      std::shared_ptr<const BackendBlocks> blocks, int32_t first_block) {
+  if (blocks && &blocks->backend() != &engine_.backend())
+    return Status(Code::invalid_argument, "scheduler: resume blocks are in another backend's memory");
+  auto entry = resumed_entry(std::move(request), generated, first_block);
+  if (!entry.ok()) return entry.status();
+  if (blocks && blocks->size() > 0) (*entry)->backend_records = std::move(blocks);
+  return enqueue(std::move(entry.value()));
+}
+
+Result<Scheduler::EntryPtr> Scheduler::resumed_entry(GenerateRequest request, const std::vector<int32_t>& generated,
+                                                     int32_t first_block) {
   if (first_block < 0)
     return Status(Code::invalid_argument,
                   "scheduler: resume records start at block " + std::to_string(first_block));
@@ -102,9 +121,8 @@ Status Scheduler::resume(GenerateRequest request, std::vector<int32_t> generated
   CLEAVE_RETURN_IF_ERROR(entry->progress.replay(generated));
   entry->progress.take_text();  // shown by whoever produced those tokens
   entry->resumed = true;
-  entry->records = std::move(blocks);
   entry->records_first_block = first_block;
-  return enqueue(std::move(entry));
+  return entry;
 }
 
 Status Scheduler::cancel(uint64_t request_id) {
@@ -159,15 +177,21 @@ void Scheduler::finish(Entry& e, std::vector<SchedulerEvent>& events) {
 }
 
 void Scheduler::handoff(Entry& e, std::vector<SchedulerEvent>& events) {
-  auto blocks = engine_.export_blocks(e.seq);
-  if (!blocks.ok()) return fail(e, blocks.status(), events);
   SchedulerEvent ev;
+  if (engine_.host_memory()) {
+    auto blocks = engine_.export_blocks(e.seq);
+    if (!blocks.ok()) return fail(e, blocks.status(), events);
+    ev.blocks = std::move(*blocks);
+  } else {  // left where it is, for a device-to-device move
+    auto blocks = engine_.export_backend_blocks(e.seq);
+    if (!blocks.ok()) return fail(e, blocks.status(), events);
+    ev.backend_blocks = std::move(*blocks);
+  }
   ev.kind = SchedulerEvent::Kind::handoff;
   ev.request_id = e.progress.id();
   ev.index = e.progress.n_generated();
   ev.request = e.progress.request();
   ev.generated = e.progress.generated();
-  ev.blocks = std::move(*blocks);
   ev.n_kv_tokens = e.fed;  // the newest token has no KV yet
   events.push_back(std::move(ev));
   ++counters_.handed_off;
@@ -197,20 +221,33 @@ bool Scheduler::attach_kv(Entry& e) {
     if (held % bs != 0 || held / bs < e.records_first_block) return true;  // a gap: recompute
     skip = size_t(held / bs - e.records_first_block);
   }
-  if (e.records.size() > skip) {
+  const size_t n_records = e.backend_records ? e.backend_records->size() : e.records.size();
+  auto header = [&](size_t i) -> const BlockHeader& {
+    return e.backend_records ? e.backend_records->headers()[i] : e.records[i].header;
+  };
+  // Records [skip, skip + k) after what the sequence holds, up to n_tokens.
+  auto import_run = [&](size_t k, int32_t n_tokens) {
+    if (!e.backend_records) {
+      const auto from = e.records.begin() + long(skip);
+      return engine_.import_blocks(e.seq, history.data(), n_tokens, std::vector<BlockRecord>(from, from + long(k)));
+    }
+    const auto& hs = e.backend_records->headers();
+    return engine_.import_blocks_from(e.seq, history.data(), n_tokens,
+                                      std::vector<BlockHeader>(hs.begin() + long(skip), hs.begin() + long(skip + k)),
+                                      e.backend_records->block(skip));
+  };
+  if (n_records > skip) {
     // covered[k]: tokens held plus those the first k records after skip hold.
     std::vector<int32_t> covered{held};
-    for (size_t i = skip; i < e.records.size(); ++i) {
-      const int64_t next = int64_t(covered.back()) + e.records[i].header.n_tokens;
+    for (size_t i = skip; i < n_records; ++i) {
+      const int64_t next = int64_t(covered.back()) + header(i).n_tokens;
       if (next > limit) break;
       covered.push_back(int32_t(next));
     }
     // A bad record fails every longer run the same way, so this tries
     // each length at most once; only the checks run on a failed import.
     for (int32_t k = int32_t(covered.size()) - 1; k > 0; --k) {
-      const auto from = e.records.begin() + long(skip);
-      const std::vector<BlockRecord> run(from, from + k);
-      Status st = engine_.import_blocks(e.seq, history.data(), covered[size_t(k)], run);
+      Status st = import_run(size_t(k), covered[size_t(k)]);
       if (st.ok()) {
         e.fed = covered[size_t(k)];
         e.imported = e.fed - held;
@@ -247,7 +284,7 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
     const int32_t need_all = engine_.blocks_needed(e.seq, int32_t(e.progress.history().size()));
     // Checked first when there are records, so no import is made in vain.
     const bool fits =
-        (e.records.empty() || need_all + promised <= engine_.available_blocks()) && attach_kv(e) &&
+        ((e.records.empty() && !e.backend_records) || need_all + promised <= engine_.available_blocks()) && attach_kv(e) &&
         engine_.blocks_needed(e.seq, e.remaining()) + promised <= engine_.available_blocks();
     if (!fits) {
       release(e);
@@ -273,6 +310,7 @@ void Scheduler::admit(std::vector<SchedulerEvent>& events) {
       if (e.progress.n_generated() == 0) e.cached = e.fed;
       e.resumed = false;
       block_buffer_pool().release(e.records);  // imported: the buffers serve later streams
+      e.backend_records.reset();               // and the backend memory goes back
     } else {
       counters_.prefix_hit_tokens += uint64_t(e.fed);
       if (e.progress.n_generated() == 0) e.cached = e.fed;

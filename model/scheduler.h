@@ -60,10 +60,13 @@ struct SchedulerEvent {
   Status error;
   // handoff (prefill_only): everything needed to continue elsewhere with
   // resume(): the request, the tokens generated so far, and the KV of the
-  // first n_kv_tokens tokens of prompt + generated as sealed records.
+  // first n_kv_tokens tokens of prompt + generated: sealed records when the
+  // engine's memory is the host's, else blocks left in its backend memory
+  // (backend_blocks; blocks is empty then), for a device-to-device move.
   GenerateRequest request;
   std::vector<int32_t> generated;
   std::vector<BlockRecord> blocks;
+  std::shared_ptr<const BackendBlocks> backend_blocks;
   int32_t n_kv_tokens = 0;
 };
 
@@ -109,6 +112,12 @@ class Scheduler {
   // lost meanwhile is recomputed). Errors as submit(), plus replay()'s.
   Status resume(GenerateRequest request, std::vector<int32_t> generated,
                 std::vector<BlockRecord> blocks, int32_t first_block = 0);
+  // resume() with the KV in this engine's backend memory (a device
+  // decoder's, fetched there from a device prefill): imported by the backend
+  // (Engine::import_blocks_from), never through the host; the memory is let
+  // go once admitted. invalid_argument for blocks of another backend.
+  Status resume_from_backend(GenerateRequest request, std::vector<int32_t> generated,
+                             std::shared_ptr<const BackendBlocks> blocks, int32_t first_block = 0);
   // Drops a queued or running request (no event). not_found when unknown.
   Status cancel(uint64_t request_id);
 
@@ -141,6 +150,9 @@ class Scheduler {
   struct Entry;
   using EntryPtr = std::unique_ptr<Entry>;
   Status enqueue(EntryPtr entry);
+  // A resume()d entry before its KV: the request checked, generated replayed.
+  Result<EntryPtr> resumed_entry(GenerateRequest request, const std::vector<int32_t>& generated,
+                                 int32_t first_block);
   Status check_new(const GenerateRequest& request) const;
   void admit(std::vector<SchedulerEvent>& events);
   bool attach_kv(Entry& e);

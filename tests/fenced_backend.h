@@ -30,6 +30,9 @@ class FencedBackend final : public Backend {
  public:
   struct Traffic {
     uint64_t uploads = 0, upload_bytes = 0, downloads = 0, download_bytes = 0;
+    // How many moves of each size in bytes (a KV block crossing shows up
+    // as moves of its size).
+    std::map<uint64_t, uint64_t> upload_sizes, download_sizes;
   };
   // What the backend saw; shared, so a test can read it after the engine
   // that owns the backend is gone.
@@ -82,6 +85,7 @@ class FencedBackend final : public Backend {
     std::memcpy(dst, src, bytes);
     ++log_->traffic.uploads;
     log_->traffic.upload_bytes += bytes;
+    ++log_->traffic.upload_sizes[bytes];
   }
   void download(void* dst, const void* src, size_t bytes) override {
     check(src, "download src");
@@ -90,6 +94,7 @@ class FencedBackend final : public Backend {
     std::memcpy(dst, src, bytes);
     ++log_->traffic.downloads;
     log_->traffic.download_bytes += bytes;
+    ++log_->traffic.download_sizes[bytes];
   }
   void sync() override { inner_->sync(); }
   // A device's checksum op: the blocks hashed where they are.

@@ -132,7 +132,7 @@ int serve(int mib, int streams) {
     return 1;
   }
   std::thread raw([&] { serve_raw(listener, *records); });
-  Status st = serve_kv_sender(records, streams, "127.0.0.1", [&](uint16_t port) {
+  Status st = serve_kv_sender(KvOutbox::Kept{records, nullptr}, streams, "127.0.0.1", [&](uint16_t port) {
     std::printf("ports %u %u\n", unsigned(port), unsigned(ntohs(addr.sin_port)));
     std::fflush(stdout);
   }, 300, g_shared);
@@ -260,7 +260,8 @@ int main(int argc, char** argv) {
     // The chunk protocol through the actors; every stream's blocks checked.
     bool same = true;
     auto pulls = pull_kv_streams("127.0.0.1", uint16_t(caf_port), reps, chunk, window,
-                                 [&](const std::vector<BlockRecord>& got) {
+                                 [&](const KvReceived& received) {
+                                   const std::vector<BlockRecord>& got = received.records;
                                    same = same && got.size() == records->size();
                                    for (size_t b = 0; same && b < got.size(); ++b)
                                      same = got[b].bytes == (*records)[b].bytes;

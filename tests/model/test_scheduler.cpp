@@ -13,6 +13,7 @@
 #include "model/generate.h"
 #include "model/scheduler.h"
 #include "model_fixtures.h"
+#include "tests/fenced_backend.h"
 
 using namespace cleave;
 using namespace cleave::fixtures;
@@ -250,6 +251,87 @@ TEST_CASE("scheduler: prefill_only handoff, resumed on another engine, equals ge
   }
   CHECK(decode.counters().imported_tokens == uint64_t(handed_tokens));
   CHECK(decode.counters().recomputed_tokens == 0);
+}
+
+TEST_CASE("scheduler: on a device the hand-off's KV stays in device memory and the decoder imports it there") {
+  // Both engines on one fenced backend (two processes' GPUs in production:
+  // the move between them is kv_shared's, tested in tests/actors). The host
+  // never reads or writes a KV block: no move of a block's size, only
+  // logits rows down.
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto alone = make_engine(path, 1, 1);
+  auto fence = std::make_shared<cleave::testing::FencedBackend>(make_cpu_backend(1));
+  auto on_device = [&] {
+    auto e = Engine::create(open_model(path), engine_options(1, 4), fence);
+    REQUIRE_MESSAGE(e.ok(), e.status().to_string());
+    return std::move(e.value());
+  };
+  auto prefill_engine = on_device(), decode_engine = on_device();
+  const int32_t V = alone->config().n_vocab;
+  const size_t block_bytes = prefill_engine->kv_layout().block_bytes();
+  const auto log = fence->log();
+  log->traffic = {};
+
+  SchedulerOptions po;
+  po.prefill_only = true;
+  po.max_batch_tokens = 40;
+  Scheduler prefill(*prefill_engine, tok.get(), po);
+  Scheduler decode(*decode_engine, tok.get());
+  Driver p{prefill}, dd{decode};
+  std::vector<GenerateRequest> requests;
+  for (int i = 0; i < 5; ++i) {
+    GenerateRequest r = mixed_request(i * 7 + 1);
+    r.prompt = prompt_of(std::vector<int>{15, 16, 17, 50, 33}[size_t(i)], i);
+    r.sampling.max_tokens = 10;
+    requests.push_back(r);
+    REQUIRE(prefill.submit(r).ok());
+  }
+  p.run_until_idle();
+  int64_t handed_tokens = 0;
+  for (size_t i = 0; i < requests.size(); ++i) {
+    const GenerateRequest& r = requests[i];
+    const Outcome& o = p.out[r.request_id];
+    REQUIRE(o.handoffs.size() == 1);
+    const SchedulerEvent& h = o.handoffs[0];
+    CHECK(h.blocks.empty());
+    REQUIRE(h.backend_blocks);
+    CHECK(h.backend_blocks->size() == (r.prompt.size() + 15) / 16);
+    CHECK(&h.backend_blocks->backend() == fence.get());
+    handed_tokens += h.n_kv_tokens;
+    // Request 3's second block corrupted where it lies: the decoder
+    // imports its first block and recomputes the rest.
+    if (i == 3) {
+      const uint8_t flip = 0x5a;
+      fence->upload(const_cast<void*>(h.backend_blocks->block(1)), &flip, 1);
+      handed_tokens -= 50 - 16;
+    }
+    REQUIRE(decode.resume_from_backend(h.request, h.generated, h.backend_blocks).ok());
+  }
+  dd.run_until_idle();
+  for (const GenerateRequest& r : requests) {
+    CAPTURE(r.prompt.size());
+    Outcome whole = p.out[r.request_id];
+    const Outcome& rest = dd.out[r.request_id];
+    whole.tokens.insert(whole.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+    whole.text += rest.text;
+    whole.finished = rest.finished;
+    whole.finish_reason = rest.finish_reason;
+    whole.logits = rest.logits;
+    check_matches(whole, reference(*alone, tok.get(), r), V);
+  }
+  CHECK(decode.counters().imported_tokens == uint64_t(handed_tokens));
+  CHECK(decode.counters().recomputed_tokens == uint64_t(50 - 16));
+  CHECK(log->violations.empty());
+  CHECK(log->traffic.upload_sizes.count(block_bytes) == 0);
+  CHECK(log->traffic.download_sizes.count(block_bytes) == 0);
+  for (const auto& [bytes, n] : log->traffic.download_sizes) CHECK(bytes % (uint64_t(V) * sizeof(float)) == 0);
+  // Blocks in another backend's memory are refused; the memory of imported
+  // blocks went back once admitted.
+  auto other = std::make_shared<cleave::testing::FencedBackend>(make_cpu_backend(1), size_t(1) << 30);
+  auto foreign = BackendBlocks::allocate(other, 1, block_bytes);
+  REQUIRE(foreign.ok());
+  CHECK(decode.resume_from_backend(requests[0], {}, foreign.value()).code() == Code::invalid_argument);
 }
 
 TEST_CASE("scheduler: resume from truncated, corrupted or no KV recomputes the same tokens") {
