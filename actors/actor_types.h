@@ -76,6 +76,8 @@ using kv_socket_atom = caf::atom_constant<caf::atom("kv_socket")>;
 using kv_done_atom = caf::atom_constant<caf::atom("kv_done")>;
 using kv_shared_atom = caf::atom_constant<caf::atom("kv_shared")>;
 using kv_shared_done_atom = caf::atom_constant<caf::atom("kv_shdone")>;
+using kv_link_atom = caf::atom_constant<caf::atom("kv_link")>;
+using kv_link_done_atom = caf::atom_constant<caf::atom("kv_lkdone")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using expert_atom = caf::atom_constant<caf::atom("expert")>;
 using expert_host_atom = caf::atom_constant<caf::atom("exhost")>;
@@ -163,12 +165,13 @@ inline std::string pool_holder_name(const caf::actor_addr& store) { return caf::
 // another. kv_done (from its own socket thread): the stream of that request
 // on the data socket ended (the outcome waits in the socket results);
 // kv_shared_done (id, ok): its copy out of shared memory ended (ok: the
-// records wait there too; not ok: the data socket next).
+// records wait there too; not ok: the data socket next); kv_link_done
+// (id, ok) likewise for a receive over a device link.
 using kv_receiver_actor =
     caf::typed_actor<caf::replies_to<kv_fetch_atom, Bytes, caf::actor, std::string>::with<bool>,
                      caf::replies_to<kv_chunk_atom, Bytes>::with<uint32_t>,
                      caf::reacts_to<kv_done_atom, uint64_t>, caf::reacts_to<kv_shared_done_atom, uint64_t, bool>,
-                     caf::reacts_to<tick_atom>>;
+                     caf::reacts_to<kv_link_done_atom, uint64_t, bool>, caf::reacts_to<tick_atom>>;
 
 // A prefill stage's end: pull (KvPull, where to send) answers the number of
 // chunks and streams them to the receiver over CAF; socket (KvPull) offers
@@ -179,12 +182,20 @@ using kv_receiver_actor =
 // the offer (a KvChunk with the headers, no data; "" and empty when there is
 // nothing to send), unsupported for a receiver on another host or a sender
 // that does not share; kv_shared_done (id, ok) from the receiver frees the
-// region (ok: the stream is done).
+// region (ok: the stream is done). link (KvPull, the receiver's name) sends
+// the blocks over the device link of that receiver (actors/kv_link.h; made
+// at its first stream) and answers the link's id and the offer ("" and
+// empty when there is nothing to send), unsupported unless the blocks are
+// in this sender's device memory and the device links; kv_link_done (id,
+// ok) from the receiver (or from the link's own thread, not ok) ends it
+// (not ok: the link is closed, the data socket follows).
 using kv_sender_actor =
     caf::typed_actor<caf::replies_to<kv_pull_atom, Bytes, kv_receiver_actor>::with<uint32_t>,
                      caf::replies_to<kv_socket_atom, Bytes>::with<std::string, std::string>,
                      caf::replies_to<kv_shared_atom, Bytes, std::string>::with<std::string, Bytes>,
-                     caf::reacts_to<kv_shared_done_atom, uint64_t, bool>, caf::reacts_to<tick_atom>>;
+                     caf::reacts_to<kv_shared_done_atom, uint64_t, bool>,
+                     caf::replies_to<kv_link_atom, Bytes, std::string>::with<std::string, Bytes>,
+                     caf::reacts_to<kv_link_done_atom, uint64_t, bool>, caf::reacts_to<tick_atom>>;
 
 // submit: GenerateRequest; handoff: Handoff, with the kv_sender to pull the
 // KV from or without (then from the store) (the answer is admission only;

@@ -9,6 +9,8 @@
 namespace cleave {
 namespace {
 
+constexpr const char* kWhat = "KV over shared memory";
+
 std::string read_line(const char* path) {
   std::ifstream f(path);
   std::string line;
@@ -154,33 +156,6 @@ size_t KvSharedOffers::expire(std::chrono::steady_clock::duration ttl) {
   return n;
 }
 
-namespace {
-
-Status check_offer(const msg::KvChunk& offer, const msg::KvPull& pull, uint64_t max_total_bytes) {
-  auto bad = [&](const std::string& why) {
-    return Status(Code::invalid_argument,
-                  "KV over shared memory for request " + std::to_string(pull.request_id) + ": " + why);
-  };
-  if (offer.request_id != pull.request_id) return bad("the offer is for request " + std::to_string(offer.request_id));
-  if (offer.first_block != pull.first_block)
-    return bad("the offer starts at block " + std::to_string(offer.first_block) + ", asked for block " +
-               std::to_string(pull.first_block));
-  if (offer.headers.empty()) return bad("the offer has no blocks");
-  if (Status v = offer.headers.front().layout.validate(); !v.ok()) return bad(v.message());
-  uint64_t total = 0;
-  if (std::string why = check_stream_headers(offer.headers, offer.total_bytes, max_total_bytes, total); !why.empty())
-    return bad(why);
-  return Status::Ok();
-}
-
-Status mismatch(const msg::KvChunk& offer, size_t i) {
-  return Status(Code::corruption, "KV over shared memory for request " + std::to_string(offer.request_id) +
-                                      ": block " + std::to_string(offer.first_block + int32_t(i)) + " (key " +
-                                      offer.headers[i].key.hex() + ") does not match its checksum");
-}
-
-}  // namespace
-
 Result<std::shared_ptr<const void>> KvSharedMappings::map(const std::string& handle, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
   for (size_t i = 0; i < lru_.size(); ++i) {
@@ -225,7 +200,7 @@ namespace {
 Result<std::shared_ptr<const void>> open_offer(KvSharedMappings& mappings, const std::string& handle,
                                                const msg::KvChunk& offer, const msg::KvPull& pull,
                                                uint64_t max_total_bytes) {
-  CLEAVE_RETURN_IF_ERROR(check_offer(offer, pull, max_total_bytes));
+  CLEAVE_RETURN_IF_ERROR(check_kv_offer(offer, pull, max_total_bytes, kWhat));
   if (!mappings.backend().caps().shareable)
     return Status(Code::unsupported, "KV over shared memory: the receiver's backend cannot share memory");
   return mappings.map(handle, size_t(offer.total_bytes));
@@ -251,7 +226,7 @@ Result<std::vector<BlockRecord>> fetch_kv_shared(KvSharedMappings& mappings, con
     std::vector<uint64_t> sums(n);
     st = backend.checksum_blocks(base, block_bytes, int64_t(n), sums.data());
     for (size_t i = 0; st.ok() && i < n; ++i)
-      if (sums[i] != offer.headers[i].checksum) st = mismatch(offer, i);
+      if (sums[i] != offer.headers[i].checksum) st = kv_offer_mismatch(offer, i, kWhat);
   }
   for (size_t i = 0; st.ok() && i < n; ++i) {
     records[i].header = offer.headers[i];
@@ -271,7 +246,7 @@ Result<std::vector<BlockRecord>> fetch_kv_shared(KvSharedMappings& mappings, con
         std::memcpy(to + off, from + off, len);
         sum.update(to + off, len);
       }
-      if (sum.digest() != offer.headers[i].checksum) st = mismatch(offer, i);
+      if (sum.digest() != offer.headers[i].checksum) st = kv_offer_mismatch(offer, i, kWhat);
     }
     ++counters.chunks_received;
     counters.bytes_received += block_bytes;
@@ -303,7 +278,7 @@ Result<std::vector<BlockHeader>> fetch_kv_shared_to(KvSharedMappings& mappings, 
   for (size_t i = 0; i < n; ++i)
     if (sums[i] != offer.headers[i].checksum) {
       ++counters.chunks_rejected;
-      return mismatch(offer, i);
+      return kv_offer_mismatch(offer, i, kWhat);
     }
   return offer.headers;
 }

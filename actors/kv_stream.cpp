@@ -246,7 +246,34 @@ std::vector<std::pair<std::string, uint64_t>> KvStreamCounters::snapshot() const
           {"kv_chunks_rejected", chunks_rejected},
           {"kv_shared_sent", shared_sent},
           {"kv_shared_received", shared_received},
-          {"kv_shared_fallbacks", shared_fallbacks}};
+          {"kv_shared_fallbacks", shared_fallbacks},
+          {"kv_link_sent", link_sent},
+          {"kv_link_received", link_received},
+          {"kv_link_fallbacks", link_fallbacks}};
+}
+
+Status check_kv_offer(const msg::KvChunk& offer, const msg::KvPull& pull, uint64_t max_total_bytes,
+                      const char* what) {
+  auto bad = [&](const std::string& why) {
+    return Status(Code::invalid_argument,
+                  std::string(what) + " for request " + std::to_string(pull.request_id) + ": " + why);
+  };
+  if (offer.request_id != pull.request_id) return bad("the offer is for request " + std::to_string(offer.request_id));
+  if (offer.first_block != pull.first_block)
+    return bad("the offer starts at block " + std::to_string(offer.first_block) + ", asked for block " +
+               std::to_string(pull.first_block));
+  if (offer.headers.empty()) return bad("the offer has no blocks");
+  if (Status v = offer.headers.front().layout.validate(); !v.ok()) return bad(v.message());
+  uint64_t total = 0;
+  if (std::string why = check_stream_headers(offer.headers, offer.total_bytes, max_total_bytes, total); !why.empty())
+    return bad(why);
+  return Status::Ok();
+}
+
+Status kv_offer_mismatch(const msg::KvChunk& offer, size_t i, const char* what) {
+  return Status(Code::corruption, std::string(what) + " for request " + std::to_string(offer.request_id) +
+                                      ": block " + std::to_string(offer.first_block + int32_t(i)) + " (key " +
+                                      offer.headers[i].key.hex() + ") does not match its checksum");
 }
 
 void KvOutbox::put(uint64_t request_id, Records records) {

@@ -45,9 +45,11 @@ struct KvStreamOptions {
   // memory: in block fault_corrupt_chunk mod the blocks sent)
   int32_t fault_corrupt_chunk = -1;
   // Between processes on one host (kv_host_identity() equal): blocks go
-  // through shared memory (actors/kv_shared.h) rather than the data socket;
-  // false: the socket always (`cleave node --kv-transport socket`). A node
-  // with false neither asks for nor offers shared memory.
+  // through shared memory (actors/kv_shared.h) rather than the data socket,
+  // and between device stages that shared memory does not reach, over a
+  // device link (actors/kv_link.h); false: the socket always (`cleave node
+  // --kv-transport socket`). A node with false neither asks for nor offers
+  // either.
   bool shared_memory = true;
   // New requests on prefill and colocated stages first read the prompt's
   // leading blocks their engine lacks from their kv_store (in a KV pool:
@@ -68,6 +70,15 @@ Status validate_kv_stream_options(uint32_t chunk_bytes, int32_t window);
 // total gets their bytes. headers must not be empty.
 std::string check_stream_headers(const std::vector<BlockHeader>& headers, uint64_t stated_bytes,
                                  uint64_t max_total, uint64_t& total);
+
+// An offer of a stream's blocks in one piece (shared memory, a device link:
+// KvChunk's request, first block, total bytes and headers) against the pull
+// it answers: invalid_argument naming what disagrees, prefixed with `what`
+// ("KV over shared memory"). kv_offer_mismatch: the corruption error for
+// block i of an offer whose bytes do not match its checksum.
+Status check_kv_offer(const msg::KvChunk& offer, const msg::KvPull& pull, uint64_t max_total_bytes,
+                      const char* what);
+Status kv_offer_mismatch(const msg::KvChunk& offer, size_t i, const char* what);
 
 class KvStreamWriter {
  public:
@@ -167,6 +178,8 @@ struct KvStreamCounters {
   // (actors/kv_shared.h): acknowledged offers (sender), streams taken
   // (receiver), and tries that failed and went to the data socket.
   std::atomic<uint64_t> shared_sent{0}, shared_received{0}, shared_fallbacks{0};
+  // Streams between devices over a device link (actors/kv_link.h), likewise.
+  std::atomic<uint64_t> link_sent{0}, link_received{0}, link_fallbacks{0};
   std::vector<std::pair<std::string, uint64_t>> snapshot() const;
 };
 

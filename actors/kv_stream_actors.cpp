@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
+#include "actors/kv_link.h"
 #include "actors/kv_shared.h"
 #include "actors/kv_socket.h"
 #include "actors/topology.h"
@@ -32,6 +33,18 @@ struct KvSenderState {
   // its blocks are offered from there, device to device.
   std::shared_ptr<Backend> device;
   std::unique_ptr<KvSharedOffers> shared;  // made at the first shared offer
+  // Device links, one per receiver (by its name), and the streams sent on
+  // them until the receiver acknowledges.
+  struct LinkStream {
+    std::string receiver, link;
+    int32_t blocks = 0;
+    uint64_t bytes = 0;
+  };
+  std::unordered_map<std::string, std::shared_ptr<KvLinkEnd>> links;
+  std::unordered_map<uint64_t, LinkStream> link_streams;
+  // Last member: destroyed first. Closes dropped links off the actor's
+  // thread (closing joins the link's thread, which may wait on its peer).
+  std::unique_ptr<KvSocketJobs> jobs = std::make_unique<KvSocketJobs>();
   static inline const char* name = "cleave.kv_sender";
 };
 using kv_sender_pointer = kv_sender_actor::stateful_pointer<KvSenderState>;
@@ -81,6 +94,54 @@ Result<KvOutbox::Kept> kept_for(const KvSenderState& s, const msg::KvPull& pull)
     return Status(Code::invalid_argument, "pull from block " + std::to_string(pull.first_block) + " of " +
                                               std::to_string(kept.size()));
   return kept;
+}
+
+// Closes a device link on a job thread (it may wait for a call on its peer).
+void retire(KvSocketJobs& jobs, std::shared_ptr<KvLinkEnd> end) {
+  if (end) jobs.run([end]() mutable { end.reset(); });
+}
+
+// A pull over the receiver's device link: one send of the kept blocks on
+// the link's thread, the offer answered at once.
+Result<std::pair<std::string, msg::KvChunk>> offer_link(kv_sender_pointer self, const msg::KvPull& pull,
+                                                        const std::string& receiver) {
+  auto& s = self->state;
+  auto unsupported = [](const std::string& why) { return Status(Code::unsupported, "KV over a device link: " + why); };
+  if (!s.shared_memory) return unsupported("this KV sender uses the socket only (--kv-transport socket)");
+  if (!s.device) return unsupported("the sender's engine is not on a device");
+  auto kept = kept_for(s, pull);
+  if (!kept.ok()) return kept.status();
+  if (!kept->blocks || &kept->blocks->backend() != s.device.get())
+    return unsupported("the KV is not in the sender's device memory");
+  const size_t first = size_t(pull.first_block);
+  if (first == kept->size()) return std::pair<std::string, msg::KvChunk>();
+  std::shared_ptr<KvLinkEnd>& end = s.links[receiver];
+  if (!end) {
+    auto id = s.device->new_link_id();
+    if (!id.ok()) {
+      s.links.erase(receiver);
+      return id.status();
+    }
+    end = std::make_shared<KvLinkEnd>(s.device, id.value(), 0);
+  }
+  auto blocks = kept->blocks;
+  msg::KvChunk offer;
+  offer.request_id = pull.request_id;
+  offer.first_block = pull.first_block;
+  offer.headers.assign(blocks->headers().begin() + long(first), blocks->headers().end());
+  offer.total_bytes = uint64_t(offer.headers.size()) * blocks->block_bytes();
+  s.link_streams[pull.request_id] =
+      KvSenderState::LinkStream{receiver, end->id(), int32_t(offer.headers.size()), offer.total_bytes};
+  auto me = caf::actor_cast<kv_sender_actor>(self);
+  const uint64_t id = pull.request_id;
+  end->run([me, id, blocks, first](DeviceLink* link, const Status& opened) {
+    Status st = link ? send_kv_link(*link, *blocks, first) : opened;
+    if (st.ok()) return;  // the receiver's ack ends the stream
+    std::fprintf(stderr, "cleave: KV of request %llu over a device link failed (%s)\n",
+                 static_cast<unsigned long long>(id), st.to_string().c_str());
+    caf::anon_send(me, kv_link_done_atom::value, id, false);
+  });
+  return std::pair<std::string, msg::KvChunk>(end->id(), std::move(offer));
 }
 
 // Offers the kept KV in shared memory: blocks in the device's memory copied
@@ -193,6 +254,41 @@ kv_sender_actor::behavior_type kv_sender_fn(kv_sender_pointer self, std::shared_
         s.counters->bytes_sent += bytes;
         s.outbox->erase(id);
       },
+      [=](kv_link_atom, const Bytes& bytes,
+          const std::string& receiver) -> caf::result<std::string, Bytes> {
+        auto pull = codec::decode_as<msg::KvPull>(bytes);
+        if (!pull.ok()) return to_error(pull.status());
+        auto offered = offer_link(self, pull.value(), receiver);
+        if (!offered.ok()) return to_error(offered.status());
+        if (offered->first.empty()) {
+          self->state.outbox->erase(pull->request_id);
+          return caf::result<std::string, Bytes>(std::string(), Bytes());
+        }
+        return caf::result<std::string, Bytes>(offered->first, codec::encode(offered->second));
+      },
+      [=](kv_link_done_atom, uint64_t id, bool ok) {
+        auto& s = self->state;
+        auto it = s.link_streams.find(id);
+        if (it == s.link_streams.end()) return;  // ended already (the link's thread and the receiver both say so)
+        const KvSenderState::LinkStream ls = std::move(it->second);
+        s.link_streams.erase(it);
+        if (ok) {
+          ++s.counters->transfers_sent;
+          ++s.counters->link_sent;
+          s.counters->blocks_sent += uint64_t(ls.blocks);
+          s.counters->chunks_sent += uint64_t(ls.blocks);
+          s.counters->bytes_sent += ls.bytes;
+          s.outbox->erase(id);
+          return;
+        }
+        // The link is out of step or gone: closed here and at the
+        // receiver; its next stream makes a new one. The socket follows.
+        auto l = s.links.find(ls.receiver);
+        if (l != s.links.end() && l->second->id() == ls.link) {
+          retire(*s.jobs, std::move(l->second));
+          s.links.erase(l);
+        }
+      },
       [=](tick_atom) {
         self->state.outbox->expire(kKvOutboxTtl);
         if (self->state.shared) self->state.shared->expire(kKvOutboxTtl);
@@ -224,6 +320,8 @@ struct KvReceiverState {
   // The stage engine's backend when its memory is not the host's (a GPU):
   // streams through shared memory land there, device to device.
   std::shared_ptr<Backend> device;
+  // Device links from senders (by their names), made at their first stream.
+  std::unordered_map<std::string, std::shared_ptr<KvLinkEnd>> links;
   // Last member: destroyed first, joining the socket threads before the rest goes.
   std::unique_ptr<KvSocketJobs> socket_jobs = std::make_unique<KvSocketJobs>();
   static inline const char* name = "cleave.kv_receiver";
@@ -333,13 +431,80 @@ void pull_via_socket(kv_receiver_pointer self, uint64_t id) {
           });
 }
 
+// A job's outcome (shared memory, a device link) to the receiver: into the
+// results, then Done (id, ok) to the actor; a failure says so on stderr.
+template <class Done>
+void report_job(KvInbox& results, const kv_receiver_actor& me, uint64_t id, Result<KvReceived> got,
+                const char* path) {
+  const bool ok = got.ok();
+  if (!ok)
+    std::fprintf(stderr, "cleave: KV of request %llu %s failed (%s); using the socket\n",
+                 static_cast<unsigned long long>(id), path, got.status().to_string().c_str());
+  results.put(id, std::move(got));
+  caf::anon_send(me, Done::value, id, ok);
+}
+
+// Both engines on devices that link (NCCL), shared memory out of reach: the
+// blocks over the pair's device link into this engine's device memory,
+// received and checked on the link's thread. A sender that cannot (not on
+// a device, no links) answers unsupported and the data socket follows, as
+// it does on any failure (the link is then closed on both ends).
+void pull_via_link(kv_receiver_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto* t = transfer_of(self, id);
+  if (!t) return;
+  if (!s.shared_memory || !s.device) return pull_via_socket(self, id);
+  const std::string sender = caf::to_string(t->from.address());
+  self->request(caf::actor_cast<kv_sender_actor>(t->from), kKvTimeout, kv_link_atom::value, t->pull_bytes,
+                caf::to_string(self->address()))
+      .then(
+          [=](const std::string& link_id, const Bytes& offer_bytes) {
+            auto& s = self->state;
+            auto* t = transfer_of(self, id);
+            if (!t) return;
+            if (link_id.empty()) return end_transfer_records(self, id, std::vector<BlockRecord>{});
+            auto offer = codec::decode_as<msg::KvChunk>(offer_bytes);
+            std::shared_ptr<KvLinkEnd>& end = s.links[sender];
+            if (end && end->id() != link_id) retire(*s.socket_jobs, std::move(end));  // the sender made a new one
+            if (!offer.ok()) {
+              // The sender's send meets no recv: the link is closed on both ends.
+              retire(*s.socket_jobs, std::move(end));
+              s.links.erase(sender);
+              self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_link_done_atom::value, id, false);
+              ++s.counters->link_fallbacks;
+              return pull_via_socket(self, id);
+            }
+            if (!end) end = std::make_shared<KvLinkEnd>(s.device, link_id, 1);
+            auto results = s.socket_results;
+            auto counters = s.counters;
+            auto device = s.device;
+            auto me = caf::actor_cast<kv_receiver_actor>(self);
+            const msg::KvPull p = t->pull;
+            end->run([=, o = std::move(offer.value())](DeviceLink* link, const Status& opened) {
+              Result<KvReceived> got = opened;
+              if (link) {
+                auto blocks = recv_kv_link(*link, device, o, p, kKvMaxStreamBytes, *counters);
+                got = blocks.ok() ? Result<KvReceived>(KvReceived{{}, std::move(blocks.value())})
+                                  : Result<KvReceived>(blocks.status());
+              }
+              report_job<kv_link_done_atom>(*results, me, id, std::move(got), "over a device link");
+            });
+          },
+          [=](caf::error& e) {
+            // unsupported: a sender not on a device, or without links.
+            if (from_error(e).code() == Code::unsupported) return pull_via_socket(self, id);
+            end_transfer(self, id, from_error(e));
+          });
+}
+
 // A sender on this host: the blocks through shared memory, copied out on a
-// thread of ours; whatever fails there goes to the data socket.
+// thread of ours; whatever fails there goes to the data socket. Another
+// host, or a sender that does not share: a device link, else the socket.
 void pull_via_shared(kv_receiver_pointer self, uint64_t id) {
   auto& s = self->state;
   auto* t = transfer_of(self, id);
   if (!t) return;
-  if (!s.shared_memory || kv_host_identity().empty()) return pull_via_socket(self, id);
+  if (!s.shared_memory || kv_host_identity().empty()) return pull_via_link(self, id);
   self->request(caf::actor_cast<kv_sender_actor>(t->from), kKvTimeout, kv_shared_atom::value, t->pull_bytes,
                 kv_host_identity())
       .then(
@@ -364,18 +529,13 @@ void pull_via_shared(kv_receiver_pointer self, uint64_t id) {
             auto me = caf::actor_cast<kv_receiver_actor>(self);
             const msg::KvPull p = t->pull;
             s.socket_jobs->run([=, o = std::move(offer.value())] {
-              auto got = fetch_shared(*maps, device, handle, o, p, *counters);
-              const bool ok = got.ok();
-              if (!ok)
-                std::fprintf(stderr, "cleave: KV of request %llu through shared memory failed (%s); using the socket\n",
-                             static_cast<unsigned long long>(id), got.status().to_string().c_str());
-              results->put(id, std::move(got));
-              caf::anon_send(me, kv_shared_done_atom::value, id, ok);
+              report_job<kv_shared_done_atom>(*results, me, id, fetch_shared(*maps, device, handle, o, p, *counters),
+                                              "through shared memory");
             });
           },
           [=](caf::error& e) {
             // unsupported: another host, or a sender that does not share.
-            if (from_error(e).code() == Code::unsupported) return pull_via_socket(self, id);
+            if (from_error(e).code() == Code::unsupported) return pull_via_link(self, id);
             end_transfer(self, id, from_error(e));
           });
 }
@@ -485,6 +645,25 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
           return pull_via_socket(self, id);
         }
         ++s.counters->shared_received;
+        end_transfer(self, id, std::move(result));
+      },
+      [=](kv_link_done_atom, uint64_t id, bool ok) {
+        auto& s = self->state;
+        auto result = s.socket_results->take_received(id);
+        auto* t = transfer_of(self, id);
+        if (!t) return;  // ended meanwhile (its sender went down)
+        self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_link_done_atom::value, id, ok);
+        if (!ok) {
+          // Closed here as at the sender; the sender's next stream makes a new link.
+          auto l = s.links.find(caf::to_string(t->from.address()));
+          if (l != s.links.end()) {
+            retire(*s.socket_jobs, std::move(l->second));
+            s.links.erase(l);
+          }
+          ++s.counters->link_fallbacks;
+          return pull_via_socket(self, id);
+        }
+        ++s.counters->link_received;
         end_transfer(self, id, std::move(result));
       },
       [=](tick_atom) {

@@ -209,9 +209,9 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_flag("--kv-via-store", g_args.kv_via_store,
                 "prefill: hand KV over through the head's store only (no direct stream)");
   cmd->add_option("--kv-transport", g_args.kv_transport,
-                  "KV streams between processes: auto (shared memory with a node on this host, else the "
-                  "data socket) or socket (the data socket always; this node neither offers nor takes "
-                  "shared memory)")
+                  "KV streams between processes: auto (shared memory with a node on this host; between "
+                  "GPU nodes elsewhere a device link (NCCL); else the data socket) or socket (the data "
+                  "socket always; this node neither offers nor takes shared memory or device links)")
       ->check(CLI::IsMember({"auto", "socket"}));
   // Tests only (hidden): the store's answers to other stores carry a
   // flipped byte in every block, so receivers must catch it.

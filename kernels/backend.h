@@ -133,6 +133,25 @@ struct SharedRegion {
   std::string handle;
 };
 
+// A point-to-point link from one backend's device to a peer's in another
+// process, possibly on another host (NCCL send / recv between GPUs): bytes
+// sent from this backend's memory land in the peer's memory, never through
+// either host. Both ends open it from one id (Backend::new_link_id on one
+// end, carried to the other by the caller's control channel); rank 0 sends,
+// rank 1 receives, and each send meets a recv of the same size, in order.
+// Calls block: one whose peer does not join or stops midway fails after the
+// timeout given to open_link (timed_out), and the link is broken from then
+// on (its owner closes it).
+class DeviceLink {
+ public:
+  virtual ~DeviceLink() = default;
+  virtual Status send(const void* data, size_t bytes) = 0;
+  virtual Status recv(void* data, size_t bytes) = 0;
+  // From any thread: calls blocked now and every later one fail at once
+  // (aborted); what a caller tearing a link down does before joining.
+  virtual void abort() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -186,6 +205,18 @@ class Backend {
   virtual Status checksum_blocks(const void* data, size_t block_bytes, int64_t n, uint64_t* out) {
     (void)data, (void)block_bytes, (void)n, (void)out;
     return Status(Code::unsupported, "the " + caps().name + " backend has no checksum op (the host reads its memory)");
+  }
+
+  // Device links (DeviceLink above; CUDA: NCCL, "nccl:..." ids). new_link_id
+  // makes the id of a new link; open_link joins it as `rank` (0 sends, 1
+  // receives), waiting at most timeout_s for the peer (timed_out, or
+  // invalid_argument for a malformed id). Default: unsupported.
+  virtual Result<std::string> new_link_id() {
+    return Status(Code::unsupported, "the " + caps().name + " backend has no device links");
+  }
+  virtual Result<std::unique_ptr<DeviceLink>> open_link(const std::string& id, int rank, double timeout_s) {
+    (void)id, (void)rank, (void)timeout_s;
+    return Status(Code::unsupported, "the " + caps().name + " backend has no device links");
   }
 
   // A hint that `w` will be multiplied and its bytes stay as they are: a

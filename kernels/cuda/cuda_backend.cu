@@ -30,6 +30,7 @@
 #include "kernels/cuda/cuda_check.h"
 #include "kernels/cuda/ipc.h"
 #include "kernels/cuda/matmul.h"
+#include "kernels/cuda/nccl_link.h"
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/weights.cuh"
 #include "kernels/cuda/vision_ops.h"
@@ -407,6 +408,10 @@ class CudaBackend final : public Backend {
   void close_shared(const void* data, size_t bytes) override {
     (void)bytes;
     cuda::ipc_close(device_, data);
+  }
+  Result<std::string> new_link_id() override { return cuda::nccl_link_id(); }
+  Result<std::unique_ptr<DeviceLink>> open_link(const std::string& id, int rank, double timeout_s) override {
+    return cuda::nccl_open_link(device_, id, rank, timeout_s);
   }
   Status checksum_blocks(const void* data, size_t block_bytes, int64_t n, uint64_t* out) override {
     use();

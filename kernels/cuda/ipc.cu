@@ -10,32 +10,10 @@
 namespace cleave::cuda {
 namespace {
 
-std::string hex(const void* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t b = static_cast<const uint8_t*>(p)[i];
-    s += digits[b >> 4];
-    s += digits[b & 15];
-  }
-  return s;
-}
-
-bool unhex(const std::string& s, void* out, size_t n) {
-  if (s.size() != 2 * n) return false;
-  auto val = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
-  for (size_t i = 0; i < n; ++i) {
-    const int hi = val(s[2 * i]), lo = val(s[2 * i + 1]);
-    if (hi < 0 || lo < 0) return false;
-    static_cast<uint8_t*>(out)[i] = uint8_t(hi * 16 + lo);
-  }
-  return true;
-}
-
 std::string uuid_of(int device) {
   cudaDeviceProp prop{};
   CLEAVE_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
-  return hex(prop.uuid.bytes, sizeof prop.uuid.bytes);
+  return to_hex(prop.uuid.bytes, sizeof prop.uuid.bytes);
 }
 
 __global__ void xxh3_blocks_kernel(const uint8_t* data, size_t block_bytes, uint64_t* out) {
@@ -52,6 +30,28 @@ __global__ void xxh3_blocks_kernel(const uint8_t* data, size_t block_bytes, uint
 }
 
 }  // namespace
+
+std::string to_hex(const void* p, size_t n) {
+  static const char* digits = "0123456789abcdef";
+  std::string s;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t b = static_cast<const uint8_t*>(p)[i];
+    s += digits[b >> 4];
+    s += digits[b & 15];
+  }
+  return s;
+}
+
+bool from_hex(const std::string& s, void* out, size_t n) {
+  if (s.size() != 2 * n) return false;
+  auto val = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  for (size_t i = 0; i < n; ++i) {
+    const int hi = val(s[2 * i]), lo = val(s[2 * i + 1]);
+    if (hi < 0 || lo < 0) return false;
+    static_cast<uint8_t*>(out)[i] = uint8_t(hi * 16 + lo);
+  }
+  return true;
+}
 
 Result<SharedRegion> ipc_alloc(int device, size_t bytes) {
   CLEAVE_CUDA_CHECK(cudaSetDevice(device));
@@ -73,7 +73,7 @@ Result<SharedRegion> ipc_alloc(int device, size_t bytes) {
   SharedRegion r;
   r.data = p;
   r.bytes = bytes;
-  r.handle = "cudaipc:" + uuid_of(device) + ":" + std::to_string(bytes) + ":" + hex(&h, sizeof h);
+  r.handle = "cudaipc:" + uuid_of(device) + ":" + std::to_string(bytes) + ":" + to_hex(&h, sizeof h);
   return r;
 }
 
@@ -92,7 +92,7 @@ Result<const void*> ipc_open(int device, const std::string& handle, size_t bytes
   int used = 0;
   if (handle.rfind("cudaipc:", 0) != 0 || b == std::string::npos || c == std::string::npos ||
       std::sscanf(handle.c_str() + b + 1, "%llu%n", &n, &used) != 1 || b + 1 + size_t(used) != c ||
-      !unhex(handle.substr(c + 1), &h, sizeof h))
+      !from_hex(handle.substr(c + 1), &h, sizeof h))
     return Status(Code::invalid_argument, "shared memory: malformed handle '" + handle.substr(0, 64) + "'");
   if (bytes == 0 || n < bytes)
     return Status(Code::invalid_argument, "shared memory: handle names " + std::to_string(n) + " bytes, " +

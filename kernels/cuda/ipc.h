@@ -14,6 +14,10 @@
 
 namespace cleave::cuda {
 
+// Bytes as lowercase hex, and back (false for another length or a non-hex digit).
+std::string to_hex(const void* data, size_t n);
+bool from_hex(const std::string& hex, void* out, size_t n);
+
 Result<SharedRegion> ipc_alloc(int device, size_t bytes);
 void ipc_free(int device, const SharedRegion& region);
 Result<const void*> ipc_open(int device, const std::string& handle, size_t bytes);

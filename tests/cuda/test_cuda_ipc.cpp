@@ -125,3 +125,24 @@ TEST_CASE("cuda ipc: the other process (runs only under CLEAVE_IPC_CHILD)") {
   CHECK(got == want);
   gpu->close_shared(mapped.value(), want.size());
 }
+
+TEST_CASE("cuda links (NCCL): an id, a malformed one refused, a peer that never joins times out") {
+  // Two ranks need two GPUs (NCCL refuses two ranks on one device): the
+  // transfer itself stays unverified on a one-GPU machine.
+  if (std::getenv("CLEAVE_IPC_CHILD")) return;
+  auto gpu = gpu_test::gpu_or_skip();
+  if (!gpu) return;
+  auto id = gpu->new_link_id();
+  if (id.status().code() == Code::unsupported) {
+    MESSAGE("built without NCCL: " << id.status().to_string());
+    return;
+  }
+  REQUIRE_MESSAGE(id.ok(), id.status().to_string());
+  CHECK(id->rfind("nccl:", 0) == 0);
+  CHECK(gpu->open_link("nccl:zz", 0, 1).status().code() == Code::invalid_argument);
+  CHECK(gpu->open_link(*id, 2, 1).status().code() == Code::invalid_argument);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto lonely = gpu->open_link(*id, 0, 0.5);
+  CHECK(lonely.status().code() == Code::timed_out);
+  CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+}
