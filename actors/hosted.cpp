@@ -34,7 +34,7 @@ Result<std::unique_ptr<StageCore>> make_pipelined_core(std::shared_ptr<const Ggu
   for (size_t i = 1; i < cut.size(); ++i) {
     auto st = LayerStage::create(file, cut[i], e.total_blocks(), e.options().block_size,
                                  engine.threads, e.options().cache_type_k, e.options().cache_type_v,
-                                 e.options().compute);
+                                 e.options().compute, engine.device);
     if (!st.ok()) return st.status();
     later.push_back(std::move(st.value()));
   }
@@ -85,7 +85,7 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
       for (const LayerRange& r : spec.stage_layers) {
         auto st = LayerStage::create(spec.file, r, pool, spec.engine.block_size, spec.engine.threads,
                                      spec.engine.cache_type_k, spec.engine.cache_type_v,
-                                     spec.engine.compute);
+                                     spec.engine.compute, spec.engine.device);
         if (!st.ok()) return st.status();
         out.remote_stages.push_back(std::move(st.value()));
       }

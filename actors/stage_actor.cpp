@@ -248,9 +248,10 @@ caf::result<bool> submit_with_pool(stage_pointer self, GenerateRequest request) 
   return true;
 }
 
-// The engine's backend when its memory is not the host's (a GPU), else null.
+// The engine's backend when its KV moves in device memory (a GPU engine
+// holding every layer), else null.
 std::shared_ptr<Backend> device_of(StageCore& core) {
-  return core.engine().host_memory() ? nullptr : core.engine().shared_backend();
+  return core.engine().kv_in_backend() ? core.engine().shared_backend() : nullptr;
 }
 
 // A handed-off request: the decoder skips the leading blocks its prefix

@@ -235,7 +235,7 @@ int run_generate(const GenerateArgs& a) {
       for (size_t i = 1; i < cut.size(); ++i)
         later.push_back(unwrap(LayerStage::create(file, cut[i], engine->total_blocks(),
                                                   eo.block_size, eo.threads, eo.cache_type_k,
-                                                  eo.cache_type_v, eo.compute)));
+                                                  eo.cache_type_v, eo.compute, eo.device)));
       std::shared_ptr<StageLink> link = unwrap(ThreadedStageLink::create(std::move(later)));
       if (Status st = engine->set_stage_link(std::move(link)); !st.ok()) fail(st);
     } else {

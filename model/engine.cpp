@@ -166,11 +166,10 @@ Engine::~Engine() {
 uint64_t Engine::model_fingerprint() const { return model_fp_; }
 
 Status Engine::device_ready() const {
-  if (host_ || (!experts_ && !link_)) return Status::Ok();
-  return Status(Code::unsupported, "engine: device " + options_.device + " (" +
-                                       backend_->caps().name + "): " +
-                                       (experts_ ? "an expert executor" : "a pipeline stage link") +
-                                       " hands rows over on the host; it runs on the CPU backend only so far");
+  if (host_ || !experts_) return Status::Ok();
+  return Status(Code::unsupported, "engine: device " + options_.device + " (" + backend_->caps().name +
+                                       "): an expert executor hands rows over on the host; it runs on the "
+                                       "CPU backend only so far");
 }
 
 Status Engine::set_stage_link(std::shared_ptr<StageLink> link) {
@@ -480,6 +479,8 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
   const int32_t* ids_b = to_backend(*backend_, host_, ids, size_t(n), *ids_dev_);
   const int32_t* pos_b = to_backend(*backend_, host_, pos, size_t(n), *pos_dev_);
   const AttnRow* rows_b = rows;
+  std::vector<AttnRow> host_rows;  // a stage link sends the rows with their tables on the host
+  if (!host_ && link_) host_rows.assign(rows, rows + n);
   if (!host_) {  // and the rows that point into them: four uploads in all
     const int32_t* tables = to_backend(*backend_, host_, tables_.data(), tables_.size(), *tables_dev_);
     for (size_t i = 0, r = 0; i < items.size(); ++i)
@@ -503,7 +504,8 @@ Status Engine::forward(const std::vector<Item>& items, float* logits) {
       src += dim;
     }
   }
-  CLEAVE_RETURN_IF_ERROR(run_layers(n, x, pos_b, rows_b, last_row, logits));
+  CLEAVE_RETURN_IF_ERROR(
+      run_layers(n, x, pos_b, rows_b, last_row, logits, pos, host_rows.empty() ? rows : host_rows.data()));
   if (index_)
     for (size_t s = 0; s < seqs_.size(); ++s)
       if (added[s]) publish_full_blocks(seqs_[s]);
@@ -525,7 +527,8 @@ Status Engine::reserve(int64_t n, int64_t m) {
 }
 
 Status Engine::run_layers(int64_t n, float* x, const int32_t* pos, const AttnRow* rows,
-                          const std::vector<int32_t>& last_row, float* logits) {
+                          const std::vector<int32_t>& last_row, float* logits, const int32_t* host_pos,
+                          const AttnRow* host_rows) {
   const LlamaConfig& c = config();
   const int64_t dim = c.dim;
   const int32_t emb = options_.expert_micro_batches;
@@ -552,7 +555,13 @@ Status Engine::run_layers(int64_t n, float* x, const int32_t* pos, const AttnRow
   for (int64_t g = 0; g < mb; ++g) {
     const int64_t r0 = n * g / mb, rn = n * (g + 1) / mb - r0;
     compute_->run(kv_, 0, {0, own_last_}, rn, pos + r0, rows + r0, x + r0 * dim, experts_.get(), emb);
-    StageRows sr{rn, pos + r0, rows + r0, x + r0 * dim, {}};
+    const float* xg = x + r0 * dim;
+    if (!host_) {  // the link sends from the host: this group's hidden states come down
+      link_x_.resize(size_t(rn * dim));
+      backend_->download(link_x_.data(), xg, link_x_.size() * sizeof(float));
+      xg = link_x_.data();
+    }
+    StageRows sr{rn, host_pos + r0, host_rows + r0, xg, {}};
     first_item[size_t(g)] = item;
     while (item < last_row.size() && last_row[item] < r0 + rn)
       sr.logit_rows.push_back(int32_t(last_row[item++] - r0));

@@ -109,6 +109,10 @@ class Engine {
   const std::shared_ptr<Backend>& shared_backend() const { return backend_; }
   // The backend's memory is the host's (the CPU backend).
   bool host_memory() const { return host_; }
+  // Whether this engine's KV blocks can move straight from and into its
+  // backend's memory (export_blocks_to / import_blocks_from): a device's,
+  // on an engine that holds every layer (no stage link).
+  bool kv_in_backend() const { return !host_ && !link_; }
   // The op times since the engine began (or the last reset()), when
   // options().profile_ops; nullptr otherwise.
   ProfilingBackend* op_profile() { return profile_; }
@@ -287,9 +291,12 @@ class Engine {
   Status broke(Status why);
   size_t own_block_bytes() const { return kv_.block_bytes(); }
   // The layers' work of forward()'s n rows: ours, then the link's in
-  // micro-batches; logits of the rows in last_row.
+  // micro-batches; logits of the rows in last_row. pos and rows in the
+  // backend's memory; host_pos and host_rows the same on the host (what a
+  // link sends on; on a device the rows' hidden states come down for it).
   Status run_layers(int64_t n, float* x, const int32_t* pos, const AttnRow* rows,
-                    const std::vector<int32_t>& last_row, float* logits);
+                    const std::vector<int32_t>& last_row, float* logits, const int32_t* host_pos,
+                    const AttnRow* host_rows);
   // Scratch for a forward() of n rows and m logits rows, allocated now
   // (out_of_memory when the backend has no room).
   Status reserve(int64_t n, int64_t m);
@@ -302,6 +309,7 @@ class Engine {
   ProfilingBackend* profile_ = nullptr;  // backend_ itself, when profile_ops
   // On a device: the weights' copies there (the model's views point at them).
   std::unique_ptr<WeightCopies> weights_;
+  std::vector<float> link_x_;  // on a device with a stage link: a micro-batch's rows, downloaded
   EngineOptions options_;
   uint64_t model_fp_ = 0;
   KvLayout layout_;

@@ -33,8 +33,13 @@ Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const Ggu
                                                        LayerRange layers, int32_t kv_blocks,
                                                        int32_t block_size, int32_t threads,
                                                        DType cache_type_k, DType cache_type_v,
-                                                       Compute compute) {
+                                                       Compute compute, const std::string& device,
+                                                       std::shared_ptr<Backend> backend) {
   if (!file) return Status(Code::invalid_argument, "stage: no model file");
+  auto where = parse_device(device);
+  if (!where.ok()) return Status(where.status().code(), "stage: " + where.status().message());
+  if (backend && where->kind != Device::Kind::cpu)
+    return Status(Code::invalid_argument, "stage: device " + device + " given beside a backend of its own");
   const uint64_t model_fp = checksum_bytes(file->data(), file->file_size());
   file->release_resident_pages();  // keep only this stage's layers resident
   auto model = LlamaModel::load(std::move(file));
@@ -55,7 +60,30 @@ Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const Ggu
   CLEAVE_RETURN_IF_ERROR(check_compute(compute, **model, "stage"));
   auto s = std::unique_ptr<LayerStage>(new LayerStage());
   s->model_ = std::move(*model);
-  s->backend_ = make_cpu_backend(threads, detect_isa(), compute);
+  if (!backend) {
+    auto made = make_backend(*where, threads, compute);
+    if (!made.ok()) return Status(made.status().code(), "stage: " + made.status().message());
+    backend = std::move(made.value());
+  }
+  s->backend_ = std::move(backend);
+  s->host_ = s->backend_->caps().host_memory;
+  for (const auto& [t, what] : {std::pair{cache_type_k, "k"}, std::pair{cache_type_v, "v"}})
+    if (!s->backend_->supports(Op::kv_write, t) || !s->backend_->supports(Op::attention, t))
+      return Status(Code::unsupported, std::string("stage: cache type ") + what + " " + dtype_name(t) +
+                                           " is not supported by the " + s->backend_->caps().name + " backend");
+  if (!s->host_) {
+    // Its layers' weights once, in their stored types (and the output head
+    // on the last stage).
+    auto copies = s->model_->upload(*s->backend_, layers.first, layers.last, layers.last == c.n_layers - 1);
+    if (!copies.ok()) return Status(copies.status().code(), "stage: " + copies.status().message());
+    s->weights_ = std::move(copies.value());
+  }
+  Backend& be = *s->backend_;
+  s->tables_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
+  s->pos_dev_ = std::make_unique<BackendBuffer<int32_t>>(be);
+  s->rows_dev_ = std::make_unique<BackendBuffer<AttnRow>>(be);
+  s->x_dev_ = std::make_unique<BackendBuffer<float>>(be);
+  s->out_dev_ = std::make_unique<BackendBuffer<float>>(be);
   s->compute_ = std::make_unique<LayerCompute>(*s->model_, *s->backend_);
   s->model_->prepare(*s->backend_, layers.first, layers.last, LlamaModel::Matrices::dense,
                      layers.last == c.n_layers - 1);
@@ -77,6 +105,10 @@ Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const Ggu
 }
 
 LayerStage::~LayerStage() {
+  // Buffers and weight copies go before the backend's KV and the backend.
+  tables_dev_.reset(), pos_dev_.reset(), rows_dev_.reset(), x_dev_.reset(), out_dev_.reset();
+  compute_.reset();
+  weights_.reset();
   if (backend_ && kv_.data) backend_->free(kv_.data);
 }
 
@@ -122,14 +154,18 @@ Status LayerStage::run(const StageBatchData& b, std::vector<float>& out) {
     if (b.logit_rows[i] < 0 || b.logit_rows[i] >= n || (i && b.logit_rows[i] <= b.logit_rows[i - 1]))
       return Status(Code::invalid_argument, who + "logit rows must be ascending rows of the batch");
   const auto t0 = std::chrono::steady_clock::now();
-  x_.assign(b.x.begin(), b.x.end());
-  compute_->run(kv_, layers_.first, layers_, n, b.positions.data(), rows_.data(), x_.data(),
-                nullptr, 1);
-  if (last()) {
-    out.resize(b.logit_rows.size() * size_t(c.n_vocab));
-    compute_->logits(x_.data(), b.logit_rows.data(), int64_t(b.logit_rows.size()), out.data());
+  if (host_) {
+    x_.assign(b.x.begin(), b.x.end());
+    compute_->run(kv_, layers_.first, layers_, n, b.positions.data(), rows_.data(), x_.data(),
+                  nullptr, 1);
+    if (last()) {
+      out.resize(b.logit_rows.size() * size_t(c.n_vocab));
+      compute_->logits(x_.data(), b.logit_rows.data(), int64_t(b.logit_rows.size()), out.data());
+    } else {
+      out.swap(x_);
+    }
   } else {
-    out.swap(x_);
+    CLEAVE_RETURN_IF_ERROR(run_on_device(b, out));
   }
   const uint64_t ns = uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(
                                    std::chrono::steady_clock::now() - t0)
@@ -141,12 +177,51 @@ Status LayerStage::run(const StageBatchData& b, std::vector<float>& out) {
   return Status::Ok();
 }
 
+// The rows' tables, rows, positions and hidden states up (rows_ already
+// checked, pointing into b.tables), the layers, and the output down; every
+// buffer reserved first, so a device without room refuses the batch.
+Status LayerStage::run_on_device(const StageBatchData& b, std::vector<float>& out) {
+  const LlamaConfig& c = model_->config();
+  const int64_t n = int64_t(b.positions.size()), m = int64_t(b.logit_rows.size());
+  tables_.clear();
+  std::vector<size_t> table_at(b.tables.size());
+  for (size_t t = 0; t < b.tables.size(); ++t) {
+    table_at[t] = tables_.size();
+    tables_.insert(tables_.end(), b.tables[t].begin(), b.tables[t].end());
+  }
+  const bool room = compute_->reserve(n, std::max<int64_t>(m, 1)).ok() && x_dev_->try_grow(size_t(n * c.dim)) &&
+                    pos_dev_->try_grow(size_t(n)) && rows_dev_->try_grow(size_t(n)) &&
+                    tables_dev_->try_grow(std::max<size_t>(tables_.size(), 1)) &&
+                    (!last() || out_dev_->try_grow(size_t(std::max<int64_t>(m, 1) * c.n_vocab)));
+  if (!room)
+    return Status(Code::out_of_memory, "stage " + layers_.to_string() + ": a batch of " + std::to_string(n) +
+                                           " rows does not fit the " + backend_->caps().name +
+                                           " backend's memory beside its weights and KV");
+  const int32_t* tables = to_backend(*backend_, false, tables_.data(), tables_.size(), *tables_dev_);
+  for (int64_t r = 0; r < n; ++r) rows_[size_t(r)].block_table = tables + table_at[size_t(b.row_table[size_t(r)])];
+  const AttnRow* rows = to_backend(*backend_, false, rows_.data(), size_t(n), *rows_dev_);
+  const int32_t* pos = to_backend(*backend_, false, b.positions.data(), size_t(n), *pos_dev_);
+  float* x = x_dev_->grow(size_t(n * c.dim));
+  backend_->upload(x, b.x.data(), b.x.size() * sizeof(float));
+  compute_->run(kv_, layers_.first, layers_, n, pos, rows, x, nullptr, 1);
+  if (last()) {
+    out.resize(size_t(m) * size_t(c.n_vocab));
+    if (m == 0) return Status::Ok();
+    float* logits = out_dev_->grow(size_t(m * c.n_vocab));
+    compute_->logits(x, b.logit_rows.data(), m, logits);
+    backend_->download(out.data(), logits, out.size() * sizeof(float));
+  } else {
+    out.resize(size_t(n * c.dim));
+    backend_->download(out.data(), x, out.size() * sizeof(float));
+  }
+  return Status::Ok();
+}
+
 Status LayerStage::copy_block(int32_t src, int32_t dst) {
   const int32_t ids[2] = {src, dst};
   CLEAVE_RETURN_IF_ERROR(check(ids));
-  std::vector<uint8_t> staging(slice_bytes());
-  backend_->download(staging.data(), kv_.data + size_t(src) * kv_.block_bytes(), slice_bytes());
-  backend_->upload(kv_.data + size_t(dst) * kv_.block_bytes(), staging.data(), slice_bytes());
+  backend_->copy(kv_.data + size_t(dst) * kv_.block_bytes(), kv_.data + size_t(src) * kv_.block_bytes(),
+                 slice_bytes());
   return Status::Ok();
 }
 

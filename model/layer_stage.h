@@ -26,11 +26,13 @@
 #include <memory>
 #include <mutex>
 #include <span>
+#include <string>
 #include <thread>
 #include <vector>
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/backend_buffer.h"
 #include "model/gguf.h"
 #include "model/layer_compute.h"
 #include "model/llama.h"
@@ -89,13 +91,20 @@ class LayerStage {
   // for a range outside the model, one that starts at layer 0 (the first
   // stage is an Engine) or bad sizes; out_of_memory for the KV. `compute`
   // must be the first stage's (its fingerprint says which: a link between
-  // stages of different computes is refused).
+  // stages of different computes is refused). device: as EngineOptions'
+  // ("cpu", "cuda:N"); on a device the stage's weights go up once, its KV
+  // and activations live there, and per micro-batch the rows' positions,
+  // block tables and hidden states go up and its output (hidden states, or
+  // the logits rows) comes down. backend: that backend instead (device must
+  // be "cpu" then): the seam tests use (tests/fenced_backend.h).
   static Result<std::unique_ptr<LayerStage>> create(std::shared_ptr<const GgufFile> file,
                                                     LayerRange layers, int32_t kv_blocks,
                                                     int32_t block_size, int32_t threads,
                                                     DType cache_type_k = DType::F32,
                                                     DType cache_type_v = DType::F32,
-                                                    Compute compute = Compute::exact);
+                                                    Compute compute = Compute::exact,
+                                                    const std::string& device = "cpu",
+                                                    std::shared_ptr<Backend> backend = nullptr);
   ~LayerStage();
 
   LayerRange layers() const { return layers_; }
@@ -125,9 +134,12 @@ class LayerStage {
  private:
   LayerStage() = default;
   Status check(std::span<const int32_t> ids) const;
+  Status run_on_device(const StageBatchData& batch, std::vector<float>& out);
 
   std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Backend> backend_;
+  std::shared_ptr<Backend> backend_;
+  bool host_ = true;  // backend_'s memory is the host's
+  std::unique_ptr<WeightCopies> weights_;  // on a device: its layers' weights
   std::unique_ptr<LayerCompute> compute_;
   LayerRange layers_;
   uint64_t model_fp_ = 0;
@@ -136,6 +148,12 @@ class LayerStage {
   Stats stats_;
   std::vector<AttnRow> rows_;
   std::vector<float> x_;
+  // On a device: the micro-batch's tables, rows, positions, hidden states
+  // and logits in its memory.
+  std::vector<int32_t> tables_;
+  std::unique_ptr<BackendBuffer<int32_t>> tables_dev_, pos_dev_;
+  std::unique_ptr<BackendBuffer<AttnRow>> rows_dev_;
+  std::unique_ptr<BackendBuffer<float>> x_dev_, out_dev_;
 };
 
 // Stages in this process on threads of their own: a micro-batch goes to

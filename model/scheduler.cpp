@@ -178,7 +178,7 @@ void Scheduler::finish(Entry& e, std::vector<SchedulerEvent>& events) {
 
 void Scheduler::handoff(Entry& e, std::vector<SchedulerEvent>& events) {
   SchedulerEvent ev;
-  if (engine_.host_memory()) {
+  if (!engine_.kv_in_backend()) {
     auto blocks = engine_.export_blocks(e.seq);
     if (!blocks.ok()) return fail(e, blocks.status(), events);
     ev.blocks = std::move(*blocks);

@@ -60,9 +60,10 @@ struct SchedulerEvent {
   Status error;
   // handoff (prefill_only): everything needed to continue elsewhere with
   // resume(): the request, the tokens generated so far, and the KV of the
-  // first n_kv_tokens tokens of prompt + generated: sealed records when the
-  // engine's memory is the host's, else blocks left in its backend memory
-  // (backend_blocks; blocks is empty then), for a device-to-device move.
+  // first n_kv_tokens tokens of prompt + generated: sealed records, or on a
+  // device engine that holds every layer (Engine::kv_in_backend) blocks
+  // left in its backend memory (backend_blocks; blocks is empty then), for
+  // a device-to-device move.
   GenerateRequest request;
   std::vector<int32_t> generated;
   std::vector<BlockRecord> blocks;

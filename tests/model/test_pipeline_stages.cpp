@@ -8,6 +8,7 @@
 #include <algorithm>
 
 #include "model/layer_stage.h"
+#include "tests/fenced_backend.h"
 #include "tests/model/model_fixtures.h"
 
 using namespace cleave;
@@ -44,18 +45,36 @@ EngineOptions engine_options(DType kt = DType::F32, DType vt = DType::F32) {
   return o;
 }
 
-// An engine that holds ranges[0] and a threaded link over the rest.
+using Fences = std::vector<std::shared_ptr<cleave::testing::FencedBackend::Log>>;
+
+// An engine that holds ranges[0] and a threaded link over the rest. With
+// fences, the engine and every stage on a fenced backend of their own (a
+// device's memory: tests/fenced_backend.h), whose logs go there.
 std::unique_ptr<Engine> pipelined(const std::string& path, const std::vector<LayerRange>& ranges,
-                                  int micro_batches, DType kt = DType::F32, DType vt = DType::F32) {
+                                  int micro_batches, DType kt = DType::F32, DType vt = DType::F32,
+                                  Fences* fences = nullptr) {
   EngineOptions o = engine_options(kt, vt);
   o.last_layer = ranges[0].last;
   o.pipeline_micro_batches = micro_batches;
-  auto e = make_engine(path, o);
+  auto fenced = [&]() -> std::shared_ptr<Backend> {
+    if (!fences) return nullptr;
+    auto f = std::make_shared<cleave::testing::FencedBackend>(make_cpu_backend(1));
+    fences->push_back(f->log());
+    return f;
+  };
+  std::unique_ptr<Engine> e;
+  if (fences) {
+    auto made = Engine::create(open_model(path), o, fenced());
+    REQUIRE_MESSAGE(made.ok(), made.status().to_string());
+    e = std::move(made.value());
+  } else {
+    e = make_engine(path, o);
+  }
   if (ranges.size() == 1) return e;
   std::vector<std::shared_ptr<LayerStage>> stages;
   for (size_t i = 1; i < ranges.size(); ++i) {
     auto s = LayerStage::create(open_model(path), ranges[i], e->total_blocks(),
-                                e->options().block_size, 1, kt, vt);
+                                e->options().block_size, 1, kt, vt, Compute::exact, "cpu", fenced());
     REQUIRE_MESSAGE(s.ok(), s.status().to_string());
     stages.push_back(std::move(*s));
   }
@@ -145,6 +164,56 @@ TEST_CASE("pipeline stages: any cut and any micro-batch count give the whole mod
         CHECK(got.tokens == want.tokens);
         CHECK(same_bits(got.logits, want.logits));
       }
+    }
+  }
+}
+
+TEST_CASE("pipeline stages on a device: the first stage and the later ones on devices give the whole model's bits") {
+  // Every stage on memory the host cannot touch: the engine sends each
+  // micro-batch's hidden states down from its device to the link, the
+  // stages take them up into theirs and send theirs (or the logits) down.
+  for (const Model& m : models()) {
+    const std::string path = model_path(m.spec, m.name);
+    auto mono = make_engine(path, engine_options());
+    const Run want = run_batch(*mono);
+    for (const auto& [cut, mb] : std::vector<std::pair<std::vector<LayerRange>, int>>{
+             {{{0, 1}, {2, 3}}, 1}, {{{0, 1}, {2, 3}}, 2}, {{{0, 0}, {1, 1}, {2, 3}}, 3}}) {
+      CAPTURE(m.name);
+      CAPTURE(cut.size());
+      CAPTURE(mb);
+      Fences fences;
+      auto e = pipelined(path, cut, mb, DType::F32, DType::F32, &fences);
+      const Run got = run_batch(*e);
+      CHECK(got.tokens == want.tokens);
+      CHECK(same_bits(got.logits, want.logits));
+      for (const auto& f : fences) CHECK(f->violations.empty());
+      // KV out of a device pipeline (its stages' slices read through the
+      // link) is the whole model's, and imports into a device pipeline cut
+      // elsewhere: decoding goes on with the same bits.
+      if (mb != 2) continue;
+      const auto P = prompt_of(40, 7);
+      const int32_t V = e->config().n_vocab;
+      std::vector<float> lg(static_cast<size_t>(V)), want_next(static_cast<size_t>(V));
+      auto whole = make_engine(path, engine_options());
+      const int32_t sm = *whole->open_sequence();
+      REQUIRE(whole->forward({{sm, P.data(), 40}}, lg.data()).ok());
+      auto want_records = whole->export_blocks(sm);
+      const int32_t t = 11;
+      REQUIRE(whole->forward({{sm, &t, 1}}, want_next.data()).ok());
+      auto a = pipelined(path, cut, mb, DType::F32, DType::F32, &fences);
+      const int32_t sa = *a->open_sequence();
+      Status fwd = a->forward({{sa, P.data(), 40}}, lg.data());
+      REQUIRE_MESSAGE(fwd.ok(), fwd.to_string());
+      auto records = a->export_blocks(sa);
+      REQUIRE_MESSAGE(records.ok(), records.status().to_string());
+      REQUIRE(records->size() == want_records->size());
+      for (size_t i = 0; i < records->size(); ++i) CHECK((*records)[i].bytes == (*want_records)[i].bytes);
+      auto b = pipelined(path, {{0, 0}, {1, 2}, {3, 3}}, 1, DType::F32, DType::F32, &fences);
+      const int32_t sb = *b->open_sequence();
+      REQUIRE(b->import_blocks(sb, P.data(), 40, *records).ok());
+      REQUIRE(b->forward({{sb, &t, 1}}, lg.data()).ok());
+      CHECK(same_bits(lg, want_next));
+      for (const auto& f : fences) CHECK(f->violations.empty());
     }
   }
 }
