@@ -67,7 +67,7 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
                                                   " asked for, " + std::to_string(spec.experts.size()) +
                                                   " expert sets given");
       for (const ExpertSet& set : spec.experts) {
-        auto h = ExpertHost::create(spec.file, set, spec.engine.threads, spec.engine.compute);
+        auto h = ExpertHost::create(spec.file, set, spec.engine.threads, spec.engine.compute, spec.engine.device);
         if (!h.ok()) return h.status();
         out.experts.emplace_back(set, std::shared_ptr<ExpertHost>(std::move(h.value())));
       }
@@ -107,7 +107,7 @@ Result<HostedActors> make_hosted_actors(const HostedSpec& spec) {
       out.pipeline_stages.push_back(std::move(later));
       if (spec.attention) {
         auto fallback = ExpertHost::create(spec.file, ExpertSet{}, spec.engine.threads,
-                                           spec.engine.compute);
+                                           spec.engine.compute, spec.engine.device);
         if (!fallback.ok()) return fallback.status();
         out.expert_fallbacks.push_back(std::move(fallback.value()));
       }

@@ -81,9 +81,9 @@ void configure_node_impl(caf::actor_system_config& config, const ClusterSpec& sp
 }
 
 // A node's device: "cpu", or "cuda:N" when the build and the machine have
-// that GPU and the node hosts only what runs there (the engines of prefill,
-// decode and colocated stages, vision encoders, the kv_store's tiers).
-// Refused at start with the reason otherwise, never ignored.
+// that GPU (its stages' engines, pipeline stages, expert hosts, vision
+// encoders and the kv_store's tiers run there). Refused at start with the
+// reason otherwise, never ignored.
 Status check_device(const ClusterSpec& spec, const NodeSpec& node) {
   if (node.device == "cpu") return Status::Ok();
   const std::string what = "node '" + node.name + "': device " + node.device + ": ";
@@ -91,11 +91,6 @@ Status check_device(const ClusterSpec& spec, const NodeSpec& node) {
   if (!device.ok()) return Status(Code::invalid_argument, what + device.status().message());
   if (spec.compute != Compute::exact)
     return Status(Code::unsupported, what + "compute = \"int8\" runs on the CPU backend only");
-  if (node.count("expert") > 0 || spec.count("expert") > 0)
-    return Status(Code::unsupported, what + "expert actors and the attention stages that feed them "
-                                            "run on the CPU backend only so far");
-  if (node.stage.set || node.count("stage") > 0)
-    return Status(Code::unsupported, what + "pipeline stages run on the CPU backend only so far");
   auto backend = make_cuda_backend(device->index);
   if (!backend.ok()) return Status(Code::unavailable, what + backend.status().message());
   return Status::Ok();

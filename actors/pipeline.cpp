@@ -450,7 +450,7 @@ Result<std::unique_ptr<Pipeline>> Pipeline::create(std::shared_ptr<const GgufFil
   if (!options.experts.empty()) {
     // mono's expert hosts run in process, behind an ExpertPool.
     auto pool = ExpertPool::create(file_for_experts, options.experts, options.engine.threads,
-                                   options.engine.compute);
+                                   options.engine.compute, options.engine.device);
     if (!pool.ok()) return pool.status();
     if (options.expert_replication)
       (*pool)->set_replication(ReplicationPolicy{}, (*core)->engine().config().n_layers);

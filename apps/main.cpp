@@ -119,7 +119,6 @@ void check_topology_flags(const GenerateArgs& a, Topology topology) {
     throw CLI::ValidationError("--pipeline-micro-batches", kPipelineMicroBatchesNeeds);
   if (a.pipeline_parallel_size > 1 && !a.experts.empty())
     throw CLI::ValidationError("--pipeline-parallel-size", kPipelineWithExperts);
-  check_device_flag(a.numerics, !a.experts.empty(), a.pipeline_parallel_size);
 }
 
 // The same request through an actor topology: text streams as token events
@@ -244,7 +243,7 @@ int run_generate(const GenerateArgs& a) {
   }
   if (engine && !a.experts.empty()) {  // the hosts in process
     std::shared_ptr<ExpertPool> pool = unwrap(ExpertPool::create(file, parse_experts_flag(a.experts), eo.threads,
-                                                                  eo.compute));
+                                                                  eo.compute, eo.device));
     if (a.enable_eplb) pool->set_replication(ReplicationPolicy{}, engine->config().n_layers);
     engine->set_expert_executor(std::move(pool));
   }

@@ -29,16 +29,6 @@ void add_numerics_options(CLI::App* cmd, NumericsArgs& a) {
       });
 }
 
-void check_device_flag(const NumericsArgs& a, bool experts, int32_t pipeline_parallel_size) {
-  if (a.device == "cpu") return;
-  if (experts)
-    throw CLI::ValidationError("--device", a.device + ": expert hosts (--experts) run on the CPU backend only so far");
-  if (pipeline_parallel_size > 1)
-    throw CLI::ValidationError("--device", a.device +
-                                               ": pipeline stages (--pipeline-parallel-size) run on the "
-                                               "CPU backend only so far");
-}
-
 void apply_numerics(const NumericsArgs& a, EngineOptions& eo) {
   eo.cache_type_k = *dtype_from_name(a.k);
   eo.cache_type_v = *dtype_from_name(a.v);
@@ -108,7 +98,6 @@ void check_process_topology_flags(CLI::App* cmd, const ProcessTopologyArgs& a, b
     throw CLI::ValidationError("--pipeline-micro-batches", kPipelineMicroBatchesNeeds);
   if (a.pipeline_parallel_size > 1 && !a.experts.empty())
     throw CLI::ValidationError("--pipeline-parallel-size", kPipelineWithExperts);
-  check_device_flag(a.numerics, !a.experts.empty(), a.pipeline_parallel_size);
 }
 
 PipelineOptions process_pipeline_options(const ProcessTopologyArgs& a,

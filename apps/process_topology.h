@@ -22,9 +22,6 @@ struct NumericsArgs {
   std::string device = "cpu";  // --device: where the engines' forward pass runs
 };
 void add_numerics_options(CLI::App* cmd, NumericsArgs& a);
-// --device cuda:N beside what still runs on the CPU only (expert hosts, a
-// pipeline's later stages): a ValidationError naming --device.
-void check_device_flag(const NumericsArgs& a, bool experts, int32_t pipeline_parallel_size);
 // Sets eo's cache types and compute from the flags (their spellings checked
 // by CLI; a model without Q8_0 weights refuses int8 when the engine is made).
 void apply_numerics(const NumericsArgs& a, EngineOptions& eo);

@@ -165,12 +165,6 @@ Engine::~Engine() {
 
 uint64_t Engine::model_fingerprint() const { return model_fp_; }
 
-Status Engine::device_ready() const {
-  if (host_ || !experts_) return Status::Ok();
-  return Status(Code::unsupported, "engine: device " + options_.device + " (" + backend_->caps().name +
-                                       "): an expert executor hands rows over on the host; it runs on the "
-                                       "CPU backend only so far");
-}
 
 Status Engine::set_stage_link(std::shared_ptr<StageLink> link) {
   if (link && link->first_layer() != own_last_ + 1)
@@ -388,7 +382,6 @@ Engine::CacheStats Engine::cache_stats() const { return stats_; }
 Status Engine::forward(const std::vector<Item>& items, float* logits) {
   const LlamaConfig& c = config();
   CLEAVE_RETURN_IF_ERROR(link_ready());
-  CLEAVE_RETURN_IF_ERROR(device_ready());
   // Validate everything before touching any sequence.
   int64_t n = 0;
   std::vector<int32_t> added(seqs_.size(), 0);

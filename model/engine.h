@@ -300,8 +300,6 @@ class Engine {
   // Scratch for a forward() of n rows and m logits rows, allocated now
   // (out_of_memory when the backend has no room).
   Status reserve(int64_t n, int64_t m);
-  // The device path's limits (see EngineOptions::device): ok on the host.
-  Status device_ready() const;
 
   std::unique_ptr<LlamaModel> model_;
   std::shared_ptr<Backend> backend_;

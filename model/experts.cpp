@@ -79,7 +79,12 @@ uint64_t LayerTimes::percentile_us(double p) const {
 
 Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const GgufFile> file,
                                                        ExpertSet set, int32_t threads,
-                                                       Compute compute) {
+                                                       Compute compute, const std::string& device,
+                                                       std::shared_ptr<Backend> backend) {
+  auto where = parse_device(device);
+  if (!where.ok()) return Status(where.status().code(), "expert host: " + where.status().message());
+  if (backend && where->kind != Device::Kind::cpu)
+    return Status(Code::invalid_argument, "expert host: device " + device + " given beside a backend of its own");
   if (threads < 1 || threads > 1024)
     return Status(Code::invalid_argument,
                   "expert host: threads = " + std::to_string(threads) + " must be in [1, 1024]");
@@ -89,16 +94,47 @@ Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const Ggu
   CLEAVE_RETURN_IF_ERROR(check_compute(compute, **model, "expert host"));
   std::unique_ptr<ExpertHost> h(new ExpertHost());
   h->model_ = std::move(*model);
-  h->backend_ = make_cpu_backend(threads, detect_isa(), compute);
+  if (!backend) {
+    auto made = make_backend(*where, threads, compute);
+    if (!made.ok()) return Status(made.status().code(), "expert host: " + made.status().message());
+    backend = std::move(made.value());
+  }
+  h->backend_ = std::move(backend);
+  h->host_ = h->backend_->caps().host_memory;
+  Backend& be = *h->backend_;
+  h->weights_ = std::make_unique<WeightCopies>(be);
+  h->x_dev_ = std::make_unique<BackendBuffer<float>>(be);
+  h->y_dev_ = std::make_unique<BackendBuffer<float>>(be);
+  h->g_dev_ = std::make_unique<BackendBuffer<float>>(be);
+  h->u_dev_ = std::make_unique<BackendBuffer<float>>(be);
   h->set_ = std::move(set);
-  // Panels of the experts it holds, made now (replicas added later: on first use).
+  // Panels (on a device: copies) of the experts it holds, made now
+  // (replicas added later: on first use).
   const LlamaConfig& c = h->model_->config();
   for (int32_t layer = 0; layer < c.n_layers; ++layer)
-    for (int32_t e = 0; e < experts_per_layer(c); ++e)
-      if (h->set_.holds(c, layer, e))
-        for (const WeightView* w : expert_views(h->model_->layer(layer), e))
-          h->model_->prepare_one(*h->backend_, *w);
+    for (int32_t e = 0; e < experts_per_layer(c); ++e) {
+      if (!h->set_.holds(c, layer, e)) continue;
+      if (!h->host_) {
+        CLEAVE_RETURN_IF_ERROR(h->ensure_uploaded(layer, e));
+        continue;
+      }
+      for (const WeightView* w : expert_views(h->model_->layer(layer), e)) h->model_->prepare_one(be, *w);
+    }
   return h;
+}
+
+ExpertHost::~ExpertHost() {
+  // Device buffers and weight copies before the backend.
+  x_dev_.reset(), y_dev_.reset(), g_dev_.reset(), u_dev_.reset();
+  weights_.reset();
+}
+
+Status ExpertHost::ensure_uploaded(int32_t layer, int32_t expert) {
+  if (host_ || std::find(uploaded_.begin(), uploaded_.end(), std::pair{layer, expert}) != uploaded_.end())
+    return Status::Ok();
+  CLEAVE_RETURN_IF_ERROR(model_->upload_expert(*weights_, layer, expert));
+  uploaded_.emplace_back(layer, expert);
+  return Status::Ok();
 }
 
 bool ExpertHost::holds(int32_t layer, int32_t expert) const {
@@ -129,9 +165,24 @@ Status ExpertHost::compute(int32_t layer, std::span<const ExpertWork> work) {
   const LlamaLayer& l = model_->layer(layer);
   const size_t per_layer = size_t(experts_per_layer(config()));
   if (stats_.expert_busy_ns.empty()) stats_.expert_busy_ns.assign(size_t(config().n_layers) * per_layer, 0);
+  const int64_t dim = config().dim, ffn = config().ffn;
   for (const ExpertWork& w : work) {
     const auto t0 = std::chrono::steady_clock::now();
-    compute_expert(*backend_, l, config().ffn, w.expert, w.x, w.rows, g_, u_, w.y);
+    if (host_) {
+      compute_expert(*backend_, l, ffn, w.expert, w.x, w.rows, g_, u_, w.y);
+    } else if (w.rows > 0) {  // the rows up, the expert there, its results down
+      CLEAVE_RETURN_IF_ERROR(ensure_uploaded(layer, w.expert));
+      float* x = x_dev_->try_grow(size_t(w.rows * dim));
+      float* y = y_dev_->try_grow(size_t(w.rows * dim));
+      float* g = g_dev_->try_grow(size_t(w.rows * ffn));
+      float* u = u_dev_->try_grow(size_t(w.rows * ffn));
+      if (!x || !y || !g || !u)
+        return Status(Code::out_of_memory, "expert host: " + std::to_string(w.rows) + " rows do not fit the " +
+                                               backend_->caps().name + " backend's memory");
+      backend_->upload(x, w.x, size_t(w.rows * dim) * sizeof(float));
+      compute_expert(*backend_, l, ffn, w.expert, x, w.rows, g, u, y);
+      backend_->download(w.y, y, size_t(w.rows * dim) * sizeof(float));
+    }
     const uint64_t ns = uint64_t(
         std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
     stats_.rows += uint64_t(w.rows);
@@ -217,8 +268,9 @@ class ExpertPool::Worker {
 };
 
 Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const GgufFile> file,
-                                                       int32_t threads, Compute compute) {
-  auto fallback = ExpertHost::create(std::move(file), ExpertSet{}, threads, compute);
+                                                       int32_t threads, Compute compute,
+                                                       const std::string& device) {
+  auto fallback = ExpertHost::create(std::move(file), ExpertSet{}, threads, compute, device);
   if (!fallback.ok()) return fallback.status();
   std::unique_ptr<ExpertPool> p(new ExpertPool());
   const LlamaConfig& c = (*fallback)->config();
@@ -229,14 +281,15 @@ Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const Ggu
 
 Result<std::unique_ptr<ExpertPool>> ExpertPool::create(std::shared_ptr<const GgufFile> file,
                                                        const std::vector<ExpertSet>& sets,
-                                                       int32_t threads, Compute compute) {
-  auto pool = create(file, threads, compute);
+                                                       int32_t threads, Compute compute,
+                                                       const std::string& device) {
+  auto pool = create(file, threads, compute, device);
   if (!pool.ok()) return pool.status();
   const LlamaConfig& c = (*pool)->fallback_->config();
   for (const ExpertSet& set : sets) CLEAVE_RETURN_IF_ERROR(set.validate(c));
   CLEAVE_RETURN_IF_ERROR(check_expert_coverage(c, sets));
   for (const ExpertSet& set : sets) {
-    auto host = ExpertHost::create(file, set, threads, compute);
+    auto host = ExpertHost::create(file, set, threads, compute, device);
     if (!host.ok()) return host.status();
     (*pool)->add_host(std::move(host.value()));
   }

@@ -33,6 +33,7 @@
 
 #include "common/status.h"
 #include "kernels/backend.h"
+#include "kernels/backend_buffer.h"
 #include "model/expert_balance.h"
 #include "model/expert_set.h"
 #include "model/gguf.h"
@@ -101,11 +102,17 @@ void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t exper
 class ExpertHost {
  public:
   // Binds the model's tensors (views into the mapped file: the host reads
-  // only its experts' pages) and makes a CPU backend of `threads` computing
-  // as `compute` says (the engines' it serves, or their tokens change).
+  // only its experts' pages) and makes a backend of `threads` on `device`
+  // ("cpu", "cuda:N") computing as `compute` says (the engines' it serves,
+  // or their tokens change). On a device its experts' weights go up now
+  // (one it computes besides, a replica or a fallback's, on first use), and
+  // each piece of work's rows go up and its results come down. backend:
+  // that backend instead (device "cpu" then): the tests' seam.
   static Result<std::unique_ptr<ExpertHost>> create(std::shared_ptr<const GgufFile> file,
                                                     ExpertSet set, int32_t threads,
-                                                    Compute compute = Compute::exact);
+                                                    Compute compute = Compute::exact,
+                                                    const std::string& device = "cpu",
+                                                    std::shared_ptr<Backend> backend = nullptr);
 
   const ExpertSet& set() const { return set_; }
   const LlamaConfig& config() const { return model_->config(); }
@@ -128,11 +135,18 @@ class ExpertHost {
     std::vector<uint64_t> expert_busy_ns;
   };
   Stats stats() const;
+  ~ExpertHost();
 
  private:
   ExpertHost() = default;
+  // On a device: the expert's weights there (under mu_).
+  Status ensure_uploaded(int32_t layer, int32_t expert);
   std::unique_ptr<LlamaModel> model_;
-  std::unique_ptr<Backend> backend_;
+  std::shared_ptr<Backend> backend_;
+  bool host_ = true;
+  std::unique_ptr<WeightCopies> weights_;            // on a device: the experts uploaded
+  std::vector<std::pair<int32_t, int32_t>> uploaded_;  // their (layer, expert)
+  std::unique_ptr<BackendBuffer<float>> x_dev_, y_dev_, g_dev_, u_dev_;
   ExpertSet set_;
   mutable std::mutex added_mu_;
   std::vector<std::pair<int32_t, int32_t>> added_;  // (layer, expert) replicas
@@ -144,14 +158,17 @@ class ExpertHost {
 class ExpertPool final : public ExpertExecutor {
  public:
   // The pool's own fallback computes any expert from `file` on `threads`.
+  // device: where its hosts (and the fallback) compute (ExpertHost::create).
   static Result<std::unique_ptr<ExpertPool>> create(std::shared_ptr<const GgufFile> file,
                                                     int32_t threads,
-                                                    Compute compute = Compute::exact);
+                                                    Compute compute = Compute::exact,
+                                                    const std::string& device = "cpu");
   // A pool with one host per set: each set validated, then their coverage
   // of every expert (check_expert_coverage's not_found).
   static Result<std::unique_ptr<ExpertPool>> create(std::shared_ptr<const GgufFile> file,
                                                     const std::vector<ExpertSet>& sets, int32_t threads,
-                                                    Compute compute = Compute::exact);
+                                                    Compute compute = Compute::exact,
+                                                    const std::string& device = "cpu");
   ~ExpertPool() override;
 
   // A host of this model; returns its index. Hosts start alive.

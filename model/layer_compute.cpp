@@ -84,7 +84,6 @@ void LayerCompute::run(const PagedKv& kv, int32_t kv_first, LayerRange layers, i
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.dim, q_dim = int64_t(c.n_heads) * c.head_dim,
                 kv_dim = int64_t(c.n_kv_heads) * c.head_dim;
-  CLEAVE_CHECK(host_ || experts == nullptr);
   h_.grow(size_t(n * dim));
   q_.grow(size_t(n * q_dim));
   k_.grow(size_t(n * kv_dim));
@@ -179,8 +178,10 @@ void LayerCompute::ffn_start(const Call& call, const LlamaLayer& l, int32_t laye
   float* tmp = tmp_.data() + g.r0 * dim;
   g.work.clear();
   g.started = true;
+  g.y_dev = nullptr;
   if (c.n_experts == 0) {  // dense: the FFN is expert 0, straight into tmp
     g.work.push_back(ExpertWork{0, n, h, tmp});
+    if (call.experts && !host_) work_to_host(g, h, tmp, n * dim);
     if (call.experts) g.ticket = call.experts->start(layer, g.work);
     else compute_expert(be_, l, c.ffn, 0, h, n, gate_.grow(size_t(n * c.ffn)), up_.grow(size_t(n * c.ffn)), tmp);
     return;
@@ -220,12 +221,24 @@ void LayerCompute::ffn_start(const Call& call, const LlamaLayer& l, int32_t laye
   g.at = to_backend(be_, host_, g.at_host.data(), size_t(n * k), *ensure(g.gather_at));
   g.gathered = cnt;
   if (call.experts) {
+    if (!host_) work_to_host(g, gx, gy, cnt * dim);
     g.ticket = call.experts->start(layer, g.work);
   } else {
     for (const ExpertWork& w : g.work)
       compute_expert(be_, l, c.ffn, w.expert, w.x, w.rows, gate_.grow(size_t(w.rows * c.ffn)),
                      up_.grow(size_t(w.rows * c.ffn)), w.y);
   }
+}
+
+void LayerCompute::work_to_host(FfnGroup& g, const float* x, float* y, int64_t count) {
+  g.x_host.resize(size_t(count));
+  g.y_host.resize(size_t(count));
+  if (count > 0) be_.download(g.x_host.data(), x, size_t(count) * sizeof(float));
+  for (ExpertWork& w : g.work) {
+    w.x = g.x_host.data() + (w.x - x);
+    w.y = g.y_host.data() + (w.y - y);
+  }
+  g.y_dev = count > 0 ? y : nullptr;
 }
 
 // Waits for the group's experts, combines them (MoE: tmp = sum_j w_j *
@@ -237,6 +250,7 @@ void LayerCompute::ffn_finish(const Call& call, FfnGroup& g) {
   const LlamaConfig& c = model_.config();
   const int64_t dim = c.dim, n = g.n;
   if (call.experts) call.experts->finish(g.ticket);
+  if (g.y_dev) be_.upload(g.y_dev, g.y_host.data(), g.y_host.size() * sizeof(float));
   float* tmp = tmp_.data() + g.r0 * dim;
   if (c.n_experts > 0)
     be_.moe_combine(g.gather_y->data(), g.at, g.expert_w->data(), n, c.n_experts_used, dim, tmp);

@@ -91,7 +91,15 @@ class LayerCompute {
     const int32_t* at = nullptr;  // gather_at's data, or the host array on the host
     std::vector<int32_t> ids_host, src_host, at_host;  // the host's copies (plans the gather)
     std::vector<ExpertWork> work;
+    // On a device with an executor (which takes host rows): the work's rows
+    // downloaded, its results, and where they go back up to.
+    std::vector<float> x_host, y_host;
+    float* y_dev = nullptr;
   };
+  // The group's work handed to an executor from a device: x_count floats at
+  // x (device) come down, the work points into the host copies, and
+  // ffn_finish takes the results up to y.
+  void work_to_host(FfnGroup& g, const float* x, float* y, int64_t count);
   struct Call {  // one run()'s arguments
     const PagedKv* kv;
     int32_t kv_first;

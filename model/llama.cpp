@@ -289,4 +289,21 @@ Result<std::unique_ptr<WeightCopies>> LlamaModel::upload(Backend& backend, int32
   return copies;
 }
 
+Status LlamaModel::upload_expert(WeightCopies& copies, int32_t layer, int32_t expert) {
+  LlamaLayer& l = layers_[size_t(layer)];
+  const std::string p = "blk." + std::to_string(layer) + ".";
+  const bool stacked = !l.gate_exps.empty();
+  const size_t e = size_t(expert);
+  const std::pair<WeightView*, const char*> mats[] = {
+      {stacked ? &l.gate_exps[e] : &l.gate, "ffn_gate"},
+      {stacked ? &l.up_exps[e] : &l.up, "ffn_up"},
+      {stacked ? &l.down_exps[e] : &l.down, "ffn_down"}};
+  for (const auto& [w, name] : mats) {
+    Status st = copies.move_in(w->data, size_t(w->rows) * w->row_bytes,
+                               p + name + (stacked ? "_exps.weight[" + std::to_string(expert) + "]" : ".weight"));
+    if (!st.ok()) return Status(st.code(), "model: " + st.message());
+  }
+  return Status::Ok();
+}
+
 }  // namespace cleave

@@ -78,6 +78,10 @@ class LlamaModel {
   // out_of_memory naming the tensor when the backend has no room.
   Result<std::unique_ptr<WeightCopies>> upload(Backend& backend, int32_t first, int32_t last,
                                                bool output);
+  // One expert's three matrices of `layer` (a dense model's FFN is expert
+  // 0) copied into copies' backend, the views rebound to them: what an
+  // expert host on a device holds. out_of_memory naming the tensor.
+  Status upload_expert(WeightCopies& copies, int32_t layer, int32_t expert);
 
  private:
   std::shared_ptr<const GgufFile> file_;

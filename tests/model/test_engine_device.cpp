@@ -271,23 +271,9 @@ TEST_CASE("engine on a device: a batch whose activations do not fit is refused, 
 }
 
 TEST_CASE("engine on a device: what it cannot run there is refused by name") {
-  // (MoE models run there: the first two cases.)
-  struct NoExperts final : ExpertExecutor {
-    void run(int32_t, std::span<const ExpertWork>) override {}
-  };
+  // (MoE models, pipeline stages and expert executors run there: the cases
+  // above, test_pipeline_stages.cpp and test_experts.cpp.)
   EngineOptions o;
-  auto dense = Engine::create(open_model(model_path(small_dense(), "dense-f32")), o,
-                              std::make_unique<FencedBackend>(make_cpu_backend(1)));
-  REQUIRE(dense.ok());
-  (*dense)->set_expert_executor(std::make_shared<NoExperts>());
-  const int32_t s = *(*dense)->open_sequence();
-  const int32_t tok = 7;
-  std::vector<float> lg(size_t((*dense)->config().n_vocab));
-  Status st = (*dense)->forward({{s, &tok, 1}}, lg.data());
-  CHECK(st.code() == Code::unsupported);
-  CHECK(st.message().find("an expert executor") != std::string::npos);
-  CHECK((*dense)->sequence_length(s) == 0);  // refused before anything was appended
-
   // A backend of its own beside a device name.
   o.device = "cuda:0";
   auto both = Engine::create(open_model(model_path(small_dense(), "dense-f32")), o,

@@ -7,6 +7,7 @@
 #include <algorithm>
 
 #include "model/experts.h"
+#include "tests/fenced_backend.h"
 #include "tests/model/model_fixtures.h"
 
 using namespace cleave;
@@ -194,6 +195,68 @@ TEST_CASE("experts: a dense model's FFN is expert 0 and splits by layer the same
   const ExpertPool::Stats st = pool->stats();
   CHECK(st.host_rows[0] == st.host_rows[1]);  // every row through both layers
   CHECK(st.host_rows[0] == uint64_t(8 * 5 + 7 * 28 + 8 * 6));
+}
+
+TEST_CASE("experts on devices: an engine and its expert hosts on devices give the CPU engine's bits") {
+  // The engine hands each layer's gathered rows down from its device to the
+  // executor and takes the results up; each host takes its rows up into its
+  // device, computes there (its experts' weights uploaded at start, one it
+  // was not given on first use) and sends the results down.
+  using cleave::testing::FencedBackend;
+  struct Case {
+    const char* name;
+    ModelSpec spec;
+    std::vector<ExpertSet> sets;
+  };
+  for (const Case& c : {Case{"moe8", moe8(), {expert_set({0, 1, 2, 3}), expert_set({4, 5, 6, 7}), expert_set({6})}},
+                        Case{"dense", small_dense(), {expert_set({0}, 0, 0), expert_set({}, 1, 1)}}}) {
+    CAPTURE(c.name);
+    const std::string path = model_path(c.spec, c.name);
+    auto mono_engine = make_engine(path, 1, 8);
+    const Run mono = run_batch(*mono_engine);
+    std::vector<std::shared_ptr<FencedBackend::Log>> fences;
+    auto fenced = [&] {
+      auto f = std::make_shared<FencedBackend>(make_cpu_backend(1));
+      fences.push_back(f->log());
+      return f;
+    };
+    auto p = ExpertPool::create(open_model(path), 1);
+    REQUIRE(p.ok());
+    std::shared_ptr<ExpertPool> pool(std::move(*p));
+    for (const ExpertSet& set : c.sets) {
+      auto h = ExpertHost::create(open_model(path), set, 1, Compute::exact, "cpu", fenced());
+      REQUIRE_MESSAGE(h.ok(), h.status().to_string());
+      pool->add_host(std::shared_ptr<ExpertHost>(std::move(*h)));
+    }
+    for (int mb : {1, 2}) {
+      CAPTURE(mb);
+      EngineOptions o;
+      o.threads = 1;
+      o.max_seqs = 8;
+      o.expert_micro_batches = mb;
+      auto e = Engine::create(open_model(path), o, fenced());
+      REQUIRE_MESSAGE(e.ok(), e.status().to_string());
+      (*e)->set_expert_executor(pool);
+      check_same(run_batch(**e), mono);
+    }
+    CHECK(pool->stats().fallback_rows == 0);
+    if (c.spec.n_experts > 0) {
+      // A replica taken on later goes up on its first use: a CPU host's bits.
+      auto dev = ExpertHost::create(open_model(path), expert_set({0}), 1, Compute::exact, "cpu", fenced());
+      REQUIRE(dev.ok());
+      REQUIRE((*dev)->add_expert(1, 5).ok());
+      auto cpu = host(path, ExpertSet{});
+      const int64_t dim = c.spec.dim;
+      std::vector<float> x(static_cast<size_t>(3 * dim)), y_cpu(x.size()), y_dev(x.size());
+      for (size_t i = 0; i < x.size(); ++i) x[i] = float(int(i * 37 % 101) - 50) / 64.0f;
+      const ExpertWork on_cpu{5, 3, x.data(), y_cpu.data()}, on_dev{5, 3, x.data(), y_dev.data()};
+      REQUIRE(cpu->compute(1, {&on_cpu, 1}).ok());
+      REQUIRE((*dev)->compute(1, {&on_dev, 1}).ok());
+      CHECK(same_bits(y_dev, y_cpu));
+      CHECK((*dev)->compute(1, {&on_dev, 1}).ok());  // uploaded once, kept
+    }
+    for (const auto& f : fences) CHECK(f->violations.empty());
+  }
 }
 
 namespace {
