@@ -75,6 +75,9 @@ if run "$BUILD_DIR/apps/cleave" make-model --out "$gen_model" --vocab models/voc
 else
   status=1
 fi
+echo "== P/D on cuda:0 across two cleave node processes (tokens equal generate on cuda:0; KV GPU to GPU through CUDA IPC)"
+run timeout "$TEST_TIMEOUT" /usr/bin/python3 tests/nodes/check_pd_device.py "$BUILD_DIR/apps/cleave" "$gen_model" cuda:0 ||
+  status=1
 if [ -x "$BUILD_DIR/tests/test_kernels" ]; then
   echo "== test_kernels (CPU backend)"
   run timeout "$TEST_TIMEOUT" "$BUILD_DIR/tests/test_kernels" || status=1
