@@ -109,22 +109,32 @@ TEST_CASE("sample_token: greedy picks the argmax and ties go to the lowest id") 
 
 TEST_CASE("sample_token: greedy straight on the row equals greedy through the candidates") {
   // A penalty with an empty history changes no logit but takes the path
-  // that copies the row into candidates; rows with ties, NaN and infinities.
+  // that copies the row into candidates; rows with ties, NaN and infinities,
+  // of lengths within one block of the fast path's 64, across several and
+  // with a tail, and a vocabulary's.
   std::mt19937 rng(5);
   std::uniform_int_distribution<int> pick(0, 9);
-  for (int trial = 0; trial < 500; ++trial) {
-    std::vector<float> row(64);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int n = trial % 3 == 0 ? 64 : trial % 97 == 1 ? 32000 : 10 + (trial * 37) % 290;
+    std::vector<float> row(static_cast<size_t>(n));
     for (float& x : row) {
       const int k = pick(rng);
       x = k == 0 ? NAN : k == 1 ? -INFINITY : k == 2 ? INFINITY : k == 3 ? -0.0f
           : float(pick(rng) % 4) * (k % 2 ? 1.0f : -1.0f) / 3.0f;
     }
     if (trial % 7 == 0) std::fill(row.begin(), row.end(), NAN);
+    if (trial % 5 == 2) {  // one maximum anywhere, and its twin after it
+      std::fill(row.begin(), row.end(), -1.0f);
+      const size_t at = size_t(rng()) % row.size();
+      row[at] = 2.0f;
+      row[at + (row.size() - at) / 2] = 2.0f;
+    }
     if (trial % 11 == 0)  // -0 before +0 as the only maxima: equal floats, the lower id wins
       for (size_t i = 0; i < row.size(); ++i) row[i] = i == 3 ? -0.0f : i == 9 ? 0.0f : -1.0f;
     SamplingParams fast = plain(0.0f), slow = plain(0.0f);
     slow.repeat_penalty = 1.5f;
-    REQUIRE(sample_token(row.data(), 64, fast, {}, 0, 0) == sample_token(row.data(), 64, slow, {}, 0, 0));
+    CAPTURE(n);
+    REQUIRE(sample_token(row.data(), n, fast, {}, 0, 0) == sample_token(row.data(), n, slow, {}, 0, 0));
   }
 }
 
