@@ -1,11 +1,31 @@
 // make_backend(): the backend a --device value names.
+#include <mutex>
+
 #include "kernels/backend.h"
+#include "kernels/device_testing.h"
 
 namespace cleave {
+namespace {
+
+std::mutex stand_in_mu;
+std::function<std::unique_ptr<Backend>(int)> stand_in;  // tests: kernels/device_testing.h
+
+}  // namespace
+
+void set_cuda_stand_in(std::function<std::unique_ptr<Backend>(int index)> factory) {
+  std::lock_guard<std::mutex> lock(stand_in_mu);
+  stand_in = std::move(factory);
+}
 
 Result<std::unique_ptr<Backend>> make_backend(const Device& device, int threads, Compute compute) {
   if (device.kind == Device::Kind::cpu) return make_cpu_backend(threads, detect_isa(), compute);
-  if (compute != Compute::int8) return make_cuda_backend(device.index);
+  if (compute != Compute::int8) {
+    {
+      std::lock_guard<std::mutex> lock(stand_in_mu);
+      if (stand_in) return stand_in(device.index);
+    }
+    return make_cuda_backend(device.index);
+  }
   return Status(Code::unsupported, "device " + device.name() +
                                        ": --compute int8 runs on the CPU backend only (its "
                                        "kernels are AVX2 / AVX-512 VNNI); use --compute exact");

@@ -1,0 +1,19 @@
+// Tests only, a seam kept out of kernels/backend.h: while a stand-in is set,
+// make_backend() answers "cuda:N" with factory(N), a backend behind a
+// device's contract on the CPU (tests/actors/device_like_backend.h), so a
+// whole topology (engines, pipeline stages, expert hosts, the kv_store's
+// tiers, the KV hand-off between stages) takes the device path on a machine
+// without a GPU. Set it before the topology is made; clear it (nullptr)
+// after.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "kernels/backend.h"
+
+namespace cleave {
+
+void set_cuda_stand_in(std::function<std::unique_ptr<Backend>(int index)> factory);
+
+}  // namespace cleave
