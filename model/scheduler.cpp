@@ -178,14 +178,17 @@ void Scheduler::finish(Entry& e, std::vector<SchedulerEvent>& events) {
 
 void Scheduler::handoff(Entry& e, std::vector<SchedulerEvent>& events) {
   SchedulerEvent ev;
-  if (!engine_.kv_in_backend()) {
+  if (engine_.kv_in_backend()) {  // left where it is, for a device-to-device move
+    auto blocks = engine_.export_backend_blocks(e.seq);
+    if (blocks.ok()) ev.backend_blocks = std::move(*blocks);
+    // A device without room for the copy (hand-offs not pulled yet hold
+    // theirs): as records through the host instead, never a failed request.
+    else if (blocks.status().code() != Code::out_of_memory) return fail(e, blocks.status(), events);
+  }
+  if (!ev.backend_blocks) {
     auto blocks = engine_.export_blocks(e.seq);
     if (!blocks.ok()) return fail(e, blocks.status(), events);
     ev.blocks = std::move(*blocks);
-  } else {  // left where it is, for a device-to-device move
-    auto blocks = engine_.export_backend_blocks(e.seq);
-    if (!blocks.ok()) return fail(e, blocks.status(), events);
-    ev.backend_blocks = std::move(*blocks);
   }
   ev.kind = SchedulerEvent::Kind::handoff;
   ev.request_id = e.progress.id();

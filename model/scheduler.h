@@ -63,7 +63,7 @@ struct SchedulerEvent {
   // first n_kv_tokens tokens of prompt + generated: sealed records, or on a
   // device engine that holds every layer (Engine::kv_in_backend) blocks
   // left in its backend memory (backend_blocks; blocks is empty then), for
-  // a device-to-device move.
+  // a device-to-device move, unless the device has no room for that copy.
   GenerateRequest request;
   std::vector<int32_t> generated;
   std::vector<BlockRecord> blocks;

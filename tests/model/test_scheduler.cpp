@@ -334,6 +334,53 @@ TEST_CASE("scheduler: on a device the hand-off's KV stays in device memory and t
   CHECK(decode.resume_from_backend(requests[0], {}, foreign.value()).code() == Code::invalid_argument);
 }
 
+TEST_CASE("scheduler: a device without room for the hand-off's copy hands off records, losing nothing") {
+  auto tok = make_tokenizer();
+  const std::string path = model_path(small_dense(), "dense");
+  auto alone = make_engine(path, 1, 1);
+  const size_t reserve = size_t(1) << 30;
+  auto fence = std::make_shared<cleave::testing::FencedBackend>(make_cpu_backend(1), reserve);
+  auto e = Engine::create(open_model(path), engine_options(1, 2), fence);
+  REQUIRE(e.ok());
+  auto decode_engine = make_engine(path, engine_options(1, 2));
+  SchedulerOptions po;
+  po.prefill_only = true;
+  Scheduler prefill(**e, tok.get(), po);
+  Scheduler decode(*decode_engine, tok.get());
+  Driver p{prefill}, dd{decode};
+  GenerateRequest a = mixed_request(3), b = mixed_request(4);
+  a.prompt = prompt_of(50, 1);
+  b.prompt = prompt_of(50, 2);
+  a.sampling.max_tokens = b.sampling.max_tokens = 6;
+  a.prefill_chunk = b.prefill_chunk = 512;  // one forward of 50 rows each: B grows no buffer
+  REQUIRE(prefill.submit(a).ok());
+  p.run_until_idle();
+  REQUIRE(p.out[a.request_id].handoffs.size() == 1);
+  CHECK(p.out[a.request_id].handoffs[0].backend_blocks);  // room: left in device memory
+  // The device's memory taken but for a sliver: B's forward reuses A's
+  // buffers, its hand-off finds no room for the copy and sends records.
+  const size_t used = (fence->log()->used_bytes + 63) / 64 * 64;
+  REQUIRE(fence->alloc(reserve - used - 1024) != nullptr);
+  REQUIRE(prefill.submit(b).ok());
+  p.run_until_idle();
+  const Outcome& ob = p.out[b.request_id];
+  REQUIRE(ob.handoffs.size() == 1);
+  const SchedulerEvent& h = ob.handoffs[0];
+  CHECK_FALSE(h.backend_blocks);
+  CHECK(h.blocks.size() == 4);
+  REQUIRE(decode.resume(h.request, h.generated, h.blocks).ok());
+  dd.run_until_idle();
+  Outcome whole = ob;
+  const Outcome& rest = dd.out[b.request_id];
+  whole.tokens.insert(whole.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  whole.text += rest.text;
+  whole.finished = rest.finished;
+  whole.finish_reason = rest.finish_reason;
+  whole.logits = rest.logits;
+  check_matches(whole, reference(*alone, tok.get(), b), alone->config().n_vocab);
+  CHECK(decode.counters().recomputed_tokens == 0);
+}
+
 TEST_CASE("scheduler: resume from truncated, corrupted or no KV recomputes the same tokens") {
   auto tok = make_tokenizer();
   const std::string path = model_path(small_dense(), "dense");
