@@ -364,10 +364,8 @@ Result<KvReceived> fetch_shared(KvSharedMappings& maps, const std::shared_ptr<Ba
     if (!got.ok()) return got.status();
     return KvReceived{std::move(got.value()), nullptr};
   }
-  uint64_t total = 0;
-  if (offer.headers.empty()) return Status(Code::invalid_argument, "KV over shared memory: an offer of no blocks");
-  const std::string bad = check_stream_headers(offer.headers, offer.total_bytes, kKvMaxStreamBytes, total);
-  if (!bad.empty()) return Status(Code::invalid_argument, "KV over shared memory: " + bad);
+  // Sizes checked before the device memory is taken (fetch_kv_shared_to checks the rest).
+  CLEAVE_RETURN_IF_ERROR(check_kv_offer(offer, pull, kKvMaxStreamBytes, "KV over shared memory"));
   auto blocks = BackendBlocks::allocate(device, offer.headers.size(), offer.headers.front().layout.block_bytes());
   if (!blocks.ok()) return blocks.status();
   auto got = fetch_kv_shared_to(maps, handle, offer, pull, kKvMaxStreamBytes, counters, (*blocks)->data());
@@ -431,6 +429,23 @@ void pull_via_socket(kv_receiver_pointer self, uint64_t id) {
           });
 }
 
+// A stream over the pair's device link failed, or its offer was unreadable:
+// the sender hears of it, the link is closed here as it is there (the
+// sender's next stream makes a new one), and the data socket serves the pull.
+void link_failed(kv_receiver_pointer self, uint64_t id) {
+  auto& s = self->state;
+  auto* t = transfer_of(self, id);
+  if (!t) return;
+  self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_link_done_atom::value, id, false);
+  auto l = s.links.find(caf::to_string(t->from.address()));
+  if (l != s.links.end()) {
+    retire(*s.socket_jobs, std::move(l->second));
+    s.links.erase(l);
+  }
+  ++s.counters->link_fallbacks;
+  pull_via_socket(self, id);
+}
+
 // A job's outcome (shared memory, a device link) to the receiver: into the
 // results, then Done (id, ok) to the actor; a failure says so on stderr.
 template <class Done>
@@ -466,14 +481,7 @@ void pull_via_link(kv_receiver_pointer self, uint64_t id) {
             auto offer = codec::decode_as<msg::KvChunk>(offer_bytes);
             std::shared_ptr<KvLinkEnd>& end = s.links[sender];
             if (end && end->id() != link_id) retire(*s.socket_jobs, std::move(end));  // the sender made a new one
-            if (!offer.ok()) {
-              // The sender's send meets no recv: the link is closed on both ends.
-              retire(*s.socket_jobs, std::move(end));
-              s.links.erase(sender);
-              self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_link_done_atom::value, id, false);
-              ++s.counters->link_fallbacks;
-              return pull_via_socket(self, id);
-            }
+            if (!offer.ok()) return link_failed(self, id);  // the sender's send meets no recv
             if (!end) end = std::make_shared<KvLinkEnd>(s.device, link_id, 1);
             auto results = s.socket_results;
             auto counters = s.counters;
@@ -652,17 +660,8 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         auto result = s.socket_results->take_received(id);
         auto* t = transfer_of(self, id);
         if (!t) return;  // ended meanwhile (its sender went down)
-        self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_link_done_atom::value, id, ok);
-        if (!ok) {
-          // Closed here as at the sender; the sender's next stream makes a new link.
-          auto l = s.links.find(caf::to_string(t->from.address()));
-          if (l != s.links.end()) {
-            retire(*s.socket_jobs, std::move(l->second));
-            s.links.erase(l);
-          }
-          ++s.counters->link_fallbacks;
-          return pull_via_socket(self, id);
-        }
+        if (!ok) return link_failed(self, id);
+        self->send(caf::actor_cast<kv_sender_actor>(t->from), kv_link_done_atom::value, id, true);
         ++s.counters->link_received;
         end_transfer(self, id, std::move(result));
       },

@@ -330,5 +330,13 @@ Result<Device> parse_device(const std::string& s);
 // none; unsupported for Compute::int8, whose kernels are the CPU's).
 Result<std::unique_ptr<Backend>> make_backend(const Device& device, int threads,
                                               Compute compute = Compute::exact);
+// What an engine, a pipeline stage or an expert host runs on: `device`
+// checked first (before a model is loaded: parse_device's error, or
+// invalid_argument when a backend of its own is `given` beside a device
+// other than cpu, the tests' seam), then `given`, else make_backend()'s.
+// Errors say "WHO: ...".
+Result<Device> device_for(const std::string& device, bool given, const std::string& who);
+Result<std::shared_ptr<Backend>> backend_for(const Device& device, int threads, Compute compute,
+                                             std::shared_ptr<Backend> given, const std::string& who);
 
 }  // namespace cleave

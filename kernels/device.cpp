@@ -31,4 +31,20 @@ Result<std::unique_ptr<Backend>> make_backend(const Device& device, int threads,
                                        "kernels are AVX2 / AVX-512 VNNI); use --compute exact");
 }
 
+Result<Device> device_for(const std::string& device, bool given, const std::string& who) {
+  auto d = parse_device(device);
+  if (!d.ok()) return Status(d.status().code(), who + ": " + d.status().message());
+  if (given && d->kind != Device::Kind::cpu)
+    return Status(Code::invalid_argument, who + ": device " + device + " given beside a backend of its own");
+  return d;
+}
+
+Result<std::shared_ptr<Backend>> backend_for(const Device& device, int threads, Compute compute,
+                                             std::shared_ptr<Backend> given, const std::string& who) {
+  if (given) return given;
+  auto made = make_backend(device, threads, compute);
+  if (!made.ok()) return Status(made.status().code(), who + ": " + made.status().message());
+  return std::shared_ptr<Backend>(std::move(made.value()));
+}
+
 }  // namespace cleave

@@ -37,11 +37,8 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
 Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> file,
                                                const EngineOptions& options,
                                                std::shared_ptr<Backend> backend) {
-  auto device = parse_device(options.device);
-  if (!device.ok()) return Status(device.status().code(), "engine: " + device.status().message());
-  if (backend && device->kind != Device::Kind::cpu)
-    return Status(Code::invalid_argument, "engine: device " + options.device +
-                                              " given beside a backend of its own");
+  auto device = device_for(options.device, bool(backend), "engine");
+  if (!device.ok()) return device.status();
   if (!file) return Status(Code::invalid_argument, "engine: no model file");
   // Names the weights every KV block is made with; hashed once, before the
   // model takes the file.
@@ -86,12 +83,9 @@ Result<std::unique_ptr<Engine>> Engine::create(std::shared_ptr<const GgufFile> f
   e->options_ = o;
   e->model_fp_ = compute_fingerprint(model_fp, o.compute);
   e->own_last_ = o.last_layer < 0 ? c.n_layers - 1 : o.last_layer;
-  if (!backend) {
-    auto made = make_backend(*device, o.threads, o.compute);
-    if (!made.ok()) return Status(made.status().code(), "engine: " + made.status().message());
-    backend = std::move(*made);
-  }
-  e->backend_ = std::move(backend);
+  auto on = backend_for(*device, o.threads, o.compute, std::move(backend), "engine");
+  if (!on.ok()) return on.status();
+  e->backend_ = std::move(on.value());
   e->host_ = e->backend_->caps().host_memory;
   for (const auto& [t, what] : {std::pair{o.cache_type_k, "k"}, std::pair{o.cache_type_v, "v"}})
     if (!e->backend_->supports(Op::kv_write, t) || !e->backend_->supports(Op::attention, t))

@@ -81,10 +81,8 @@ Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const Ggu
                                                        ExpertSet set, int32_t threads,
                                                        Compute compute, const std::string& device,
                                                        std::shared_ptr<Backend> backend) {
-  auto where = parse_device(device);
-  if (!where.ok()) return Status(where.status().code(), "expert host: " + where.status().message());
-  if (backend && where->kind != Device::Kind::cpu)
-    return Status(Code::invalid_argument, "expert host: device " + device + " given beside a backend of its own");
+  auto where = device_for(device, bool(backend), "expert host");
+  if (!where.ok()) return where.status();
   if (threads < 1 || threads > 1024)
     return Status(Code::invalid_argument,
                   "expert host: threads = " + std::to_string(threads) + " must be in [1, 1024]");
@@ -94,12 +92,9 @@ Result<std::unique_ptr<ExpertHost>> ExpertHost::create(std::shared_ptr<const Ggu
   CLEAVE_RETURN_IF_ERROR(check_compute(compute, **model, "expert host"));
   std::unique_ptr<ExpertHost> h(new ExpertHost());
   h->model_ = std::move(*model);
-  if (!backend) {
-    auto made = make_backend(*where, threads, compute);
-    if (!made.ok()) return Status(made.status().code(), "expert host: " + made.status().message());
-    backend = std::move(made.value());
-  }
-  h->backend_ = std::move(backend);
+  auto on = backend_for(*where, threads, compute, std::move(backend), "expert host");
+  if (!on.ok()) return on.status();
+  h->backend_ = std::move(on.value());
   h->host_ = h->backend_->caps().host_memory;
   Backend& be = *h->backend_;
   h->weights_ = std::make_unique<WeightCopies>(be);

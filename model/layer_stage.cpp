@@ -36,10 +36,8 @@ Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const Ggu
                                                        Compute compute, const std::string& device,
                                                        std::shared_ptr<Backend> backend) {
   if (!file) return Status(Code::invalid_argument, "stage: no model file");
-  auto where = parse_device(device);
-  if (!where.ok()) return Status(where.status().code(), "stage: " + where.status().message());
-  if (backend && where->kind != Device::Kind::cpu)
-    return Status(Code::invalid_argument, "stage: device " + device + " given beside a backend of its own");
+  auto where = device_for(device, bool(backend), "stage");
+  if (!where.ok()) return where.status();
   const uint64_t model_fp = checksum_bytes(file->data(), file->file_size());
   file->release_resident_pages();  // keep only this stage's layers resident
   auto model = LlamaModel::load(std::move(file));
@@ -60,12 +58,9 @@ Result<std::unique_ptr<LayerStage>> LayerStage::create(std::shared_ptr<const Ggu
   CLEAVE_RETURN_IF_ERROR(check_compute(compute, **model, "stage"));
   auto s = std::unique_ptr<LayerStage>(new LayerStage());
   s->model_ = std::move(*model);
-  if (!backend) {
-    auto made = make_backend(*where, threads, compute);
-    if (!made.ok()) return Status(made.status().code(), "stage: " + made.status().message());
-    backend = std::move(made.value());
-  }
-  s->backend_ = std::move(backend);
+  auto on = backend_for(*where, threads, compute, std::move(backend), "stage");
+  if (!on.ok()) return on.status();
+  s->backend_ = std::move(on.value());
   s->host_ = s->backend_->caps().host_memory;
   for (const auto& [t, what] : {std::pair{cache_type_k, "k"}, std::pair{cache_type_v, "v"}})
     if (!s->backend_->supports(Op::kv_write, t) || !s->backend_->supports(Op::attention, t))

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <future>
 
 #include "actors/kv_link.h"
@@ -88,85 +89,76 @@ int exit_status(pid_t pid) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 100;
 }
 
-}  // namespace
-
-TEST_CASE("kv streams on devices: one host, device memory to device memory through shared memory, no host copy") {
-  auto want = make_records(kBlocks);
-  const size_t bb = want->front().bytes.size();
-  DeviceSender sender = start_sender(SenderSetup{});
-  auto dev = std::make_shared<DeviceLike>();
+// Pulls the sender's kStreams streams into a receiver whose engine is on
+// dev (pull_kv_streams, as a stage's receiver), each outcome to sink.
+void pull_all(const DeviceSender& sender, bool shared_memory, const std::shared_ptr<DeviceLike>& dev,
+              const std::function<void(const KvReceived&)>& sink) {
   int streams = 0;
   auto pulls = pull_kv_streams(
       "127.0.0.1", sender.port, kStreams, 4096, 4,
       [&](const KvReceived& got) {
         ++streams;
-        CHECK(got.records.empty());
-        REQUIRE(got.blocks);
-        CHECK(&got.blocks->backend() == dev.get());
-        REQUIRE(got.blocks->size() == size_t(kBlocks));
-        for (size_t i = 0; i < size_t(kBlocks); ++i) {
-          CHECK(got.blocks->headers()[i].checksum == (*want)[i].header.checksum);
-          CHECK(got.blocks->headers()[i].key == (*want)[i].header.key);
-          // DeviceLike's memory is the host's underneath: read to compare.
-          CHECK(std::memcmp(got.blocks->block(i), (*want)[i].bytes.data(), bb) == 0);
-        }
+        sink(got);
       },
-      true, dev);
+      shared_memory, dev);
   CHECK_MESSAGE(pulls.ok(), pulls.status().to_string());
-  CHECK(exit_status(sender.pid) == 0);  // its device: offered from, no upload or download
   CHECK(streams == kStreams);
+}
+
+// A stream's KV is make_records(kBlocks)'s, as blocks in dev's memory
+// (DeviceLike's memory is the host's underneath: read to compare) or as
+// records.
+void check_kv(const KvReceived& got, const DeviceLike& dev) {
+  const auto want = make_records(kBlocks);
+  const size_t bb = want->front().bytes.size();
+  REQUIRE(got.size() == size_t(kBlocks));
+  if (got.blocks) CHECK(&got.blocks->backend() == &dev);
+  for (size_t i = 0; i < size_t(kBlocks); ++i) {
+    const BlockHeader& h = got.blocks ? got.blocks->headers()[i] : got.records[i].header;
+    const void* bytes = got.blocks ? got.blocks->block(i) : got.records[i].bytes.data();
+    CHECK(h.checksum == (*want)[i].header.checksum);
+    CHECK(h.key == (*want)[i].header.key);
+    CHECK(std::memcmp(bytes, (*want)[i].bytes.data(), bb) == 0);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("kv streams on devices: one host, device memory to device memory through shared memory, no host copy") {
+  DeviceSender sender = start_sender(SenderSetup{});
+  auto dev = std::make_shared<DeviceLike>();
+  pull_all(sender, true, dev, [&](const KvReceived& got) {
+    CHECK(got.records.empty());
+    REQUIRE(got.blocks);
+    check_kv(got, *dev);
+  });
+  CHECK(exit_status(sender.pid) == 0);  // its device: offered from, no upload or download
   CHECK(dev->uploads == 0);
   CHECK(dev->downloads == 0);
   CHECK(dev->checksum_calls == kStreams);  // each stream checked where it landed
 }
 
 TEST_CASE("kv streams on devices: over the data socket the sender downloads its blocks, the decoder gets records") {
-  auto want = make_records(kBlocks);
   DeviceSender sender = start_sender(SenderSetup{false, true, false, kStreams * kBlocks, 0});
   auto dev = std::make_shared<DeviceLike>();
-  int streams = 0;
-  auto pulls = pull_kv_streams(
-      "127.0.0.1", sender.port, kStreams, 4096, 4,
-      [&](const KvReceived& got) {
-        ++streams;
-        CHECK_FALSE(got.blocks);
-        REQUIRE(got.records.size() == size_t(kBlocks));
-        for (size_t i = 0; i < size_t(kBlocks); ++i) {
-          CHECK(got.records[i].bytes == (*want)[i].bytes);
-          CHECK(got.records[i].header.checksum == (*want)[i].header.checksum);
-        }
-      },
-      false, dev);
-  CHECK_MESSAGE(pulls.ok(), pulls.status().to_string());
+  pull_all(sender, false, dev, [&](const KvReceived& got) {
+    CHECK_FALSE(got.blocks);
+    check_kv(got, *dev);
+  });
   CHECK(exit_status(sender.pid) == 0);  // one download per block and stream, no upload
-  CHECK(streams == kStreams);
   CHECK(dev->uploads == 0);  // the decoder's engine imports the records itself
 }
 
 TEST_CASE("kv streams on devices: where shared memory does not reach, one device link carries every stream") {
-  auto want = make_records(kBlocks);
-  const size_t bb = want->front().bytes.size();
   // A device that does not share memory stands for another host (the
   // netns tests' case): the receiver goes on to the pair's device link.
   DeviceSender sender = start_sender(SenderSetup{true, false, false, 0, 1});
   auto dev = std::make_shared<DeviceLike>();
-  int streams = 0;
-  auto pulls = pull_kv_streams(
-      "127.0.0.1", sender.port, kStreams, 4096, 4,
-      [&](const KvReceived& got) {
-        ++streams;
-        REQUIRE(got.blocks);
-        CHECK(&got.blocks->backend() == dev.get());
-        REQUIRE(got.blocks->size() == size_t(kBlocks));
-        for (size_t i = 0; i < size_t(kBlocks); ++i) {
-          CHECK(got.blocks->headers()[i].checksum == (*want)[i].header.checksum);
-          CHECK(std::memcmp(got.blocks->block(i), (*want)[i].bytes.data(), bb) == 0);
-        }
-      },
-      true, dev);
-  CHECK_MESSAGE(pulls.ok(), pulls.status().to_string());
+  pull_all(sender, true, dev, [&](const KvReceived& got) {
+    REQUIRE(got.blocks);
+    check_kv(got, *dev);
+  });
   CHECK(exit_status(sender.pid) == 0);  // no upload or download; one link for both streams
-  CHECK(streams == kStreams);
   CHECK(dev->links_opened == 1);
   CHECK(dev->uploads == 0);
   CHECK(dev->downloads == 0);
@@ -174,26 +166,16 @@ TEST_CASE("kv streams on devices: where shared memory does not reach, one device
 }
 
 TEST_CASE("kv streams on devices: a corrupt block over the link closes it, the socket serves, the next stream links anew") {
-  auto want = make_records(kBlocks);
-  const size_t bb = want->front().bytes.size();
   // The first send flips a byte: the receiver finds the block (corruption),
   // both ends close the link, the stream comes over the socket (the sender
   // downloads its blocks once); the second stream opens a new link.
   DeviceSender sender = start_sender(SenderSetup{true, false, true, kBlocks, 2});
   auto dev = std::make_shared<DeviceLike>();
   std::vector<bool> as_blocks;
-  auto pulls = pull_kv_streams(
-      "127.0.0.1", sender.port, kStreams, 4096, 4,
-      [&](const KvReceived& got) {
-        as_blocks.push_back(bool(got.blocks));
-        REQUIRE(got.size() == size_t(kBlocks));
-        for (size_t i = 0; i < size_t(kBlocks); ++i) {
-          const void* bytes = got.blocks ? got.blocks->block(i) : got.records[i].bytes.data();
-          CHECK(std::memcmp(bytes, (*want)[i].bytes.data(), bb) == 0);
-        }
-      },
-      true, dev);
-  CHECK_MESSAGE(pulls.ok(), pulls.status().to_string());
+  pull_all(sender, true, dev, [&](const KvReceived& got) {
+    as_blocks.push_back(bool(got.blocks));
+    check_kv(got, *dev);
+  });
   CHECK(exit_status(sender.pid) == 0);
   CHECK(as_blocks == std::vector<bool>{false, true});
   CHECK(dev->links_opened == 2);

@@ -98,6 +98,19 @@ void check_matches(const Outcome& got, const GenerateResult& want, int32_t n_voc
   CHECK(same_bits(got.logits, last));
 }
 
+// A request handed off: what the prefill side said, then what the decoder
+// said (its finish, unless the prefill's first token finished it).
+Outcome joined(Outcome whole, const Outcome& rest) {
+  whole.tokens.insert(whole.tokens.end(), rest.tokens.begin(), rest.tokens.end());
+  whole.text += rest.text;
+  if (!whole.finished) {
+    whole.finished = rest.finished;
+    whole.finish_reason = rest.finish_reason;
+    whole.logits = rest.logits;
+  }
+  return whole;
+}
+
 // A varied request: prompt length 1..100 (every fifth shares a 48-token
 // prefix, for the prefix cache), six sampler settings, max_tokens 1..40.
 GenerateRequest mixed_request(int i) {
@@ -238,16 +251,7 @@ TEST_CASE("scheduler: prefill_only handoff, resumed on another engine, equals ge
   dd.run_until_idle();
   for (const GenerateRequest& r : requests) {
     CAPTURE(r.prompt.size());
-    Outcome whole = p.out[r.request_id];
-    const Outcome& rest = dd.out[r.request_id];
-    whole.tokens.insert(whole.tokens.end(), rest.tokens.begin(), rest.tokens.end());
-    whole.text += rest.text;
-    if (!whole.finished) {
-      whole.finished = rest.finished;
-      whole.finish_reason = rest.finish_reason;
-      whole.logits = rest.logits;
-    }
-    check_matches(whole, reference(*alone, tok.get(), r), V);
+    check_matches(joined(p.out[r.request_id], dd.out[r.request_id]), reference(*alone, tok.get(), r), V);
   }
   CHECK(decode.counters().imported_tokens == uint64_t(handed_tokens));
   CHECK(decode.counters().recomputed_tokens == 0);
@@ -311,14 +315,7 @@ TEST_CASE("scheduler: on a device the hand-off's KV stays in device memory and t
   dd.run_until_idle();
   for (const GenerateRequest& r : requests) {
     CAPTURE(r.prompt.size());
-    Outcome whole = p.out[r.request_id];
-    const Outcome& rest = dd.out[r.request_id];
-    whole.tokens.insert(whole.tokens.end(), rest.tokens.begin(), rest.tokens.end());
-    whole.text += rest.text;
-    whole.finished = rest.finished;
-    whole.finish_reason = rest.finish_reason;
-    whole.logits = rest.logits;
-    check_matches(whole, reference(*alone, tok.get(), r), V);
+    check_matches(joined(p.out[r.request_id], dd.out[r.request_id]), reference(*alone, tok.get(), r), V);
   }
   CHECK(decode.counters().imported_tokens == uint64_t(handed_tokens));
   CHECK(decode.counters().recomputed_tokens == uint64_t(50 - 16));
@@ -370,14 +367,7 @@ TEST_CASE("scheduler: a device without room for the hand-off's copy hands off re
   CHECK(h.blocks.size() == 4);
   REQUIRE(decode.resume(h.request, h.generated, h.blocks).ok());
   dd.run_until_idle();
-  Outcome whole = ob;
-  const Outcome& rest = dd.out[b.request_id];
-  whole.tokens.insert(whole.tokens.end(), rest.tokens.begin(), rest.tokens.end());
-  whole.text += rest.text;
-  whole.finished = rest.finished;
-  whole.finish_reason = rest.finish_reason;
-  whole.logits = rest.logits;
-  check_matches(whole, reference(*alone, tok.get(), b), alone->config().n_vocab);
+  check_matches(joined(ob, dd.out[b.request_id]), reference(*alone, tok.get(), b), alone->config().n_vocab);
   CHECK(decode.counters().recomputed_tokens == 0);
 }
 
