@@ -1,4 +1,5 @@
 // make_backend(): the backend a --device value names.
+#include <atomic>
 #include <mutex>
 
 #include "kernels/backend.h"
@@ -9,6 +10,7 @@ namespace {
 
 std::mutex stand_in_mu;
 std::function<std::unique_ptr<Backend>(int)> stand_in;  // tests: kernels/device_testing.h
+std::atomic<bool> fma_matmul{false};                     // tests: kernels/device_testing.h
 
 }  // namespace
 
@@ -16,6 +18,9 @@ void set_cuda_stand_in(std::function<std::unique_ptr<Backend>(int index)> factor
   std::lock_guard<std::mutex> lock(stand_in_mu);
   stand_in = std::move(factory);
 }
+
+void set_cuda_fma_matmul(bool on) { fma_matmul.store(on); }
+bool cuda_fma_matmul() { return fma_matmul.load(); }
 
 Result<std::unique_ptr<Backend>> make_backend(const Device& device, int threads, Compute compute) {
   if (device.kind == Device::Kind::cpu) return make_cpu_backend(threads, detect_isa(), compute);

@@ -16,4 +16,10 @@ namespace cleave {
 
 void set_cuda_stand_in(std::function<std::unique_ptr<Backend>(int index)> factory);
 
+// Tests and benchmarks only: CUDA backends made while this is on take the
+// CUDA-core FMA matmul (kernels/cuda/matmul.h) instead of the tensor-core
+// one, so test_cuda checks and times both on one device.
+void set_cuda_fma_matmul(bool on);
+bool cuda_fma_matmul();
+
 }  // namespace cleave

@@ -34,6 +34,7 @@
 #include "kernels/cuda/reduce.cuh"
 #include "kernels/cuda/weights.cuh"
 #include "kernels/cuda/vision_ops.h"
+#include "kernels/device_testing.h"
 
 namespace cleave {
 namespace {
@@ -335,6 +336,9 @@ class CudaBackend final : public Backend {
   CudaBackend(int device, const cudaDeviceProp& prop) : device_(device) {
     sm_count_ = prop.multiProcessorCount;
     isa_ = "sm_" + std::to_string(prop.major) + std::to_string(prop.minor);
+    // TF32 mma needs sm_80; the choice holds for the backend's life, so every
+    // matmul of this backend runs one kernel whatever its n.
+    tensor_cores_ = prop.major >= 8 && !cuda_fma_matmul();
     CLEAVE_CUDA_CHECK(cudaSetDevice(device_));
     // A blocking stream: work on the legacy default stream (cudaMemcpy,
     // events recorded on stream 0) stays ordered with it.
@@ -442,7 +446,10 @@ class CudaBackend final : public Backend {
       CLEAVE_CUDA_CHECK(cudaMemsetAsync(y, 0, size_t(n * w.rows) * sizeof(float), stream_));
       return;
     }
-    cuda::launch_matmul(w, x, n, y, sm_count_, stream_);
+    if (tensor_cores_)
+      cuda::launch_matmul_tc(w, x, n, y, sm_count_, stream_);
+    else
+      cuda::launch_matmul(w, x, n, y, sm_count_, stream_);
   }
 
   void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
@@ -592,6 +599,7 @@ class CudaBackend final : public Backend {
 
   int device_ = 0;
   int sm_count_ = 0;
+  bool tensor_cores_ = false;
   std::string isa_;
   cudaStream_t stream_ = nullptr;
 };

@@ -37,20 +37,6 @@ constexpr int kUnroll = 4;  // weight chunks in flight per lane (n > 1)
 #endif
 constexpr int kUnrollMatvec = CLEAVE_MATVEC_UNROLL;  // the same for n = 1
 
-// V floats (a multiple of 4) from 16-byte aligned x.
-template <int V>
-__device__ __forceinline__ void load_x(const float* x, float* out) {
-  const float4* xv = reinterpret_cast<const float4*>(x);
-#pragma unroll
-  for (int q = 0; q < V / 4; ++q) {
-    const float4 f = __ldg(xv + q);
-    out[4 * q] = f.x;
-    out[4 * q + 1] = f.y;
-    out[4 * q + 2] = f.z;
-    out[4 * q + 3] = f.w;
-  }
-}
-
 // y[i][r] for one output feature r per warp and NT x rows per tile.
 // kVec: weight rows and x rows are 16-byte aligned and k % V == 0.
 template <DType T, int NT, bool kVec>
@@ -131,15 +117,6 @@ __global__ void __launch_bounds__(kMatmulWarps* kWarp)
       const int64_t i = tile * NT + t;
       if (lane == t && i < n) y[i * R + r] = acc[t];
     }
-  }
-}
-
-template <bool kAligned2>
-__device__ __forceinline__ uint32_t load_u16(const uint8_t* p) {
-  if constexpr (kAligned2) {
-    return __ldg(reinterpret_cast<const unsigned short*>(p));
-  } else {
-    return uint32_t(__ldg(p)) | (uint32_t(__ldg(p + 1)) << 8);
   }
 }
 

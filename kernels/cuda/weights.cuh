@@ -1,6 +1,7 @@
-// Weight element loaders shared by the CUDA kernels (matmul, embed): F32,
-// F16 and BF16 elements widened exactly to F32. Device code only; included
-// by .cu files.
+// Weight and activation loaders shared by the CUDA kernels (both matmuls,
+// embed): F32, F16 and BF16 elements widened exactly to F32, 16-byte
+// vector loads of x, 2-byte loads at any alignment. Device code only;
+// included by .cu files.
 #pragma once
 
 #include <cuda_fp16.h>
@@ -63,6 +64,29 @@ __device__ __forceinline__ void convert_chunk(const uint4& raw, float* w) {
         w[2 * j + 1] = bf16_bits_to_f32(u[j] >> 16);
       }
     }
+  }
+}
+
+// V floats (a multiple of 4) from 16-byte aligned x.
+template <int V>
+__device__ __forceinline__ void load_x(const float* x, float* out) {
+  const float4* xv = reinterpret_cast<const float4*>(x);
+#pragma unroll
+  for (int q = 0; q < V / 4; ++q) {
+    const float4 f = __ldg(xv + q);
+    out[4 * q] = f.x;
+    out[4 * q + 1] = f.y;
+    out[4 * q + 2] = f.z;
+    out[4 * q + 3] = f.w;
+  }
+}
+
+template <bool kAligned2>
+__device__ __forceinline__ uint32_t load_u16(const uint8_t* p) {
+  if constexpr (kAligned2) {
+    return __ldg(reinterpret_cast<const unsigned short*>(p));
+  } else {
+    return uint32_t(__ldg(p)) | (uint32_t(__ldg(p + 1)) << 8);
   }
 }
 

@@ -17,11 +17,14 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/device_testing.h"
 #include "kernels/dtype.h"
 #include "tests/cuda/gpu.h"
 
 #ifdef CLEAVE_HAVE_CUDA
 #include <cuda_runtime.h>
+
+#include "kernels/cuda/matmul.h"
 #endif
 
 namespace {
@@ -145,9 +148,23 @@ TEST_CASE("cuda backend: caps, supports, memory round trip") {
   CHECK(b.get() == v);
 }
 
-TEST_CASE("cuda matmul: all dtypes against cpu, batch invariant") {
-  auto gpu = gpu_or_skip();
-  if (!gpu) return;
+namespace {
+
+// The CUDA backend with the tensor-core matmul (fma = false; the default on
+// sm_80+) or the FMA one (device_testing.h's seam).
+std::unique_ptr<Backend> gpu_with_matmul(bool fma) {
+  set_cuda_fma_matmul(fma);
+  auto made = make_cuda_backend(0);
+  set_cuda_fma_matmul(false);
+  REQUIRE(made.ok());
+  return std::move(made).value();
+}
+
+// Every dtype and shape against the CPU backend, each n's rows equal to the
+// same rows computed one at a time, and the aligned (vector) path equal to
+// the misaligned (scalar) one. n up to 40 covers the tensor kernel's tiles
+// of 8, 16 and 32 x rows.
+void check_matmul_against_cpu(Backend* gpu) {
   auto cpu = make_cpu_backend(2);
   Rng rng(2);
   struct Shape {
@@ -156,7 +173,7 @@ TEST_CASE("cuda matmul: all dtypes against cpu, batch invariant") {
   // Q8_0 needs cols % 32 == 0; the others also get ragged cols.
   const Shape q8_shapes[] = {{1, 32}, {7, 96}, {33, 160}, {130, 1024}, {64, 4096}, {9, 4128}};
   const Shape ragged[] = {{5, 37}, {17, 100}, {9, 3}, {3, 1}, {11, 4100}};
-  const int64_t ns[] = {1, 3, 5, 8, 13};
+  const int64_t ns[] = {1, 3, 5, 8, 13, 40};
   for (DType t : kTypes) {
     std::vector<Shape> shapes(std::begin(q8_shapes), std::end(q8_shapes));
     if (t != DType::Q8_0) shapes.insert(shapes.end(), std::begin(ragged), std::end(ragged));
@@ -167,7 +184,7 @@ TEST_CASE("cuda matmul: all dtypes against cpu, batch invariant") {
       const auto wf = rng.vec(size_t(s.rows * s.cols));
       const auto wb = encode(t, wf, s.rows, s.cols);
       Buf wc(*cpu, wb), wg(*gpu, wb);
-      const int64_t nmax = 13;
+      const int64_t nmax = 40;
       // One spare float in front: x at +1 is misaligned for the scalar path.
       const auto xv = rng.vec(size_t(nmax * s.cols + 1));
       Buf xc(*cpu, xv), xg(*gpu, xv);
@@ -201,6 +218,17 @@ TEST_CASE("cuda matmul: all dtypes against cpu, batch invariant") {
         CHECK(same_bits(rg.data(), single.data(), rg.size()));
       }
     }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("cuda matmul: all dtypes against cpu, batch invariant, both paths") {
+  if (!gpu_or_skip()) return;
+  for (bool fma : {false, true}) {
+    CAPTURE(fma);
+    auto gpu = gpu_with_matmul(fma);
+    check_matmul_against_cpu(gpu.get());
   }
 }
 
@@ -589,17 +617,28 @@ TEST_CASE("cuda benchmark") {
 
   Rng rng(8);
   std::vector<float> pattern = rng.vec(1 << 16);
+  // The TF32 tensor-core rate: the limit of the tensor-core matmul.
+  const double mma_peak = cuda::measure_tf32_mma_peak(prop.multiProcessorCount, 0);
+  std::printf("  TF32 mma.sync peak (registers) %8.0f GFLOP/s\n", mma_peak / 1e9);
+  auto fma_gpu = gpu_with_matmul(true);
+  struct Path {
+    const char* name;
+    Backend* backend;
+  };
+  const Path paths[] = {{"tensor", gpu.get()}, {"fma", fma_gpu.get()}};
   auto matvec = [&](DType t, int64_t rows, int64_t cols) {
     std::vector<float> wf(size_t(rows * cols));
     for (size_t k = 0; k < wf.size(); ++k) wf[k] = pattern[(k * 7 + k / 65536) % pattern.size()];
     const auto wb = encode(t, wf, rows, cols);
-    Buf w(*gpu, wb), x(*gpu, rng.vec(size_t(cols))), y(*gpu, size_t(rows) * 4);
-    const WeightView wv = view(t, w, rows, cols);
-    const double ms = time_ms([&] { gpu->matmul(wv, x.f(), 1, y.f()); }, 20);
-    const double gbs = double(wb.size()) / (ms * 1e-3) / 1e9;
-    std::printf("  matvec %-4s %6lld x %-6lld     %8.0f GB/s  %.1f%% of d2d, %.1f%% of peak, %.1f us\n",
-                dtype_name(t), (long long)rows, (long long)cols, gbs, 100.0 * gbs / copy_gbs,
-                peak_gbs > 0 ? 100.0 * gbs / peak_gbs : 0.0, ms * 1e3);
+    for (const Path& p : paths) {
+      Buf w(*p.backend, wb), x(*p.backend, rng.vec(size_t(cols))), y(*p.backend, size_t(rows) * 4);
+      const WeightView wv = view(t, w, rows, cols);
+      const double ms = time_ms([&] { p.backend->matmul(wv, x.f(), 1, y.f()); }, 20);
+      const double gbs = double(wb.size()) / (ms * 1e-3) / 1e9;
+      std::printf("  matvec %-6s %-4s %6lld x %-6lld %8.0f GB/s  %.1f%% of d2d, %.1f%% of peak, %.1f us\n",
+                  p.name, dtype_name(t), (long long)rows, (long long)cols, gbs, 100.0 * gbs / copy_gbs,
+                  peak_gbs > 0 ? 100.0 * gbs / peak_gbs : 0.0, ms * 1e3);
+    }
   };
   matvec(DType::F16, 4096, 14336);
   matvec(DType::F16, 14336, 4096);
@@ -607,15 +646,21 @@ TEST_CASE("cuda benchmark") {
   matvec(DType::Q8_0, 14336, 4096);
   matvec(DType::F32, 14336, 4096);
 
-  {
-    const int64_t d = 4096, n = 128;
-    Buf w(*gpu, rng.vec(size_t(d * d))), x(*gpu, rng.vec(size_t(n * d))),
-        y(*gpu, size_t(n * d) * 4);
-    const WeightView wv = view(DType::F32, w, d, d);
-    const double ms = time_ms([&] { gpu->matmul(wv, x.f(), n, y.f()); }, 10);
-    std::printf("  matmul F32 4096x4096 x 128 rows %8.0f GFLOP/s  %.3f ms\n",
-                2.0 * d * d * n / (ms * 1e-3) / 1e9, ms);
-  }
+  // Prefill-shaped matmuls: 4096 x 4096 weights against 128 and 512 rows.
+  for (DType t : {DType::F32, DType::F16, DType::Q8_0})
+    for (int64_t n : {int64_t(128), int64_t(512)}) {
+      const int64_t d = 4096;
+      const auto wb = encode(t, rng.vec(size_t(d * d)), d, d);
+      const auto xv = rng.vec(size_t(n * d));
+      for (const Path& p : paths) {
+        Buf w(*p.backend, wb), x(*p.backend, xv), y(*p.backend, size_t(n * d) * 4);
+        const WeightView wv = view(t, w, d, d);
+        const double ms = time_ms([&] { p.backend->matmul(wv, x.f(), n, y.f()); }, 10);
+        const double flops = 2.0 * d * d * n / (ms * 1e-3);
+        std::printf("  matmul %-6s %-4s 4096x4096 x %3lld rows %8.0f GFLOP/s  %.1f%% of TF32 mma peak  %.3f ms\n",
+                    p.name, dtype_name(t), (long long)n, flops / 1e9, 100.0 * flops / mma_peak, ms);
+      }
+    }
   {
     // Decode attention: 64 sequences x 2048 tokens, 32 heads / 8 kv heads, hd 128.
     AttnCase c{16, 8, 32, 128, 2048};

@@ -13,9 +13,14 @@
 #include <cstdio>
 #include <cstring>
 
+#include "kernels/device_testing.h"
 #include "model/clip.h"
 #include "tests/cuda/gpu.h"
 #include "tests/model/model_fixtures.h"
+
+#ifdef CLEAVE_HAVE_CUDA
+#include "kernels/cuda/matmul.h"
+#endif
 
 using namespace cleave;
 using namespace cleave::fixtures;
@@ -89,9 +94,11 @@ Agreement teacher_forced(Engine& cpu, int32_t sc, Engine& gpu, int32_t sg, std::
 }  // namespace
 
 // Bound: both backends compute every dot product in float32, in different
-// orders (the GPU's fixed per-row trees against the CPU's one chain over k).
-// Each differs from the exact sum by at most about K * eps * sum|x_k w_k|
-// (K <= 512 here: ~3e-5 of the magnitudes); through 4 layers of 7 matmuls,
+// orders (the GPU's fixed per-row trees or tensor-core chunks against the
+// CPU's one chain over k; the tensor cores' 3xTF32 split adds at most
+// 2^-21 sum|x_k w_k|, kernels/cuda/mma_tf32.cuh). Each differs from the
+// exact sum by at most about K * eps * sum|x_k w_k| (K <= 512 here: ~3e-5
+// of the magnitudes); through 4 layers of 7 matmuls,
 // two norms and the attention softmax the difference stays well under
 // 1e-3 of the logits' scale on these random models. Asserted:
 // |gpu - cpu| <= 1e-3 * (1 + max |cpu logit|) at every step, with the
@@ -257,10 +264,18 @@ TEST_CASE("cuda engine benchmark: decode at batch 1 and 32") {
   spec.dim = 768; spec.n_layers = 12; spec.n_heads = 12; spec.n_kv_heads = 4; spec.ffn = 2048;
   spec.context = 512; spec.type = DType::F16;
   const std::string path = model_path(spec, "gpu-100m-f16");
+  cudaDeviceProp prop;
+  cudaGetDeviceProperties(&prop, 0);
+  const double mma_peak = cuda::measure_tf32_mma_peak(prop.multiProcessorCount, 0);
   std::printf("\ncuda engine benchmark (100M GQA F16, 128-token prompts, 64 decode steps)\n"
-              "  d2d memcpy (read+write) %.0f GB/s\n", bw / 1e9);
+              "  d2d memcpy (read+write) %.0f GB/s, TF32 mma peak %.0f GFLOP/s\n", bw / 1e9,
+              mma_peak / 1e9);
+  // Each matmul path (kernels/cuda/matmul.h) for the whole run of an engine.
+  for (bool fma : {false, true})
   for (int32_t batch : {1, 32}) {
+    set_cuda_fma_matmul(fma);
     auto e = make_engine(path, on("cuda:0", batch));
+    set_cuda_fma_matmul(false);
     const int32_t V = e->config().n_vocab;
     const double weight_bytes = double(e->model().weight_bytes_per_token());
     std::vector<int32_t> seqs;
@@ -272,7 +287,18 @@ TEST_CASE("cuda engine benchmark: decode at batch 1 and 32") {
       items.push_back({seqs.back(), prompts[size_t(i)].data(), 128});
     }
     std::vector<float> lg(size_t(batch) * size_t(V));
+    {
+      // One untimed prefill first: the first launches load the kernels.
+      const int32_t warm = *e->open_sequence();
+      const auto wp = prompt_of(128, 9);
+      REQUIRE(e->forward({{warm, wp.data(), 128}}, lg.data()).ok());
+      e->close_sequence(warm);
+    }
+    const auto p0 = std::chrono::steady_clock::now();
     REQUIRE(e->forward(items, lg.data()).ok());
+    const double prefill_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - p0).count();
+    // 2 FLOPs per weight (F16: 2 bytes) and prompt token, attention aside.
+    const double prefill_flops = 2.0 * (weight_bytes / 2) * 128.0 * batch / prefill_s;
     std::vector<int32_t> toks(size_t(batch), 0);
     const auto t0 = std::chrono::steady_clock::now();
     for (int step = 0; step < 64; ++step) {
@@ -285,8 +311,10 @@ TEST_CASE("cuda engine benchmark: decode at batch 1 and 32") {
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double tok_s = 64.0 * batch / s;
     const double roofline = bw / weight_bytes * batch;  // weights read once per step
-    std::printf("  batch %2d: %8.0f tok/s, %.2f ms per step; weights at the copy bandwidth: %.0f tok/s (%.0f %%)\n",
-                batch, tok_s, s / 64 * 1e3, roofline, 100.0 * tok_s / roofline);
+    std::printf("  %-6s batch %2d: %8.0f tok/s, %.2f ms per step; weights at the copy bandwidth: %.0f tok/s (%.0f %%); "
+                "prefill %.0f GFLOP/s (%.1f %% of the TF32 peak)\n",
+                fma ? "fma" : "tensor", batch, tok_s, s / 64 * 1e3, roofline, 100.0 * tok_s / roofline,
+                prefill_flops / 1e9, 100.0 * prefill_flops / mma_peak);
   }
 #endif
 }
