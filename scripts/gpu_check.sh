@@ -59,7 +59,7 @@ ls tests/kernels/*.cpp >/dev/null 2>&1 && targets+=(test_kernels)
 run cmake --build "$BUILD_DIR" -j"$JOBS" --target "${targets[@]}" || exit 1
 
 status=0
-echo "== test_cuda (CUDA backend vs CPU backend op by op, the engine on cuda:0 against the CPU engine, batch invariance, IPC between two processes, KV handed GPU to GPU between two processes by the kv actors, NCCL ids and join timeout, the device checksum, the kv_store tiers on the device, benchmarks)"
+echo "== test_cuda (CUDA backend vs CPU backend op by op with both matmuls (tensor cores, FMA), the engine on cuda:0 against the CPU engine, batch invariance, IPC between two processes, KV handed GPU to GPU between two processes by the kv actors, NCCL ids and join timeout, the device checksum, the kv_store tiers on the device, benchmarks)"
 run timeout "$TEST_TIMEOUT" "$BUILD_DIR/tests/test_cuda" --duration=true 2>&1 | tee "$BUILD_DIR/gpu_check_test_cuda.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 echo "== cleave generate --device cuda:0 against --device cpu (greedy, 24 tokens)"
