@@ -100,6 +100,9 @@ constexpr int64_t kRopeCachedPositions = 4096;
 
 // Below this many multiply-adds an op runs on the calling thread only.
 constexpr int64_t kMinParallelWork = 64 * 1024;
+// Attention: most rows of one sequence the kernel runs together (their
+// scores and outputs stay in the scratch and registers of one call).
+constexpr int64_t kAttnGroupRows = 16;
 
 // The int8 kernel and activation quantiser for an ISA, and the kernel's name.
 struct Int8Kernels {
@@ -454,28 +457,56 @@ class CpuBackend final : public Backend {
     a.group = n_heads / kv.n_kv_heads;
     a.scale = scale;
     const int32_t nkv = kv.n_kv_heads;
-    // With rows enough to keep every thread busy, a task is a whole row (its
-    // heads' KV read as one run per block); otherwise one kv head of a row.
-    const int32_t hpt = n >= 2 * int64_t(pool_.threads()) ? nkv : 1;
-    ensure_scratch(CLEAVE_ATTN_SCRATCH(kv.block_size, hpt * a.group));
+    // Rows of one sequence (one block table) next to each other whose
+    // positions fall in one block make a group: the kernel runs them
+    // together, sharing the loads of the blocks before their last (a
+    // prefill's rows), each row's bits unchanged.
+    attn_groups_.clear();
+    for (int64_t i = 0; i < n; ++i) {
+      if (i > 0 && rows[i].block_table == rows[i - 1].block_table &&
+          rows[i].pos / kv.block_size == rows[attn_groups_.back()].pos / kv.block_size &&
+          i - attn_groups_.back() < kAttnGroupRows)
+        continue;
+      attn_groups_.push_back(i);
+    }
+    const int64_t ngroups = int64_t(attn_groups_.size());
+    attn_groups_.push_back(n);
+    attn_pos_.resize(size_t(n));
+    for (int64_t i = 0; i < n; ++i) attn_pos_[size_t(i)] = rows[i].pos;
+    // With groups enough to keep every thread busy, a task is a whole
+    // group (its heads' KV read as one run per block); otherwise one kv
+    // head of a group.
+    const int32_t hpt = ngroups >= 4 * int64_t(pool_.threads()) ? nkv : 1;
+    int32_t max_rows = 1;
+    for (int64_t g = 0; g < ngroups; ++g)
+      max_rows = std::max<int32_t>(max_rows, int32_t(attn_groups_[size_t(g) + 1] - attn_groups_[size_t(g)]));
+    ensure_scratch(CLEAVE_ATTN_SCRATCH(kv.block_size, max_rows * hpt * a.group));
     float* scratch = scratch_.data();
     const size_t stride = scratch_stride_;
     const cpu::Kernels& k = k_;
-    const int32_t tpr = nkv / hpt;  // tasks per row
+    const int32_t tpr = nkv / hpt;  // tasks per group
     const size_t row_elems = size_t(n_heads) * kv.head_dim;
     const size_t grp_elems = size_t(a.group) * kv.head_dim;
+    const int64_t* groups = attn_groups_.data();
+    const int32_t* pos = attn_pos_.data();
     auto body = [&](int64_t t0, int64_t t1, int t) {
       float* s = scratch + size_t(t) * stride;
       for (int64_t task = t0; task < t1; ++task) {
-        const int64_t i = task / tpr;
+        const int64_t g = task / tpr, i = groups[g];
         const int32_t h = static_cast<int32_t>(task % tpr) * hpt;
-        k.attn(&a, q + i * row_elems + h * grp_elems, h, hpt, rows[i].block_table, rows[i].pos,
+        k.attn(&a, q + i * row_elems + h * grp_elems, int64_t(row_elems), h, hpt,
+               rows[i].block_table, pos + i, int32_t(groups[g + 1] - i),
                out + i * row_elems + h * grp_elems, s);
       }
     };
-    const int64_t tasks = n * tpr;
+    const int64_t tasks = ngroups * tpr;
+    auto group_work = [&](int64_t g) {
+      int64_t w = 0;
+      for (int64_t i = groups[g]; i < groups[g + 1]; ++i) w += int64_t(rows[i].pos + 1);
+      return w * n_heads * kv.head_dim * 2;
+    };
     int64_t work = 0;
-    for (int64_t i = 0; i < n; ++i) work += int64_t(rows[i].pos + 1) * n_heads * kv.head_dim * 2;
+    for (int64_t g = 0; g < ngroups; ++g) work += group_work(g);
     if (work < kMinParallelWork || pool_.threads() == 1) {
       body(0, tasks, 0);
       return;
@@ -492,7 +523,7 @@ class CpuBackend final : public Backend {
     int next = 1;
     for (int64_t task = 0; task < tasks && next < T; ++task) {
       while (next < T && done * T >= work * next) attn_bounds_[size_t(next++)] = task;
-      done += int64_t(rows[task / tpr].pos + 1) * n_heads / tpr * kv.head_dim * 2;
+      done += group_work(task / tpr) / tpr;
     }
     const int64_t* bounds = attn_bounds_.data();
     pool_.parallel_for(T, [&](int64_t r0, int64_t r1, int) {
@@ -620,6 +651,8 @@ class CpuBackend final : public Backend {
   ThreadPool pool_;
   std::vector<float> scratch_;
   std::vector<int64_t> attn_bounds_;  // attention: each thread's task range
+  std::vector<int64_t> attn_groups_;  // attention: each row group's first row, then n
+  std::vector<int32_t> attn_pos_;     // attention: the rows' positions
   std::vector<float> fa_scratch_;  // full_attention: one (sequence, head) at a time
   size_t scratch_stride_ = 0;
   std::vector<double> rope_freq_;

@@ -34,7 +34,7 @@ struct AttnArgs {
 };
 
 // Floats of scratch the attention kernel needs (per thread) for a call over
-// `heads` query heads (n_kv kv heads x group).
+// `heads` query heads (rows x n_kv kv heads x group).
 #define CLEAVE_ATTN_SCRATCH(block_size, heads) (4 * (size_t(block_size) + 32) + 2 * size_t(heads) + 64)
 
 struct Kernels {
@@ -46,12 +46,16 @@ struct Kernels {
   // out = silu(g) * u, elementwise; each element computed the same way
   // wherever it sits.
   void (*silu_mul)(const float* g, const float* u, int64_t count, float* out);
-  // One query row against kv heads [kv_head, kv_head + n_kv) and the
-  // `group` query heads that read each: q and out hold n_kv * group *
-  // head_dim floats. A head's bits do not depend on n_kv. scratch:
-  // CLEAVE_ATTN_SCRATCH(block_size, n_kv * group) floats.
-  void (*attn)(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
-               const int32_t* block_table, int32_t pos, float* out, float* scratch);
+  // R query rows of one sequence (one block table) whose positions pos[r]
+  // fall in one block, against kv heads [kv_head, kv_head + n_kv) and the
+  // `group` query heads that read each: row r's q and out at r *
+  // row_stride, n_kv * group * head_dim floats each. The rows share the
+  // loads of the blocks before their last. A row's bits do not depend on R
+  // or n_kv. scratch: CLEAVE_ATTN_SCRATCH(block_size, R * n_kv * group)
+  // floats.
+  void (*attn)(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head,
+               int32_t n_kv, const int32_t* block_table, const int32_t* pos, int32_t R,
+               float* out, float* scratch);
   // LayerNorm of one row (w, b: dim floats); y may be x.
   void (*layer_norm_row)(const float* x, const float* w, const float* b, int64_t dim, float eps,
                          float* y);

@@ -32,10 +32,23 @@ struct PrefetchCursor {
   }
 };
 
-// One block of attention for GG query heads that read one kv head: K and Vb
+// The queries one attn_block call runs, each with its own query row, output
+// (head_dim floats) and online-softmax state (running max m, sum l): query
+// heads of one row that read one kv head, or that head of several rows of a
+// sequence.
+template <int GG>
+struct Queries {
+  const float* q[GG];
+  float* out[GG];
+  float* m[GG];
+  float* l[GG];
+};
+
+// One block of attention for GG queries that read one kv head: K and Vb
 // point at that head's rows of the block, len positions of it count. The
-// online softmax's state (m, l, the unnormalised out) is carried per head
-// from block to block. Per block:
+// online softmax's state (m, l, the unnormalised out) is carried per query
+// from block to block, and each query's operations do not depend on which
+// queries share the call. Per block:
 // - scores: position t's q.k runs dot<V>'s operations (one accumulator over
 //   k in W-steps, hsum, scalar tail); V::hsums reduces 16 positions'
 //   accumulators at once with exactly hsum's additions;
@@ -44,8 +57,8 @@ struct PrefetchCursor {
 // - out += p[t] v[t] for t in order, per element, the heads interleaved so
 //   their chains run side by side.
 template <class V, class LK, class LV, int GG>
-void attn_block(const AttnArgs* a, const float* q, const uint8_t* K, const uint8_t* Vb, int32_t len,
-                float* m, float* l, float* out, float* s, PrefetchCursor<V>& pf) {
+void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, const uint8_t* Vb,
+                int32_t len, float* s, PrefetchCursor<V>& pf) {
   using vec = typename V::vec;
   const int64_t hd = a->head_dim;
   const int64_t hv = hd / V::W * V::W;
@@ -70,7 +83,7 @@ void attn_block(const AttnArgs* a, const float* q, const uint8_t* K, const uint8
         for (int u = 0; u < 4; ++u) kv[u] = LK::load(kt + size_t(u) * a->k_row_bytes, k);
 #pragma GCC unroll 8
         for (int g = 0; g < GG; ++g) {
-          const vec qv = V::loadu(q + g * hd + k);
+          const vec qv = V::loadu(qs.q[g] + k);
 #pragma GCC unroll 4
           for (int u = 0; u < 4; ++u) x[g][u] = V::fmadd(qv, kv[u], x[g][u]);
         }
@@ -88,7 +101,7 @@ void attn_block(const AttnArgs* a, const float* q, const uint8_t* K, const uint8
       for (int64_t k = 0; k < hv; k += V::W) {
         const vec kv = LK::load(kt, k);
 #pragma GCC unroll 8
-        for (int g = 0; g < GG; ++g) x[g] = V::fmadd(V::loadu(q + g * hd + k), kv, x[g]);
+        for (int g = 0; g < GG; ++g) x[g] = V::fmadd(V::loadu(qs.q[g] + k), kv, x[g]);
       }
 #pragma GCC unroll 8
       for (int g = 0; g < GG; ++g) acc[g][t] = x[g];
@@ -101,7 +114,7 @@ void attn_block(const AttnArgs* a, const float* q, const uint8_t* K, const uint8
         for (int32_t t = 0; t < c; ++t) {
           const uint8_t* kt = K + size_t(t0 + t) * a->k_row_bytes;
           float x = sg[t];
-          for (int64_t k = hv; k < hd; ++k) x = V::fmas(q[g * hd + k], LK::at(kt, k), x);
+          for (int64_t k = hv; k < hd; ++k) x = V::fmas(qs.q[g][k], LK::at(kt, k), x);
           sg[t] = x;
         }
     }
@@ -121,8 +134,9 @@ void attn_block(const AttnArgs* a, const float* q, const uint8_t* K, const uint8
       mx = V::max(mx, x);
     }
     const float tmax = V::hmax(mx);
-    const float m_new = m[g] > tmax ? m[g] : tmax;
-    alpha[g] = m[g] == -__builtin_inff() ? 0.0f : sexp<V>(m[g] - m_new);
+    const float mg = *qs.m[g];
+    const float m_new = mg > tmax ? mg : tmax;
+    alpha[g] = mg == -__builtin_inff() ? 0.0f : sexp<V>(mg - m_new);
     const vec mv = V::set1(m_new);
     for (int32_t t = 0; t < lenp; t += V::W) V::storeu(sg + t, vexp<V>(V::sub(V::loadu(sg + t), mv)));
     // Padding lanes held -inf; vexp clamps its argument (exp(-87), not 0),
@@ -130,114 +144,136 @@ void attn_block(const AttnArgs* a, const float* q, const uint8_t* K, const uint8
     for (int32_t u = len; u < lenp; ++u) sg[u] = 0.0f;
     vec sum = V::zero();
     for (int32_t t = 0; t < lenp; t += V::W) sum = V::add(sum, V::loadu(sg + t));
-    l[g] = l[g] * alpha[g] + V::hsum(sum);
-    m[g] = m_new;
+    *qs.l[g] = *qs.l[g] * alpha[g] + V::hsum(sum);
+    *qs.m[g] = m_new;
   }
-  // out = out * alpha + sum_t p[t] v[t], per element in t order; VC
-  // W-chunks of each head per pass (AVX-512 has the registers for 4).
-  constexpr int VC = V::W >= 16 ? 4 : 2;
-  int64_t k = 0;
-  for (; k + VC * V::W <= hv; k += VC * V::W) {
-    vec o[GG][VC];
+  // out = out * alpha + sum_t p[t] v[t], per element in t order, C
+  // W-chunks of every query per pass (up to VC: AVX-512 has the registers
+  // for 4), so C x GG chains run side by side; grouping chunks does not
+  // change an element's operations.
+  auto pv = [&](auto chunks, int64_t k) {
+    constexpr int C = decltype(chunks)::value;
+    vec o[GG][C];
 #pragma GCC unroll 8
     for (int g = 0; g < GG; ++g) {
       const vec av = V::set1(alpha[g]);
 #pragma GCC unroll 4
-      for (int c = 0; c < VC; ++c) o[g][c] = V::mul(V::loadu(out + g * hd + k + c * V::W), av);
+      for (int c = 0; c < C; ++c) o[g][c] = V::mul(V::loadu(qs.out[g] + k + c * V::W), av);
     }
     for (int32_t t = 0; t < len; ++t) {
       pf.step();
       const uint8_t* vt = Vb + size_t(t) * a->v_row_bytes;
-      vec vv[VC];
+      vec vv[C];
 #pragma GCC unroll 4
-      for (int c = 0; c < VC; ++c) vv[c] = LV::load(vt, k + c * V::W);
+      for (int c = 0; c < C; ++c) vv[c] = LV::load(vt, k + c * V::W);
 #pragma GCC unroll 8
       for (int g = 0; g < GG; ++g) {
         const vec pv = V::set1(s[size_t(g) * sstride + t]);
 #pragma GCC unroll 4
-        for (int c = 0; c < VC; ++c) o[g][c] = V::fmadd(pv, vv[c], o[g][c]);
+        for (int c = 0; c < C; ++c) o[g][c] = V::fmadd(pv, vv[c], o[g][c]);
       }
     }
 #pragma GCC unroll 8
     for (int g = 0; g < GG; ++g)
 #pragma GCC unroll 4
-      for (int c = 0; c < VC; ++c) V::storeu(out + g * hd + k + c * V::W, o[g][c]);
+      for (int c = 0; c < C; ++c) V::storeu(qs.out[g] + k + c * V::W, o[g][c]);
+  };
+  constexpr int VC = V::W >= 16 ? 4 : 2;
+  int64_t k = 0;
+  for (; k + VC * V::W <= hv; k += VC * V::W) pv(std::integral_constant<int, VC>{}, k);
+  switch ((hv - k) / V::W) {
+    case 3: pv(std::integral_constant<int, 3>{}, k); break;
+    case 2: pv(std::integral_constant<int, 2>{}, k); break;
+    case 1: pv(std::integral_constant<int, 1>{}, k); break;
+    default: break;
   }
-  for (; k < hv; k += V::W) {
+  for (k = hv; k < hd; ++k) {
     for (int g = 0; g < GG; ++g) {
-      vec o0 = V::mul(V::loadu(out + g * hd + k), V::set1(alpha[g]));
-      pf.step();
-      for (int32_t t = 0; t < len; ++t)
-        o0 = V::fmadd(V::set1(s[size_t(g) * sstride + t]), LV::load(Vb + size_t(t) * a->v_row_bytes, k), o0);
-      V::storeu(out + g * hd + k, o0);
-    }
-  }
-  for (; k < hd; ++k) {
-    for (int g = 0; g < GG; ++g) {
-      float o = out[g * hd + k] * alpha[g];
+      float o = qs.out[g][k] * alpha[g];
       for (int32_t t = 0; t < len; ++t)
         o = V::fmas(s[size_t(g) * sstride + t], LV::at(Vb + size_t(t) * a->v_row_bytes, k), o);
-      out[g * hd + k] = o;
+      qs.out[g][k] = o;
     }
   }
 }
 
-// The group's query heads in chunks of up to 4 (heads are independent, so
-// the chunking does not change any head's bits).
-template <class V, class LK, class LV>
-void attn_group(const AttnArgs* a, const float* q, const uint8_t* K, const uint8_t* Vb, int32_t len,
-                float* m, float* l, float* out, float* s, PrefetchCursor<V>& pf) {
-  const int64_t hd = a->head_dim;
-  for (int32_t g = 0; g < a->group;) {
-    const int32_t left = a->group - g;
-    const float* qg = q + g * hd;
-    float* og = out + g * hd;
-    switch (left >= 4 ? 4 : left) {
-      case 4: attn_block<V, LK, LV, 4>(a, qg, K, Vb, len, m + g, l + g, og, s, pf); g += 4; break;
-      case 3: attn_block<V, LK, LV, 3>(a, qg, K, Vb, len, m + g, l + g, og, s, pf); g += 3; break;
-      case 2: attn_block<V, LK, LV, 2>(a, qg, K, Vb, len, m + g, l + g, og, s, pf); g += 2; break;
-      default: attn_block<V, LK, LV, 1>(a, qg, K, Vb, len, m + g, l + g, og, s, pf); g += 1; break;
+// The rows' queries that read one kv head: `count` of them, query j's
+// pointers from at(j), run in chunks of up to 4 (queries are independent,
+// so the chunking does not change any query's bits).
+template <class V, class LK, class LV, class At>
+void attn_queries(const AttnArgs* a, int32_t count, At at, const uint8_t* K, const uint8_t* Vb,
+                  int32_t len, float* s, PrefetchCursor<V>& pf) {
+  auto run = [&](auto n, int32_t j0) {
+    constexpr int C = decltype(n)::value;
+    Queries<C> qs;
+    for (int c = 0; c < C; ++c) at(j0 + c, qs.q[c], qs.out[c], qs.m[c], qs.l[c]);
+    attn_block<V, LK, LV, C>(a, qs, K, Vb, len, s, pf);
+  };
+  for (int32_t j = 0; j < count;) {
+    switch (count - j >= 4 ? 4 : count - j) {
+      case 4: run(std::integral_constant<int, 4>{}, j); j += 4; break;
+      case 3: run(std::integral_constant<int, 3>{}, j); j += 3; break;
+      case 2: run(std::integral_constant<int, 2>{}, j); j += 2; break;
+      default: run(std::integral_constant<int, 1>{}, j); j += 1; break;
     }
   }
 }
 
-// kv heads [kv_head, kv_head + n_kv) of one query row over the positions
-// [0, pos], block by block in order, every head's block before the next
-// block: the heads' K rows of a (block, layer) part are one contiguous run,
-// and so are their V rows, so a row reads its KV in a few long runs rather
-// than one short run per head and block. Each head's operations are those of
-// attn_block in block order whatever n_kv is, so a head's bits do not depend
-// on which heads share the call. Everything depends only on the row's query
-// and the KV of its positions, cut at absolute block boundaries: the same
-// bits for a token whether its prompt ran whole, chunked or one token at a
-// time, alone or in a batch.
+// R query rows of one sequence whose last positions fall in one block
+// (pos[r] / block_size equal), each against kv heads [kv_head, kv_head +
+// n_kv) over its positions [0, pos[r]]: row r's query at q + r * row_stride
+// (n_kv * group * head_dim floats), its output at out + r * row_stride.
+// Blocks go in order, every head's block before the next block: the heads'
+// K rows of a (block, layer) part are one contiguous run, and so are their V
+// rows, so the rows read their KV in a few long runs. The blocks before the
+// last are whole for every row, and there the R x group queries of a kv head
+// share each block's loads (4 at a time); the last block runs row by row,
+// each with its own length. Each query's operations are attn_block's in
+// block order whatever R and n_kv are, so a row's bits do not depend on
+// which rows or heads share the call. Everything depends only on the row's
+// query and the KV of its positions, cut at absolute block boundaries: the
+// same bits for a token whether its prompt ran whole, chunked or one token
+// at a time, alone or in a batch.
 template <class V, class LK, class LV>
-void attn_t(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
-            const int32_t* block_table, int32_t pos, float* out, float* scratch) {
+void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
+            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch) {
   using vec = typename V::vec;
   const int64_t hd = a->head_dim;
   const int64_t hv = hd / V::W * V::W;
   const int32_t bs = a->block_size;
-  const int32_t nh = n_kv * a->group;
-  const int64_t gd = int64_t(a->group) * hd;
+  const int32_t group = a->group;
+  const int32_t nh = n_kv * group;  // query heads per row
   float* s = scratch;
-  float* m = scratch + 4 * (size_t(bs) + 32);
-  float* l = m + nh;
-  for (int32_t h = 0; h < nh; ++h) {
+  float* m = scratch + 4 * (size_t(bs) + 32);  // R x nh, row-major
+  float* l = m + size_t(R) * nh;
+  for (int32_t h = 0; h < R * nh; ++h) {
     m[h] = -__builtin_inff();
     l[h] = 0.0f;
   }
-  for (int64_t k = 0; k < nh * hd; ++k) out[k] = 0.0f;
-  const int32_t nb = pos / bs + 1;
+  for (int32_t r = 0; r < R; ++r)
+    for (int64_t k = 0; k < nh * hd; ++k) out[r * row_stride + k] = 0.0f;
+  const int32_t nb = pos[0] / bs + 1;
+  int32_t max_pos = pos[0];
+  for (int32_t r = 1; r < R; ++r) max_pos = pos[r] > max_pos ? pos[r] : max_pos;
   // The rows of kv heads [kv_head, kv_head + n_kv) of block b's part: its K
   // rows are one run, its V rows another.
   auto ranges = [&](int32_t b, PrefetchCursor<V>& c) {
     const uint8_t* np = a->layer_base + size_t(block_table[b]) * a->block_bytes;
-    const size_t rows_n = size_t(b == nb - 1 ? pos - b * bs + 1 : bs);
+    const size_t rows_n = size_t(b == nb - 1 ? max_pos - b * bs + 1 : bs);
     c.p[0] = np + size_t(kv_head) * a->k_head_bytes;
     c.e[0] = c.p[0] + size_t(n_kv - 1) * a->k_head_bytes + rows_n * a->k_row_bytes;
     c.p[1] = np + a->v_offset + size_t(kv_head) * a->v_head_bytes;
     c.e[1] = c.p[1] + size_t(n_kv - 1) * a->v_head_bytes + rows_n * a->v_row_bytes;
+  };
+  // Query j of kv head h: row j / group, head h * group + j % group.
+  auto at_head = [&](int32_t h) {
+    return [=](int32_t j, const float*& qp, float*& op, float*& mp, float*& lp) {
+      const int32_t r = j / group, hq = h * group + j % group;
+      qp = q + r * row_stride + hq * hd;
+      op = out + r * row_stride + hq * hd;
+      mp = m + size_t(r) * nh + hq;
+      lp = l + size_t(r) * nh + hq;
+    };
   };
   // The next blocks' K and V are somewhere else in the pool (runs a
   // hardware prefetcher finds late): block 1 is asked for at once, and
@@ -252,49 +288,73 @@ void attn_t(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
   }
   for (int32_t b = 0; b < nb; ++b) {
     const uint8_t* part = a->layer_base + size_t(block_table[b]) * a->block_bytes;
-    const int32_t len = b == nb - 1 ? pos - b * bs + 1 : bs;
+    const bool last = b == nb - 1;
     pf = PrefetchCursor<V>{};
     if (b + kAhead < nb) {
       ranges(b + kAhead, pf);
       const size_t lines = size_t((pf.e[0] - pf.p[0]) + (pf.e[1] - pf.p[1]) + 63) / 64;
-      const size_t steps = size_t(n_kv) * size_t(len);
+      const size_t steps = size_t(n_kv) * size_t(bs) * size_t((R * group + 3) / 4);
       pf.per_step = int32_t((lines + steps - 1) / steps);
     }
     for (int32_t h = 0; h < n_kv; ++h) {
       const uint8_t* K = part + size_t(kv_head + h) * a->k_head_bytes;
       const uint8_t* Vb = part + a->v_offset + size_t(kv_head + h) * a->v_head_bytes;
-      attn_group<V, LK, LV>(a, q + h * gd, K, Vb, len, m + h * a->group, l + h * a->group,
-                            out + h * gd, s, pf);
+      if (!last) {
+        attn_queries<V, LK, LV>(a, R * group, at_head(h), K, Vb, bs, s, pf);
+      } else {
+        for (int32_t r = 0; r < R; ++r) {
+          auto at = at_head(h);
+          attn_queries<V, LK, LV>(
+              a, group,
+              [&](int32_t j, const float*& qp, float*& op, float*& mp, float*& lp) {
+                at(r * group + j, qp, op, mp, lp);
+              },
+              K, Vb, pos[r] - b * bs + 1, s, pf);
+        }
+      }
     }
     pf.rest();
   }
-  for (int32_t h = 0; h < nh; ++h) {
-    const float inv = 1.0f / l[h];
-    float* og = out + h * hd;
-    const vec iv = V::set1(inv);
-    for (int64_t k = 0; k < hv; k += V::W) V::storeu(og + k, V::mul(V::loadu(og + k), iv));
-    for (int64_t k = hv; k < hd; ++k) og[k] = og[k] * inv;
-  }
+  for (int32_t r = 0; r < R; ++r)
+    for (int32_t h = 0; h < nh; ++h) {
+      const float inv = 1.0f / l[size_t(r) * nh + h];
+      float* og = out + r * row_stride + h * hd;
+      const vec iv = V::set1(inv);
+      for (int64_t k = 0; k < hv; k += V::W) V::storeu(og + k, V::mul(V::loadu(og + k), iv));
+      for (int64_t k = hv; k < hd; ++k) og[k] = og[k] * inv;
+    }
 }
 
 template <class V, class LK>
-void attn_v(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
-            const int32_t* block_table, int32_t pos, float* out, float* scratch) {
+void attn_v(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
+            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch) {
   switch (a->v_type) {
-    case cleave::cpu::kWF32: attn_t<V, LK, LF32<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
-    case cleave::cpu::kWF16: attn_t<V, LK, LF16<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
-    case cleave::cpu::kWQ8: attn_t<V, LK, LQ8<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWF32:
+      attn_t<V, LK, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      return;
+    case cleave::cpu::kWF16:
+      attn_t<V, LK, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      return;
+    case cleave::cpu::kWQ8:
+      attn_t<V, LK, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      return;
     default: __builtin_trap();
   }
 }
 
 template <class V>
-void attn_k(const AttnArgs* a, const float* q, int32_t kv_head, int32_t n_kv,
-            const int32_t* block_table, int32_t pos, float* out, float* scratch) {
+void attn_k(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
+            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch) {
   switch (a->k_type) {
-    case cleave::cpu::kWF32: attn_v<V, LF32<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
-    case cleave::cpu::kWF16: attn_v<V, LF16<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
-    case cleave::cpu::kWQ8: attn_v<V, LQ8<V>>(a, q, kv_head, n_kv, block_table, pos, out, scratch); return;
+    case cleave::cpu::kWF32:
+      attn_v<V, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      return;
+    case cleave::cpu::kWF16:
+      attn_v<V, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      return;
+    case cleave::cpu::kWQ8:
+      attn_v<V, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      return;
     default: __builtin_trap();
   }
 }

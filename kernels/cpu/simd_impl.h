@@ -17,6 +17,8 @@
 // depends on where it sits.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/cpu/kern.h"
 #include "kernels/cpu/panels.h"
 #include "kernels/dtype.h"
