@@ -77,6 +77,12 @@ std::vector<std::string> cluster_models(const ClusterSpec& spec) {
   return out;
 }
 
+std::string model_mmproj(const ClusterSpec& spec, const std::string& model) {
+  for (const NodeSpec& n : spec.nodes)
+    if (n.model == model && !n.mmproj.empty()) return n.mmproj;
+  return "";
+}
+
 namespace topology_detail {
 
 std::string format_bytes(uint64_t b) {

@@ -62,6 +62,11 @@ struct NodeSpec {
   // the command's -m names. Nodes of one model share a router and a KV
   // store on the head (cluster_models).
   std::string model;
+  // node { mmproj = "path.gguf" }: the vision encoder of the node's model
+  // (its vision_encoder actors load it; the head serves that model's image
+  // requests with it); "" = the command's --mmproj. The nodes of one model
+  // that name one name the same file (model_mmproj).
+  std::string mmproj;
   std::vector<ActorGroupSpec> actors;  // in kActorKindTable order, one group per kind
   uint64_t kv_tier0_bytes = 0, kv_tier1_bytes = 0;  // per kv_store; 0 = default
   std::string kv_dir;           // RocksDB dir of that node's kv_store ("" = none)
@@ -130,6 +135,9 @@ struct ClusterSpec {
 // The models a cluster serves (NodeSpec::model values, "" for the -m one):
 // the head's first, then in declaration order, each once.
 std::vector<std::string> cluster_models(const ClusterSpec& spec);
+// The mmproj the nodes of `model` (a cluster_models() entry) name in their
+// node{}.mmproj; "" when none does (check_topology refuses two names).
+std::string model_mmproj(const ClusterSpec& spec, const std::string& model);
 
 struct TopologyLimits {
   uint64_t max_instructions = 10'000'000;

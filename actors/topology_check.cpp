@@ -53,19 +53,35 @@ Status check_cluster(const ClusterSpec& c, const std::string& display) {
 
   // Several models: each model's nodes make a cluster of their own behind
   // the head's router for that model (with kv_pool, a pool of their own
-  // whose directory is the head's store of that model); what spans models
-  // is refused.
+  // whose directory is the head's store of that model; vision encoders
+  // attach to their model's router); what spans models is refused.
   const std::vector<std::string> models = cluster_models(c);
   if (models.size() > 1) {
     for (const NodeSpec& n : c.nodes) {
       const char* what = n.stage.set || n.count("stage") > 0 ? "stage{} pipelines"
                          : n.count("expert") > 0             ? "expert actors"
-                         : n.count("vision_encoder") > 0     ? "vision_encoder actors"
                                                              : nullptr;
       if (what)
         return at(n.line, "node '" + n.name + "': " + what + " with several models (node{}.model) are not "
                           "supported; serve that model in a cluster of its own");
     }
+  }
+  // One vision encoder per model: the nodes of a model that name an mmproj
+  // name the same file. With several models the head serves each model's
+  // images with its node{}.mmproj (its --mmproj would name one model's), so
+  // a model with vision_encoder actors names it.
+  for (const std::string& model : models) {
+    const std::string named = model_mmproj(c, model);
+    for (const NodeSpec& n : c.nodes)
+      if (n.model == model && !n.mmproj.empty() && n.mmproj != named)
+        return at(n.line, "node '" + n.name + "': mmproj '" + n.mmproj + "' differs from '" + named +
+                          "', named by another node of the same model (one vision encoder per model)");
+    if (models.size() > 1 && named.empty() && c.count("vision_encoder", model) > 0)
+      for (const NodeSpec& n : c.nodes)
+        if (n.model == model && n.count("vision_encoder") > 0)
+          return at(n.line, "node '" + n.name + "' hosts vision_encoder actors in a cluster of several models: "
+                            "name its model's vision encoder with node{}.mmproj (the head serves each model's "
+                            "images with it)");
   }
   for (const std::string& model : models) {
     const std::string of = models.size() == 1 ? "" : model.empty() ? " for the -m model" : " for model '" + model + "'";

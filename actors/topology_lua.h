@@ -24,10 +24,10 @@ using Clock = std::chrono::steady_clock;
 constexpr int kNumKinds = int(kActorKindTable.size());
 constexpr int kKvStore = int(ActorKind::kv_store);
 
-constexpr const char* kNodeFields[] = {"name", "host",   "port",  "threads", "device", "head",
-                                       "actors", "kv",   "expert", "stage", "cost",   "model"};
+constexpr const char* kNodeFields[] = {"name",   "host", "port",   "threads", "device", "head",  "actors",
+                                       "kv",     "expert", "stage", "cost",   "model",  "mmproj"};
 constexpr const char* kNodeFieldList =
-    "name, host, port, threads, device, head, actors, kv, expert, stage, cost, model";
+    "name, host, port, threads, device, head, actors, kv, expert, stage, cost, model, mmproj";
 constexpr double kMaxNodeCost = 1e6;
 constexpr size_t kMaxModelPath = 4096;
 constexpr const char* kStageFields[] = {"layers", "pipeline"};

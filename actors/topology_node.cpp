@@ -22,6 +22,8 @@ struct RawNode {
   size_t device_len = 3;
   const char* model = "";
   size_t model_len = 0;
+  const char* mmproj = "";
+  size_t mmproj_len = 0;
   const char* kv_dir = "";
   size_t kv_dir_len = 0;
   lua_Integer port = 0, threads = 0, tier0 = 0, tier1 = 0;
@@ -243,6 +245,11 @@ int lua_node(lua_State* L) {
       raise(L, "%s: model must be a GGUF file's path of 1 to %d bytes without NUL", what, int(kMaxModelPath));
     r.model = model, r.model_len = len;
   }
+  if (const char* mmproj = opt_string(L, 1, "mmproj", what, &len)) {
+    if (len == 0 || len > kMaxModelPath || std::strlen(mmproj) != len)
+      raise(L, "%s: mmproj must be a GGUF file's path of 1 to %d bytes without NUL", what, int(kMaxModelPath));
+    r.mmproj = mmproj, r.mmproj_len = len;
+  }
   int type = raw_field(L, 1, "cost");
   if (type == LUA_TNUMBER) {
     r.cost = double(lua_tonumber(L, -1));
@@ -326,6 +333,7 @@ int lua_node(lua_State* L) {
   n.threads = int32_t(r.threads);
   n.device.assign(r.device, r.device_len);
   n.model.assign(r.model, r.model_len);
+  n.mmproj.assign(r.mmproj, r.mmproj_len);
   n.head = r.head;
   n.cost = r.cost;
   for (int k = 0; k < kNumKinds; ++k)

@@ -174,7 +174,7 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_option("-m,--model", g_args.model, "GGUF model file")->check(CLI::ExistingFile);
   cmd->add_option("--mmproj", g_args.mmproj,
                   "vision encoder GGUF: the node's vision_encoder actors run it; the head reads "
-                  "images in --requests with it")
+                  "images in --requests with it (node{}.mmproj in the script names it too)")
       ->check(CLI::ExistingFile);
   cmd->add_option("--set", g_args.sets, "key=value visible to the script as args / param() (repeatable)");
   cmd->add_option("-t,--threads", g_args.threads, "threads per engine (the node's threads win)")
@@ -364,9 +364,16 @@ int run_node_command() {
       o.model_files[models[i]] = unwrap(GgufFile::open(model_path(models[i], "a node")));
   auto tok = Tokenizer::from_gguf(*o.file);
   if (tok.ok()) o.tokenizer = std::move(*tok);
+  // The node's vision encoder: its model's node{}.mmproj, else --mmproj.
+  const std::string script_mmproj = me ? model_mmproj(o.spec, me->model) : "";
+  if (!script_mmproj.empty() && !a.mmproj.empty() && a.mmproj != script_mmproj)
+    throw CLI::ValidationError("--mmproj", "'" + a.name + "' serves a model whose vision encoder is '" +
+                                               script_mmproj + "' (node{}.mmproj), not " + a.mmproj +
+                                               ": drop --mmproj or make them agree");
+  const std::string my_mmproj = script_mmproj.empty() ? a.mmproj : script_mmproj;
   int32_t image_tokens = 0;
-  if (!a.mmproj.empty()) {
-    o.mmproj = unwrap(GgufFile::open(a.mmproj));
+  if (!my_mmproj.empty()) {
+    o.mmproj = unwrap(GgufFile::open(my_mmproj));
     image_tokens = unwrap(ClipModel::load(o.mmproj))->config().n_patches;
     o.vision.threads = a.threads;
   }
@@ -424,7 +431,13 @@ int run_node_command() {
     for (const auto& [path, frontend] : node->model_frontends()) {
       ServedFiles f;
       f.model = path == (me ? me->model : "") ? o.file : o.model_files.at(path);
-      f.mmproj = o.mmproj;
+      // Each model's images go through its own vision encoder.
+      if (f.model == o.file) {
+        f.mmproj = o.mmproj;
+      } else if (const std::string mm = model_mmproj(o.spec, path); !mm.empty()) {
+        f.mmproj = unwrap(GgufFile::open(mm));
+        unwrap(ClipModel::load(f.mmproj));  // a broken file fails here, not per request
+      }
       if (f.model == o.file) {
         f.tokenizer = o.tokenizer;
       } else {
