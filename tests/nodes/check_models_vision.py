@@ -13,13 +13,11 @@ node{}.mmproj, fail with one line naming the node.
 
 usage: check_models_vision.py CLEAVE SHAPES_DIR WORKDIR"""
 import base64
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -32,7 +30,7 @@ sys.path.insert(0, HERE)
 sys.path.insert(0, os.path.join(ROOT, "models", "shapes"))
 sys.path.insert(0, os.path.join(ROOT, "tests", "reference"))
 import shapes_data as D  # noqa: E402
-from node_process import NodeProcess, expect, failures, stats_of, stop_all, wait_until  # noqa: E402
+from node_process import NodeProcess, expect, failures, post_chat, stats_of, stop_all, wait_until  # noqa: E402
 from reference_clip import write_png  # noqa: E402
 
 DENSE = os.path.join(SHAPES, "shapes-lm-f32.gguf")
@@ -68,21 +66,6 @@ def bodies_for(model):
                 "messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": IMAGES[0]}},
                                                           {"type": "text", "text": "describe"}]}]})
     return out
-
-
-def post_chat(base, body):
-    """POST /v1/chat/completions: the first choice's text, finish reason and
-    per-token logprobs, or {"error": ...}."""
-    req = urllib.request.Request(base + "/v1/chat/completions", data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            j = json.loads(r.read())
-    except Exception as e:
-        return {"error": str(e)[:300]}
-    c = j["choices"][0]
-    lp = [t["logprob"] for t in ((c.get("logprobs") or {}).get("content") or [])]
-    return {"text": c["message"]["content"], "finish_reason": c["finish_reason"], "logprobs": lp}
 
 
 def mono(lm, bodies, tag):

@@ -130,19 +130,37 @@ def make_gqa128(cleave, vocab, work):
     return path
 
 
-def post_completion(base, body):
-    """POST /v1/completions: the first choice's text, finish reason and
-    per-token logprobs, or {"error": ...} (an answer that differs from mono's)."""
-    req = urllib.request.Request(base + "/v1/completions", data=json.dumps(body).encode(), method="POST",
+def post_json(base, path, body):
+    """POST body to base + path: the answer's JSON, or {"error": ...}."""
+    req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
         with urllib.request.urlopen(req, timeout=120) as r:
-            j = json.loads(r.read())
+            return json.loads(r.read())
     except Exception as e:
         return {"error": str(e)[:300]}
+
+
+def post_completion(base, body):
+    """POST /v1/completions: the first choice's text, finish reason and
+    per-token logprobs, or {"error": ...} (an answer that differs from mono's)."""
+    j = post_json(base, "/v1/completions", body)
+    if "error" in j:
+        return j
     c = j["choices"][0]
     return {"text": c["text"], "finish_reason": c["finish_reason"],
             "logprobs": (c.get("logprobs") or {}).get("token_logprobs")}
+
+
+def post_chat(base, body):
+    """POST /v1/chat/completions: the first choice's text, finish reason and
+    per-token logprobs, or {"error": ...}."""
+    j = post_json(base, "/v1/chat/completions", body)
+    if "error" in j:
+        return j
+    c = j["choices"][0]
+    lp = [t["logprob"] for t in ((c.get("logprobs") or {}).get("content") or [])]
+    return {"text": c["message"]["content"], "finish_reason": c["finish_reason"], "logprobs": lp}
 
 
 def mono_answers(cleave, model, bodies, err_path):
