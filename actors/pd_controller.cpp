@@ -42,15 +42,25 @@ void PdController::observe_tpot(double s) {
   ++tpot_n_;
 }
 
+void PdController::observe_prefill_busy(double fraction) {
+  if (!(fraction >= 0) || !(fraction <= 1)) return;
+  busy_sum_ += fraction;
+  ++busy_n_;
+}
+
 RoleMove PdController::decide(double now, int32_t prefills, int32_t decoders) {
   last_ttft_ = config_.ttft_ms > 0 && ttft_n_ > 0 ? ttft_sum_ / double(ttft_n_) * 1e3 / config_.ttft_ms : 0;
   last_tpot_ = config_.tpot_ms > 0 && tpot_n_ > 0 ? tpot_sum_ / double(tpot_n_) * 1e3 / config_.tpot_ms : 0;
-  ttft_sum_ = tpot_sum_ = 0;
-  ttft_n_ = tpot_n_ = 0;
+  last_busy_ = busy_n_ > 0 ? busy_sum_ / double(busy_n_) : -1;
+  ttft_sum_ = tpot_sum_ = busy_sum_ = 0;
+  ttft_n_ = tpot_n_ = busy_n_ = 0;
   RoleMove verdict = RoleMove::none;
   const double m = 1 + config_.margin;
+  // The prefill side without one stage: its busy fraction grows by P / (P - 1).
+  const bool prefill_room =
+      prefills > 1 && last_busy_ * double(prefills) / double(prefills - 1) <= kPrefillBusyAfterMove;
   if (last_ttft_ > 1 && last_ttft_ > last_tpot_ * m && decoders > 1) verdict = RoleMove::to_prefill;
-  else if (last_tpot_ > 1 && last_tpot_ > last_ttft_ * m && prefills > 1) verdict = RoleMove::to_decode;
+  else if (last_tpot_ > 1 && last_tpot_ > last_ttft_ * m && prefill_room) verdict = RoleMove::to_decode;
   if (verdict != streak_move_) {
     streak_move_ = verdict;
     streak_ = 0;

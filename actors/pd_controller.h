@@ -9,7 +9,12 @@
 // decode when the reverse. A verdict must hold for `confirm` intervals in a
 // row, no move comes within `cooldown_s` of the last one (hysteresis: the
 // ratio does not flap), and neither role falls below one stage. An interval
-// without samples of a kind counts that kind as on target.
+// without samples of a kind counts that kind as on target. A prefill stage
+// goes to decode only when the prefill side keeps room without it: the
+// fraction of prefill stages busy as requests arrived (which, for arrivals
+// at random, is the time-average), times P / (P - 1), at most
+// kPrefillBusyAfterMove; otherwise a TPOT miss in a prompt-heavy load would
+// be traded for a backlog of prompts.
 #pragma once
 
 #include <cstdint>
@@ -46,23 +51,30 @@ class PdController {
   explicit PdController(PdControllerConfig config) : config_(config) {}
   const PdControllerConfig& config() const { return config_; }
 
+  // The busy fraction of the prefill side a request saw as it arrived
+  // (prefill stages holding work / prefill stages).
+  static constexpr double kPrefillBusyAfterMove = 0.9;
+
   void observe_ttft(double seconds);
   void observe_tpot(double seconds);
+  void observe_prefill_busy(double fraction);
   // At time `now` (seconds, any one clock), with this many live stages of
   // each role: the move to make now. Ends the interval (its samples go).
   // The caller reports a move it made with moved().
   RoleMove decide(double now, int32_t prefills, int32_t decoders);
   void moved(double now);
 
-  // The last interval's pressures (measured / goal; 0 without samples).
+  // The last interval's pressures (measured / goal; 0 without samples) and
+  // mean prefill busy fraction (-1 without samples).
   double ttft_pressure() const { return last_ttft_; }
   double tpot_pressure() const { return last_tpot_; }
+  double prefill_busy() const { return last_busy_; }
 
  private:
   PdControllerConfig config_;
-  double ttft_sum_ = 0, tpot_sum_ = 0;
-  int64_t ttft_n_ = 0, tpot_n_ = 0;
-  double last_ttft_ = 0, last_tpot_ = 0;
+  double ttft_sum_ = 0, tpot_sum_ = 0, busy_sum_ = 0;
+  int64_t ttft_n_ = 0, tpot_n_ = 0, busy_n_ = 0;
+  double last_ttft_ = 0, last_tpot_ = 0, last_busy_ = -1;
   RoleMove streak_move_ = RoleMove::none;
   int32_t streak_ = 0;
   double cooldown_until_ = -1e300;

@@ -105,6 +105,16 @@ int32_t place_on_stage(router_pointer self, RouterState::Pending& p, bool entry)
   const std::vector<BlockKey> keys = entry ? pool_keys(s, p.request) : std::vector<BlockKey>{};
   std::vector<Candidate> cs = candidates(s, entry, keys);
   if (s.predict_placement) predict(s, p, entry, r, cs);
+  if (entry && s.pd) {
+    // What this arrival sees of the prefill side (pd_controller.h).
+    int32_t prefills = 0, busy = 0;
+    for (const auto& st : s.stages)
+      if (st.alive && !st.draining && st.kind == ActorKind::prefill) {
+        ++prefills;
+        busy += st.in_flight > 0;
+      }
+    if (prefills > 0) s.pd->observe_prefill_busy(double(busy) / double(prefills));
+  }
   const int32_t i = policy.pick(r, cs);
   if (i < 0) return i;
   policy.placed(r, i);

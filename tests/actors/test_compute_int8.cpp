@@ -30,6 +30,7 @@ PipelineOptions int8(PipelineOptions o) {
 TEST_CASE("compute int8: bit-identical across mono, colocated, pd, pipeline stages and expert hosts") {
   ModelSpec dense = small_dense();
   dense.n_layers = 4;
+  dense.name = "actors-dense-4l";  // models are kept per process by name
   struct M {
     ModelSpec spec;
     std::vector<std::pair<const char*, PipelineOptions>> cases;

@@ -108,3 +108,46 @@ TEST_CASE("pd controller: configuration refused by name") {
     CHECK_MESSAGE(st.message().find(b.message) != std::string::npos, st.message());
   }
 }
+
+// Under a prompt-heavy load TPOT can cross its goal now and then while the
+// prefill stages are busy: moving one of them to decode would leave the
+// rest over capacity. The busy fraction arrivals saw decides.
+TEST_CASE("pd controller: a prefill stage goes to decode only when the others keep room") {
+  const auto none = RoleMove::none, to_d = RoleMove::to_decode;
+  auto row = [](PdController& c, double busy, int n_busy, int32_t prefills) {
+    for (int i = 0; i < n_busy; ++i) c.observe_prefill_busy(busy);
+    c.observe_ttft(0.050);  // TTFT half its goal
+    c.observe_tpot(0.040);  // TPOT twice its goal
+    return c.decide(0, prefills, 1);
+  };
+  {
+    PdController c(goals(100, 20, 1, 0));
+    CHECK(row(c, 0.8, 5, 2) == none);  // 0.8 x 2 / 1 = 1.6: no room
+    CHECK(c.prefill_busy() == doctest::Approx(0.8));
+    CHECK(row(c, 0.5, 5, 2) == none);  // 1.0 > 0.9
+    CHECK(row(c, 0.45, 5, 2) == to_d);  // 0.9: room
+  }
+  {
+    PdController c(goals(100, 20, 1, 0));
+    CHECK(row(c, 0.6, 4, 3) == to_d);  // 0.6 x 3 / 2 = 0.9
+    CHECK(row(c, 0.7, 4, 3) == none);  // 1.05
+  }
+  {
+    PdController c(goals(100, 20, 1, 0));
+    CHECK(row(c, 0.0, 0, 2) == to_d);  // no arrivals: nothing says the prefill side is busy
+    CHECK(c.prefill_busy() == -1);
+    CHECK(row(c, 0.1, 3, 1) == none);  // never below one prefill stage
+  }
+  {
+    // Out-of-range samples are ignored; a streak of confirmations resets
+    // when the room goes.
+    PdController c(goals(100, 20, 2, 0));
+    c.observe_prefill_busy(-0.5);
+    c.observe_prefill_busy(2.0);
+    CHECK(row(c, 0.2, 1, 2) == none);  // first of the streak (mean 0.2, the bad samples dropped)
+    CHECK(c.prefill_busy() == doctest::Approx(0.2));
+    CHECK(row(c, 0.9, 2, 2) == none);  // no room: the streak ends
+    CHECK(row(c, 0.2, 2, 2) == none);  // a new streak
+    CHECK(row(c, 0.2, 2, 2) == to_d);
+  }
+}

@@ -36,6 +36,7 @@ TEST_CASE("device path across the topologies: a stand-in GPU gives mono on the C
   });
   ModelSpec dense = small_dense();
   dense.n_layers = 4;
+  dense.name = "actors-dense-4l";  // models are kept per process by name
   PipelineOptions stages = on_device(base_options(Topology::pd));
   stages.prefill_pipeline = {{0, 1}, {2, 3}};
   stages.decode_pipeline = {{0, 2}, {3, 3}};

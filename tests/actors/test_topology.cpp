@@ -239,8 +239,24 @@ TEST_CASE("node model: several models in one cluster, each checked as a cluster 
   auto pools = load_ok("cluster { kv_pool = true }\n" + two);
   CHECK(cluster_models(pools).size() == 3);
   // What spans models is refused, naming it.
+  // Vision encoders serve their model: each model names its encoder once.
+  auto vision = load_ok(two + "node { name = 'e', mmproj = 'va.gguf', actors = { vision_encoder = 1 } }\n"
+                              "node { name = 'f', model = 'b.gguf', mmproj = 'vb.gguf', actors = { vision_encoder = 2 } }\n"
+                              "node { name = 'g', model = 'b.gguf', actors = { vision_encoder = 1 } }\n");
+  CHECK(vision.nodes[4].mmproj == "va.gguf");
+  CHECK(model_mmproj(vision, "") == "va.gguf");
+  CHECK(model_mmproj(vision, "b.gguf") == "vb.gguf");
+  CHECK(model_mmproj(vision, "c.gguf").empty());
+  CHECK(vision.count("vision_encoder", "b.gguf") == 3);
   expect_error(two + "node { name = 'e', actors = { vision_encoder = 1 } }\n", 5,
-               "node 'e': vision_encoder actors with several models");
+               "node 'e' hosts vision_encoder actors in a cluster of several models: name its model's vision "
+               "encoder with node{}.mmproj");
+  expect_error(two + "node { name = 'e', mmproj = 'v1.gguf', actors = { vision_encoder = 1 } }\n"
+                     "node { name = 'f', mmproj = 'v2.gguf', actors = { vision_encoder = 1 } }\n",
+               6, "node 'f': mmproj 'v2.gguf' differs from 'v1.gguf', named by another node of the same model");
+  expect_error(kHead + "node { name = 'n', mmproj = '', actors = { colocated = 1 } }\n", 2,
+               "mmproj must be a GGUF file's path of 1 to 4096 bytes");
+  expect_error(kHead + "node { name = 'n', mmproj = 7, actors = { colocated = 1 } }\n", 2, "mmproj");
   expect_error(two + "node { name = 'x', actors = { expert = 1 } }\n", 5, "node 'x': expert actors with several models");
   expect_error(kHead + "node { name = 'f', model = 'b.gguf', stage = { layers = {0, 1} }, actors = { colocated = 1 } }\n"
                        "node { name = 'g', model = 'b.gguf', stage = { layers = {2, 3} }, actors = { stage = 1 } }\n",
