@@ -58,6 +58,11 @@ class PdController {
   void observe_ttft(double seconds);
   void observe_tpot(double seconds);
   void observe_prefill_busy(double fraction);
+  // A request still waiting for its first token, `seconds` after its
+  // admission: its TTFT is at least that, so once past the goal it counts
+  // as a TTFT sample now (a growing queue shows at once, not as it drains);
+  // below the goal it says nothing yet and is dropped.
+  void observe_waiting(double seconds);
   // At time `now` (seconds, any one clock), with this many live stages of
   // each role: the move to make now. Ends the interval (its samples go).
   // The caller reports a move it made with moved().

@@ -102,6 +102,9 @@ void control_pd(router_pointer self) {
     prefills += st.kind == ActorKind::prefill;
     decoders += st.kind == ActorKind::decode;
   }
+  const auto now = Clock::now();
+  for (const auto& [id, p] : s.pending)
+    if (p.generated.empty()) s.pd->observe_waiting(std::chrono::duration<double>(now - p.admitted_at).count());
   const RoleMove m = s.pd->decide(seconds_since_start(s), prefills, decoders);
   if (m == RoleMove::none || s.switching) return;
   const ActorKind from = m == RoleMove::to_prefill ? ActorKind::decode : ActorKind::prefill;

@@ -151,3 +151,27 @@ TEST_CASE("pd controller: a prefill stage goes to decode only when the others ke
     CHECK(row(c, 0.2, 2, 2) == to_d);
   }
 }
+
+// A backlog of prompts shows in TTFT only as it drains; the requests still
+// waiting past the goal count at once.
+TEST_CASE("pd controller: requests waiting past the TTFT goal count as TTFT samples") {
+  PdController c(goals(100, 20, 1, 0));
+  // No first token yet anywhere: ages under the goal say nothing.
+  c.observe_waiting(0.050);
+  c.observe_waiting(0.099);
+  CHECK(c.decide(1, 1, 2) == RoleMove::none);
+  CHECK(c.ttft_pressure() == 0);
+  // Two finished at 60 ms and two still waiting at 250 and 350 ms: mean 180 ms.
+  c.observe_ttft(0.060);
+  c.observe_ttft(0.060);
+  c.observe_waiting(0.250);
+  c.observe_waiting(0.350);
+  c.observe_waiting(0.020);
+  CHECK(c.decide(2, 1, 2) == RoleMove::to_prefill);
+  CHECK(c.ttft_pressure() == doctest::Approx(1.8));
+  // Without a TTFT goal nothing waits "past" it.
+  PdController t(goals(0, 20, 1, 0));
+  t.observe_waiting(100);
+  CHECK(t.decide(1, 1, 2) == RoleMove::none);
+  CHECK(t.ttft_pressure() == 0);
+}
