@@ -22,6 +22,13 @@ Status validate_autoscale(const AutoscaleConfig& c) {
   if (c.forecast != "none" && c.forecast != "holt")
     return bad("forecast must be \"none\" or \"holt\", got \"" + c.forecast.substr(0, 64) + "\"");
   const AutoscaleConfig d;
+  if (c.encoder_rps != d.encoder_rps) {
+    if (!c.encoders() || !c.holt())
+      return bad("encoder_rps needs encode_ms and forecast = \"holt\" (it is the encoders' forecast)");
+    if (!(c.encoder_rps > 0) || !(c.encoder_rps <= 1e6))
+      return bad("encoder_rps (image requests/s one encoder serves) must be above 0 and at most 1e6, got " +
+                 num(c.encoder_rps));
+  }
   if (!c.encoders()) {
     if (c.encode_ms != 0) return bad("encode_ms must be above 0 and at most 1e9 ms, got " + num(c.encode_ms));
     if (c.min_encoders != d.min_encoders) return bad("min_encoders needs encode_ms (the encoders' goal)");
@@ -61,6 +68,13 @@ AutoscaleConfig AutoscaleConfig::encoder_config() const {
   e.confirm = confirm;
   e.cooldown_s = cooldown_s;
   e.low = low;
+  if (encoder_rps > 0) {
+    e.forecast = "holt";
+    e.stage_rps = encoder_rps;
+    e.horizon_s = horizon_s;
+    e.alpha = alpha;
+    e.beta = beta;
+  }
   return e;
 }
 

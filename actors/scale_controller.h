@@ -43,12 +43,18 @@ struct AutoscaleConfig {
   double encode_ms = 0;      // the vision encoders' goal; 0 = encoders not scaled
   int32_t min_encoders = 1;  // active encoders never fewer
   int32_t max_active = 0;    // entry stages + encoders taking work at once; 0 = no budget
+  // holt with encode_ms: image requests/s one encoder serves within
+  // encode_ms; the encoders' controller then forecasts the image arrival
+  // rate the same way (0 = the encoders' controller stays reactive).
+  double encoder_rps = 0;
 
   bool enabled() const { return ttft_ms > 0; }
   bool holt() const { return forecast == "holt"; }
   bool encoders() const { return encode_ms > 0; }
-  // The encoders' controller: reactive, encode_ms as its goal, min_encoders
-  // as its floor, the same interval, confirm, cooldown and low.
+  // The encoders' controller: encode_ms as its goal, min_encoders as its
+  // floor, the same interval, confirm, cooldown and low; with encoder_rps,
+  // Holt's forecast at that rate per encoder (the same horizon, alpha and
+  // beta), else reactive.
   AutoscaleConfig encoder_config() const;
   bool operator==(const AutoscaleConfig&) const = default;  // set at all: != AutoscaleConfig{}
 };
@@ -60,7 +66,8 @@ struct AutoscaleConfig {
 // (0, 1]; stage_rps, horizon_s, alpha and beta away from their defaults
 // without holt are refused (they would change nothing); encode_ms in
 // (0, 1e9] when set, min_encoders 1..4096 and max_active in
-// [min_stages + min_encoders, 8192] (or 0), both only with encode_ms.
+// [min_stages + min_encoders, 8192] (or 0), both only with encode_ms;
+// encoder_rps in (0, 1e6] only with holt and encode_ms.
 Status validate_autoscale(const AutoscaleConfig& c);
 
 // One side of a shared budget: what its controller asks for, its floor and

@@ -104,7 +104,8 @@ void read_pd_controller(lua_State* L, int t, const char* what, PdControllerConfi
 
 // autoscale = { ttft_ms = 500, min_stages = 1, interval_s = 1, confirm = 2,
 // cooldown_s = 5, low = 0.5, forecast = "holt", stage_rps = 4, horizon_s = 5,
-// alpha = 0.5, beta = 0.3, encode_ms = 800, min_encoders = 1, max_active = 4 }: types here (the forecast's name as a pointer
+// alpha = 0.5, beta = 0.3, encode_ms = 800, min_encoders = 1, max_active = 4,
+// encoder_rps = 20 }: types here (the forecast's name as a pointer
 // into the script's table: nothing here may own memory across raise());
 // ranges in check_cluster (validate_autoscale).
 struct RawAutoscale {
@@ -116,7 +117,7 @@ void read_autoscale(lua_State* L, int t, const char* what, RawAutoscale* raw) {
   static constexpr const char* kFields[] = {"ttft_ms",   "min_stages", "interval_s",   "confirm",
                                             "cooldown_s", "low",        "forecast",     "stage_rps",
                                             "horizon_s",  "alpha",      "beta",         "encode_ms",
-                                            "min_encoders", "max_active"};
+                                            "min_encoders", "max_active", "encoder_rps"};
   int type = raw_field(L, t, "autoscale");
   if (type == LUA_TNIL) {
     lua_pop(L, 1);
@@ -130,12 +131,12 @@ void read_autoscale(lua_State* L, int t, const char* what, RawAutoscale* raw) {
   check_plain_table(L, ct, cwhat);
   check_fields(L, ct, cwhat, kFields,
                "ttft_ms, min_stages, interval_s, confirm, cooldown_s, low, forecast, stage_rps, horizon_s, alpha, beta, "
-               "encode_ms, min_encoders, max_active");
+               "encode_ms, min_encoders, max_active, encoder_rps");
   AutoscaleConfig* out = raw->out;
   for (auto [key, v] : {std::pair<const char*, double*>{"ttft_ms", &out->ttft_ms}, {"interval_s", &out->interval_s},
                         {"cooldown_s", &out->cooldown_s}, {"low", &out->low}, {"stage_rps", &out->stage_rps},
                         {"horizon_s", &out->horizon_s}, {"alpha", &out->alpha}, {"beta", &out->beta},
-                        {"encode_ms", &out->encode_ms}}) {
+                        {"encode_ms", &out->encode_ms}, {"encoder_rps", &out->encoder_rps}}) {
     const int ft = raw_field(L, ct, key);
     if (ft == LUA_TNUMBER) *v = double(lua_tonumber(L, -1));
     else if (ft != LUA_TNIL) raise(L, "%s: %s must be a number, got %s", cwhat, key, lua_typename(L, ft));

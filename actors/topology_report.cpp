@@ -95,6 +95,10 @@ static std::string autoscale_text(const AutoscaleConfig& a) {
     out.pop_back();  // the closing parenthesis
     std::snprintf(buf, sizeof buf, "; encoders: encode %g ms, min %d", a.encode_ms, int(a.min_encoders));
     out += buf;
+    if (a.encoder_rps > 0) {
+      std::snprintf(buf, sizeof buf, ", holt forecast at %g req/s per encoder", a.encoder_rps);
+      out += buf;
+    }
     if (a.max_active > 0) out += ", at most " + std::to_string(a.max_active) + " stages and encoders at once";
     out += ")";
   }

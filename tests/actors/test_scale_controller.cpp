@@ -207,7 +207,7 @@ TEST_CASE("autoscale, encoders: their controller is reactive on encode_ms with m
   const AutoscaleConfig e = cfg.encoder_config();
   CHECK(e.ttft_ms == 50);
   CHECK(e.min_stages == 2);
-  CHECK_FALSE(e.holt());  // the forecast is the stages' alone
+  CHECK_FALSE(e.holt());  // without encoder_rps the forecast is the stages' alone
   CHECK_FALSE(e.encoders());
   CHECK(e.interval_s == cfg.interval_s);
   CHECK(e.confirm == cfg.confirm);
@@ -307,4 +307,60 @@ TEST_CASE("autoscale, encoders: validation names the field") {
   c.encode_ms = 100;
   c.min_encoders = 0;
   refused(c, "min_encoders must be 1 to 4096");
+}
+
+// encoder_rps gives the encoders' controller Holt's forecast over the image
+// arrivals: the same ramp as the stages' table above brings encoders up
+// while every encode is on target.
+TEST_CASE("autoscale, encoders: with encoder_rps their controller forecasts the image arrivals") {
+  AutoscaleConfig cfg = holt(4, 2);
+  cfg.encode_ms = 50;
+  cfg.encoder_rps = 4;
+  REQUIRE(validate_autoscale(cfg).ok());
+  const AutoscaleConfig e = cfg.encoder_config();
+  CHECK(e.holt());
+  CHECK(e.stage_rps == 4);
+  CHECK(e.horizon_s == cfg.horizon_s);
+  CHECK(e.alpha == cfg.alpha);
+  CHECK(e.beta == cfg.beta);
+  CHECK(validate_autoscale(e).ok());
+  ScaleController c(e);
+  run(c, {
+             {2, {20}, 1, 6, 1},
+             {4, {20}, 1, 6, 1},
+             {6, {20}, 1, 6, 2},   // 7 image requests/s ahead at 4 each
+             {8, {20}, 2, 6, 3},
+             {10, {20}, 3, 6, 4},
+             {12, {20}, 4, 6, 5},
+         });
+  CHECK(c.needed() == 5);
+  // A different rate per encoder needs a different count: 8/s each.
+  cfg.encoder_rps = 8;
+  ScaleController half(cfg.encoder_config());
+  run(half, {
+                {2, {20}, 1, 6, 1},
+                {4, {20}, 1, 6, 1},
+                {6, {20}, 1, 6, 1},
+                {8, {20}, 1, 6, 2},   // 10.25/s ahead
+                {10, {20}, 2, 6, 2},  // 13.3/s
+                {12, {20}, 2, 6, 3},  // 16.02/s
+            });
+}
+
+TEST_CASE("autoscale, encoders: encoder_rps is refused without holt or encode_ms, or out of range") {
+  AutoscaleConfig c = holt(4, 2);
+  c.encoder_rps = 5;
+  refused(c, "encoder_rps needs encode_ms and forecast = \"holt\"");
+  c = reactive();
+  c.encode_ms = 100;
+  c.encoder_rps = 5;
+  refused(c, "encoder_rps needs encode_ms and forecast = \"holt\"");
+  c = holt(4, 2);
+  c.encode_ms = 100;
+  for (double bad : {-1.0, 2e6, std::nan("")}) {
+    c.encoder_rps = bad;
+    refused(c, "encoder_rps (image requests/s one encoder serves) must be above 0");
+  }
+  c.encoder_rps = 5;
+  CHECK(validate_autoscale(c).ok());
 }

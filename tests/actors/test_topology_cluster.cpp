@@ -122,6 +122,13 @@ TEST_CASE("cluster autoscale of the vision encoders: encode_ms, min_encoders, ma
   CHECK(d.autoscale.min_encoders == 1);
   CHECK(d.autoscale.max_active == 0);
   CHECK(placement_table(d).find("; encoders: encode 150 ms, min 1)") != std::string::npos);
+  auto f = load_ok("cluster { autoscale = { ttft_ms = 400, forecast = 'holt', stage_rps = 4, encode_ms = 150, "
+                   "encoder_rps = 20 } }\n" + epd);
+  CHECK(f.autoscale.encoder_rps == 20);
+  CHECK(f.autoscale.encoder_config().holt());
+  CHECK_MESSAGE(placement_table(f).find("; encoders: encode 150 ms, min 1, holt forecast at 20 req/s per encoder)") !=
+                    std::string::npos,
+                placement_table(f));
   const std::string text_only = "node { name = 'head', head = true, actors = { colocated = 2 } }\n";
   for (auto [script, message] : std::vector<std::pair<std::string, const char*>>{
            {"cluster { autoscale = { ttft_ms = 400, encode_ms = 150, min_encoders = 4 } }\n" + epd,
@@ -134,7 +141,11 @@ TEST_CASE("cluster autoscale of the vision encoders: encode_ms, min_encoders, ma
             "max_active must be 0 (no budget) or from min_stages + min_encoders (2)"},
            {"cluster { autoscale = { ttft_ms = 400, encode_ms = '150' } }\n" + epd, "encode_ms must be a number"},
            {"cluster { autoscale = { ttft_ms = 400, encode_ms = 150, max_active = 2.5 } }\n" + epd, "whole number"},
-           {"cluster { autoscale = { encode_ms = 150 } }\n" + epd, "ttft_ms must be above 0"}}) {
+           {"cluster { autoscale = { encode_ms = 150 } }\n" + epd, "ttft_ms must be above 0"},
+           {"cluster { autoscale = { ttft_ms = 400, encode_ms = 150, encoder_rps = 20 } }\n" + epd,
+            "encoder_rps needs encode_ms and forecast = \"holt\""},
+           {"cluster { autoscale = { ttft_ms = 400, forecast = 'holt', stage_rps = 4, encode_ms = 150, "
+            "encoder_rps = 'fast' } }\n" + epd, "encoder_rps must be a number"}}) {
     CAPTURE(script);
     auto res = load_topology_string(script, "topo.lua");
     REQUIRE_FALSE(res.ok());
