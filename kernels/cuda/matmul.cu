@@ -232,38 +232,20 @@ void matmul_nt(const WeightView& w, const float* x, int64_t n, float* y, int sm_
   const bool x16 = reinterpret_cast<uintptr_t>(x) % 16 == 0;
   const bool w16 = reinterpret_cast<uintptr_t>(wd) % 16 == 0 && w.row_bytes % 16 == 0;
   // Plain types take the 16-byte vector path when x, the rows and cols allow.
-  auto plain = [&](auto type_tag, int64_t lanes) {
+  auto plain = [&](auto type_tag) {
     constexpr DType T = decltype(type_tag)::value;
-    if (x16 && w16 && w.cols % lanes == 0)
+    if (x16 && w16 && w.cols % Chunk<T>::V == 0)
       matmul_plain_kernel<T, NT, true>
           <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
     else
       matmul_plain_kernel<T, NT, false>
           <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
   };
-  switch (w.type) {
-    case DType::F32: plain(std::integral_constant<DType, DType::F32>{}, 4); break;
-    case DType::F16: plain(std::integral_constant<DType, DType::F16>{}, 8); break;
-    case DType::BF16: plain(std::integral_constant<DType, DType::BF16>{}, 8); break;
-    case DType::Q8_0: {
-      if (w.cols % kQ8Block != 0) fail("matmul: Q8_0 cols not a multiple of 32");
-      const bool a2 = reinterpret_cast<uintptr_t>(wd) % 2 == 0 && w.row_bytes % 2 == 0;
-      if (x16 && a2)
-        matmul_q8_kernel<NT, true, true>
-            <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-      else if (a2)
-        matmul_q8_kernel<NT, false, true>
-            <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-      else if (x16)
-        matmul_q8_kernel<NT, true, false>
-            <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-      else
-        matmul_q8_kernel<NT, false, false>
-            <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-      break;
-    }
-    default: fail("matmul: unknown weight type");
-  }
+  auto q8 = [&](auto vec_x, auto aligned2) {
+    matmul_q8_kernel<NT, decltype(vec_x)::value, decltype(aligned2)::value>
+        <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
+  };
+  dispatch_weight_type(w, x16, plain, q8);
   CLEAVE_CUDA_CHECK_LAUNCH("matmul kernel");
 }
 

@@ -112,6 +112,17 @@ __device__ __forceinline__ void b_fragment(const uint32_t (&x)[kLaneCols], int s
   for (int reg = 0; reg < 2; ++reg) b[reg] = x[mma::lane_b_offset(reg, step)];
 }
 
+// The lane's two weight rows (g and g + 8 of the block's 16); rows past R
+// are computed from row R - 1 and not stored.
+__device__ __forceinline__ void lane_weight_rows(const uint8_t* w, size_t row_bytes, int64_t R, int64_t r0,
+                                                 int lane, const uint8_t* (&wrow)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int64_t r = r0 + mma::a_row(lane, h);
+    wrow[h] = w + (r < R ? r : R - 1) * row_bytes;
+  }
+}
+
 // The block's x rows of one tile: row tile * 8 NT + 8 nt + g for each nt.
 template <int NT>
 struct TileRows {
@@ -168,21 +179,13 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * kRows;
   const uint8_t* wrow[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = r0 + mma::a_row(lane, h);
-    wrow[h] = w + (r < R ? r : R - 1) * row_bytes;  // rows past R: computed, not stored
-  }
+  lane_weight_rows(w, row_bytes, R, r0, lane, wrow);
   const int64_t nchunks = (K + kChunk - 1) / kChunk;
   const int64_t per_tile = int64_t(kTokens) * NT;
   const int64_t ntiles = (n + per_tile - 1) / per_tile;
   for (int64_t tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
     const TileRows<NT> rows(x, n, K, tile * per_tile, lane);
-    float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    float acc[NT][4] = {};
 
     for (int64_t ch = warp; ch < nchunks; ch += kTcWarps) {
       const int64_t c0 = ch * kChunk + int64_t(kLaneCols) * (lane & 3);
@@ -238,21 +241,13 @@ __global__ void __launch_bounds__(kTcWarps* kWarp)
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   const int64_t r0 = int64_t(blockIdx.x) * kRows;
   const uint8_t* wrow[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int64_t r = r0 + mma::a_row(lane, h);
-    wrow[h] = w + (r < R ? r : R - 1) * row_bytes;
-  }
+  lane_weight_rows(w, row_bytes, R, r0, lane, wrow);
   const int64_t nchunks = K / kChunk;
   const int64_t per_tile = int64_t(kTokens) * NT;
   const int64_t ntiles = (n + per_tile - 1) / per_tile;
   for (int64_t tile = blockIdx.y; tile < ntiles; tile += gridDim.y) {
     const TileRows<NT> rows(x, n, K, tile * per_tile, lane);
-    float acc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) acc[nt][e] = 0.0f;
+    float acc[NT][4] = {};
 
     for (int64_t ch = warp; ch < nchunks; ch += kTcWarps) {
       const int lane_col = kLaneCols * (lane & 3);
@@ -322,29 +317,11 @@ void matmul_tc_nt(const WeightView& w, const float* x, int64_t n, float* y, int 
       matmul_tc_kernel<T, NT, false>
           <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
   };
-  switch (w.type) {
-    case DType::F32: plain(std::integral_constant<DType, DType::F32>{}); break;
-    case DType::F16: plain(std::integral_constant<DType, DType::F16>{}); break;
-    case DType::BF16: plain(std::integral_constant<DType, DType::BF16>{}); break;
-    case DType::Q8_0: {
-      if (w.cols % kQ8Block != 0) fail("matmul: Q8_0 cols not a multiple of 32");
-      const bool a2 = reinterpret_cast<uintptr_t>(wd) % 2 == 0 && w.row_bytes % 2 == 0;
-      if (x16 && a2)
-        matmul_tc_q8_kernel<NT, true, true>
-            <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-      else if (a2)
-        matmul_tc_q8_kernel<NT, false, true>
-            <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-      else if (x16)
-        matmul_tc_q8_kernel<NT, true, false>
-            <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-      else
-        matmul_tc_q8_kernel<NT, false, false>
-            <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
-      break;
-    }
-    default: fail("matmul: unknown weight type");
-  }
+  auto q8 = [&](auto vec_x, auto aligned2) {
+    matmul_tc_q8_kernel<NT, decltype(vec_x)::value, decltype(aligned2)::value>
+        <<<grid, block, 0, stream>>>(wd, w.row_bytes, w.rows, w.cols, x, n, y);
+  };
+  dispatch_weight_type(w, x16, plain, q8);
   CLEAVE_CUDA_CHECK_LAUNCH("tensor-core matmul kernel");
 }
 

@@ -8,7 +8,14 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <type_traits>
 
+// nvcc's front end flags `status_ = Status(...)` in common/status.h (a
+// [[nodiscard]] class type returned by value) though g++ does not.
+#pragma nv_diag_suppress 2810
+#include "kernels/backend.h"
+#pragma nv_diag_default 2810
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/dtype.h"
 
 namespace cleave::cuda {
@@ -87,6 +94,31 @@ __device__ __forceinline__ uint32_t load_u16(const uint8_t* p) {
     return __ldg(reinterpret_cast<const unsigned short*>(p));
   } else {
     return uint32_t(__ldg(p)) | (uint32_t(__ldg(p + 1)) << 8);
+  }
+}
+
+// The matmuls' launch-time dispatch on the weight type: plain(type_tag)
+// for F32, F16 and BF16 (type_tag an integral_constant<DType>), or
+// q8(vec_x, aligned2) for Q8_0 (bool_constants: x rows 16-byte aligned,
+// weight rows 2-byte aligned); Q8_0 needs cols % 32 == 0.
+template <class Plain, class Q8>
+void dispatch_weight_type(const WeightView& w, bool x16, Plain&& plain, Q8&& q8) {
+  switch (w.type) {
+    case DType::F32: plain(std::integral_constant<DType, DType::F32>{}); break;
+    case DType::F16: plain(std::integral_constant<DType, DType::F16>{}); break;
+    case DType::BF16: plain(std::integral_constant<DType, DType::BF16>{}); break;
+    case DType::Q8_0: {
+      if (w.cols % kQ8Block != 0) fail("matmul: Q8_0 cols not a multiple of 32");
+      const bool a2 = reinterpret_cast<uintptr_t>(w.data) % 2 == 0 && w.row_bytes % 2 == 0;
+      const std::true_type yes;
+      const std::false_type no;
+      if (x16 && a2) q8(yes, yes);
+      else if (a2) q8(no, yes);
+      else if (x16) q8(yes, no);
+      else q8(no, no);
+      break;
+    }
+    default: fail("matmul: unknown weight type");
   }
 }
 
