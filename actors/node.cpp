@@ -270,10 +270,13 @@ NodeStore make_node_store(const NodeOptions& o, const NodeSpec& me, HostedActors
 }
 
 // One model's front end on the head: its router (with its own event sinks)
-// and store. The head's own model is models_[0].
+// and store. The head's own model is models_[0]; every other model's
+// actors report as "model:PATH/router" and "model:PATH/kv_store", so two
+// models' counters never share a name (stats lines, /metrics).
 class ModelFront final : public Frontend {
  public:
-  ModelFront(caf::actor_system& system, std::string path) : system_(system), path_(std::move(path)) {}
+  ModelFront(caf::actor_system& system, std::string path, bool head_model)
+      : system_(system), path_(std::move(path)), prefix_(head_model ? "" : "model:" + path_ + "/") {}
 
   Status submit(GenerateRequest request, EventCallback on_event) override {
     Status st = validate_request(request, context, n_vocab, n_embd);
@@ -293,6 +296,7 @@ class ModelFront final : public Frontend {
     caf::scoped_actor self{system_};
     collect_stats(self, route.router, out);
     collect_stats(self, route.kv, out);
+    for (msg::Stats& st : out) st.actor = prefix_ + st.actor;
     return out;
   }
   const std::string& path() const { return path_; }
@@ -304,6 +308,7 @@ class ModelFront final : public Frontend {
  private:
   caf::actor_system& system_;
   std::string path_;
+  std::string prefix_;
 };
 
 class HeadNode final : public Node {
@@ -347,7 +352,7 @@ class HeadNode final : public Node {
       if (i > 0 && !kv_dir.empty()) kv_dir += "/model-" + std::to_string(i);
       NodeStore store = make_node_store(options_, me_, i == 0 ? &hosted.value() : nullptr, file, kv_dir);
       if (!store.store.ok()) return store.store.status();
-      auto front = std::make_unique<ModelFront>(*system_, path);
+      auto front = std::make_unique<ModelFront>(*system_, path, i == 0);
       front->context = store.context;
       front->n_vocab = store.n_vocab;
       front->n_embd = store.n_embd;

@@ -80,18 +80,18 @@ void on_signal(int sig) {
 // One line per actor on stderr: what moved where (the head: router and
 // store; a worker: its stages, with their KV stream counters).
 void print_stats(Node& node, const std::string& name) {
-  auto print = [&](const std::vector<msg::Stats>& stats, const std::string& prefix) {
+  auto print = [&](const std::vector<msg::Stats>& stats) {
     for (const msg::Stats& s : stats) {
-      std::string line = "cleave node " + name + ": stats " + prefix + s.actor;
+      std::string line = "cleave node " + name + ": stats " + s.actor;
       for (const auto& [k, v] : s.counters) line += " " + k + "=" + std::to_string(v);
       std::fprintf(stderr, "%s\n", line.c_str());
     }
   };
-  print(node.stats(), "");
-  // A head serving several models: the other models' routers and stores,
-  // named by their model ("model:PATH/router").
+  print(node.stats());
+  // A head serving several models: the other models' routers and stores
+  // (they name themselves by their model: "model:PATH/router").
   const auto models = node.model_frontends();
-  for (size_t i = 1; i < models.size(); ++i) print(models[i].second->stats(), "model:" + models[i].first + "/");
+  for (size_t i = 1; i < models.size(); ++i) print(models[i].second->stats());
 }
 
 template <class T>

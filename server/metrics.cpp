@@ -329,6 +329,15 @@ std::optional<uint64_t> find(const msg::Stats& s, std::string_view name) {
   return std::nullopt;
 }
 
+// The router (or store) of a model: "router", or "model:PATH/router" for
+// the other models of a cluster head (actors/node.cpp).
+bool model_actor(std::string_view actor, std::string_view role) {
+  if (actor == role) return true;
+  constexpr std::string_view kModel = "model:";
+  return actor.size() > kModel.size() + role.size() + 1 && actor.substr(0, kModel.size()) == kModel &&
+         actor.substr(actor.size() - role.size() - 1) == std::string(1, '/').append(role);
+}
+
 }  // namespace
 
 ServerMetrics::ServerMetrics()
@@ -559,11 +568,11 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
       mirror(encoder_cache_hits_, {}, s, "cache_hits");
       mirror(stage_steps_, {s.actor}, s, "steps");
       mirror(stage_step_seconds_, {s.actor}, s, "encode_us", 1e-6);
-    } else if (s.actor == "router") {
+    } else if (model_actor(s.actor, "router")) {
       mirror(stage_deaths_, {}, s, "stage_downs");
       mirror(replacements_, {}, s, "replacements");
       mirror(rejected_slo_, {}, s, "rejected_slo");
-    } else if (s.actor == "kv_store") {
+    } else if (model_actor(s.actor, "kv_store")) {
       mirror(kv_failures_, {"store_corrupt"}, s, "store_corrupt_detected");
       for (const auto& [name, value] : s.counters) {  // tier_hops_A_B: the store's own LRU moves
         if (name.rfind("tier_hops_", 0) != 0) continue;

@@ -449,6 +449,36 @@ TEST_CASE("server metrics: the runtime's actor counters map to their metrics") {
   check_promtool_clean(text);
 }
 
+TEST_CASE("server metrics: two models' routers and stores add up, scrape after scrape") {
+  // A cluster head of two models: the second model's actors are named
+  // "model:PATH/..." (actors/node.cpp). Each counts toward the totals once
+  // per scrape; neither is read as the other restarting.
+  auto two = [](uint64_t downs_a, uint64_t downs_b) {
+    return std::vector<msg::Stats>{stats("router", {{"stage_downs", downs_a}, {"rejected_slo", 1}}),
+                                   stats("kv_store", {{"tier_hops_0_1", 3}}),
+                                   stats("model:/m/b.gguf/router", {{"stage_downs", downs_b}, {"rejected_slo", 2}}),
+                                   stats("model:/m/b.gguf/kv_store", {{"tier_hops_0_1", 4}})};
+  };
+  ServerMetrics m;
+  for (int scrape = 0; scrape < 3; ++scrape) {
+    m.update_from_stats(two(0, 1));
+    const std::string text = m.render();
+    CAPTURE(scrape);
+    CHECK(has_line(text, "cleave_stage_deaths_total 1"));
+    CHECK(has_line(text, "cleave_requests_rejected_slo_total 3"));
+    CHECK(has_line(text, "cleave_kv_blocks_moved_total{from=\"tier0\",to=\"tier1\"} 7"));
+    CHECK(has_line(text, "cleave_actor_stat{actor=\"model:/m/b.gguf/router\",name=\"stage_downs\"} 1"));
+    check_promtool_clean(text);
+  }
+  m.update_from_stats(two(2, 1));
+  CHECK(has_line(m.render(), "cleave_stage_deaths_total 3"));
+  // Only a model's own router or store: a stage that happens to end in
+  // "router" or a bare "model:router" is neither.
+  ServerMetrics other;
+  other.update_from_stats({stats("w1/router", {{"stage_downs", 5}}), stats("model:router", {{"stage_downs", 6}})});
+  CHECK(has_line(other.render(), "cleave_stage_deaths_total 0"));
+}
+
 TEST_CASE("server metrics: the exposition passes promtool check metrics with no lint findings") {
   ServerMetrics m;
   check_promtool_clean(m.render());  // empty: families without samples yet
