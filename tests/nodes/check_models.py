@@ -24,7 +24,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "models.lua")
 sys.path.insert(0, HERE)
 from node_process import (NodeProcess, expect, failures, make_two_models, mono_answers, post_completion,  # noqa: E402
-                          random_completions, run_clients, stats_of, stop_all, wait_until)
+                          random_completions, run_clients, stats_of, stop_all, wait_until, start_two_model_head)
 
 MODEL_A, MODEL_B, SETS = make_two_models(CLEAVE, VOCAB, WORK)
 N = 24
@@ -54,15 +54,8 @@ try:
     expect("the two models answer the same prompts differently", want_a != want_b)
 
     common = ["--topology", TOPOLOGY, *SETS, "-t", "1"]
-    head = NodeProcess([CLEAVE, "node", *common, "--name", "head", "--http-port", "0"],
-                       os.path.join(WORK, "head.err"))
-    m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
-    expect("head prints its port", m is not None, head.stderr())
-    port = m.group(2) if m else "1"
-    url = head.wait_line(r"listening on (http://[0-9.]+:\d+) \(models ([^)]*)\)", 30)
-    expect("head serves HTTP for both models", url is not None and url.group(2) == "alpha, beta",
-           (url.group(0) if url else None, head.stderr()[-1500:]))
-    base = url.group(1) if url else "http://127.0.0.1:1"
+    head, port, base = start_two_model_head([CLEAVE, "node", *common, "--name", "head", "--http-port", "0"],
+                                            os.path.join(WORK, "head.err"))
 
     def worker(name):
         return NodeProcess([CLEAVE, "node", *common, "--name", name, "--set", f"head_port={port}",

@@ -23,7 +23,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "models_autoscale.lua")
 sys.path.insert(0, HERE)
 from node_process import (NodeProcess, expect, failures, make_two_models, mono_answers, random_completions,  # noqa: E402
-                          run_clients, stats_of, stop_all, wait_until)
+                          run_clients, stats_of, stop_all, wait_until, start_two_model_head)
 
 MODEL_A, MODEL_B, SETS = make_two_models(CLEAVE, VOCAB, WORK)
 N = 24
@@ -69,15 +69,8 @@ try:
            all("error" not in a for a in want_a + want_b) and len(want_a + want_b) == 2 * N, (want_a[:1], want_b[:1]))
 
     common = ["--topology", TOPOLOGY, *SETS, "-t", "1"]
-    head = NodeProcess([CLEAVE, "node", *common, "--name", "head", "--http-port", "0", "--metrics"],
-                       os.path.join(WORK, "head.err"))
-    m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
-    expect("head prints its port", m is not None, head.stderr())
-    port = m.group(2) if m else "1"
-    url = head.wait_line(r"listening on (http://[0-9.]+:\d+) \(models ([^)]*)\)", 30)
-    expect("head serves HTTP for both models", url is not None and url.group(2) == "alpha, beta",
-           (url.group(0) if url else None, head.stderr()[-1500:]))
-    base = url.group(1) if url else "http://127.0.0.1:1"
+    head, port, base = start_two_model_head([CLEAVE, "node", *common, "--name", "head", "--http-port", "0", "--metrics"],
+                                            os.path.join(WORK, "head.err"))
     nodes = {n: NodeProcess([CLEAVE, "node", *common, "--name", n, "--set", f"head_port={port}", "--join-timeout",
                              "20", "--no-rejoin"], os.path.join(WORK, n + ".err")) for n in ("a0", "b0")}
     expect("a0 and b0 joined", wait_until(lambda: all(f"node {n} joined" in head.stderr() for n in nodes), 60),

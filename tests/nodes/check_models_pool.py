@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "models_pool.lua")
 sys.path.insert(0, HERE)
 from node_process import (NodeProcess, expect, failures, make_two_models, mono_answers, run_clients,  # noqa: E402
-                          stats_of, stop_all, wait_until)
+                          stats_of, stop_all, wait_until, start_two_model_head)
 
 MODEL_A, MODEL_B, SETS = make_two_models(CLEAVE, VOCAB, WORK)
 PREFIX_BLOCKS = 4  # 64 tokens, blocks of 16
@@ -48,14 +48,8 @@ try:
     common = ["--topology", TOPOLOGY, *SETS, "-t", "1"]
     p = NodeProcess([CLEAVE, "topology", "check", TOPOLOGY, *SETS], os.path.join(WORK, "check.err"))
     expect("`cleave topology check` accepts a pool per model", p.wait(60) == 0, p.stderr()[-800:])
-    head = NodeProcess([CLEAVE, "node", *common, "--name", "head", "--http-port", "0"],
-                       os.path.join(WORK, "head.err"))
-    m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
-    expect("head prints its port", m is not None, head.stderr())
-    port = m.group(2) if m else "1"
-    url = head.wait_line(r"listening on (http://[0-9.]+:\d+) \(models ([^)]*)\)", 30)
-    expect("head serves HTTP for both models", url is not None, head.stderr()[-1500:])
-    base = url.group(1) if url else "http://127.0.0.1:1"
+    head, port, base = start_two_model_head([CLEAVE, "node", *common, "--name", "head", "--http-port", "0"],
+                                            os.path.join(WORK, "head.err"))
     names = ("a0", "a1", "b0", "b1")
     nodes = {}
     for i, n in enumerate(names):

@@ -130,6 +130,19 @@ def make_gqa128(cleave, vocab, work):
     return path
 
 
+def start_two_model_head(cmd, err_path):
+    """Starts a cluster head serving alpha and beta (cmd: its command line,
+    with --http-port): the process, its join port and its HTTP base URL
+    (checked steps)."""
+    head = NodeProcess(cmd, err_path)
+    m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
+    expect("head prints its port", m is not None, head.stderr())
+    url = head.wait_line(r"listening on (http://[0-9.]+:\d+) \(models ([^)]*)\)", 30)
+    expect("head serves HTTP for both models", url is not None and url.group(2) == "alpha, beta",
+           (url.group(0) if url else None, head.stderr()[-1500:]))
+    return head, m.group(2) if m else "1", url.group(1) if url else "http://127.0.0.1:1"
+
+
 def post_json(base, path, body):
     """POST body to base + path: the answer's JSON, or {"error": ...}."""
     req = urllib.request.Request(base + path, data=json.dumps(body).encode(), method="POST",
