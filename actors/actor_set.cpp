@@ -185,14 +185,30 @@ Result<std::vector<PipelineStageRef>> ActorSet::spawn_pipeline(
   return refs;
 }
 
-void collect_stats(caf::scoped_actor& self, const caf::actor& handle, std::vector<msg::Stats>& out) {
-  self->request(handle, kClientTimeout, stats_atom::value)
+void collect_stats(caf::scoped_actor& self, const caf::actor& handle, std::vector<msg::Stats>& out,
+                   caf::duration timeout) {
+  self->request(handle, timeout, stats_atom::value)
       .receive(
           [&](const Bytes& b) {
             auto s = codec::decode_as<msg::Stats>(b);
             if (s.ok()) out.push_back(std::move(s.value()));
           },
           [](caf::error&) {});
+}
+
+void collect_stats(caf::scoped_actor& self, const std::vector<caf::actor>& handles, std::vector<msg::Stats>& out,
+                   caf::duration timeout) {
+  using Pending = decltype(self->request(caf::actor{}, timeout, stats_atom::value));
+  std::vector<Pending> pending;
+  pending.reserve(handles.size());
+  for (const caf::actor& h : handles) pending.push_back(self->request(h, timeout, stats_atom::value));
+  for (Pending& p : pending)
+    p.receive(
+        [&](const Bytes& b) {
+          auto s = codec::decode_as<msg::Stats>(b);
+          if (s.ok()) out.push_back(std::move(s.value()));
+        },
+        [](caf::error&) {});
 }
 
 void ActorSet::collect_stats(std::vector<msg::Stats>& out) {

@@ -131,12 +131,19 @@ Status submit_to_router(caf::actor_system& system, const router_actor& router, E
 // its callback is gone already.
 Status cancel_at_router(const router_actor& router, EventSinks& sinks, uint64_t request_id);
 
-// Appends an actor's counters; a dead actor has none.
-void collect_stats(caf::scoped_actor& self, const caf::actor& handle, std::vector<msg::Stats>& out);
+// Appends an actor's counters; a dead actor, or one that does not answer
+// within `timeout`, has none.
+void collect_stats(caf::scoped_actor& self, const caf::actor& handle, std::vector<msg::Stats>& out,
+                   caf::duration timeout = caf::duration(kClientTimeout));
 template <class Handle>
-void collect_stats(caf::scoped_actor& self, const Handle& handle, std::vector<msg::Stats>& out) {
-  collect_stats(self, caf::actor_cast<caf::actor>(handle), out);
+void collect_stats(caf::scoped_actor& self, const Handle& handle, std::vector<msg::Stats>& out,
+                   caf::duration timeout = caf::duration(kClientTimeout)) {
+  collect_stats(self, caf::actor_cast<caf::actor>(handle), out, timeout);
 }
+// The same for many actors at once: every request goes out before the
+// first answer is awaited, so the whole takes at most one `timeout`.
+void collect_stats(caf::scoped_actor& self, const std::vector<caf::actor>& handles, std::vector<msg::Stats>& out,
+                   caf::duration timeout);
 
 // The router's, the store's, then every actor of the set.
 std::vector<msg::Stats> collect_all_stats(caf::actor_system& system, const router_actor& router,

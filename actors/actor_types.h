@@ -68,6 +68,7 @@ using kv_get_atom = caf::atom_constant<caf::atom("kv_get")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using attach_atom = caf::atom_constant<caf::atom("attach")>;
 using shutdown_atom = caf::atom_constant<caf::atom("shutdown")>;
+using stage_list_atom = caf::atom_constant<caf::atom("stagelist")>;
 using kv_pull_atom = caf::atom_constant<caf::atom("kv_pull")>;
 using kv_chunk_atom = caf::atom_constant<caf::atom("kv_chunk")>;
 using kv_fetch_atom = caf::atom_constant<caf::atom("kv_fetch")>;
@@ -248,7 +249,9 @@ using pipeline_stage_actor =
 // requests move to others (re-placed with their tokens, KV from the store),
 // -> how many moved; unavailable when no stage of a role would be
 // left. stage_store: the
-// stage's node's kv_store (KV pool: placement and preloads).
+// stage's node's kv_store (KV pool: placement and preloads). stage_list:
+// the live stages and vision encoders attached to it, on any node (a
+// cluster head's /metrics asks each for its counters).
 using router_actor =
     caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
                      caf::replies_to<resume_atom, Bytes>::with<bool>,
@@ -260,7 +263,9 @@ using router_actor =
                      caf::reacts_to<stage_store_atom, stage_actor, kv_store_actor>,
                      caf::replies_to<drain_atom, std::vector<stage_actor>>::with<uint64_t>,
                      caf::reacts_to<tick_atom>, caf::replies_to<shutdown_atom>::with<bool>,
-                     caf::replies_to<stats_atom>::with<Bytes>>;
+                     caf::replies_to<stats_atom>::with<Bytes>,
+                     caf::replies_to<stage_list_atom>::with<std::vector<stage_actor>,
+                                                          std::vector<vision_encoder_actor>>>;
 
 // What a head publishes (node.cpp). join: (secret, node name) -> the router
 // and kv_store handles, or an error naming why the node is refused. attach:

@@ -275,6 +275,8 @@ NodeStore make_node_store(const NodeOptions& o, const NodeSpec& me, HostedActors
 // models' counters never share a name (stats lines, /metrics).
 class ModelFront final : public Frontend {
  public:
+  static constexpr auto kStageStatsTimeout = std::chrono::seconds(2);
+
   ModelFront(caf::actor_system& system, std::string path, bool head_model)
       : system_(system), path_(std::move(path)), prefix_(head_model ? "" : "model:" + path_ + "/") {}
 
@@ -290,14 +292,34 @@ class ModelFront final : public Frontend {
                             std::move(generated));
   }
   Status cancel(uint64_t request_id) override { return cancel_at_router(route.router, *sinks, request_id); }
-  // The router's and the store's (the head's own stages are in Node::stats()).
+  // The router's and the store's, then those of every stage and vision
+  // encoder attached to the router, on any node (they name themselves by
+  // node), asked all at once. One that does not answer within
+  // kStageStatsTimeout is left out: a scrape does not hang on a stopped or
+  // partitioned node.
   std::vector<msg::Stats> stats() override {
     std::vector<msg::Stats> out;
     caf::scoped_actor self{system_};
     collect_stats(self, route.router, out);
     collect_stats(self, route.kv, out);
     for (msg::Stats& st : out) st.actor = prefix_ + st.actor;
+    std::vector<caf::actor> attached;
+    self->request(route.router, kClientTimeout, stage_list_atom::value)
+        .receive(
+            [&](const std::vector<stage_actor>& s, const std::vector<vision_encoder_actor>& e) {
+              for (const auto& h : s) attached.push_back(caf::actor_cast<caf::actor>(h));
+              for (const auto& h : e) attached.push_back(caf::actor_cast<caf::actor>(h));
+            },
+            [](caf::error&) {});
+    collect_stats(self, attached, out, caf::duration(kStageStatsTimeout));
     return out;
+  }
+  // The router's counters alone (no stage is asked).
+  msg::Stats router_stats() {
+    std::vector<msg::Stats> out;
+    caf::scoped_actor self{system_};
+    collect_stats(self, route.router, out);
+    return out.empty() ? msg::Stats{} : std::move(out.front());
   }
   const std::string& path() const { return path_; }
 
@@ -435,11 +457,11 @@ class HeadNode final : public Node {
 
   int32_t stages() override {
     int32_t n = experts_alive_->load();
-    for (const auto& m : models_)
-      for (const msg::Stats& s : m->stats())
-        if (s.actor == "router")
-          n += int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated") +
-                       s.get("alive_vision_encoder"));
+    for (const auto& m : models_) {
+      const msg::Stats s = m->router_stats();
+      n += int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated") +
+                   s.get("alive_vision_encoder"));
+    }
     return n;
   }
 

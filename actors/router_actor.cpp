@@ -530,6 +530,15 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         for (uint64_t id : all) fail(self, id, Status(Code::aborted, "pipeline shut down"));
         return true;
       },
+      [=](stage_list_atom) -> caf::result<std::vector<stage_actor>, std::vector<vision_encoder_actor>> {
+        std::vector<stage_actor> stages;
+        std::vector<vision_encoder_actor> encoders;
+        for (const auto& st : self->state.stages)
+          if (st.alive) stages.push_back(st.handle);
+        for (const auto& e : self->state.encoders)
+          if (e.alive) encoders.push_back(e.handle);
+        return {std::move(stages), std::move(encoders)};
+      },
       [=](stats_atom) -> Bytes {
         auto& s = self->state;
         uint64_t alive_prefill = 0, alive_decode = 0, alive_colocated = 0, alive_encoders = 0, parked_encoders = 0;

@@ -54,8 +54,9 @@ def mono(req):
     return mono_results(CLEAVE, MODEL, req)
 
 
-def cluster(tag, req, out, sets, workers, stages, extra=None):
-    """The head runs req once `stages` stages joined; workers: names (A, C)."""
+def cluster(tag, req, out, sets, workers, stages, extra=None, freeze=()):
+    """The head runs req once `stages` stages joined; workers: names (A, C);
+    those in `freeze` are stopped (SIGSTOP) once their store is in the pool."""
     common = ["--topology", TOPOLOGY, "-m", MODEL, "-t", "1", *sets]
     head = NodeProcess([CLEAVE, "node", *common, "--name", "head", "--requests", req, "--out", out,
                         "--wait-stages", str(stages)], os.path.join(WORK, tag + "head.err"))
@@ -74,12 +75,14 @@ def cluster(tag, req, out, sets, workers, stages, extra=None):
             time.sleep(0.05)
         expect(f"{tag}{name}'s store joined the pool", head.stderr().count("joined the pool") >= i + 1,
                head.stderr()[-1000:])
+        if name in freeze:
+            procs[name].proc.send_signal(signal.SIGSTOP)
     return head, procs
 
 
-def run(tag, req, sets, workers, stages, extra=None, during=None):
+def run(tag, req, sets, workers, stages, extra=None, during=None, freeze=()):
     out = os.path.join(WORK, tag + "out.jsonl")
-    head, procs = cluster(tag, req, out, sets, workers, stages, extra)
+    head, procs = cluster(tag, req, out, sets, workers, stages, extra, freeze)
     if during:
         during(head, procs)
     rc = head.wait(300)
@@ -131,13 +134,16 @@ try:
            c_store.get("pool_blocks_corrupt", 0) > 0 and c_store.get("pool_blocks_fetched", 1) == 0 and
            c_store.get("pool_replicas", 1) == 0, (c_store, c_stage))
 
-    # 4. A killed -9 while C runs: prefixes A held cost a recompute, nothing fails.
+    # 4. A killed -9 while C runs: prefixes A held cost a recompute, nothing
+    # fails. A is frozen from the moment its store is in the pool, so C's
+    # first fetches from it are still waiting when it dies, however fast
+    # the rest would run.
     def kill_a(head, procs):
         head.wait_line(r"submitted", timeout=60)
         time.sleep(0.05)
         procs["A"].proc.send_signal(signal.SIGKILL)
     rc, err, werr, got = run("kill_", req2, ["--set", "a_stage=0", "--set", f"a_dir={A_DIR}"], ["A", "C"], 1,
-                             during=kill_a)
+                             during=kill_a, freeze=("A",))
     expect("4. A killed -9 mid-run: every request has mono's bits", rc == 0 and got == ref2,
            f"rc={rc} {err[-1500:]}")
     h = stats_of(err, "kv_store")

@@ -6,9 +6,10 @@ alpha's router brings its parked stages up (to 3) while beta's keeps its
 floor of one and steps nowhere; then beta's requests bring beta's up while
 alpha's router takes no step. Read live from the head's /metrics, where
 each model's router is its own series (the second model's actors named
-"model:PATH/..."). Every answer equals that model's own `cleave serve`;
-each model's requests ran on its own node, spread over more than one of its
-stages.
+"model:PATH/...") and every worker's stages report too (a stopped worker
+does not hold a scrape up). Every answer equals that model's own `cleave
+serve`; each model's requests ran on its own node, spread over more than
+one of its stages.
 
 usage: check_models_autoscale.py CLEAVE VOCAB WORKDIR"""
 import os
@@ -16,6 +17,7 @@ import re
 import signal
 import sys
 import threading
+import time
 import urllib.request
 
 CLEAVE, VOCAB, WORK = sys.argv[1:4]
@@ -112,6 +114,26 @@ try:
     expect("alpha's router took no step while beta was loaded",
            ra.get("autoscale_ups") == alpha_ups and ra.get("autoscale_downs") == 0 and ra.get("requests") == N,
            (alpha_ups, ra))
+
+    # The head's /metrics holds every attached stage's counters, on any
+    # node: each model's requests, per stage, as its node counted them.
+    m, text = metrics(base)
+    for node in ("a0", "b0"):
+        per = [m.get(f"{node}/colocated/{i}", {}).get("requests", -1) for i in range(3)]
+        expect(f"/metrics holds {node}'s three stages, {N} requests among them", sum(per) == N and min(per) >= 0,
+               (per, sorted(m)))
+    expect("/metrics maps the workers' steps to cleave_stage_steps_total",
+           re.search(r'^cleave_stage_steps_total\{stage="b0/colocated/0"\} [1-9]', text, re.M) is not None)
+    # A stopped worker: a scrape comes back (without its stages) instead of
+    # waiting on them.
+    nodes["b0"].proc.send_signal(signal.SIGSTOP)
+    t0 = time.time()
+    m, _ = metrics(base)
+    took = time.time() - t0
+    nodes["b0"].proc.send_signal(signal.SIGCONT)
+    print(f"a scrape with b0 stopped took {took:.2f} s")
+    expect("a scrape with a stopped worker answers within 5 s, the other node's stages in it",
+           took < 5 and "a0/colocated/0" in m and ROUTER_B in m, (took, sorted(m)))
 
     head.proc.send_signal(signal.SIGTERM)
     head.wait(60)
