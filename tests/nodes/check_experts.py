@@ -92,13 +92,15 @@ try:
         stop_all()
 
     # kill -9 of an expert node under load, with replicas: the other takes over.
+    # Long enough (160 tokens each) that the kill 0.1 s after the submit
+    # lands mid-run on a fast machine too (48 tokens ran in 0.3 s on one).
     long_req = os.path.join(WORK, "long.jsonl")
-    write_requests(long_req, 40, 48)
+    write_requests(long_req, 40, 160)
     long_ref = mono(long_req)
     out = os.path.join(WORK, "kill_out.jsonl")
     head, workers = cluster("kill_", long_req, out, ["--set", "replicas=true"])
     submitted = head.wait_line(r"submitted", timeout=60) is not None
-    time.sleep(0.3)
+    time.sleep(0.1)
     workers["ex0"].proc.send_signal(signal.SIGKILL)
     rc = head.wait(300)
     err = head.stderr()
@@ -118,7 +120,7 @@ try:
         out = os.path.join(WORK, tag + "out.jsonl")
         head, workers = cluster(tag, long_req, out, sets)
         submitted = head.wait_line(r"submitted", timeout=60) is not None
-        time.sleep(0.3)
+        time.sleep(0.1)
         workers[victim].proc.send_signal(signal.SIGSTOP)
         t0 = time.monotonic()
         rc = head.wait(300)
@@ -147,7 +149,7 @@ try:
     out = os.path.join(WORK, "rejoin_out.jsonl")
     head, workers = cluster("rejoin_", rejoin_req, out, [])
     submitted = head.wait_line(r"submitted", timeout=60) is not None
-    time.sleep(0.3)
+    time.sleep(0.1)
     workers["ex1"].proc.send_signal(signal.SIGKILL)
     workers["ex1"].proc.wait()
     again = NodeProcess([CLEAVE, "node", "--topology", TOPOLOGY, "--name", "ex1", "-m", MODEL, "-t", "1",
