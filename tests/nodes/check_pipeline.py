@@ -106,15 +106,17 @@ try:
     # kill -9 of a stage node under load, with a second pipeline: every
     # request finishes on it, identical.
     MODEL = os.path.join(WORK, "gqa4.gguf")
+    # Long enough (120 tokens each) that the kill 0.1 s after the submit
+    # lands mid-run on a fast machine too.
     long_req = os.path.join(WORK, "long.jsonl")
-    write_requests(long_req, 30, 48)
+    write_requests(long_req, 30, 120)
     long_ref = mono(long_req)
     out = os.path.join(WORK, "kill2_out.jsonl")
     workers = [f"colocated{r}_{s}" for r in (1, 2) for s in (1, 2, 3)]
     head, procs = cluster("kill2_", long_req, out, ["--set", "mode=colocated", "--set", "stages=3",
                                                     "--set", "pipelines=2"], workers, 2)
     submitted = head.wait_line(r"submitted", timeout=60) is not None
-    time.sleep(0.3)
+    time.sleep(0.1)
     procs["colocated1_2"].proc.send_signal(signal.SIGKILL)
     rc = head.wait(300)
     err = head.stderr()
@@ -132,7 +134,7 @@ try:
     head, procs = cluster("kill1_", long_req, out, ["--set", "mode=colocated", "--set", "stages=2"],
                           ["colocated1_1", "colocated1_2"], 1)
     submitted = head.wait_line(r"submitted", timeout=60) is not None
-    time.sleep(0.3)
+    time.sleep(0.1)
     procs["colocated1_2"].proc.send_signal(signal.SIGKILL)
     t0 = time.monotonic()
     # Every request's end is in the results once the head wrote them (its
