@@ -123,7 +123,7 @@ TEST_CASE("expert socket: a wrong token, index or endpoint is refused") {
     CHECK(ExpertSocketClient::connect(endpoint).status().code() == Code::invalid_argument);
 }
 
-TEST_CASE("expert socket: a silent server times out at the deadline; a gone one fails at once") {
+TEST_CASE("expert socket: a silent server times out at the deadline, a gone one fails at once") {
   // A listener that accepts and never answers (a stopped process).
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};

@@ -117,7 +117,7 @@ TEST_CASE("experts: a dense model's FFN as the one expert, split by layer over e
   CHECK(e0->get("rows") == e1->get("rows"));
 }
 
-TEST_CASE("experts: killed expert actors: replicas take over, then the stages compute; nothing fails") {
+TEST_CASE("experts: killed expert actors: replicas take over, then the stages compute, nothing fails") {
   const Model& m = model(moe8());
   const auto requests = long_requests(m, 40, 42000);
   const auto ref = mono_reference(m, requests);

@@ -128,7 +128,7 @@ TEST_CASE("kv socket: a wrong token is refused and the right one still works") {
             .code() == Code::unavailable);
 }
 
-TEST_CASE("kv socket: streams share one kept connection; one closed while idle is replaced") {
+TEST_CASE("kv socket: streams share one kept connection, one closed while idle is replaced") {
   auto records = make_records(3);
   auto server = KvSocketServer::listen("127.0.0.1", std::make_shared<KvStreamCounters>(), -1,
                                        std::chrono::seconds(5), std::chrono::seconds(30),

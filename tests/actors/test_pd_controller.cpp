@@ -58,7 +58,7 @@ TEST_CASE("pd controller: TTFT over its goal moves a decoder to prefill once con
   CHECK(c.ttft_pressure() == doctest::Approx(3.0));
 }
 
-TEST_CASE("pd controller: TPOT over its goal moves a prefill to decode; a changing verdict restarts the streak") {
+TEST_CASE("pd controller: TPOT over its goal moves a prefill to decode, a changing verdict restarts the streak") {
   PdController c(goals(100, 20, 3, 0));
   const auto none = RoleMove::none, to_d = RoleMove::to_decode;
   run(c, {

@@ -153,7 +153,7 @@ TEST_CASE("resume: after a restart, the rest of every request's tokens and logit
   }
 }
 
-TEST_CASE("resume: without a store the tokens are the same, recomputed; a resume past the end fails") {
+TEST_CASE("resume: without a store the tokens are the same, recomputed, a resume past the end fails") {
   const auto rs = requests();
   auto p = Pipeline::create(model().file, model().tokenizer, options(Topology::mono, ""));
   REQUIRE(p.ok());

@@ -88,7 +88,7 @@ TEST_CASE("holt forecast: a constant stays constant, a line is followed with its
   CHECK(falling.forecast(1) == 0);
 }
 
-TEST_CASE("autoscale, reactive: TTFT over the goal adds a stage once confirmed; low TTFT parks one after the cooldown") {
+TEST_CASE("autoscale, reactive: TTFT over the goal adds a stage once confirmed, low TTFT parks one after the cooldown") {
   ScaleController c(reactive(100, 2, 3));
   run(c, {
              {4, {50}, 1, 4, 1},           // on target
@@ -123,7 +123,7 @@ TEST_CASE("autoscale: never more than are alive, never fewer than min_stages, a 
          });
 }
 
-TEST_CASE("autoscale, holt: the stages the forecast rate needs come up before TTFT rises; down only when it allows") {
+TEST_CASE("autoscale, holt: the stages the forecast rate needs come up before TTFT rises, down only when it allows") {
   // 4 requests/s per stage, 2 s ahead, TTFT always on target (a reactive
   // controller would add nothing). A ramp of 2 more requests/s each second:
   // level + 2 s of trend needs 2, 3, 4, 5 stages while the measured rate
@@ -142,7 +142,7 @@ TEST_CASE("autoscale, holt: the stages the forecast rate needs come up before TT
   CHECK(c.needed() == 5);
 }
 
-TEST_CASE("autoscale, holt: a steady rate holds its stages; a fall parks them one at a time") {
+TEST_CASE("autoscale, holt: a steady rate holds its stages, a fall parks them one at a time") {
   AutoscaleConfig cfg = holt(4, 2, 1);
   cfg.cooldown_s = 0;
   ScaleController c(cfg);

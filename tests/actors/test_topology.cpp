@@ -635,7 +635,7 @@ TEST_CASE("topology: the fuzz regression inputs load or fail with a one-line err
                "unknown actor kind 'fastest'");
 }
 
-TEST_CASE("pipelines: stage{} cuts a model over nodes; gaps, overlaps and ranges past the model are refused") {
+TEST_CASE("pipelines: stage{} cuts a model over nodes, gaps, overlaps and ranges past the model are refused") {
   const std::string head = "node { name = 'a', head = true, actors = { prefill = 1, kv_store = 1 }, "
                            "stage = { layers = {0, 5} } }\n"
                            "node { name = 'd', actors = { decode = 1 } }\n";

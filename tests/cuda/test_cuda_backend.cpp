@@ -316,7 +316,7 @@ TEST_CASE("cuda layer_norm, gelu, add (the vision encoder's ops) against cpu, ba
   }
 }
 
-TEST_CASE("cuda full_attention against cpu, batch invariant; copy; moe_combine") {
+TEST_CASE("cuda full_attention against cpu, batch invariant, copy, moe_combine") {
   auto gpu = gpu_or_skip();
   if (!gpu) return;
   auto cpu = make_cpu_backend(2);

@@ -240,7 +240,7 @@ TEST_CASE("job runner: a KV disk cap drops the oldest blocks and changes no line
   CHECK(read_output(dir.str("out.jsonl")) == read_output(dir.str("ref.jsonl")));
 }
 
-TEST_CASE("job runner: lines whose url is not the batch's endpoint get an error record; cancel ends the job") {
+TEST_CASE("job runner: lines whose url is not the batch's endpoint get an error record, cancel ends the job") {
   TempDir dir("runner_endpoint");
   const std::string input = write_input(dir, 12);
   auto p = pipeline(dir.str("kv"));

@@ -173,7 +173,7 @@ TEST_CASE("int8 matmul batch invariance: batch size - row position - thread coun
   }
 }
 
-TEST_CASE("int8 compute: other weight types stay exact; caps name the kernel") {
+TEST_CASE("int8 compute: other weight types stay exact, caps name the kernel") {
   auto be = make_cpu_backend(2, detect_isa(), Compute::int8);
   auto exact = make_cpu_backend(2, detect_isa());
   CHECK(be->caps().compute == Compute::int8);

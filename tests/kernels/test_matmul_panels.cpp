@@ -70,7 +70,7 @@ TEST_CASE("matmul: each output is one multiply-add chain over k in order, on eve
   }
 }
 
-TEST_CASE("matmul: a prepared view's panels give the per-call packing's bits; its copy is what is multiplied") {
+TEST_CASE("matmul: a prepared view's panels give the per-call packing's bits, its copy is what is multiplied") {
   for (Isa isa : isas()) {
     for (DType t : kTypes) {
       const int64_t rows = 83, cols = t == DType::Q8_0 ? 160 : 150;

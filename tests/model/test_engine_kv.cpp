@@ -482,7 +482,7 @@ TEST_CASE("engine kv: records import after an attached cached prefix and decodin
   CHECK(b->sequence_length(sc) == 31);
 }
 
-TEST_CASE("engine kv: compute int8 is part of the fingerprint; its records import only into int8 engines") {
+TEST_CASE("engine kv: compute int8 is part of the fingerprint, its records import only into int8 engines") {
   fs::path dir = fs::temp_directory_path() / ("cleave-engine-kv-test-" + std::to_string(::getpid()));
   fs::create_directories(dir);
   ModelSpec s;

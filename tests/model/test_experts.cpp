@@ -127,7 +127,7 @@ TEST_CASE("experts: any placement over hosts gives the engine's tokens and logit
   }
 }
 
-TEST_CASE("experts: replicas share the load; a dead host's experts go to a replica, then to the fallback") {
+TEST_CASE("experts: replicas share the load, a dead host's experts go to a replica, then to the fallback") {
   const std::string path = model_path(moe8(), "moe8");
   auto mono_engine = make_engine(path, 1, 8);
   const Run mono = run_batch(*mono_engine);

@@ -468,7 +468,7 @@ TEST_CASE("scheduler: preemption under a tiny KV pool gives the same tokens") {
   }
 }
 
-TEST_CASE("scheduler: a request that can never fit fails; the others go on") {
+TEST_CASE("scheduler: a request that can never fit fails, the others go on") {
   auto tok = make_tokenizer();
   const std::string path = model_path(small_dense(), "dense");
   auto alone = make_engine(path, 1, 1);
@@ -683,7 +683,7 @@ GenerateRequest prioritised(int i, int32_t priority, int32_t max_tokens) {
 
 }  // namespace
 
-TEST_CASE("scheduler priority: lower values run first and preempt higher ones; tokens equal generate()") {
+TEST_CASE("scheduler priority: lower values run first and preempt higher ones, tokens equal generate()") {
   auto tok = make_tokenizer();
   const std::string path = model_path(small_dense(), "dense");
   auto alone = make_engine(path, 1, 1);
@@ -716,7 +716,7 @@ TEST_CASE("scheduler priority: lower values run first and preempt higher ones; t
   }
 }
 
-TEST_CASE("scheduler priority: equal values never preempt; fcfs refuses a nonzero priority") {
+TEST_CASE("scheduler priority: equal values never preempt, fcfs refuses a nonzero priority") {
   auto tok = make_tokenizer();
   const std::string path = model_path(small_dense(), "dense");
   auto engine = make_engine(path, engine_options(1, 1));
@@ -748,7 +748,7 @@ TEST_CASE("scheduler priority: equal values never preempt; fcfs refuses a nonzer
   CHECK(parse_scheduling_policy("lifo").status().message().find("fcfs, priority") != std::string::npos);
 }
 
-TEST_CASE("scheduler priority: a request short of KV blocks preempts higher values; tokens equal generate()") {
+TEST_CASE("scheduler priority: a request short of KV blocks preempts higher values, tokens equal generate()") {
   auto tok = make_tokenizer();
   const std::string path = model_path(small_dense(), "dense");
   auto alone = make_engine(path, 1, 1);

@@ -69,7 +69,7 @@ TEST_CASE("planner: an idle cluster gives each request exactly its step costs") 
   CHECK(simulate(p, fixed(0.01, 200, 11, 50), {0, 3.6}, {1, 1}).attainment == 0.0);
 }
 
-TEST_CASE("planner: a decoder's batch shares its steps; a long prompt runs in chunks") {
+TEST_CASE("planner: a decoder's batch shares its steps, a long prompt runs in chunks") {
   // Four requests at once on one decoder of 4 rows: each step costs 2 + 4 x 1.
   StepProfile p = linear(0.001, 2, 1);
   p.max_seqs = 4;

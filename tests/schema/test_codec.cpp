@@ -687,7 +687,7 @@ TEST_CASE("codec: requests with images have their own reader limit") {
   CHECK(out.images[0].image.rgb.size() == m.images[0].image.rgb.size());
 }
 
-TEST_CASE("codec: an expert batch round-trips bit for bit; bad sizes and checksums are refused") {
+TEST_CASE("codec: an expert batch round-trips bit for bit, bad sizes and checksums are refused") {
   const msg::ExpertBatch m = examples::expert_batch();
   const msg::ExpertBatch back = round_trip(m);
   CHECK(back.layer == m.layer);
@@ -721,7 +721,7 @@ TEST_CASE("codec: an expert batch round-trips bit for bit; bad sizes and checksu
   CHECK(refused(neg_layer).message().find("layer") != std::string::npos);
 }
 
-TEST_CASE("codec: a stage batch round-trips bit for bit; bad tables, sizes and checksums are refused") {
+TEST_CASE("codec: a stage batch round-trips bit for bit, bad tables, sizes and checksums are refused") {
   const msg::StageBatch m = examples::stage_batch();
   const msg::StageBatch back = round_trip(m);
   CHECK(back.op == msg::StageOp::layers);

@@ -269,7 +269,7 @@ TEST_CASE("http: a request reaches the handler with method, target, query, heade
   CHECK(nlohmann::json::parse(r.body)["target"] == "/after-head");
 }
 
-TEST_CASE("http: keep-alive serves requests one after another on one connection; 1.0 and Connection: close end it") {
+TEST_CASE("http: keep-alive serves requests one after another on one connection, 1.0 and Connection: close end it") {
   std::atomic<int> calls{0};
   auto server = start_server([&](HttpRequest req, std::shared_ptr<HttpResponder> res) {
     ++calls;
@@ -378,7 +378,7 @@ TEST_CASE("http: headers over max_header_bytes get 431") {
   CHECK(calls == 1);
 }
 
-TEST_CASE("http: malformed requests get 400 (unsupported Transfer-Encoding 501); no byte sequence brings the server down") {
+TEST_CASE("http: malformed requests get 400 (unsupported Transfer-Encoding 501), no byte sequence brings the server down") {
   HttpServerOptions opt;
   opt.read_timeout_s = 2;
   std::atomic<int> calls{0};
@@ -433,7 +433,7 @@ TEST_CASE("http: malformed requests get 400 (unsupported Transfer-Encoding 501);
   CHECK(ok.reply().status == 200);
 }
 
-TEST_CASE("http: a request not read within read_timeout_s gets 408; an idle connection is not cut by it") {
+TEST_CASE("http: a request not read within read_timeout_s gets 408, an idle connection is not cut by it") {
   HttpServerOptions opt;
   opt.read_timeout_s = 0.3;
   opt.idle_timeout_s = 5;
@@ -655,7 +655,7 @@ TEST_CASE("http: the answer may come later from another thread, streamed events 
   for (auto& t : workers) t.join();
 }
 
-TEST_CASE("http: a responder dropped unanswered gives 500; so does a handler that throws") {
+TEST_CASE("http: a responder dropped unanswered gives 500, so does a handler that throws") {
   auto server = start_server([](HttpRequest req, std::shared_ptr<HttpResponder> res) {
     if (req.target == "/throw") throw std::runtime_error("boom");
     if (req.target == "/answered-then-throw") {
@@ -699,7 +699,7 @@ TEST_CASE("http: Expect: 100-continue gets 100 Continue before the body is sent"
   CHECK(nlohmann::json::parse(r.body)["body"] == "hello");
 }
 
-TEST_CASE("http: responders outlive the server; its destructor does not hang and later calls are dropped") {
+TEST_CASE("http: responders outlive the server, its destructor does not hang and later calls are dropped") {
   Stash stash;
   std::atomic<int> closes{0};
   auto server = start_server([&](HttpRequest req, std::shared_ptr<HttpResponder> res) {

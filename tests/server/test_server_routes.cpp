@@ -85,7 +85,7 @@ TEST_CASE("served model: the shapes GGUF carries its own chat template, recognis
   CHECK(bad.status().message().find("llama-3") != std::string::npos);
 }
 
-TEST_CASE("server: /health is 503 with an OpenAI error while loading, then 200; a mono pipeline answers") {
+TEST_CASE("server: /health is 503 with an OpenAI error while loading, then 200, a mono pipeline answers") {
   ServeOptions o;
   o.http.port = 0;
   auto srv = Server::start(o);

@@ -31,7 +31,7 @@ TEST_CASE("block pool: zero or negative sizes are invalid_argument") {
   CHECK(BlockPool::create(4, 0).status().code() == Code::invalid_argument);
 }
 
-TEST_CASE("block pool: allocation to exhaustion answers no room; release restores it") {
+TEST_CASE("block pool: allocation to exhaustion answers no room, release restores it") {
   auto pool = make_pool(4);
   CHECK(pool->free_count() == 4);
   CHECK(pool->can_allocate(4));
@@ -87,7 +87,7 @@ TEST_CASE("block pool: unknown and freed ids are invalid_argument, never UB") {
   CHECK(pool->free_count() == 2);
 }
 
-TEST_CASE("sequence blocks: fork shares blocks; releases count down to free") {
+TEST_CASE("sequence blocks: fork shares blocks, releases count down to free") {
   auto pool = make_pool(8, 4);
   SequenceBlocks a(*pool);
   auto g = a.append_tokens(10);  // 3 blocks: 4 + 4 + 2

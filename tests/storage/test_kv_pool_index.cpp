@@ -41,7 +41,7 @@ TEST_CASE("kv pool index: leading runs per holder, longest first, ties by name")
   CHECK(index.held_by("a") == 3);
 }
 
-TEST_CASE("kv pool index: a dropped holder leaves; reset replaces what it held") {
+TEST_CASE("kv pool index: a dropped holder leaves, reset replaces what it held") {
   KvPoolIndex index;
   const auto k = keys(1, 4);
   index.add("a", k);

@@ -179,7 +179,7 @@ TEST_CASE("memory tier: erased slabs are reused, bounded by capacity") {
   CHECK(t->block_count() == n / 2);
 }
 
-TEST_CASE("move_block: one hop copies, verifies and erases; a bad source is refused") {
+TEST_CASE("move_block: one hop copies, verifies and erases, a bad source is refused") {
   auto from = tier_of_blocks(4, MemoryKind::pinned_host);
   auto to = tier_of_blocks(2);
   for (uint64_t i = 0; i < 4; ++i) REQUIRE(from->insert(make_record(i)).ok());

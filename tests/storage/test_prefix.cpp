@@ -57,7 +57,7 @@ struct Fixture {
 
 }  // namespace
 
-TEST_CASE("prefix keys: same input gives the same key; each field changes it") {
+TEST_CASE("prefix keys: same input gives the same key, each field changes it") {
   const KvLayout layout = test_layout();
   const auto t = iota_tokens(16);
   const BlockKey root{0, 0};
@@ -240,7 +240,7 @@ TEST_CASE("prefix index: a fully cached prompt reruns its last token by copy-on-
   CHECK(f.index->find(m.keys[2]) == m.block_ids[2]);  // the cached block is untouched
 }
 
-TEST_CASE("prefix index: holds references; first publisher wins; erase evicts") {
+TEST_CASE("prefix index: holds references, first publisher wins, erase evicts") {
   Fixture f(8);
   const auto tokens = iota_tokens(40);  // 2 full blocks + 8 tokens
   std::vector<int32_t> ids;

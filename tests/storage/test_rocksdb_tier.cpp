@@ -386,7 +386,7 @@ TEST_CASE("rocksdb tier: threads inserting and reading the same keys") {
   CHECK(t.usage_bytes() == 32 * (kRecordHeaderBytes + small_layout().block_bytes()));
 }
 
-TEST_CASE("rocksdb tier: F16 and Q8_0 blocks are stored at their size and read back; other types are foreign") {
+TEST_CASE("rocksdb tier: F16 and Q8_0 blocks are stored at their size and read back, other types are foreign") {
   for (auto [kt, vt] : {std::pair{DType::F16, DType::F16}, std::pair{DType::Q8_0, DType::Q8_0},
                         std::pair{DType::F16, DType::Q8_0}}) {
     const std::string types = std::string(dtype_name(kt)) + "/" + dtype_name(vt);

@@ -144,7 +144,7 @@ TEST_CASE("tiered store: a hit in tier 2 is promoted 2 -> 1 -> 0 with exact hop 
   CHECK(total == 6);
 }
 
-TEST_CASE("tiered store: pinned blocks are never evicted; all pinned -> out_of_memory") {
+TEST_CASE("tiered store: pinned blocks are never evicted, all pinned -> out_of_memory") {
   Fixture f(2, 1, 1);
   auto& s = *f.store;
   REQUIRE(s.put(rec(0)).ok());
@@ -167,7 +167,7 @@ TEST_CASE("tiered store: pinned blocks are never evicted; all pinned -> out_of_m
   CHECK(s.tier_of(key(9)) == 1);
 }
 
-TEST_CASE("tiered store: duplicate put is a no-op; bad records are rejected") {
+TEST_CASE("tiered store: duplicate put is a no-op, bad records are rejected") {
   Fixture f(4, 4, 4);
   auto& s = *f.store;
   REQUIRE(s.put(rec(1)).ok());
@@ -239,7 +239,7 @@ TEST_CASE("tiered store: bounded hop budget answers busy") {
   CHECK(s.counters().budget_exhausted == 1);
 }
 
-TEST_CASE("tiered store: background prefetch promotes; full queue drops and counts") {
+TEST_CASE("tiered store: background prefetch promotes, full queue drops and counts") {
   TieredStoreOptions o;
   o.background = true;
   o.queue_capacity = 2;
