@@ -1,5 +1,6 @@
 #include "actors/pd_controller.h"
 
+#include <algorithm>
 #include <cmath>
 
 namespace cleave {
@@ -52,26 +53,43 @@ void PdController::observe_prefill_busy(double fraction) {
   ++busy_n_;
 }
 
+void PdController::observe_arrival(int64_t prompt_tokens) {
+  if (prompt_tokens > 0) arrived_tokens_ += double(prompt_tokens);
+}
+
+void PdController::observe_prefill_capacity(double tokens_per_s) {
+  capacity_ = std::isfinite(tokens_per_s) && tokens_per_s > 0 ? tokens_per_s : 0;
+}
+
 RoleMove PdController::decide(double now, int32_t prefills, int32_t decoders) {
+  // The interval is the time since the last decision (the first: interval_s).
+  const double dt = decided_ ? std::max(now - last_now_, 1e-6) : config_.interval_s;
+  last_now_ = now;
+  decided_ = true;
   last_ttft_ = config_.ttft_ms > 0 && ttft_n_ > 0 ? ttft_sum_ / double(ttft_n_) * 1e3 / config_.ttft_ms : 0;
   last_tpot_ = config_.tpot_ms > 0 && tpot_n_ > 0 ? tpot_sum_ / double(tpot_n_) * 1e3 / config_.tpot_ms : 0;
   last_busy_ = busy_n_ > 0 ? busy_sum_ / double(busy_n_) : -1;
-  ttft_sum_ = tpot_sum_ = busy_sum_ = 0;
+  last_load_ = capacity_ > 0 ? arrived_tokens_ / dt / capacity_ : -1;
+  ttft_sum_ = tpot_sum_ = busy_sum_ = arrived_tokens_ = 0;
   ttft_n_ = tpot_n_ = busy_n_ = 0;
   RoleMove verdict = RoleMove::none;
   const double m = 1 + config_.margin;
-  // The prefill side without one stage: its busy fraction grows by P / (P - 1).
-  const bool prefill_room =
-      prefills > 1 && last_busy_ * double(prefills) / double(prefills - 1) <= kPrefillBusyAfterMove;
-  if (last_ttft_ > 1 && last_ttft_ > last_tpot_ * m && decoders > 1) verdict = RoleMove::to_prefill;
-  else if (last_tpot_ > 1 && last_tpot_ > last_ttft_ * m && prefill_room) verdict = RoleMove::to_decode;
+  // An overloaded prefill side is TTFT pressure before any request waited.
+  const double ttft = std::max(last_ttft_, last_load_);
+  // The prefill side without one stage: its busy fraction and its load grow by P / (P - 1).
+  const double grow = prefills > 1 ? double(prefills) / double(prefills - 1) : 0;
+  const bool prefill_room = prefills > 1 && last_busy_ * grow <= kPrefillBusyAfterMove &&
+                            (last_load_ < 0 || last_load_ * grow <= kPrefillBusyAfterMove);
+  if (ttft > 1 && ttft > last_tpot_ * m && decoders > 1) verdict = RoleMove::to_prefill;
+  else if (last_tpot_ > 1 && last_tpot_ > ttft * m && prefill_room) verdict = RoleMove::to_decode;
   if (verdict != streak_move_) {
     streak_move_ = verdict;
     streak_ = 0;
   }
   if (verdict == RoleMove::none) return verdict;
   ++streak_;
-  if (streak_ < config_.confirm || now < cooldown_until_) return RoleMove::none;
+  const bool overloaded = verdict == RoleMove::to_prefill && last_load_ >= kPrefillOverload;
+  if ((streak_ < config_.confirm && !overloaded) || now < cooldown_until_) return RoleMove::none;
   return verdict;
 }
 

@@ -15,6 +15,15 @@
 // at random, is the time-average), times P / (P - 1), at most
 // kPrefillBusyAfterMove; otherwise a TPOT miss in a prompt-heavy load would
 // be traded for a backlog of prompts.
+//
+// The prefill side's load: the prompt tokens that arrived over the interval
+// per second, over what the live prefill stages measured they prefill per
+// second (SloPredictor::prefill_rate, summed). It reads a shift to longer
+// prompts from the arrivals themselves, before any request has waited: a
+// load above 1 is a queue that grows, so it counts as TTFT pressure, and
+// from kPrefillOverload on the move to prefill needs no confirming
+// interval (a queue growing by a quarter of the side's rate is not noise).
+// The room check then also needs load x P / (P - 1) <= kPrefillBusyAfterMove.
 #pragma once
 
 #include <cstdint>
@@ -54,6 +63,8 @@ class PdController {
   // The busy fraction of the prefill side a request saw as it arrived
   // (prefill stages holding work / prefill stages).
   static constexpr double kPrefillBusyAfterMove = 0.9;
+  // Prefill load from which a move to prefill is made without confirming.
+  static constexpr double kPrefillOverload = 1.25;
 
   void observe_ttft(double seconds);
   void observe_tpot(double seconds);
@@ -63,6 +74,11 @@ class PdController {
   // as a TTFT sample now (a growing queue shows at once, not as it drains);
   // below the goal it says nothing yet and is dropped.
   void observe_waiting(double seconds);
+  // A request with this many prompt tokens to prefill arrived.
+  void observe_arrival(int64_t prompt_tokens);
+  // Prompt tokens per second the live prefill stages prefill together, as
+  // measured; 0 = not measured yet (no load is computed). Set before decide().
+  void observe_prefill_capacity(double tokens_per_s);
   // At time `now` (seconds, any one clock), with this many live stages of
   // each role: the move to make now. Ends the interval (its samples go).
   // The caller reports a move it made with moved().
@@ -74,12 +90,16 @@ class PdController {
   double ttft_pressure() const { return last_ttft_; }
   double tpot_pressure() const { return last_tpot_; }
   double prefill_busy() const { return last_busy_; }
+  // The last interval's prefill load (-1 without a measured capacity).
+  double prefill_load() const { return last_load_; }
 
  private:
   PdControllerConfig config_;
   double ttft_sum_ = 0, tpot_sum_ = 0, busy_sum_ = 0;
   int64_t ttft_n_ = 0, tpot_n_ = 0, busy_n_ = 0;
-  double last_ttft_ = 0, last_tpot_ = 0, last_busy_ = -1;
+  double last_ttft_ = 0, last_tpot_ = 0, last_busy_ = -1, last_load_ = -1;
+  double arrived_tokens_ = 0, capacity_ = 0, last_now_ = 0;
+  bool decided_ = false;
   RoleMove streak_move_ = RoleMove::none;
   int32_t streak_ = 0;
   double cooldown_until_ = -1e300;

@@ -105,6 +105,21 @@ void control_pd(router_pointer self) {
   const auto now = Clock::now();
   for (const auto& [id, p] : s.pending)
     if (p.generated.empty()) s.pd->observe_waiting(std::chrono::duration<double>(now - p.admitted_at).count());
+  // What the live prefill stages prefill per second together, as measured;
+  // one not measured yet (say, just switched) counts at the others' mean.
+  double rate = 0;
+  int32_t measured = 0, unmeasured = 0;
+  for (int32_t i = 0; i < int32_t(s.stages.size()); ++i) {
+    const auto& st = s.stages[size_t(i)];
+    if (!st.alive || st.draining || st.kind != ActorKind::prefill) continue;
+    if (auto r = s.slo.prefill_rate(i)) {
+      rate += *r;
+      ++measured;
+    } else {
+      ++unmeasured;
+    }
+  }
+  s.pd->observe_prefill_capacity(measured > 0 ? rate + rate / measured * unmeasured : 0);
   const RoleMove m = s.pd->decide(seconds_since_start(s), prefills, decoders);
   if (m == RoleMove::none || s.switching) return;
   const ActorKind from = m == RoleMove::to_prefill ? ActorKind::decode : ActorKind::prefill;

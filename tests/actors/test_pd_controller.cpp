@@ -3,6 +3,7 @@
 // one-stage floor follow from the rules in actors/pd_controller.h.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <vector>
 
 #include "actors/pd_controller.h"
@@ -174,4 +175,62 @@ TEST_CASE("pd controller: requests waiting past the TTFT goal count as TTFT samp
   t.observe_waiting(100);
   CHECK(t.decide(1, 1, 2) == RoleMove::none);
   CHECK(t.ttft_pressure() == 0);
+}
+
+// A shift to longer prompts shows in the arrivals before any request waits:
+// the prompt tokens that arrived per second over what the prefill side
+// measured it prefills.
+TEST_CASE("pd controller: an overloaded prefill side moves a decoder at once, a loaded one keeps its stages") {
+  const auto none = RoleMove::none, to_p = RoleMove::to_prefill, to_d = RoleMove::to_decode;
+  // One interval (1 s): `tokens` arrived, the side prefills `capacity` a second.
+  auto row = [](PdController& c, double t, int64_t tokens, double capacity, int32_t prefills, int32_t decoders,
+                double tpot_ms = 10) {
+    for (int64_t left = tokens; left > 0; left -= 480) c.observe_arrival(std::min<int64_t>(left, 480));
+    c.observe_tpot(tpot_ms / 1e3);
+    c.observe_prefill_capacity(capacity);
+    return c.decide(t, prefills, decoders);
+  };
+  {
+    // confirm 2: a load of 1.5 (no request has waited yet) moves in its first interval.
+    PdController c(goals(100, 20, 2, 3));
+    CHECK(row(c, 1, 12000, 8000, 1, 2) == to_p);
+    CHECK(c.prefill_load() == doctest::Approx(1.5));
+    c.moved(1);
+    CHECK(row(c, 2, 12000, 8000, 2, 1) == none);  // one decoder left
+  }
+  {
+    // Over 1 but under kPrefillOverload: TTFT pressure that needs its confirming interval.
+    PdController c(goals(100, 20, 2, 0));
+    CHECK(row(c, 1, 9600, 8000, 1, 2) == none);  // load 1.2: first of the streak
+    CHECK(row(c, 2, 9600, 8000, 1, 2) == to_p);  // confirmed
+  }
+  {
+    // At most 1 is not pressure; unmeasured capacity (0) computes no load.
+    PdController c(goals(100, 20, 1, 0));
+    CHECK(row(c, 1, 8000, 8000, 1, 2) == none);
+    CHECK(row(c, 2, 1e6, 0, 1, 2) == none);
+    CHECK(c.prefill_load() == -1);
+    CHECK(c.ttft_pressure() == 0);
+  }
+  {
+    // The interval is the time since the last decision: 12000 tokens over 2 s at 8000/s is 0.75.
+    PdController c(goals(100, 20, 1, 0));
+    CHECK(row(c, 1, 0, 8000, 1, 2) == none);
+    CHECK(row(c, 3, 12000, 8000, 1, 2) == none);
+    CHECK(c.prefill_load() == doctest::Approx(0.75));
+  }
+  {
+    // Room: TPOT twice its goal, idle arrivals by the busy fraction, but a
+    // load of 0.6 on two prefill stages would be 1.2 on one.
+    PdController c(goals(100, 20, 1, 0));
+    c.observe_prefill_busy(0.1);
+    CHECK(row(c, 1, 9600, 16000, 2, 1, 40) == none);
+    c.observe_prefill_busy(0.1);
+    CHECK(row(c, 2, 7200, 16000, 2, 1, 40) == to_d);  // 0.45 x 2 = 0.9: room
+  }
+  {
+    // TPOT further over its goal than the load is over 1 (by the margin): decode wins.
+    PdController c(goals(100, 20, 1, 0));
+    CHECK(row(c, 1, 9600, 8000, 2, 2, 60) == none);  // load 1.2, TPOT 3x; no room to give a prefill
+  }
 }
