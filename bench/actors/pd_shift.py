@@ -92,19 +92,27 @@ controller = (f"ttft_ms = {slo[0][0]:.3f}, tpot_ms = {slo[1][1]:.3f}, interval_s
 configs = [(f"fixed P{p}:D{d}", p, d, "") for p, d in splits] + [(f"adaptive from P{p0}:D{d0}", p0, d0, controller)]
 results = {c[0]: [] for c in configs}
 for run in range(a.runs):
-    for name, p, d, ctl in configs:
+    # Each run starts with another cluster: a later cluster on a shared VM
+    # can meet a busier machine, so no cluster always runs in one place.
+    for name, p, d, ctl in configs[run % len(configs):] + configs[:run % len(configs)]:
         proc, url = start(p, d, ctl)
-        goodput = []
+        goodput, moves, before = [], [], (0, 0)
         for i, (ph, r, g) in enumerate(zip(PHASES, rates, slo)):
             n = max(1, int(r * a.phase_s))
             s = bench(url, f"{name.replace(' ', '_').replace(':', '')}_{run}_{i}", ph,
                       ["--num-prompts", str(n), "--request-rate", f"{r:.4f}"], g)
             goodput.append(s["good_requests"] / s["duration_s"])
-        switches = int(router_stats(url).get("role_switches", 0)) if ctl else 0
+            # The moves made during this phase (and its drain), by direction.
+            rs = router_stats(url) if ctl else {}
+            now = (int(rs.get("role_switches_to_decode", 0)), int(rs.get("role_switches_to_prefill", 0)))
+            moves.append(f"{now[0] - before[0]}d{now[1] - before[1]}p")
+            before = now
+        switches = sum(before)
         stop(proc)
-        results[name].append({"goodput": goodput, "switches": switches})
+        results[name].append({"goodput": goodput, "switches": switches, "moves": moves})
         print(f"run {run + 1} {name:20s} goodput " + "  ".join(f"{x:.2f}" for x in goodput) +
-              (f"  ({switches} role switches)" if ctl else ""), flush=True)
+              (f"  ({switches} role switches; per phase to decode / to prefill: {' '.join(moves)})"
+               if ctl else ""), flush=True)
 
 print("\n| cluster | " + " | ".join(f"{ph[0]} goodput (req/s)" for ph in PHASES) + " | role switches |")
 print("|---|" + "---|" * (len(PHASES) + 1))
