@@ -25,7 +25,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "models_autoscale.lua")
 sys.path.insert(0, HERE)
 from node_process import (NodeProcess, expect, failures, make_two_models, mono_answers, random_completions,  # noqa: E402
-                          run_clients, stats_of, stop_all, wait_until, start_two_model_head)
+                          run_clients, stats_of, stop_all, wait_until, start_two_model_head, expect_same_answers)
 
 MODEL_A, MODEL_B, SETS = make_two_models(CLEAVE, VOCAB, WORK)
 N = 24
@@ -91,25 +91,27 @@ try:
     expect("/metrics names every actor's counter once (no two models' routers in one series)",
            len(series) == len(set(series)) and len(series) > 0, len(series) - len(set(series)))
 
+    def load(bodies):
+        """bodies posted 4 at a time, /metrics polled beside them: the
+        answers, the most active entry stages each router showed, and the
+        routers' counters after."""
+        watch = Watch(base)
+        got = run_clients(base, bodies, 4)
+        most = watch.done()
+        ra, rb = routers()
+        print(f"most active: alpha {most[ROUTER_A]:.0f}, beta {most[ROUTER_B]:.0f}; "
+              f"ups alpha {ra.get('autoscale_ups')}, beta {rb.get('autoscale_ups')}")
+        return got, most, ra, rb
+
     # Alpha's load: alpha's router steps up to 3; beta's stays at 1.
-    watch = Watch(base)
-    got_a = run_clients(base, A, 4)
-    most = watch.done()
-    ra, rb = routers()
-    print(f"alpha's load: most active alpha {most[ROUTER_A]:.0f}, beta {most[ROUTER_B]:.0f}; "
-          f"ups alpha {ra.get('autoscale_ups')}, beta {rb.get('autoscale_ups')}")
+    got_a, most, ra, rb = load(A)
     expect("alpha's load brought alpha's parked stages up (3 active)", most[ROUTER_A] == 3, (most, ra))
     expect("beta's router stayed at its floor and took no step while alpha was loaded",
            most[ROUTER_B] == 1 and rb.get("autoscale_ups") == 0 and rb.get("requests") == 0, (most, rb))
     alpha_ups = ra.get("autoscale_ups")
 
     # Beta's load: beta's router steps up; alpha's takes no step (its cooldown keeps it at 3).
-    watch = Watch(base)
-    got_b = run_clients(base, B, 4)
-    most = watch.done()
-    ra, rb = routers()
-    print(f"beta's load: most active beta {most[ROUTER_B]:.0f}; ups alpha {ra.get('autoscale_ups')}, "
-          f"beta {rb.get('autoscale_ups')}")
+    got_b, most, ra, rb = load(B)
     expect("beta's load brought beta's parked stages up (3 active)", most[ROUTER_B] == 3, (most, rb))
     expect("alpha's router took no step while beta was loaded",
            ra.get("autoscale_ups") == alpha_ups and ra.get("autoscale_downs") == 0 and ra.get("requests") == N,
@@ -141,12 +143,8 @@ try:
         n.wait(30)
     stop_all()
 
-    differ_a = [i for i in range(N) if got_a[i] != want_a[i]]
-    differ_b = [i for i in range(N) if got_b[i] != want_b[i]]
-    expect("every alpha answer equals alpha's own server", not differ_a,
-           [(i, got_a[i], want_a[i]) for i in differ_a[:2]])
-    expect("every beta answer equals beta's own server", not differ_b,
-           [(i, got_b[i], want_b[i]) for i in differ_b[:2]])
+    expect_same_answers("every alpha answer equals alpha's own server", got_a, want_a)
+    expect_same_answers("every beta answer equals beta's own server", got_b, want_b)
     err = head.stderr()
     fa, fb = stats_of(err, ROUTER_A), stats_of(err, ROUTER_B)
     expect("each router finished its model's requests, none failed",

@@ -21,7 +21,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "models_pool.lua")
 sys.path.insert(0, HERE)
 from node_process import (NodeProcess, expect, failures, make_two_models, mono_answers, run_clients,  # noqa: E402
-                          stats_of, stop_all, wait_until, start_two_model_head)
+                          stats_of, stop_all, wait_until, start_two_model_head, expect_same_answers)
 
 MODEL_A, MODEL_B, SETS = make_two_models(CLEAVE, VOCAB, WORK)
 PREFIX_BLOCKS = 4  # 64 tokens, blocks of 16
@@ -71,12 +71,8 @@ try:
         nodes[n].wait(30)
     stop_all()
 
-    differ_a = [i for i in range(8) if got_a[i] != want_a[i]]
-    differ_b = [i for i in range(8) if got_b[i] != want_b[i]]
-    expect("every alpha answer equals alpha's own server", not differ_a,
-           [(i, got_a[i], want_a[i]) for i in differ_a[:2]])
-    expect("every beta answer equals beta's own server", not differ_b,
-           [(i, got_b[i], want_b[i]) for i in differ_b[:2]])
+    expect_same_answers("every alpha answer equals alpha's own server", got_a, want_a)
+    expect_same_answers("every beta answer equals beta's own server", got_b, want_b)
     # Each model's directory counts its own pool: the head's store of that
     # model and its two workers' (a shared pool would have counted to 5).
     joins = [l for l in head.stderr().splitlines() if "joined the pool" in l]

@@ -130,6 +130,14 @@ def make_gqa128(cleave, vocab, work):
     return path
 
 
+def expect_same_answers(name, got, want):
+    """Every answer in got equals want's at the same index (a checked step
+    naming the first two that differ)."""
+    differ = [i for i in range(len(want)) if i >= len(got) or got[i] != want[i]]
+    expect(name, not differ and len(got) == len(want),
+           [(i, got[i] if i < len(got) else None, want[i]) for i in differ[:2]])
+
+
 def start_two_model_head(cmd, err_path):
     """Starts a cluster head serving alpha and beta (cmd: its command line,
     with --http-port): the process, its join port and its HTTP base URL
