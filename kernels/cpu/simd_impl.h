@@ -154,7 +154,7 @@ void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, 
   constexpr int VP = 16 / V::W;
   constexpr int NV = NP * VP;
   vec acc[MI][NV];
-#pragma GCC unroll 8
+#pragma GCC unroll 16
   for (int i = 0; i < MI; ++i)
 #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
@@ -166,7 +166,7 @@ void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, 
       vec w[NV];
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) w[j] = PL::load(P + (j / VP) * ps, k, j % VP);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
       for (int i = 0; i < MI; ++i) {
         const vec xb = V::set1(x[i * ldx + k]);
 #pragma GCC unroll 16
@@ -192,7 +192,7 @@ void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, 
           w[j] = V::load_q8(reinterpret_cast<const int8_t*>(P + (j / VP) * ps + boff + 32 + kk * 16 +
                                                             (j % VP) * V::W),
                             d[j]);
-#pragma GCC unroll 8
+#pragma GCC unroll 16
         for (int i = 0; i < MI; ++i) {
           const vec xb = V::set1(x[i * ldx + k]);
 #pragma GCC unroll 16
@@ -202,7 +202,7 @@ void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, 
     }
   }
   if (valid == NP * 16) {
-#pragma GCC unroll 8
+#pragma GCC unroll 16
     for (int i = 0; i < MI; ++i)
 #pragma GCC unroll 16
       for (int j = 0; j < NV; ++j) V::storeu(y + i * ldy + j * V::W, acc[i][j]);
@@ -237,6 +237,12 @@ void pk_any(int mi, int np, const float* x, int64_t ldx, const uint8_t* P, size_
     case 4: pk_np<V, PL, (V::MR >= 4 ? 4 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
     case 5: pk_np<V, PL, (V::MR >= 5 ? 5 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
     case 6: pk_np<V, PL, (V::MR >= 6 ? 6 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 7: pk_np<V, PL, (V::MR >= 7 ? 7 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 8: pk_np<V, PL, (V::MR >= 8 ? 8 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 9: pk_np<V, PL, (V::MR >= 9 ? 9 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 10: pk_np<V, PL, (V::MR >= 10 ? 10 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 11: pk_np<V, PL, (V::MR >= 11 ? 11 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 12: pk_np<V, PL, (V::MR >= 12 ? 12 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf); return;
     default: __builtin_trap();
   }
 }
@@ -250,9 +256,9 @@ inline int pow2_at_most(int64_t n, int cap) {
 
 // y[i][r] for every x row and the rows of panels [p0, p1): the x rows in
 // passes that stay in L2; per pass, groups of panels (as many as the
-// microkernel's registers hold at that row count) each swept by every
-// MR-row block while they sit in L1 / L2, so the weights stream from memory
-// once per pass.
+// microkernel's registers hold at that row count) each swept by every row
+// block (at most MR rows) while they sit in L1 / L2, so the weights stream
+// from memory once per pass.
 template <class V, class PL>
 void matmul_p(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
   const int64_t cols = a->cols, rows = a->rows, n = a->n;
@@ -262,14 +268,20 @@ void matmul_p(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
   if (xg < V::MR) xg = V::MR;
   for (int64_t i0 = 0; i0 < n; i0 += xg) {
     const int64_t i1 = min_of(n, i0 + xg);
-    const int gmax = V::np_for(int(min_of<int64_t>(V::MR, i1 - i0)));
+    // Blocks as even as MR allows (32 rows: 11 + 11 + 10, not 12 + 12 + 8),
+    // so no block runs with fewer accumulators than the first.
+    const auto block = [&](int64_t i) {
+      const int64_t left = i1 - i, nb = (left + V::MR - 1) / V::MR;
+      return int((left + nb - 1) / nb);
+    };
+    const int gmax = V::np_for(block(i0));
     for (int64_t p = p0; p < p1;) {
       const int np = pow2_at_most(p1 - p, gmax);
       const uint8_t* P = a->panels + size_t(p) * ps;
       const int64_t valid = min_of<int64_t>(int64_t(np) * 16, rows - p * 16);
       // np <= np_for(mi) for every block: np_for never grows with mi.
-      for (int64_t i = i0; i < i1; i += V::MR) {
-        const int mi = int(min_of<int64_t>(V::MR, i1 - i));
+      for (int64_t i = i0, mi = 0; i < i1; i += mi) {
+        mi = block(i);
         pk_any<V, PL>(mi, np, a->x + i * cols, cols, P, ps,
                       cols, a->y + i * rows + p * 16, rows, valid, i == i0);
       }
