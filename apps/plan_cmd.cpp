@@ -1,4 +1,5 @@
-// cleave plan (--profile FILE | -m MODEL) [--calibrate-metrics FILE] [--save-profile OUT]
+// cleave plan (--profile FILE | -m MODEL) [--calibrate-metrics FILE [--calibrate-baseline FILE]
+//             [--calibrate-rate R]]... [--save-profile OUT]
 //             (--rate R [--requests N] [--prompt-tokens LO[:HI]] [--output-tokens LO[:HI]] | --trace FILE)
 //             [--slo-ttft-ms X] [--slo-tpot-ms Y] --max-stages N
 //             [--prefill-cost C] [--decode-cost C] [--seed S]
@@ -26,7 +27,9 @@ namespace {
 
 struct PlanArgs {
   std::string profile, model, save_profile, prompt = "128", output = "64", profile_topology = "pd";
-  std::string trace, calibrate_metrics, calibrate_baseline;
+  std::string trace;
+  std::vector<std::string> calibrate_metrics, calibrate_baseline;
+  std::vector<double> calibrate_rate;
   planner::Workload workload;
   planner::Slo slo;
   int32_t max_stages = 8, threads = 1, max_seqs = 8, max_batch_tokens = 512;
@@ -159,11 +162,16 @@ CLI::App* add_plan_command(CLI::App& app) {
   profile->excludes(model);
   cmd->add_option("--calibrate-metrics", g_plan.calibrate_metrics,
                   "Prometheus text of a P/D server that served a real load (curl URL/metrics): scale each role's "
-                  "step costs by how much slower its steps ran there than the profile says")
+                  "step costs by how much slower its steps ran there than the profile says; given once per load, "
+                  "two or more loads with --calibrate-rate fit how the slowdown grows with the load")
       ->check(CLI::ExistingFile);
   cmd->add_option("--calibrate-baseline", g_plan.calibrate_baseline,
-                  "the same server's metrics from before that load: only what the load added counts")
+                  "the same server's metrics from before that load: only what the load added counts (none, or "
+                  "one per --calibrate-metrics)")
       ->check(CLI::ExistingFile);
+  cmd->add_option("--calibrate-rate", g_plan.calibrate_rate,
+                  "requests/s of the load behind each --calibrate-metrics (one per load, two or more loads)")
+      ->check(CLI::Range(1e-6, 1e6));
   cmd->add_option("--save-profile", g_plan.save_profile, "write the profile (measured with -m, calibrated) here");
   cmd->add_option("--trace", g_plan.trace,
                   "simulate a recorded trace instead of Poisson arrivals: JSON lines of arrival_s, prompt_tokens, "
@@ -234,26 +242,58 @@ int run_plan_command() {
   } else {
     profile = measure(a);
   }
-  if (!a.calibrate_baseline.empty() && a.calibrate_metrics.empty())
-    throw CLI::ValidationError("--calibrate-baseline", "needs --calibrate-metrics (the snapshot after the load)");
-  if (!a.calibrate_metrics.empty()) {
-    auto run = planner::parse_served_metrics(read_file(a.calibrate_metrics));
-    if (!run.ok()) fail(Status(run.status().code(), a.calibrate_metrics + ": " + run.status().message()));
+  const size_t loads = a.calibrate_metrics.size();
+  if (!a.calibrate_baseline.empty() && a.calibrate_baseline.size() != loads)
+    throw CLI::ValidationError("--calibrate-baseline", "give one per --calibrate-metrics (" + std::to_string(loads) +
+                                                           "), or none");
+  if (!a.calibrate_rate.empty() && a.calibrate_rate.size() != loads)
+    throw CLI::ValidationError("--calibrate-rate", "give one per --calibrate-metrics (" + std::to_string(loads) + ")");
+  if (loads > 1 && a.calibrate_rate.empty())
+    throw CLI::ValidationError("--calibrate-metrics", "two or more loads need their --calibrate-rate each");
+  if (loads == 1 && !a.calibrate_rate.empty())
+    throw CLI::ValidationError("--calibrate-rate", "needs two or more --calibrate-metrics (one load gives no slowdown "
+                                                   "with load)");
+  if (loads > 0 && (profile.prefill_slowdown_per_rps > 0 || profile.decode_slowdown_per_rps > 0))
+    throw CLI::ValidationError("--calibrate-metrics", "the profile is calibrated already (it has a slowdown per "
+                                                      "request/s): calibrate the profile it came from");
+  std::vector<planner::LoadRun> runs;
+  for (size_t i = 0; i < loads; ++i) {
+    const std::string& path = a.calibrate_metrics[i];
+    auto run = planner::parse_served_metrics(read_file(path));
+    if (!run.ok()) fail(Status(run.status().code(), path + ": " + run.status().message()));
     if (!a.calibrate_baseline.empty()) {
-      auto before = planner::parse_served_metrics(read_file(a.calibrate_baseline));
-      if (!before.ok()) fail(Status(before.status().code(), a.calibrate_baseline + ": " + before.status().message()));
+      const std::string& base = a.calibrate_baseline[i];
+      auto before = planner::parse_served_metrics(read_file(base));
+      if (!before.ok()) fail(Status(before.status().code(), base + ": " + before.status().message()));
       run = planner::served_between(*before, *run);
-      if (!run.ok()) fail(run.status());
+      if (!run.ok()) fail(Status(run.status().code(), path + ": " + run.status().message()));
     }
-    auto c = planner::calibrate(profile, *run);
-    if (!c.ok()) fail(Status(c.status().code(), a.calibrate_metrics + ": " + c.status().message()));
-    std::printf("calibrated from %s: prefill steps x%.3f (%.0f steps), decode steps x%.3f (%.0f steps)\n",
-                a.calibrate_metrics.c_str(), c->prefill_factor, run->prefill.steps, c->decode_factor,
-                run->decode.steps);
-    profile = planner::calibrated(profile, *c);
+    if (loads == 1) {
+      auto c = planner::calibrate(profile, *run);
+      if (!c.ok()) fail(Status(c.status().code(), path + ": " + c.status().message()));
+      std::printf("calibrated from %s: prefill steps x%.3f (%.0f steps), decode steps x%.3f (%.0f steps)\n",
+                  path.c_str(), c->prefill_factor, run->prefill.steps, c->decode_factor, run->decode.steps);
+      profile = planner::calibrated(profile, *c);
+    }
+    runs.push_back(planner::LoadRun{*run, loads > 1 ? a.calibrate_rate[i] : 0});
+  }
+  if (loads > 1) {
+    for (const auto& r : runs) {
+      auto c = planner::calibrate(profile, r.run);
+      if (c.ok())
+        std::printf("load %.4g requests/s: prefill steps x%.3f (%.0f steps), decode steps x%.3f (%.0f steps)\n",
+                    r.rate, c->prefill_factor, r.run.prefill.steps, c->decode_factor, r.run.decode.steps);
+    }
+    auto p = planner::calibrate_over_loads(profile, runs);
+    if (!p.ok()) fail(p.status());
+    profile = *p;
+    std::printf("calibrated from %zu loads: at %.4g requests/s a stage, then +%.2f %% (prefill) and +%.2f %% "
+                "(decode) a step per request/s a stage\n",
+                loads, profile.load_rate, profile.prefill_slowdown_per_rps * 100,
+                profile.decode_slowdown_per_rps * 100);
   }
   if (!a.save_profile.empty()) {
-    if (a.model.empty() && a.calibrate_metrics.empty())
+    if (a.model.empty() && loads == 0)
       throw CLI::ValidationError("--save-profile", "needs -m or --calibrate-metrics (else it would copy --profile)");
     std::ofstream out(a.save_profile);
     out << planner::profile_json(profile) << "\n";
@@ -263,6 +303,10 @@ int run_plan_command() {
               "hand-off %.4g + %.4g ms/token\n",
               profile.prefill_ms, profile.prefill_ms_per_token, profile.max_batch_tokens, profile.decode_ms,
               profile.decode_ms_per_row, profile.max_seqs, profile.handoff_ms, profile.handoff_ms_per_token);
+  if (profile.prefill_slowdown_per_rps > 0 || profile.decode_slowdown_per_rps > 0)
+    std::printf("profile: those costs at %.4g requests/s a stage, +%.2f %% (prefill) and +%.2f %% (decode) a step "
+                "per request/s a stage more\n",
+                profile.load_rate, profile.prefill_slowdown_per_rps * 100, profile.decode_slowdown_per_rps * 100);
   if (!a.workload.trace.empty())
     std::printf("load: trace %s, %d requests at %.4g requests/s; goals TTFT %g ms, TPOT %g ms\n", a.trace.c_str(),
                 a.workload.requests, a.workload.rate, a.slo.ttft_ms, a.slo.tpot_ms);

@@ -2,6 +2,7 @@
 // parse_served_metrics, calibrate, calibrated).
 #include <cmath>
 #include <cstdlib>
+#include <set>
 #include <sstream>
 #include <tuple>
 
@@ -40,7 +41,7 @@ std::string role_of(const std::string& actor) {
 Result<ServedRun> parse_served_metrics(const std::string& text) {
   static const std::string kPrefix = "cleave_actor_stat{";
   ServedRun run;
-  bool prefill = false, decode = false;
+  std::set<std::string> prefill_actors, decode_actors;
   std::istringstream in(text);
   std::string line;
   while (std::getline(in, line)) {
@@ -56,12 +57,15 @@ Result<ServedRun> parse_served_metrics(const std::string& text) {
     const double v = std::strtod(line.c_str() + at + 2, &end);
     if (end == line.c_str() + at + 2 || !std::isfinite(v) || v < 0) continue;
     ServedSteps& s = role == "prefill" ? run.prefill : run.decode;
-    (role == "prefill" ? prefill : decode) = true;
+    (role == "prefill" ? prefill_actors : decode_actors).insert(actor);
     if (name == "steps") s.steps += v;
     else if (name == "step_us") s.step_ms += v / 1e3;
     else if (name == "prefill_tokens") s.prefill_tokens += v;
     else if (name == "decode_rows") s.decode_rows += v;
   }
+  const bool prefill = !prefill_actors.empty(), decode = !decode_actors.empty();
+  run.prefill_stages = int32_t(prefill_actors.size());
+  run.decode_stages = int32_t(decode_actors.size());
   if (!prefill || !decode)
     return Status(Code::invalid_argument,
                   std::string("plan: the metrics name no ") + (prefill ? "decode" : "prefill") +
@@ -72,6 +76,8 @@ Result<ServedRun> parse_served_metrics(const std::string& text) {
 
 Result<ServedRun> served_between(const ServedRun& before, const ServedRun& after) {
   ServedRun d;
+  d.prefill_stages = after.prefill_stages;
+  d.decode_stages = after.decode_stages;
   for (auto [b, a, out, role] : {std::tuple<const ServedSteps*, const ServedSteps*, ServedSteps*, const char*>{
                                      &before.prefill, &after.prefill, &d.prefill, "prefill"},
                                  {&before.decode, &after.decode, &d.decode, "decode"}}) {
@@ -121,6 +127,67 @@ StepProfile calibrated(const StepProfile& p, const Calibration& c) {
   out.decode_ms *= c.decode_factor;
   out.decode_ms_per_row *= c.decode_factor;
   out.decode_ms_per_context_token *= c.decode_factor;
+  return out;
+}
+
+Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector<LoadRun>& loads, double min_steps) {
+  if (loads.size() < 2)
+    return Status(Code::invalid_argument, "plan: a slowdown with load needs two or more calibrating loads");
+  // Per role: (load per stage, factor) of each run.
+  std::vector<double> xp, fp, xd, fd;
+  for (const LoadRun& l : loads) {
+    const std::string at = "the load at " + std::to_string(l.rate) + " requests/s: ";
+    if (!std::isfinite(l.rate) || l.rate <= 0)
+      return Status(Code::invalid_argument, "plan: a calibrating load's rate must be above 0 requests/s");
+    if (l.run.prefill_stages < 1 || l.run.decode_stages < 1)
+      return Status(Code::invalid_argument, "plan: " + at + "no prefill or no decode stage in its metrics");
+    auto c = calibrate(p, l.run, min_steps);
+    if (!c.ok()) return Status(c.status().code(), "plan: " + at + c.status().message());
+    xp.push_back(l.rate / l.run.prefill_stages);
+    fp.push_back(c->prefill_factor);
+    xd.push_back(l.rate / l.run.decode_stages);
+    fd.push_back(c->decode_factor);
+  }
+  // Least squares f = a + b x; the line's value at the mean x and b over it.
+  struct Line {
+    double at_mean, mean, slope;
+  };
+  auto fit = [](const std::vector<double>& x, const std::vector<double>& f) -> Result<Line> {
+    const double n = double(x.size());
+    double mx = 0, mf = 0;
+    for (size_t i = 0; i < x.size(); ++i) mx += x[i] / n, mf += f[i] / n;
+    double sxx = 0, sxf = 0;
+    for (size_t i = 0; i < x.size(); ++i) sxx += (x[i] - mx) * (x[i] - mx), sxf += (x[i] - mx) * (f[i] - mf);
+    if (!(sxx > 1e-12 * std::max(1.0, mx * mx)))
+      return Status(Code::invalid_argument,
+                    "plan: the calibrating loads must differ in requests/s per stage (all at " + std::to_string(mx) +
+                        ")");
+    return Line{mf, mx, std::max(0.0, sxf / sxx)};
+  };
+  auto lp = fit(xp, fp);
+  if (!lp.ok()) return lp.status();
+  auto ld = fit(xd, fd);
+  if (!ld.ok()) return ld.status();
+  // One reference load for both roles: the prefill line's mean; the decode
+  // line is moved there along its slope.
+  const double ref = lp->mean;
+  const double dref = std::max(0.1, ld->at_mean + ld->slope * (ref - ld->mean));
+  StepProfile out = calibrated(p, Calibration{lp->at_mean, dref});
+  out.load_rate = ref;
+  out.prefill_slowdown_per_rps = std::min(1.0, lp->slope / lp->at_mean);
+  out.decode_slowdown_per_rps = std::min(1.0, ld->slope / dref);
+  return out;
+}
+
+StepProfile at_load(const StepProfile& p, double rate, int32_t prefill_stages, int32_t decode_stages) {
+  auto factor = [&](double slowdown, int32_t stages) {
+    if (slowdown == 0) return 1.0;
+    return std::max(0.25, 1 + slowdown * (rate / std::max(1, stages) - p.load_rate));
+  };
+  StepProfile out = calibrated(p, Calibration{factor(p.prefill_slowdown_per_rps, prefill_stages),
+                                              factor(p.decode_slowdown_per_rps, decode_stages)});
+  out.load_rate = 0;
+  out.prefill_slowdown_per_rps = out.decode_slowdown_per_rps = 0;
   return out;
 }
 

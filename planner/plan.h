@@ -22,9 +22,17 @@ struct StepProfile {
   double handoff_ms = 0, handoff_ms_per_token = 0;       // prefill -> decode: f + g x prompt tokens
   int32_t max_batch_tokens = 512;                        // a prefill step's token budget
   int32_t max_seqs = 8;                                  // a decoder's rows
+  // Steps that slow down with the load their machine serves (the front's
+  // HTTP and SSE work and the other stages sharing its cores): at L
+  // requests/s per stage of a role, that role's step costs above are x
+  // (1 + slowdown_per_rps x (L - load_rate)), at least x 0.25. All 0: the
+  // costs hold at any load. From calibrate_over_loads.
+  double load_rate = 0;
+  double prefill_slowdown_per_rps = 0, decode_slowdown_per_rps = 0;
 };
 // invalid_argument naming the field: costs finite and >= 0, a step's fixed
-// or per-unit cost above 0, budgets >= 1.
+// or per-unit cost above 0, budgets >= 1, slowdowns 0 to 1 per request/s
+// and a load_rate above 0 when one is not 0.
 Status validate_profile(const StepProfile& p);
 // JSON (the fields above by name) <-> StepProfile; parse errors name the field.
 Result<StepProfile> parse_profile(const std::string& json);
@@ -66,6 +74,7 @@ struct ServedSteps {
 };
 struct ServedRun {
   ServedSteps prefill, decode;  // summed over the prefill stages, the decode stages
+  int32_t prefill_stages = 0, decode_stages = 0;  // distinct actors of each role
 };
 // Sums cleave_actor_stat{actor="[NODE/]prefill/N" | "[NODE/]decode/N"} of
 // steps, step_us, prefill_tokens and decode_rows. invalid_argument when no
@@ -90,6 +99,24 @@ Result<Calibration> calibrate(const StepProfile& profile, const ServedRun& run, 
 // The profile with each role's step costs scaled by its factor (the
 // hand-off as it was).
 StepProfile calibrated(const StepProfile& profile, const Calibration& c);
+
+// A served load at a known rate (requests/s over the whole server).
+struct LoadRun {
+  ServedRun run;
+  double rate = 0;
+};
+// Each role's factor (calibrate) at two or more loads, fitted by least
+// squares as a line in the load per stage (rate / that role's stages): the
+// profile's costs scaled to the line at the mean load (load_rate), and the
+// line's slope over that value as the role's slowdown_per_rps. A slope
+// below 0 (steps no slower at more load) counts as 0. invalid_argument when
+// fewer than two loads, a rate not above 0, all loads the same per stage,
+// or calibrate() refuses one (its message, naming the load's rate).
+Result<StepProfile> calibrate_over_loads(const StepProfile& profile, const std::vector<LoadRun>& loads,
+                                         double min_steps = 20);
+// The profile as it runs at `rate` requests/s over the placement's stages:
+// each role's costs x its slowdown at rate / its stages (slowdowns then 0).
+StepProfile at_load(const StepProfile& profile, double rate, int32_t prefill_stages, int32_t decode_stages);
 
 struct Slo {
   double ttft_ms = 0, tpot_ms = 0;  // 0 = none

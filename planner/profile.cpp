@@ -27,6 +27,14 @@ Status validate_profile(const StepProfile& p) {
     return bad("profile max_batch_tokens must be 1 to 1048576, got " + std::to_string(p.max_batch_tokens));
   if (p.max_seqs < 1 || p.max_seqs > 4096)
     return bad("profile max_seqs must be 1 to 4096, got " + std::to_string(p.max_seqs));
+  for (auto [name, v] : {std::pair<const char*, double>{"prefill_slowdown_per_rps", p.prefill_slowdown_per_rps},
+                         {"decode_slowdown_per_rps", p.decode_slowdown_per_rps}})
+    if (!std::isfinite(v) || v < 0 || v > 1)
+      return bad(std::string("profile ") + name + " must be 0 to 1 per request/s, got " + std::to_string(v));
+  if (!std::isfinite(p.load_rate) || p.load_rate < 0 || p.load_rate > 1e6)
+    return bad("profile load_rate must be 0 to 1e6 requests/s, got " + std::to_string(p.load_rate));
+  if ((p.prefill_slowdown_per_rps > 0 || p.decode_slowdown_per_rps > 0) && p.load_rate <= 0)
+    return bad("profile: a slowdown per request/s needs the load_rate it is measured from (above 0)");
   return Status::Ok();
 }
 
@@ -64,7 +72,10 @@ Result<StepProfile> parse_profile(const std::string& text) {
                                                    {"decode_ms_per_row", &p.decode_ms_per_row},
                                                    {"decode_ms_per_context_token", &p.decode_ms_per_context_token},
                                                    {"handoff_ms", &p.handoff_ms},
-                                                   {"handoff_ms_per_token", &p.handoff_ms_per_token}};
+                                                   {"handoff_ms_per_token", &p.handoff_ms_per_token},
+                                                   {"load_rate", &p.load_rate},
+                                                   {"prefill_slowdown_per_rps", &p.prefill_slowdown_per_rps},
+                                                   {"decode_slowdown_per_rps", &p.decode_slowdown_per_rps}};
   const std::pair<const char*, int32_t*> ints[] = {{"max_batch_tokens", &p.max_batch_tokens},
                                                    {"max_seqs", &p.max_seqs}};
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -98,7 +109,10 @@ std::string profile_json(const StepProfile& p) {
                       {"handoff_ms", p.handoff_ms},
                       {"handoff_ms_per_token", p.handoff_ms_per_token},
                       {"max_batch_tokens", p.max_batch_tokens},
-                      {"max_seqs", p.max_seqs}};
+                      {"max_seqs", p.max_seqs},
+                      {"load_rate", p.load_rate},
+                      {"prefill_slowdown_per_rps", p.prefill_slowdown_per_rps},
+                      {"decode_slowdown_per_rps", p.decode_slowdown_per_rps}};
   return j.dump(1);
 }
 

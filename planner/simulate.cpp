@@ -209,7 +209,9 @@ class Sim {
 }  // namespace
 
 Outcome simulate(const StepProfile& profile, const Workload& workload, const Slo& slo, const Placement& placement) {
-  Sim sim(profile, workload, placement);
+  const double rate = workload.trace.empty() ? workload.rate : trace_rate(workload.trace);
+  const StepProfile loaded = at_load(profile, rate, placement.prefill, placement.decode);
+  Sim sim(loaded, workload, placement);
   sim.run();
   Outcome o;
   o.placement = placement;
@@ -224,7 +226,7 @@ Outcome simulate(const StepProfile& profile, const Workload& workload, const Slo
   }
   const size_t n = sim.requests().size();
   o.attainment = n ? double(met) / double(n) : 0;
-  o.goodput = (workload.trace.empty() ? workload.rate : trace_rate(workload.trace)) * o.attainment;
+  o.goodput = rate * o.attainment;
   auto mean = [](const std::vector<double>& v) {
     double s = 0;
     for (double x : v) s += x;

@@ -4,8 +4,12 @@ and goodput of P/D with one prefill and one decode stage, against `cleave
 serve --topology pd` (1 thread per engine) driven by bench/serve/serve_bench.py
 with fixed lengths. The profile comes from `cleave plan -m` on the same
 machine in the same run; it is then calibrated (`--calibrate-metrics`) from
-the stages' own step counters while the server serves a load of its own
-(--calibrate-rate, another seed), snapshots of /metrics before and after.
+the stages' own step counters while the server serves loads of its own
+(--calibrate-rates, other seeds), snapshots of /metrics before and after
+each; with two or more rates the calibration also fits how much slower
+the steps get per request/s (the HTTP front and the load generator share
+the machine's cores with both engines), and the first load alone gives
+the one-factor calibration to compare with.
 Each measured run is simulated on its own trace (`--trace`: the same
 arrivals and lengths, so both sides see the same bursts), with the raw and
 the calibrated profile; goodput on both sides is attainment x the trace's
@@ -13,7 +17,8 @@ rate. Then the planner's front for a 64-stage cluster at a rate 32 times
 the largest here.
 
 usage: validate_plan.py CLEAVE VOCAB WORKDIR [--rates 8,16,24,32,36,40] [--prompts 120] [--runs 3]
-       [--calibrate-rate 24] [--prompt-tokens 128] [--output-tokens 64] [--slo-ttft-ms 100]
+       [--dim 256] [--layers 4] [--ffn 768]
+       [--calibrate-rates 16,32] [--prompt-tokens 128] [--output-tokens 64] [--slo-ttft-ms 100]
        [--slo-tpot-ms 10] [--json FILE]"""
 import argparse
 import json
@@ -33,17 +38,20 @@ ap.add_argument("work")
 ap.add_argument("--rates", default="8,16,24,32,36,40")
 ap.add_argument("--prompts", type=int, default=120)
 ap.add_argument("--runs", type=int, default=3)
-ap.add_argument("--calibrate-rate", type=float, default=24)
+ap.add_argument("--calibrate-rates", default="16,32")
 ap.add_argument("--prompt-tokens", type=int, default=128)
 ap.add_argument("--output-tokens", type=int, default=64)
 ap.add_argument("--slo-ttft-ms", type=float, default=100)
 ap.add_argument("--slo-tpot-ms", type=float, default=10)
+ap.add_argument("--dim", type=int, default=256)
+ap.add_argument("--layers", type=int, default=4)
+ap.add_argument("--ffn", type=int, default=768)
 ap.add_argument("--json")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 model = os.path.join(a.work, "plan.gguf")
-subprocess.run([a.cleave, "make-model", "--out", model, "--vocab", a.vocab, "--dim", "256", "--layers", "4",
-                "--heads", "4", "--kv-heads", "2", "--ffn", "768", "--ctx", "1024", "--type", "f16"],
+subprocess.run([a.cleave, "make-model", "--out", model, "--vocab", a.vocab, "--dim", str(a.dim), "--layers",
+                str(a.layers), "--heads", "4", "--kv-heads", "2", "--ffn", str(a.ffn), "--ctx", "1024", "--type", "f16"],
                check=True, capture_output=True, timeout=300)
 profile = os.path.join(a.work, "profile.json")
 calibrated = os.path.join(a.work, "calibrated.json")
@@ -95,16 +103,26 @@ class Server:
 
 out, _ = plan(["-m", model, "--save-profile", profile, "-t", "1", "--max-seqs", "8", "--rate", "1", *lengths])
 print(out.splitlines()[0])
-# Calibration: a warm server's step counters over a load of its own.
+# Calibration: a warm server's step counters over loads of its own, each at
+# the rate its trace really had.
+cal_args = []
 with Server() as s:
-    s.bench(a.calibrate_rate, 100, os.path.join(a.work, "warm.json"))
-    s.metrics(os.path.join(a.work, "before.txt"))
-    s.bench(a.calibrate_rate, 101, os.path.join(a.work, "calibrate.json"))
-    s.metrics(os.path.join(a.work, "after.txt"))
-out, _ = plan(["--profile", profile, "--calibrate-metrics", os.path.join(a.work, "after.txt"), "--calibrate-baseline",
-               os.path.join(a.work, "before.txt"), "--save-profile", calibrated, "--rate", "1", *lengths])
-print(out.splitlines()[0])
-print(out.splitlines()[1])
+    s.bench(float(a.calibrate_rates.split(",")[0]), 100, os.path.join(a.work, "warm.json"))
+    for i, rate in enumerate(float(r) for r in a.calibrate_rates.split(",")):
+        before, after = os.path.join(a.work, f"before_{i}.txt"), os.path.join(a.work, f"after_{i}.txt")
+        s.metrics(before)
+        res = s.bench(rate, 101 + i, os.path.join(a.work, f"calibrate_{i}.json"))
+        s.metrics(after)
+        sched = [r["scheduled_s"] for r in res["requests"]]
+        cal_args += ["--calibrate-metrics", after, "--calibrate-baseline", before]
+        if "," in a.calibrate_rates:
+            cal_args += ["--calibrate-rate", str((len(sched) - 1) / (max(sched) - min(sched)))]
+out, _ = plan(["--profile", profile, *cal_args, "--save-profile", calibrated, "--rate", "1", *lengths])
+print("\n".join(line for line in out.splitlines() if line.startswith(("load ", "calibrated", "profile"))))
+# The first load alone: step costs scaled by one factor at any load.
+one_load = os.path.join(a.work, "calibrated_one.json")
+if "," in a.calibrate_rates:
+    plan(["--profile", profile, *cal_args[:4], "--save-profile", one_load, "--rate", "1", *lengths])
 
 rows = []
 for rate in [float(r) for r in a.rates.split(",")]:
@@ -119,23 +137,30 @@ for rate in [float(r) for r in a.rates.split(",")]:
                                     "output_tokens": r["expected_output_len"]}) + "\n")
         _, raw = plan(["--profile", profile, "--trace", trace])
         _, cal = plan(["--profile", calibrated, "--trace", trace])
+        one = plan(["--profile", one_load, "--trace", trace])[1] if "," in a.calibrate_rates else cal
         span = max(r["scheduled_s"] for r in res["requests"]) - min(r["scheduled_s"] for r in res["requests"])
         trace_rate = (len(res["requests"]) - 1) / span
         sm = res["summary"]
         measured = {"attainment": sm["slo_attainment"], "goodput": trace_rate * sm["slo_attainment"],
                     "ttft_p90_ms": sm["ttft_ms"]["p90"], "tpot_p90_ms": sm["tpot_ms"]["p90"]}
         err = lambda p: abs(p["goodput"] - measured["goodput"]) / measured["goodput"] if measured["goodput"] else None
-        runs.append({"measured": measured, "raw": raw[0], "calibrated": cal[0], "raw_error": err(raw[0]),
-                     "calibrated_error": err(cal[0])})
+        runs.append({"measured": measured, "raw": raw[0], "calibrated": cal[0], "one_load": one[0],
+                     "raw_error": err(raw[0]), "calibrated_error": err(cal[0]), "one_load_error": err(one[0])})
         c = cal[0]
         print(f"rate {rate:5.1f}/s run {run}: goodput measured {measured['goodput']:6.2f}, calibrated "
-              f"{c['goodput']:6.2f} ({runs[-1]['calibrated_error'] * 100:.1f} %), raw {raw[0]['goodput']:6.2f} "
+              f"{c['goodput']:6.2f} ({runs[-1]['calibrated_error'] * 100:.1f} %), one load {one[0]['goodput']:6.2f} "
+              f"({runs[-1]['one_load_error'] * 100:.1f} %), raw {raw[0]['goodput']:6.2f} "
               f"({runs[-1]['raw_error'] * 100:.1f} %); TTFT p90 {measured['ttft_p90_ms']:.1f} / {c['ttft_p90_ms']:.1f} ms, "
               f"TPOT p90 {measured['tpot_p90_ms']:.2f} / {c['tpot_p90_ms']:.2f} ms", flush=True)
     med = lambda k: statistics.median(r[k] for r in runs)
+    gp = lambda k: statistics.median(r[k]["goodput"] for r in runs)
     rows.append({"rate": rate, "runs": runs, "median_calibrated_error": med("calibrated_error"),
-                 "median_raw_error": med("raw_error")})
-    print(f"rate {rate:5.1f}/s: median goodput error calibrated {rows[-1]['median_calibrated_error'] * 100:.1f} %, "
+                 "median_one_load_error": med("one_load_error"), "median_raw_error": med("raw_error"),
+                 "median_goodput": {k: gp(k) for k in ("measured", "calibrated", "one_load", "raw")}})
+    m = rows[-1]["median_goodput"]
+    print(f"rate {rate:5.1f}/s: median goodput measured {m['measured']:.2f}, calibrated {m['calibrated']:.2f}, one "
+          f"load {m['one_load']:.2f}, raw {m['raw']:.2f}; median of the runs' errors calibrated "
+          f"{rows[-1]['median_calibrated_error'] * 100:.1f} %, one load {rows[-1]['median_one_load_error'] * 100:.1f} %, "
           f"raw {rows[-1]['median_raw_error'] * 100:.1f} %", flush=True)
 big_rate = 32 * max(float(r) for r in a.rates.split(","))
 big, _ = plan(["--profile", calibrated, "--rate", str(big_rate), "--requests", "4000", *lengths], 64)

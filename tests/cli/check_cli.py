@@ -481,6 +481,51 @@ expect_error("plan: --calibrate-baseline needs --calibrate-metrics",
 expect_error("plan: metrics that name no prefill or decode stage are refused",
              ["plan", "--profile", prof, "--calibrate-metrics", os.path.join(WORK, "cli-trace.jsonl"), "--rate", "4"],
              1, "the metrics name no prefill stage")
+# Two loads at their rates: each role's factor as a line in the load a stage
+# serves. metrics: x2 / x1.5 at 4/s; metrics2: x3 / x2 at 8/s -> at 6/s
+# x2.5 / x1.75, then +0.25 / 2.5 = 10 % and +0.125 / 1.75 = 7.14 % a step
+# per request/s.
+metrics2 = os.path.join(WORK, "cli-metrics2.txt")
+with open(metrics2, "w") as f:
+    f.write(f'cleave_actor_stat{{actor="prefill/0",name="steps"}} 100\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="step_us"}} {int(round(pre / 2 * 3 * 1e3))}\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="prefill_tokens"}} 1600\n'
+            f'cleave_actor_stat{{actor="decode/0",name="steps"}} 1000\n'
+            f'cleave_actor_stat{{actor="decode/0",name="step_us"}} {int(round(dec / 1.5 * 2 * 1e3))}\n'
+            f'cleave_actor_stat{{actor="decode/0",name="decode_rows"}} 4000\n')
+cal2 = os.path.join(WORK, "cli-calibrated-loads.json")
+rc, out, err = run("plan", "--profile", prof, "--calibrate-metrics", metrics, "--calibrate-rate", "4",
+                   "--calibrate-metrics", metrics2, "--calibrate-rate", "8", "--save-profile", cal2, "--rate", "6",
+                   "--max-stages", "2")
+saved2 = json.load(open(cal2)) if os.path.exists(cal2) else {}
+expect("plan --calibrate-rate: two loads fit each role's slowdown per request/s",
+       rc == 0 and "load 4 requests/s: prefill steps x2.000" in out and "load 8 requests/s: prefill steps x3.000" in out
+       and "at 6 requests/s a stage, then +10.00 % (prefill) and +7.14 % (decode)" in out
+       and abs((saved2.get("prefill_ms", 0) + 16 * saved2.get("prefill_ms_per_token", 0)) /
+               (2.5 * (profile_fit["prefill_ms"] + 16 * profile_fit["prefill_ms_per_token"])) - 1) < 1e-4
+       and saved2.get("load_rate") == 6, out + err)
+rc8, out8, _ = run("plan", "--profile", cal2, "--rate", "8", "--max-stages", "2")
+rc4, out4, _ = run("plan", "--profile", cal2, "--rate", "4", "--max-stages", "2")
+ttft = lambda o: [float(l.split()[5]) for l in o.splitlines() if l.split()[:2] == ["1", "1"]]
+expect("plan: a profile with a slowdown simulates slower steps at a higher rate",
+       rc8 == 0 and rc4 == 0 and ttft(out8) and ttft(out4) and ttft(out8)[0] > ttft(out4)[0], out8 + out4)
+for name, args, code, needles in (
+        ("two loads need their rates", ["--calibrate-metrics", metrics, "--calibrate-metrics", metrics2], 2,
+         ("--calibrate-metrics", "need their --calibrate-rate")),
+        ("one load's rate is refused", ["--calibrate-metrics", metrics, "--calibrate-rate", "4"], 2,
+         ("--calibrate-rate", "needs two or more")),
+        ("a rate for each load", ["--calibrate-metrics", metrics, "--calibrate-metrics", metrics2, "--calibrate-rate",
+                                  "4"], 2, ("--calibrate-rate", "one per")),
+        ("a baseline for each load or none", ["--calibrate-metrics", metrics, "--calibrate-metrics", metrics2,
+                                              "--calibrate-rate", "4", "--calibrate-rate", "8",
+                                              "--calibrate-baseline", baseline], 2, ("--calibrate-baseline", "one per")),
+        ("loads at one rate give no slope", ["--calibrate-metrics", metrics, "--calibrate-rate", "4",
+                                             "--calibrate-metrics", metrics2, "--calibrate-rate", "4"], 1,
+         ("must differ in requests/s per stage",))):
+    expect_error("plan: " + name, ["plan", "--profile", prof, *args, "--rate", "4"], code, *needles)
+expect_error("plan: a profile calibrated over loads is not calibrated again",
+             ["plan", "--profile", cal2, "--calibrate-metrics", metrics, "--rate", "4"], 2, "--calibrate-metrics",
+             "calibrated already")
 expect_error("plan: --save-profile that would copy --profile is refused",
              ["plan", "--profile", prof, "--save-profile", cal, "--rate", "4"], 2, "--save-profile")
 

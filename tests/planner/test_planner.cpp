@@ -288,3 +288,100 @@ TEST_CASE("planner: calibration scales each role by its served steps over the pr
             .message()
             .find("no prefill stage") != std::string::npos);
 }
+
+namespace {
+
+// A served run whose steps took `fp` (prefill) and `fd` (decode) times what
+// linear(0.0125, 1, 0.5) with prefill_ms 1 says: 100 prefill steps of 128
+// tokens (2.6 ms each), 1000 decode steps of 4 rows (3 ms each).
+LoadRun load_at(double rate, double fp, double fd, int32_t decode_stages = 1) {
+  LoadRun l;
+  l.rate = rate;
+  l.run.prefill = ServedSteps{100, 260 * fp, 12800, 0};
+  l.run.decode = ServedSteps{1000, 3000 * fd, 0, 4000};
+  l.run.prefill_stages = 1;
+  l.run.decode_stages = decode_stages;
+  return l;
+}
+
+}  // namespace
+
+TEST_CASE("planner: calibration over loads fits each role's slowdown per request/s a stage") {
+  StepProfile p = linear(0.0125, 1, 0.5);
+  p.prefill_ms = 1;
+  // Prefill x1.2 at 10/s and x1.6 at 30/s; decode x1.1 and x1.3: lines
+  // 1.4 + 0.02 (L - 20) and 1.2 + 0.01 (L - 20).
+  auto q = calibrate_over_loads(p, {load_at(10, 1.2, 1.1), load_at(30, 1.6, 1.3)});
+  REQUIRE(q.ok());
+  CHECK(q->load_rate == doctest::Approx(20));
+  CHECK(q->prefill_ms == doctest::Approx(1.4));
+  CHECK(q->prefill_ms_per_token == doctest::Approx(0.0125 * 1.4));
+  CHECK(q->decode_ms_per_row == doctest::Approx(0.5 * 1.2));
+  CHECK(q->prefill_slowdown_per_rps == doctest::Approx(0.02 / 1.4));
+  CHECK(q->decode_slowdown_per_rps == doctest::Approx(0.01 / 1.2));
+  // Back on the line at each load, per stage of each role.
+  const StepProfile at30 = at_load(*q, 30, 1, 1);
+  CHECK(at30.prefill_ms == doctest::Approx(1.6));
+  CHECK(at30.decode_ms_per_row == doctest::Approx(0.5 * 1.3));
+  CHECK(at30.prefill_slowdown_per_rps == 0);
+  const StepProfile spread = at_load(*q, 60, 2, 3);  // 30/s a prefill stage, 20/s a decoder
+  CHECK(spread.prefill_ms == doctest::Approx(1.6));
+  CHECK(spread.decode_ms == doctest::Approx(1.2));
+  CHECK(at_load(*q, 0.001, 1, 1).prefill_ms == doctest::Approx(1.4 * (1 - 0.02 / 1.4 * (20 - 0.001))));
+  CHECK(at_load(p, 500, 1, 1).prefill_ms == 1);  // no slowdown: any load
+  // A load run by two decoders counts at half its rate for decode.
+  auto two = calibrate_over_loads(p, {load_at(10, 1.2, 1.1), load_at(60, 1.6, 1.3, 2)});
+  REQUIRE(two.ok());
+  CHECK(two->decode_slowdown_per_rps == doctest::Approx((0.2 / 20) / (1.1 + 0.01 * (35 - 10))));
+  // Three loads: least squares; a slowdown that falls with load counts as none.
+  auto three = calibrate_over_loads(p, {load_at(10, 1.2, 1.3), load_at(20, 1.5, 1.2), load_at(30, 1.6, 1.1)});
+  REQUIRE(three.ok());
+  CHECK(three->prefill_slowdown_per_rps == doctest::Approx(0.02 / (4.3 / 3)));
+  CHECK(three->decode_slowdown_per_rps == 0);
+  CHECK(three->decode_ms == doctest::Approx(1.2));
+  // Refusals.
+  for (auto [loads, needle] :
+       {std::pair<std::vector<LoadRun>, const char*>{{load_at(10, 1, 1)}, "two or more calibrating loads"},
+        {{load_at(10, 1, 1), load_at(10, 1.2, 1)}, "must differ in requests/s per stage"},
+        {{load_at(10, 1, 1), load_at(0, 1.2, 1)}, "rate must be above 0"},
+        {{load_at(10, 1, 1), load_at(30, 20, 1)}, "the load at 30.000000 requests/s: plan: prefill steps took"}}) {
+    auto r = calibrate_over_loads(p, loads);
+    REQUIRE_FALSE(r.ok());
+    CHECK_MESSAGE(r.status().message().find(needle) != std::string::npos, r.status().message());
+  }
+}
+
+TEST_CASE("planner: a profile's slowdown with load slows the simulated steps at the load simulated") {
+  StepProfile p = linear(0.0125, 1, 0.5);
+  p.prefill_ms = 1;
+  auto q = calibrate_over_loads(p, {load_at(10, 1.2, 1.1), load_at(30, 1.6, 1.3)});
+  REQUIRE(q.ok());
+  // Two one-token requests far enough apart to meet no queue: TTFT is one
+  // 128-token prefill step at the trace's rate (30/s: x1.6, 10/s: x1.2).
+  for (auto [gap_ms, factor] : {std::pair<double, double>{1000.0 / 30, 1.6}, {100.0, 1.2}}) {
+    Workload w;
+    w.trace = {TraceRequest{0, 128, 1}, TraceRequest{gap_ms, 128, 1}};
+    const Outcome o = simulate(*q, w, Slo{}, Placement{});
+    CHECK(o.ttft_p90_ms == doctest::Approx(2.6 * factor));
+  }
+  // Saved and read back with its slowdowns; checked by name.
+  auto back = parse_profile(profile_json(*q));
+  REQUIRE(back.ok());
+  CHECK(back->load_rate == doctest::Approx(20));
+  CHECK(back->prefill_slowdown_per_rps == doctest::Approx(q->prefill_slowdown_per_rps));
+  StepProfile bad = *q;
+  bad.decode_slowdown_per_rps = 2;
+  CHECK(validate_profile(bad).message().find("decode_slowdown_per_rps must be 0 to 1") != std::string::npos);
+  bad = *q;
+  bad.load_rate = 0;
+  CHECK(validate_profile(bad).message().find("needs the load_rate") != std::string::npos);
+  // The stage counts come from the distinct actors of each role.
+  auto run = parse_served_metrics(
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"steps\"} 1\n"
+      "cleave_actor_stat{actor=\"n1/decode/0\",name=\"steps\"} 1\n"
+      "cleave_actor_stat{actor=\"n1/decode/0\",name=\"decode_rows\"} 1\n"
+      "cleave_actor_stat{actor=\"n2/decode/0\",name=\"steps\"} 1\n");
+  REQUIRE(run.ok());
+  CHECK(run->prefill_stages == 1);
+  CHECK(run->decode_stages == 2);
+}
