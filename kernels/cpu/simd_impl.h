@@ -279,7 +279,8 @@ void matmul_p(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
       const int np = pow2_at_most(p1 - p, gmax);
       const uint8_t* P = a->panels + size_t(p) * ps;
       const int64_t valid = min_of<int64_t>(int64_t(np) * 16, rows - p * 16);
-      // np <= np_for(mi) for every block: np_for never grows with mi.
+      // np <= np_for(mi) for every block: the first block is the largest
+      // and np_for never grows with mi.
       for (int64_t i = i0, mi = 0; i < i1; i += mi) {
         mi = block(i);
         pk_any<V, PL>(mi, np, a->x + i * cols, cols, P, ps,
