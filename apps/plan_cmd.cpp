@@ -32,7 +32,9 @@ struct PlanArgs {
   std::vector<double> calibrate_rate;
   planner::Workload workload;
   planner::Slo slo;
-  int32_t max_stages = 8, threads = 1, max_seqs = 8, max_batch_tokens = 512;
+  int32_t max_stages = 8, threads = 1, max_seqs = 8;
+  // What a served stage's scheduler takes in one step (SchedulerOptions).
+  int32_t max_batch_tokens = SchedulerOptions{}.max_batch_tokens;
   double prefill_cost = 1.0, decode_cost = 1.0, handoff_ms = 0;
 };
 PlanArgs g_plan;
@@ -108,6 +110,7 @@ planner::StepProfile measure(const PlanArgs& a) {
   o.topology = a.profile_topology == "mono" ? Topology::mono : Topology::pd;
   o.engine.threads = a.threads;
   o.engine.max_seqs = a.max_seqs;
+  o.scheduler.max_batch_tokens = a.max_batch_tokens;
   auto lm = LlamaModel::load(*file);
   if (!lm.ok()) fail(lm.status());
   const int32_t context = (*lm)->config().context;
@@ -179,7 +182,7 @@ CLI::App* add_plan_command(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("-t,--threads", g_plan.threads, "with -m: threads of the profiled engine")->check(CLI::Range(1, 1024))->needs(model);
   cmd->add_option("--max-seqs", g_plan.max_seqs, "with -m: a decoder's rows")->check(CLI::Range(1, 4096))->needs(model);
-  cmd->add_option("--max-batch-tokens", g_plan.max_batch_tokens, "with -m: a prefill step's tokens")
+  cmd->add_option("--max-batch-tokens", g_plan.max_batch_tokens, "with -m: a prefill step's tokens (default: a served stage's, 256)")
       ->check(CLI::Range(64, 1 << 20))->needs(model);
   cmd->add_option("--profile-topology", g_plan.profile_topology,
                   "with -m: profile through a P/D pipeline (pd, what serving adds included) or the bare engine (mono)")

@@ -20,7 +20,7 @@ struct StepProfile {
   double decode_ms = 0, decode_ms_per_row = 0;           // a decode step of R rows: c + d R ...
   double decode_ms_per_context_token = 0;                // ... + e x the rows' context tokens
   double handoff_ms = 0, handoff_ms_per_token = 0;       // prefill -> decode: f + g x prompt tokens
-  int32_t max_batch_tokens = 512;                        // a prefill step's token budget
+  int32_t max_batch_tokens = 256;                        // a prefill step's token budget (a served stage's)
   int32_t max_seqs = 8;                                  // a decoder's rows
   // Steps that slow down with the load their machine serves (the front's
   // HTTP and SSE work and the other stages sharing its cores): at L
