@@ -56,7 +56,7 @@ TEST_CASE("matmul: each output is one multiply-add chain over k in order, on eve
                                          {70, q8 ? 288 : 291}, {200, q8 ? 96 : 40}}) {
           const Weights w = make_weights(t, rows, cols, uint32_t(rows * 7 + cols));
           // Every row-block size of the AVX-512 microkernel (1-12 rows).
-          for (int64_t n : {1, 2, 3, 7, 9, 11, 12, 13, 24, 33, 40}) {
+          for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 24, 33, 40}) {
             const auto x = randv(size_t(n * cols), uint32_t(n * 3 + 1));
             std::vector<float> y(size_t(n * rows), -1.0f);
             be->matmul(w.view(), x.data(), n, y.data());
