@@ -56,14 +56,23 @@ void SloPredictor::leave(uint64_t id, double t, bool sample) {
   count_busy(e, t);
   e.queued_tokens -= it->second.tokens;
   --e.queued;
-  if (sample && e.pending_busy > 0) {
-    e.tokens = e.tokens * decay_ + double(it->second.tokens);
-    e.busy = e.busy * decay_ + e.pending_busy;
+  if (sample) {
+    // A batched prefill answers its requests in one step, but their first
+    // tokens reach the router as separate messages microseconds apart. Those
+    // join the step's sample undecayed: decaying the step's busy time once
+    // per message would inflate the rate with the batch's size, and a stage
+    // given more requests (bigger batches) would look ever faster.
+    const bool same_step =
+        e.last_busy > 0 && e.pending_busy <= std::min(kSameStepS, kSameStepFraction * e.last_busy);
+    if (same_step) {
+      e.tokens += double(it->second.tokens);
+      e.busy += e.pending_busy;
+    } else {
+      e.tokens = e.tokens * decay_ + double(it->second.tokens);
+      e.busy = e.busy * decay_ + e.pending_busy;
+      e.last_busy = e.pending_busy;
+    }
     e.pending_busy = 0;
-  } else if (sample) {
-    // Answered in the same instant as another: its tokens join the next
-    // sample's busy time (a batched prefill's share).
-    e.tokens += double(it->second.tokens);
   }
   queued_.erase(it);
 }

@@ -7,8 +7,9 @@
 // Per entry stage (prefill / colocated) it keeps the prompt tokens placed on
 // it and not yet answered with a first token, and its measured prefill rate:
 // prompt tokens answered over the seconds the stage had at least one such
-// request outstanding (decayed sums, so the rate follows the load; batched
-// prefills share their busy time). A request's TTFT on a stage is predicted
+// request outstanding (decayed sums, so the rate follows the load; the
+// requests of one batched prefill, answered within kSameStepS of each other,
+// are one sample and share its busy time). A request's TTFT on a stage is predicted
 // as (queued prompt tokens + its own) / rate. Per continuing stage (decode /
 // colocated) it keeps an EWMA of the gap between a request's consecutive
 // tokens on that stage: the TPOT predicted for a request placed there.
@@ -87,7 +88,12 @@ class SloPredictor {
     double since = 0;         // when the busy time was last counted
     double tokens = 0, busy = 0;  // decayed sums: answered prompt tokens, busy seconds
     double pending_busy = 0;  // busy seconds since the last sample
+    double last_busy = 0;     // busy seconds of the last step's sample
   };
+  // An answer within this long of the previous one (and within this share
+  // of that step's busy time) belongs to the same batched step.
+  static constexpr double kSameStepS = 5e-4;
+  static constexpr double kSameStepFraction = 0.1;
   struct Queued {
     int32_t stage;
     int64_t tokens;

@@ -57,6 +57,27 @@ TEST_CASE("slo predictor: a batched prefill's requests share their busy time") {
   CHECK(*p.prefill_rate(0) == doctest::Approx(1000));
 }
 
+TEST_CASE("slo predictor: a batch's answers arriving microseconds apart are one sample, not one per message") {
+  // With decay, counting each message as a sample would discount the step's
+  // busy time three times over while its tokens all count: ~2x the rate.
+  SloPredictor p(0.8);
+  for (uint64_t id = 1; id <= 4; ++id) p.placed(0, id, 250, 0.0);
+  for (uint64_t id = 1; id <= 4; ++id) p.first_token(id, 1.0 + 2e-5 * double(id - 1));
+  CHECK(*p.prefill_rate(0) == doctest::Approx(1000 / (1.0 + 6e-5)));
+  // The next step, 0.5 s later, is a sample of its own: the first decays.
+  for (uint64_t id = 5; id <= 6; ++id) p.placed(0, id, 250, 1.0);
+  p.first_token(5, 1.5);
+  p.first_token(6, 1.5 + 1e-5);
+  CHECK(*p.prefill_rate(0) == doctest::Approx((0.8 * 1000 + 500) / (0.8 * (1.0 + 6e-5) + 0.5 + 1e-5)));
+  // An answer 1 ms after a 2 ms step is past the same-step window (0.2 ms).
+  SloPredictor q(0.5);
+  q.placed(0, 1, 100, 0.0);
+  q.placed(0, 2, 100, 0.0);
+  q.first_token(1, 0.002);
+  q.first_token(2, 0.003);
+  CHECK(*q.prefill_rate(0) == doctest::Approx((0.5 * 100 + 100) / (0.5 * 0.002 + 0.001)));
+}
+
 TEST_CASE("slo predictor: decay follows the load, re-placement moves the queue, a down stage forgets") {
   SloPredictor p(0.5);
   p.placed(0, 1, 100, 0.0);
