@@ -136,13 +136,18 @@ void place_resumed(router_pointer self, uint64_t id) {
 void place_encode(router_pointer self, uint64_t id) {
   auto& s = self->state;
   auto& p = s.pending.at(id);
-  // An active encoder; a parked one only when no active one is alive.
+  // An active encoder; a parked one only when no active one is alive. Among
+  // equally loaded ones the least recently given work: encoders faster than
+  // the arrivals are all idle at each placement, and ties to the lowest
+  // index would leave an encoder the autoscaler added without work.
   int32_t best = -1;
+  auto better = [&](const RouterState::Encoder& e, const RouterState::Encoder& b) {
+    return e.in_flight != b.in_flight ? e.in_flight < b.in_flight : e.last_given < b.last_given;
+  };
   for (bool take_parked : {false, true}) {
     for (int32_t i = 0; i < int32_t(s.encoders.size()); ++i) {
       const auto& e = s.encoders[size_t(i)];
-      if (e.alive && e.parked == take_parked && (best < 0 || e.in_flight < s.encoders[size_t(best)].in_flight))
-        best = i;
+      if (e.alive && e.parked == take_parked && (best < 0 || better(e, s.encoders[size_t(best)]))) best = i;
     }
     if (best >= 0) break;
   }
@@ -153,6 +158,7 @@ void place_encode(router_pointer self, uint64_t id) {
   p.encoder = best;
   p.last_progress = p.encode_started = Clock::now();
   ++s.encoders[size_t(best)].in_flight;
+  s.encoders[size_t(best)].last_given = ++s.encoder_turn;
   ++s.encodes;
   msg::EncodeRequest m;
   m.request_id = id;

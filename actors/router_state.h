@@ -36,7 +36,9 @@ struct RouterState {
     bool alive = true;
     bool parked = false;  // autoscale of the encoders: alive, takes nothing new until unparked
     int32_t in_flight = 0;
+    uint64_t last_given = 0;  // encoder_turn when it was last given images; 0 = never
   };
+  uint64_t encoder_turn = 0;
   struct Pending {
     GenerateRequest request;  // kept to re-place it
     std::vector<int32_t> generated;

@@ -214,6 +214,23 @@ TEST_CASE("vision pipeline invariant: E/P/D and colocated with encoders give mon
   }
 }
 
+TEST_CASE("vision pipeline: idle encoders take turns (ties go to the least recently given work)") {
+  // One image request at a time: each finds every encoder idle. Ties to the
+  // lowest index would give encoder 0 all six.
+  std::vector<GenerateRequest> images;
+  for (auto& r : image_requests(24, 7000))
+    if (!r.images.empty() && images.size() < 6) images.push_back(std::move(r));
+  REQUIRE(images.size() == 6);
+  auto p = make_pipeline(options(Topology::colocated, 0, 0, 1, 2));
+  for (const GenerateRequest& r : images) {
+    const auto got = run_all(*p, {r});
+    REQUIRE_MESSAGE(got[0].error.ok(), got[0].error.to_string());
+  }
+  const auto stats = p->stats();
+  CHECK(find_stats(stats, "vision_encoder/0")->get("requests") == 3);
+  CHECK(find_stats(stats, "vision_encoder/1")->get("requests") == 3);
+}
+
 TEST_CASE("vision pipeline failure: a killed encoder's requests finish on another identical or fail typed") {
   const auto requests = image_requests(64, 3000);
   const auto ref = reference(requests);

@@ -410,22 +410,28 @@ try:
 
     # ---- (c2) kill -9 of the prefill node while it streams KV to the decoder ------
     out = os.path.join(WORK, "killp.jsonl")
-    head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "2"], tag="killp_")
+    # Streams surely in flight when p0 dies, whatever the machine's speed:
+    # d0 joins and is frozen before p0 exists, so the head (waiting for two
+    # stages) submits only once p0 joins, and every hand-off p0 makes waits
+    # in frozen d0's socket; then p0 is frozen and d0 resumed, so every
+    # stream d0 starts waits on a frozen sender; then p0 is killed. The
+    # connection timeout (heartbeats) is raised past the freezes.
+    slow = ["--set", "connection_timeout_s=4"]
+    head, port = start_head(["--requests", req_path, "--out", out, "--wait-stages", "2", *slow], tag="killp_")
     expect("kill prefill: head listens", port is not None, head.stderr())
-    p0 = worker("p0", port, tag="killp_", sets=["decoders=1"], extra=["--kv-chunk-bytes", "4096"])
-    d0 = worker("d0", port, tag="killp_", sets=["decoders=1"],
+    d0 = worker("d0", port, tag="killp_", sets=["decoders=1", "connection_timeout_s=4"],
                 extra=["--max-seqs", "1", "--kv-chunk-bytes", "4096", "--kv-window", "2"])
-    submitted = head.wait_line(r"submitted (\d+) requests", timeout=60)
-    # Streams surely in flight when p0 dies: d0 is frozen while p0 prefills
-    # and hands off (the hand-offs wait in d0's socket), then p0 is frozen
-    # and d0 resumed, so every stream d0 then starts waits on a frozen
-    # sender; then p0 is killed. Each freeze is shorter than the heartbeat
-    # timeout (500 ms).
+    d0_joined = d0.wait_line(r"cleave node d0 joined", timeout=60)
     d0.proc.send_signal(signal.SIGSTOP)
-    time.sleep(0.15)
+    p0 = worker("p0", port, tag="killp_", sets=["decoders=1", "connection_timeout_s=4"],
+                extra=["--kv-chunk-bytes", "4096"])
+    submitted = head.wait_line(r"submitted (\d+) requests", timeout=60)
+    expect("kill prefill: d0 joined, then the head submitted once p0 joined",
+           d0_joined is not None and submitted is not None, head.stderr()[-2000:])
+    time.sleep(0.5)  # p0 prefills and hands off to frozen d0
     p0.proc.send_signal(signal.SIGSTOP)
     d0.proc.send_signal(signal.SIGCONT)
-    time.sleep(0.2)
+    time.sleep(0.3)
     t_kill = time.time()
     p0.proc.kill()
     rc = head.wait(120)
