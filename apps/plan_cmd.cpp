@@ -281,14 +281,13 @@ int run_plan_command() {
     runs.push_back(planner::LoadRun{*run, loads > 1 ? a.calibrate_rate[i] : 0});
   }
   if (loads > 1) {
-    for (const auto& r : runs) {
-      auto c = planner::calibrate(profile, r.run);
-      if (c.ok())
-        std::printf("load %.4g requests/s: prefill steps x%.3f (%.0f steps), decode steps x%.3f (%.0f steps)\n",
-                    r.rate, c->prefill_factor, r.run.prefill.steps, c->decode_factor, r.run.decode.steps);
-    }
-    auto p = planner::calibrate_over_loads(profile, runs);
+    std::vector<planner::Calibration> factors;
+    auto p = planner::calibrate_over_loads(profile, runs, 20, &factors);
     if (!p.ok()) fail(p.status());
+    for (size_t i = 0; i < runs.size(); ++i)
+      std::printf("load %.4g requests/s: prefill steps x%.3f (%.0f steps), decode steps x%.3f (%.0f steps)\n",
+                  runs[i].rate, factors[i].prefill_factor, runs[i].run.prefill.steps, factors[i].decode_factor,
+                  runs[i].run.decode.steps);
     profile = *p;
     std::printf("calibrated from %zu loads: at %.4g requests/s a stage, then +%.2f %% (prefill) and +%.2f %% "
                 "(decode) a step per request/s a stage\n",

@@ -130,11 +130,13 @@ StepProfile calibrated(const StepProfile& p, const Calibration& c) {
   return out;
 }
 
-Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector<LoadRun>& loads, double min_steps) {
+Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector<LoadRun>& loads, double min_steps,
+                                         std::vector<Calibration>* per_load) {
   if (loads.size() < 2)
     return Status(Code::invalid_argument, "plan: a slowdown with load needs two or more calibrating loads");
   // Per role: (load per stage, factor) of each run.
   std::vector<double> xp, fp, xd, fd;
+  std::vector<Calibration> factors;
   for (const LoadRun& l : loads) {
     const std::string at = "the load at " + std::to_string(l.rate) + " requests/s: ";
     if (!std::isfinite(l.rate) || l.rate <= 0)
@@ -147,6 +149,7 @@ Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector
     fp.push_back(c->prefill_factor);
     xd.push_back(l.rate / l.run.decode_stages);
     fd.push_back(c->decode_factor);
+    factors.push_back(*c);
   }
   // Least squares f = a + b x; the line's value at the mean x and b over it.
   struct Line {
@@ -176,6 +179,7 @@ Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector
   out.load_rate = ref;
   out.prefill_slowdown_per_rps = std::min(1.0, lp->slope / lp->at_mean);
   out.decode_slowdown_per_rps = std::min(1.0, ld->slope / dref);
+  if (per_load) *per_load = std::move(factors);
   return out;
 }
 

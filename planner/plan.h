@@ -112,8 +112,9 @@ struct LoadRun {
 // below 0 (steps no slower at more load) counts as 0. invalid_argument when
 // fewer than two loads, a rate not above 0, all loads the same per stage,
 // or calibrate() refuses one (its message, naming the load's rate).
+// per_load, when given, gets each load's own factors, in the loads' order.
 Result<StepProfile> calibrate_over_loads(const StepProfile& profile, const std::vector<LoadRun>& loads,
-                                         double min_steps = 20);
+                                         double min_steps = 20, std::vector<Calibration>* per_load = nullptr);
 // The profile as it runs at `rate` requests/s over the placement's stages:
 // each role's costs x its slowdown at rate / its stages (slowdowns then 0).
 StepProfile at_load(const StepProfile& profile, double rate, int32_t prefill_stages, int32_t decode_stages);

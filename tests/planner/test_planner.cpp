@@ -334,8 +334,13 @@ TEST_CASE("planner: calibration over loads fits each role's slowdown per request
   REQUIRE(two.ok());
   CHECK(two->decode_slowdown_per_rps == doctest::Approx((0.2 / 20) / (1.1 + 0.01 * (35 - 10))));
   // Three loads: least squares; a slowdown that falls with load counts as none.
-  auto three = calibrate_over_loads(p, {load_at(10, 1.2, 1.3), load_at(20, 1.5, 1.2), load_at(30, 1.6, 1.1)});
+  std::vector<Calibration> factors;
+  auto three = calibrate_over_loads(p, {load_at(10, 1.2, 1.3), load_at(20, 1.5, 1.2), load_at(30, 1.6, 1.1)}, 20,
+                                    &factors);
   REQUIRE(three.ok());
+  REQUIRE(factors.size() == 3);  // each load's own factors, in order
+  CHECK(factors[1].prefill_factor == doctest::Approx(1.5));
+  CHECK(factors[2].decode_factor == doctest::Approx(1.1));
   CHECK(three->prefill_slowdown_per_rps == doctest::Approx(0.02 / (4.3 / 3)));
   CHECK(three->decode_slowdown_per_rps == 0);
   CHECK(three->decode_ms == doctest::Approx(1.2));
