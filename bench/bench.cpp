@@ -23,6 +23,7 @@
 #include <thread>
 
 #include "bench/attention_bench.h"
+#include "bench/matmul_bench.h"
 #include "bench/batched_decode.h"
 #include "bench/limits.h"
 #include "model/clip.h"
@@ -307,12 +308,16 @@ int main(int argc, char** argv) {
   app.add_flag("--attention", attention,
                "only the attention section: a decode step's attention over many sequences beside "
                "the streaming and the scattered-run read bandwidth");
-  app.add_option("--rows", ao.rows, "--attention: query rows (sequences) per step")
+  app.add_option("--rows", ao.rows, "--attention: query rows (sequences) per step; --matmul: rows of x")
       ->check(CLI::Range(1, 256))
       ->delimiter(',');
   app.add_option("--context", ao.contexts, "--attention: positions each row attends")
       ->check(CLI::Range(1, 4096))
       ->delimiter(',');
+  bool matmul = false;
+  app.add_flag("--matmul", matmul,
+               "only the matmul section: the panel matmul on one thread, with and without widening "
+               "narrow panels once per pass, beside the FMA peak");
   std::vector<std::string> computes = {"exact"};
   app.add_option("--compute", computes,
                  "exact and/or int8 (cleave's --compute; int8 runs the q8_0 weights only, its "
@@ -327,13 +332,36 @@ int main(int argc, char** argv) {
   if (vocab.empty()) vocab = std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
   if (workdir.empty()) workdir = (std::filesystem::temp_directory_path() / "cleave-bench").string();
   std::filesystem::create_directories(workdir);
-  if (int(encoder) + int(batched) + int(attention) > 1) {
-    std::fprintf(stderr, "--encoder, --batched and --attention each run one section: pick one\n");
+  if (int(encoder) + int(batched) + int(attention) + int(matmul) > 1) {
+    std::fprintf(stderr, "--encoder, --batched, --attention and --matmul each run one section: pick one\n");
     return 2;
+  }
+  if (matmul) {
+    for (const char* f : {"--batches", "--compute", "--prompt", "--decode", "--quick", "--mmproj", "--vocab",
+                          "--workdir", "--threads", "--kv-types", "--context"})
+      if (app.count(f)) {
+        std::fprintf(stderr, "%s does not apply to --matmul\n", f);
+        return 2;
+      }
+    bench::MatmulOptions mo;
+    mo.out_json = out_json;
+    if (app.count("--runs")) mo.runs = bo.runs;
+    if (app.count("--rows")) mo.rows = ao.rows;
+    if (app.count("--types")) {
+      mo.types.clear();
+      for (const std::string& t : types) {
+        if (t != "f16" && t != "q8_0") {
+          std::fprintf(stderr, "--matmul: --types takes f16 and q8_0, not '%s'\n", t.c_str());
+          return 2;
+        }
+        mo.types.push_back(t);
+      }
+    }
+    return bench::run_matmul_section(mo);
   }
   if (encoder) return run_encoder_section(mmprojs, workdir, out_json);
   if (!attention && (app.count("--rows") || app.count("--context"))) {
-    std::fprintf(stderr, "--rows and --context need --attention\n");
+    std::fprintf(stderr, "--rows needs --attention or --matmul, --context needs --attention\n");
     return 2;
   }
   if (attention) {

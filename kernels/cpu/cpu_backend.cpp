@@ -186,8 +186,19 @@ class CpuBackend final : public Backend {
     const cpu::PackedWeights* p = find_prepared(w);
     const uint8_t* data = p ? p->data : pack_for_call(w, panels, stride);
     cpu::PanelMatmulArgs a{wtype, data, stride, w.rows, w.cols, x, n, y};
+    // Scratch to widen narrow panels into once per pass (cpu::PanelMatmulArgs::wide).
+    size_t wide_floats = 0;
+    if (n > 1 && w.type != DType::F32) {
+      wide_floats = size_t(cpu::kWidePanels) * cpu::kPanel * size_t(w.cols);
+      if (wide_.size() < wide_floats * size_t(pool_.threads())) wide_.resize(wide_floats * size_t(pool_.threads()));
+    }
     const cpu::Kernels& k = k_;
-    auto body = [&a, &k](int64_t p0, int64_t p1, int) { k.matmul(&a, p0, p1); };
+    float* wide = wide_floats ? wide_.data() : nullptr;
+    auto body = [&a, &k, wide, wide_floats](int64_t p0, int64_t p1, int t) {
+      cpu::PanelMatmulArgs mine = a;
+      if (wide) mine.wide = wide + size_t(t) * wide_floats;
+      k.matmul(&mine, p0, p1);
+    };
     if (n * w.rows * w.cols < kMinParallelWork || pool_.threads() == 1) {
       body(0, panels, 0);
     } else {
@@ -654,6 +665,7 @@ class CpuBackend final : public Backend {
   std::vector<int64_t> attn_groups_;  // attention: each row group's first row, then n
   std::vector<int32_t> attn_pos_;     // attention: the rows' positions
   std::vector<float> fa_scratch_;  // full_attention: one (sequence, head) at a time
+  std::vector<float> wide_;        // matmul: each thread's widened panels
   size_t scratch_stride_ = 0;
   std::vector<double> rope_freq_;
   std::vector<float> rope_table_;  // per position: half cos, then half sin

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """cleave_bench --attention as a user runs it: the section's cases and its
 limits land in the JSON with the bytes the documented formula gives, and
-the flags that belong to it are refused elsewhere with a one-line error."""
+the flags that belong to it are refused elsewhere with a one-line error.
+And --matmul: every case's widened panels give the direct path's bits
+(13 rows: no widening; 60: widened for F16 and Q8_0 alike), and the flags
+that do not apply to it are refused."""
 import json
 import os
 import subprocess
@@ -52,9 +55,24 @@ def expect_error(name, args, needle):
     expect(name, rc == 2 and len(lines) == 1 and needle in se, f"rc={rc} stderr={se!r}")
 
 
-expect_error("--rows without --attention is refused", ["--rows", "4"], "--rows and --context")
-expect_error("--context without --attention is refused", ["--context", "40"],
-             "--rows and --context")
+expect_error("--rows without --attention or --matmul is refused", ["--rows", "4"], "--rows needs")
+expect_error("--context without --attention is refused", ["--context", "40"], "--context needs --attention")
+out = os.path.join(WORK, "matmul.json")
+rc, so, se = run("--matmul", "--rows", "13,60", "--runs", "2", "--json", out)
+expect("matmul section runs, the widened bits equal the direct ones (exit 0)", rc == 0,
+       f"rc={rc} stderr={se!r}")
+if rc == 0:
+    res = json.load(open(out))
+    cases = res["matmul"]
+    expect("a case per type, shape and row count", len(cases) == 2 * 4 * 2, str(len(cases)))
+    expect("every case has the same bits both ways and a speed for each",
+           all(c["same_bits"] and c["direct_gflops"] > 0 and c["widened_gflops"] > 0 for c in cases),
+           str(cases))
+    expect("the FMA peak beside them, before and after", len(res["fma_peak_gflops"]) == 2 and
+           min(res["fma_peak_gflops"]) > 0, str(res["fma_peak_gflops"]))
+expect_error("--matmul takes no --threads (it runs one)", ["--matmul", "--threads", "2"],
+             "--threads does not apply to --matmul")
+expect_error("--matmul takes f16 and q8_0 only", ["--matmul", "--types", "f32"], "takes f16 and q8_0")
 expect_error("two sections at once are refused", ["--attention", "--batched"], "pick one")
 expect_error("a flag of another section is refused with --attention",
              ["--attention", "--batches", "1,8"], "--batches does not apply to --attention")
