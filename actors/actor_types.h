@@ -79,6 +79,7 @@ using kv_shared_atom = caf::atom_constant<caf::atom("kv_shared")>;
 using kv_shared_done_atom = caf::atom_constant<caf::atom("kv_shdone")>;
 using kv_link_atom = caf::atom_constant<caf::atom("kv_link")>;
 using kv_link_done_atom = caf::atom_constant<caf::atom("kv_lkdone")>;
+using kv_sender_down_atom = caf::atom_constant<caf::atom("kv_sdown")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using expert_atom = caf::atom_constant<caf::atom("expert")>;
 using expert_host_atom = caf::atom_constant<caf::atom("exhost")>;
@@ -167,12 +168,18 @@ inline std::string pool_holder_name(const caf::actor_addr& store) { return caf::
 // on the data socket ended (the outcome waits in the socket results);
 // kv_shared_done (id, ok): its copy out of shared memory ended (ok: the
 // records wait there too; not ok: the data socket next); kv_link_done
-// (id, ok) likewise for a receive over a device link.
+// (id, ok) likewise for a receive over a device link. kv_sender_down (the
+// sender's node and actor id, from its stage as the router tells it): that
+// sender is gone, so its streams end now (a sender reached only through the
+// head, or one that died mid-handshake, never sends this receiver a down
+// message). Plain ids, not an address: deserialising the address of a dead
+// node's actor makes CAF reach for that node.
 using kv_receiver_actor =
     caf::typed_actor<caf::replies_to<kv_fetch_atom, Bytes, caf::actor, std::string>::with<bool>,
                      caf::replies_to<kv_chunk_atom, Bytes>::with<uint32_t>,
                      caf::reacts_to<kv_done_atom, uint64_t>, caf::reacts_to<kv_shared_done_atom, uint64_t, bool>,
-                     caf::reacts_to<kv_link_done_atom, uint64_t, bool>, caf::reacts_to<tick_atom>>;
+                     caf::reacts_to<kv_link_done_atom, uint64_t, bool>, caf::reacts_to<tick_atom>,
+                     caf::reacts_to<kv_sender_down_atom, caf::node_id, uint64_t>>;
 
 // A prefill stage's end: pull (KvPull, where to send) answers the number of
 // chunks and streams them to the receiver over CAF; socket (KvPull) offers
@@ -202,11 +209,13 @@ using kv_sender_actor =
 // KV from or without (then from the store) (the answer is admission only;
 // the outcome arrives as events). role: "prefill" or "decode", a prefill or
 // decode stage switching roles once the router drained it (invalid_argument
-// while work remains, or for another kind).
+// while work remains, or for another kind). kv_sender_down: the router lost
+// the stage of that kv_sender; the stage tells its kv_receiver.
 using stage_actor = caf::typed_actor<caf::replies_to<submit_atom, Bytes>::with<bool>,
                                      caf::replies_to<handoff_atom, Bytes>::with<bool>,
                                      caf::replies_to<handoff_atom, Bytes, kv_sender_actor>::with<bool>,
                                      caf::reacts_to<cancel_atom, uint64_t>,
+                                     caf::reacts_to<kv_sender_down_atom, caf::node_id, uint64_t>,
                                      caf::replies_to<role_atom, std::string>::with<bool>,
                                      caf::reacts_to<step_atom>,
                                      caf::replies_to<stats_atom>::with<Bytes>>;

@@ -375,10 +375,10 @@ Result<KvReceived> fetch_shared(KvSharedMappings& maps, const std::shared_ptr<Ba
 }
 
 // Ends every stream from one sender (it went down, or sent garbage).
-void end_transfers_from(kv_receiver_pointer self, const caf::actor_addr& sender, const Status& why) {
+void end_transfers_from(kv_receiver_pointer self, const caf::node_id& node, uint64_t actor, const Status& why) {
   std::vector<uint64_t> cut;
   for (auto& [id, t] : self->state.transfers)
-    if (t.from.address() == sender) cut.push_back(id);
+    if (t.from.id() == actor && t.from.node() == node) cut.push_back(id);
   for (uint64_t id : cut) end_transfer(self, id, why);
 }
 
@@ -558,7 +558,7 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
   self->state.socket_results = std::make_shared<KvInbox>();
   self->state.shared_memory = shared_memory;
   self->set_down_handler([=](caf::down_msg& dm) {
-    end_transfers_from(self, dm.source, Status(Code::unavailable, "the KV sender went down"));
+    end_transfers_from(self, dm.source.node(), dm.source.id(), Status(Code::unavailable, "the KV sender went down"));
   });
   self->delayed_send(caf::actor_cast<kv_receiver_actor>(self), kTickInterval, tick_atom::value);
   return {
@@ -612,7 +612,8 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
         if (!chunk.ok()) {
           // Unreadable: end whatever this sender streams to us.
           ++s.counters->chunks_rejected;
-          end_transfers_from(self, caf::actor_cast<caf::actor_addr>(self->current_sender()),
+          const auto from = caf::actor_cast<caf::actor_addr>(self->current_sender());
+          end_transfers_from(self, from.node(), from.id(),
                              chunk.status());
           return to_error(chunk.status());
         }
@@ -675,6 +676,10 @@ kv_receiver_actor::behavior_type kv_receiver_fn(kv_receiver_pointer self,
                                                              std::to_string(id) + " stalled"));
         self->delayed_send(caf::actor_cast<kv_receiver_actor>(self), kTickInterval,
                            tick_atom::value);
+      },
+      [=](kv_sender_down_atom, const caf::node_id& node, uint64_t actor) {
+        end_transfers_from(self, node, actor,
+                           Status(Code::unavailable, "the KV sender's stage is gone (the router lost it)"));
       },
   };
 }

@@ -258,6 +258,13 @@ void on_stage_down(router_pointer self, int32_t index) {
   s.continue_policy->forget(index);
   s.slo.forget_stage(index, seconds_since_start(s));
   ++s.stage_downs;
+  // Decoders still pulling KV from its sender would wait for their pulls'
+  // timeout where CAF tells them nothing (a node reached through the head,
+  // a sender that died mid-handshake): they hear it from here.
+  if (dead.kv_sender)
+    for (const auto& st : s.stages)
+      if (st.alive && st.cont)
+        self->send(st.handle, kv_sender_down_atom::value, dead.kv_sender.node(), uint64_t(dead.kv_sender.id()));
   control_autoscale(self);  // a parked stage takes the dead one's place
   std::vector<uint64_t> affected;
   for (auto& [id, p] : s.pending)
@@ -292,6 +299,7 @@ void on_handoff(router_pointer self, const Bytes& bytes, const kv_sender_actor* 
     return;
   }
   ++s.handoffs;
+  if (source) s.stages[size_t(p->stage)].kv_sender = source->address();
   leave_stage(s, *p);
   p->stage = -1;
   place_continue(self, id, bytes, source);

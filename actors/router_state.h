@@ -29,6 +29,7 @@ struct RouterState {
     int64_t load_blocks = 0;  // PlacementRequest::load_blocks of those in flight
     kv_store_actor store;     // its node's store (stage_store), in a KV pool
     double cost = 1.0;        // its node's (cost_aware placement)
+    caf::actor_addr kv_sender;  // the kv_sender its hand-offs name (decoders pull from it)
   };
   struct Encoder {
     vision_encoder_actor handle;

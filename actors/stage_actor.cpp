@@ -368,6 +368,9 @@ stage_actor::behavior_type stage_fn(stage_pointer self, std::shared_ptr<StageCor
         self->state.awaiting_kv.erase(id);
         self->state.core->cancel(id);
       },
+      [=](kv_sender_down_atom, const caf::node_id& node, uint64_t actor) {
+        if (self->state.receiver) self->send(self->state.receiver, kv_sender_down_atom::value, node, actor);
+      },
       [=](role_atom, const std::string& role) -> caf::result<bool> {
         auto& s = self->state;
         const bool to_prefill = role == "prefill";

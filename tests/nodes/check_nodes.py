@@ -15,7 +15,8 @@ requests, half greedy and half sampled (temperature 0.9, fixed seeds).
   mono's tokens and logits (re-placed on the other decoder), no failure
   allowed; the head's detection time is printed;
   kill -9 of the prefill node while it streams KV: streams were cut (d0's
-  kv_transfers_failed > 0), the store served the blocks (d0's kv_blocks_got
+  kv_transfers_failed > 0) and each ended on the router's news that p0's
+  stage is gone (not at its timeout), the store served the blocks (d0's kv_blocks_got
   = the store's kv_blocks_served > 0) and every request it handed off
   finishes with mono's tokens and logits; the rest fail unavailable (no
   prefill left);
@@ -460,6 +461,13 @@ try:
            int(ds.get("resumes", -1)),
            f"{len(handed)} results from p0, router {router}, d0 {ds}")
     expect("kill prefill: streams were cut (d0 counts failed KV transfers)", cut > 0, ds)
+    # d0's pulls to frozen p0 were still in their handshake, so CAF tells d0
+    # nothing when p0 dies: the router, which lost p0's stage, does. Without
+    # that each would end at its pull's 10 s timeout ("timed_out").
+    ended = [l for l in d0.stderr().splitlines() if "KV stream of request" in l and "failed" in l]
+    expect("kill prefill: every cut stream ended on the news of p0's death, none by timeout",
+           len(ended) == cut and all("the KV sender's stage is gone" in l or "the KV sender went down" in l
+                                     for l in ended), ended[:3])
     got, served = int(ds.get("kv_blocks_got", 0)), int(kv.get("kv_blocks_served", 0))
     expect("kill prefill: the store served the cut streams' blocks (d0 got every block it served)",
            got > 0 and served == got, f"d0 kv_blocks_got={got}, store kv_blocks_served={served}")
