@@ -124,7 +124,7 @@ int run_matmul_section(const MatmulOptions& o) {
     }
   }
   const double peak_after = fma_peak_gflops(isa, 1);
-  std::printf("FMA peak after: %.1f GFLOP/s. Widening applies from 5 blocks of x rows (F16, BF16) or 3 "
+  std::printf("FMA peak after: %.1f GFLOP/s. Widening applies from 4 blocks of x rows (F16, BF16) or 3 "
               "(Q8_0); below that the kernel ignores the scratch and both columns run the same code.\n",
               peak_after);
   if (!o.out_json.empty()) {

@@ -127,7 +127,7 @@ struct PF16 {
   static constexpr int kBlock = 1;
   static constexpr int kStep = 32;
   static constexpr bool kNarrow = true;
-  static constexpr int kWidenBlocks = 5;  // row blocks in a pass from which widening once pays
+  static constexpr int kWidenBlocks = 4;  // row blocks in a pass from which widening once pays
   static typename V::vec load(const uint8_t* P, int64_t k, int v) {
     return V::load_f16(P + (k * 16 + v * V::W) * 2);
   }
@@ -137,7 +137,7 @@ struct PBF16 {
   static constexpr int kBlock = 1;
   static constexpr int kStep = 32;
   static constexpr bool kNarrow = true;
-  static constexpr int kWidenBlocks = 5;  // row blocks in a pass from which widening once pays
+  static constexpr int kWidenBlocks = 4;  // row blocks in a pass from which widening once pays
   static typename V::vec load(const uint8_t* P, int64_t k, int v) {
     return V::load_bf16(P + (k * 16 + v * V::W) * 2);
   }
@@ -146,7 +146,7 @@ template <class V>
 struct PQ8 {
   static constexpr int kBlock = 32;
   static constexpr bool kNarrow = true;
-  static constexpr int kWidenBlocks = 3;  // its widening costs more: pays from fewer blocks
+  static constexpr int kWidenBlocks = 3;  // its widening costs more (three operations): pays sooner
 };
 
 // MI x rows (stride ldx) times NP panels (stride ps bytes) over k in
@@ -306,11 +306,12 @@ void matmul_p(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
     const int gmax = V::np_for(block(i0));
     // Enough blocks over narrow panels: the first widens the group as it
     // goes, the others read the F32 copy (exact: the same bits). Measured
-    // on one thread, interleaved: F16 lost 5-15 % at 2-3 blocks of 12 rows
-    // and gained 3-8 % at 11; Q8_0 gained 5-18 % from 3 blocks.
+    // on one thread, interleaved (cleave_bench --matmul): F16 lost 3-8 % or
+    // nothing at 3 blocks (its group stays in L1 between blocks, the F32
+    // copy does not) and gained 3-11 % from 4; Q8_0 gained 8-24 % from 3.
     bool widen = false;
     if constexpr (PL::kNarrow)
-      widen = a->wide && i1 - i0 > (PL::kWidenBlocks - 1) * V::MR && gmax <= cleave::cpu::kWidePanels;
+      widen = a->wide && (i1 - i0 + V::MR - 1) / V::MR >= PL::kWidenBlocks && gmax <= cleave::cpu::kWidePanels;
     for (int64_t p = p0; p < p1;) {
       const int np = pow2_at_most(p1 - p, gmax);
       const uint8_t* P = a->panels + size_t(p) * ps;
