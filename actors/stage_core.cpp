@@ -150,12 +150,27 @@ void StageCore::drain_backlog(std::vector<SchedulerEvent>& events) {
 Status StageCore::step(std::vector<SchedulerEvent>& events) {
   drain_backlog(events);
   if (scheduler_->idle()) return Status::Ok();
+  const SchedulerCounters before = scheduler_->counters();
   const auto t0 = std::chrono::steady_clock::now();
   Status st = scheduler_->step(events);
-  step_us_ += uint64_t(std::chrono::duration_cast<std::chrono::microseconds>(
-                           std::chrono::steady_clock::now() - t0)
-                           .count());
+  const uint64_t us = uint64_t(
+      std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::steady_clock::now() - t0).count());
+  step_us_ += us;
+  const SchedulerCounters& after = scheduler_->counters();
+  moments_.add(us, after.prefill_tokens - before.prefill_tokens, after.decode_rows - before.decode_rows);
   return st;
+}
+
+void StepMoments::add(uint64_t us, uint64_t tokens, uint64_t rows) {
+  auto acc = [](uint64_t& sum, uint64_t a, uint64_t b) {
+    uint64_t prod = 0;
+    if (__builtin_mul_overflow(a, b, &prod) || __builtin_add_overflow(sum, prod, &sum)) sum = UINT64_MAX;
+  };
+  acc(us_sq, us, us);
+  acc(tokens_sq, tokens, tokens);
+  acc(us_tokens, us, tokens);
+  acc(rows_sq, rows, rows);
+  acc(us_rows, us, rows);
 }
 
 void StageCore::collect_new_blocks(int32_t seq, std::vector<BlockRecord>& out) {
@@ -226,6 +241,11 @@ msg::Stats StageCore::stats() const {
       {"scheduler_failed", c.failed},
       {"steps", c.steps},
       {"step_us", step_us_},  // wall time of the steps above
+      {"step_us_sq", moments_.us_sq},  // and the second moments (StepMoments)
+      {"step_tokens_sq", moments_.tokens_sq},
+      {"step_us_tokens", moments_.us_tokens},
+      {"step_rows_sq", moments_.rows_sq},
+      {"step_us_rows", moments_.us_rows},
       {"batch_tokens", c.batch_tokens},
       {"decode_rows", c.decode_rows},
       {"prefill_tokens", c.prefill_tokens},

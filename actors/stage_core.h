@@ -36,6 +36,12 @@ std::vector<BlockKey> resume_kv_keys(const std::vector<int32_t>& prompt,
                                      uint64_t model_fingerprint, const KvLayout& layout,
                                      std::span<const KeySpan> images = {});
 
+// Second moments of the steps, saturating rather than wrapping.
+struct StepMoments {
+  uint64_t us_sq = 0, tokens_sq = 0, us_tokens = 0, rows_sq = 0, us_rows = 0;
+  void add(uint64_t us, uint64_t tokens, uint64_t rows);
+};
+
 class StageCore {
  public:
   // invalid_argument / the engine's errors. tokenizer may be null. backend:
@@ -119,6 +125,10 @@ class StageCore {
   std::vector<BlockRecord> finished_blocks_;  // of sequences closed since take_new_blocks
   uint64_t blocks_exported_ = 0;
   uint64_t step_us_ = 0;  // wall time of scheduler steps
+  // Sums over the steps of x^2, u^2 and x u (x a step's us, u its prompt
+  // tokens or decode rows): with the sums above they give the spread of
+  // the steps around a linear cost (planner: calibrate's step_cv).
+  StepMoments moments_;
 };
 
 }  // namespace cleave

@@ -274,8 +274,10 @@ int run_plan_command() {
     if (loads == 1) {
       auto c = planner::calibrate(profile, *run);
       if (!c.ok()) fail(Status(c.status().code(), path + ": " + c.status().message()));
-      std::printf("calibrated from %s: prefill steps x%.3f (%.0f steps), decode steps x%.3f (%.0f steps)\n",
-                  path.c_str(), c->prefill_factor, run->prefill.steps, c->decode_factor, run->decode.steps);
+      std::printf("calibrated from %s: prefill steps x%.3f (%.0f steps, spread %.3f), decode steps x%.3f (%.0f "
+                  "steps, spread %.3f)\n",
+                  path.c_str(), c->prefill_factor, run->prefill.steps, c->prefill_cv, c->decode_factor,
+                  run->decode.steps, c->decode_cv);
       profile = planner::calibrated(profile, *c);
     }
     runs.push_back(planner::LoadRun{*run, loads > 1 ? a.calibrate_rate[i] : 0});
@@ -285,9 +287,10 @@ int run_plan_command() {
     auto p = planner::calibrate_over_loads(profile, runs, 20, &factors);
     if (!p.ok()) fail(p.status());
     for (size_t i = 0; i < runs.size(); ++i)
-      std::printf("load %.4g requests/s: prefill steps x%.3f (%.0f steps), decode steps x%.3f (%.0f steps)\n",
-                  runs[i].rate, factors[i].prefill_factor, runs[i].run.prefill.steps, factors[i].decode_factor,
-                  runs[i].run.decode.steps);
+      std::printf("load %.4g requests/s: prefill steps x%.3f (%.0f steps, spread %.3f), decode steps x%.3f (%.0f "
+                  "steps, spread %.3f)\n",
+                  runs[i].rate, factors[i].prefill_factor, runs[i].run.prefill.steps, factors[i].prefill_cv,
+                  factors[i].decode_factor, runs[i].run.decode.steps, factors[i].decode_cv);
     profile = *p;
     std::printf("calibrated from %zu loads: at %.4g requests/s a stage, then +%.2f %% (prefill) and +%.2f %% "
                 "(decode) a step per request/s a stage\n",
@@ -309,6 +312,10 @@ int run_plan_command() {
     std::printf("profile: those costs at %.4g requests/s a stage, +%.2f %% (prefill) and +%.2f %% (decode) a step "
                 "per request/s a stage more\n",
                 profile.load_rate, profile.prefill_slowdown_per_rps * 100, profile.decode_slowdown_per_rps * 100);
+  if (profile.prefill_step_cv > 0 || profile.decode_step_cv > 0)
+    std::printf("profile: steps spread log-normally around those costs, coefficient of variation %.3f (prefill) "
+                "and %.3f (decode)\n",
+                profile.prefill_step_cv, profile.decode_step_cv);
   if (!a.workload.trace.empty())
     std::printf("load: trace %s, %d requests at %.4g requests/s; goals TTFT %g ms, TPOT %g ms\n", a.trace.c_str(),
                 a.workload.requests, a.workload.rate, a.slo.ttft_ms, a.slo.tpot_ms);

@@ -1,5 +1,6 @@
 // Step costs measured while serving against the profile's (plan.h:
 // parse_served_metrics, calibrate, calibrated).
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <set>
@@ -62,6 +63,11 @@ Result<ServedRun> parse_served_metrics(const std::string& text) {
     else if (name == "step_us") s.step_ms += v / 1e3;
     else if (name == "prefill_tokens") s.prefill_tokens += v;
     else if (name == "decode_rows") s.decode_rows += v;
+    else if (name == "step_us_sq") s.step_ms_sq += v / 1e6;
+    else if (name == "step_tokens_sq") s.tokens_sq += v;
+    else if (name == "step_us_tokens") s.step_ms_tokens += v / 1e3;
+    else if (name == "step_rows_sq") s.rows_sq += v;
+    else if (name == "step_us_rows") s.step_ms_rows += v / 1e3;
   }
   const bool prefill = !prefill_actors.empty(), decode = !decode_actors.empty();
   run.prefill_stages = int32_t(prefill_actors.size());
@@ -81,11 +87,14 @@ Result<ServedRun> served_between(const ServedRun& before, const ServedRun& after
   for (auto [b, a, out, role] : {std::tuple<const ServedSteps*, const ServedSteps*, ServedSteps*, const char*>{
                                      &before.prefill, &after.prefill, &d.prefill, "prefill"},
                                  {&before.decode, &after.decode, &d.decode, "decode"}}) {
-    out->steps = a->steps - b->steps;
-    out->step_ms = a->step_ms - b->step_ms;
-    out->prefill_tokens = a->prefill_tokens - b->prefill_tokens;
-    out->decode_rows = a->decode_rows - b->decode_rows;
-    if (out->steps < 0 || out->step_ms < 0 || out->prefill_tokens < 0 || out->decode_rows < 0)
+    bool down = false;
+    for (double ServedSteps::*f : {&ServedSteps::steps, &ServedSteps::step_ms, &ServedSteps::prefill_tokens,
+                                   &ServedSteps::decode_rows, &ServedSteps::step_ms_sq, &ServedSteps::tokens_sq,
+                                   &ServedSteps::step_ms_tokens, &ServedSteps::rows_sq, &ServedSteps::step_ms_rows}) {
+      out->*f = a->*f - b->*f;
+      down = down || out->*f < 0;
+    }
+    if (down)
       return Status(Code::invalid_argument, std::string("plan: the ") + role +
                                                 " counters went down between the two snapshots (a restarted "
                                                 "server, or before and after swapped)");
@@ -93,29 +102,48 @@ Result<ServedRun> served_between(const ServedRun& before, const ServedRun& after
   return d;
 }
 
+namespace {
+
+// The spread of n steps x_i around f m_i, m_i = a + b u_i, relative to f
+// m_i: sqrt(sum (x - f m)^2 / sum (f m)^2), expanded into the served sums
+// (x2 = sum x^2, xu = sum x u, u2 = sum u^2; x1, u1 the plain sums).
+// 0 without second moments.
+double step_cv(double a, double b, double f, double n, double x1, double u1, double x2, double xu, double u2) {
+  if (x2 <= 0) return 0;
+  const double m2 = n * a * a + 2 * a * b * u1 + b * b * u2;
+  const double xm = a * x1 + b * xu;
+  const double rss = x2 - 2 * f * xm + f * f * m2;
+  if (!(m2 > 0) || !std::isfinite(rss)) return 0;
+  return std::sqrt(std::max(0.0, rss) / (f * f * m2));
+}
+
+}  // namespace
+
 Result<Calibration> calibrate(const StepProfile& p, const ServedRun& run, double min_steps) {
   Calibration c;
   struct Role {
     const char* name;
     const ServedSteps& s;
-    double predicted;
+    double a, b, units, units_sq, ms_units;
     double* factor;
+    double* cv;
   };
-  for (const Role& r :
-       {Role{"prefill", run.prefill, p.prefill_ms * run.prefill.steps + p.prefill_ms_per_token * run.prefill.prefill_tokens,
-             &c.prefill_factor},
-        Role{"decode", run.decode, p.decode_ms * run.decode.steps + p.decode_ms_per_row * run.decode.decode_rows,
-             &c.decode_factor}}) {
+  for (const Role& r : {Role{"prefill", run.prefill, p.prefill_ms, p.prefill_ms_per_token, run.prefill.prefill_tokens,
+                             run.prefill.tokens_sq, run.prefill.step_ms_tokens, &c.prefill_factor, &c.prefill_cv},
+                        Role{"decode", run.decode, p.decode_ms, p.decode_ms_per_row, run.decode.decode_rows,
+                             run.decode.rows_sq, run.decode.step_ms_rows, &c.decode_factor, &c.decode_cv}}) {
+    const double predicted = r.a * r.s.steps + r.b * r.units;
     if (r.s.steps < min_steps)
       return Status(Code::invalid_argument, std::string("plan: the served run has ") + std::to_string(int64_t(r.s.steps)) +
                                                 " " + r.name + " steps, too few to calibrate (at least " +
                                                 std::to_string(int64_t(min_steps)) + ")");
-    const double f = r.s.step_ms / r.predicted;
+    const double f = r.s.step_ms / predicted;
     if (!std::isfinite(f) || f < 0.1 || f > 10)
       return Status(Code::invalid_argument,
                     std::string("plan: ") + r.name + " steps took " + std::to_string(f) +
                         " times what the profile says: is it a profile of this model on this machine?");
     *r.factor = f;
+    *r.cv = step_cv(r.a, r.b, f, r.s.steps, r.s.step_ms, r.units, r.s.step_ms_sq, r.ms_units, r.units_sq);
   }
   return c;
 }
@@ -127,6 +155,8 @@ StepProfile calibrated(const StepProfile& p, const Calibration& c) {
   out.decode_ms *= c.decode_factor;
   out.decode_ms_per_row *= c.decode_factor;
   out.decode_ms_per_context_token *= c.decode_factor;
+  out.prefill_step_cv = c.prefill_cv;
+  out.decode_step_cv = c.decode_cv;
   return out;
 }
 
@@ -137,6 +167,7 @@ Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector
   // Per role: (load per stage, factor) of each run.
   std::vector<double> xp, fp, xd, fd;
   std::vector<Calibration> factors;
+  double prefill_cv2 = 0, prefill_steps = 0, decode_cv2 = 0, decode_steps = 0;  // the spread, pooled
   for (const LoadRun& l : loads) {
     const std::string at = "the load at " + std::to_string(l.rate) + " requests/s: ";
     if (!std::isfinite(l.rate) || l.rate <= 0)
@@ -150,6 +181,10 @@ Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector
     xd.push_back(l.rate / l.run.decode_stages);
     fd.push_back(c->decode_factor);
     factors.push_back(*c);
+    prefill_cv2 += c->prefill_cv * c->prefill_cv * l.run.prefill.steps;
+    prefill_steps += l.run.prefill.steps;
+    decode_cv2 += c->decode_cv * c->decode_cv * l.run.decode.steps;
+    decode_steps += l.run.decode.steps;
   }
   // Least squares f = a + b x; the line's value at the mean x and b over it.
   struct Line {
@@ -175,7 +210,8 @@ Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector
   // line is moved there along its slope.
   const double ref = lp->mean;
   const double dref = std::max(0.1, ld->at_mean + ld->slope * (ref - ld->mean));
-  StepProfile out = calibrated(p, Calibration{lp->at_mean, dref});
+  StepProfile out = calibrated(
+      p, Calibration{lp->at_mean, dref, std::sqrt(prefill_cv2 / prefill_steps), std::sqrt(decode_cv2 / decode_steps)});
   out.load_rate = ref;
   out.prefill_slowdown_per_rps = std::min(1.0, lp->slope / lp->at_mean);
   out.decode_slowdown_per_rps = std::min(1.0, ld->slope / dref);
@@ -189,7 +225,8 @@ StepProfile at_load(const StepProfile& p, double rate, int32_t prefill_stages, i
     return std::max(0.25, 1 + slowdown * (rate / std::max(1, stages) - p.load_rate));
   };
   StepProfile out = calibrated(p, Calibration{factor(p.prefill_slowdown_per_rps, prefill_stages),
-                                              factor(p.decode_slowdown_per_rps, decode_stages)});
+                                              factor(p.decode_slowdown_per_rps, decode_stages), p.prefill_step_cv,
+                                              p.decode_step_cv});
   out.load_rate = 0;
   out.prefill_slowdown_per_rps = out.decode_slowdown_per_rps = 0;
   return out;

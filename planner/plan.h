@@ -29,10 +29,15 @@ struct StepProfile {
   // costs hold at any load. From calibrate_over_loads.
   double load_rate = 0;
   double prefill_slowdown_per_rps = 0, decode_slowdown_per_rps = 0;
+  // Steps that do not all take their cost: each simulated step is its cost
+  // above x a log-normal factor of mean 1 and this coefficient of
+  // variation (standard deviation over mean). 0: every step exactly its
+  // cost. From calibrate (the served steps' spread around the fit).
+  double prefill_step_cv = 0, decode_step_cv = 0;
 };
 // invalid_argument naming the field: costs finite and >= 0, a step's fixed
 // or per-unit cost above 0, budgets >= 1, slowdowns 0 to 1 per request/s
-// and a load_rate above 0 when one is not 0.
+// and a load_rate above 0 when one is not 0, step_cv 0 to 5.
 Status validate_profile(const StepProfile& p);
 // JSON (the fields above by name) <-> StepProfile; parse errors name the field.
 Result<StepProfile> parse_profile(const std::string& json);
@@ -68,9 +73,15 @@ double trace_rate(const std::vector<TraceRequest>& trace);
 
 // What one role's stages did while serving, from their counters (the
 // stages' steps, step_us, prefill_tokens, decode_rows; Prometheus text of
-// `cleave serve --metrics` / `cleave node --http-port --metrics`).
+// `cleave serve --metrics` / `cleave node --http-port --metrics`), and the
+// second moments of their steps (step_us_sq, step_tokens_sq,
+// step_us_tokens, step_rows_sq, step_us_rows; all 0 from a server
+// without them: no spread is measured then).
 struct ServedSteps {
   double steps = 0, step_ms = 0, prefill_tokens = 0, decode_rows = 0;
+  // Sums over the steps of x^2, t^2, x t, r^2 and x r: x a step's ms, t its
+  // prompt tokens, r its decode rows.
+  double step_ms_sq = 0, tokens_sq = 0, step_ms_tokens = 0, rows_sq = 0, step_ms_rows = 0;
 };
 struct ServedRun {
   ServedSteps prefill, decode;  // summed over the prefill stages, the decode stages
@@ -88,16 +99,20 @@ Result<ServedRun> served_between(const ServedRun& before, const ServedRun& after
 
 // How much slower each role's steps ran while serving than the profile
 // says for the same steps: measured step time over a + b x tokens (prefill)
-// and c + d x rows (decode) summed over those steps.
+// and c + d x rows (decode) summed over those steps. And how far the steps
+// spread around that: the root mean square of (x - factor m) over the
+// root mean square of factor m (m a step's cost in the profile), from the
+// served second moments; 0 when the metrics have none.
 struct Calibration {
   double prefill_factor = 1, decode_factor = 1;
+  double prefill_cv = 0, decode_cv = 0;
 };
 // invalid_argument when a role has fewer than min_steps steps (too few to
 // say) or a factor falls outside [0.1, 10] (the profile is of another model
 // or machine).
 Result<Calibration> calibrate(const StepProfile& profile, const ServedRun& run, double min_steps = 20);
-// The profile with each role's step costs scaled by its factor (the
-// hand-off as it was).
+// The profile with each role's step costs scaled by its factor and its
+// step_cv set to the calibration's (the hand-off as it was).
 StepProfile calibrated(const StepProfile& profile, const Calibration& c);
 
 // A served load at a known rate (requests/s over the whole server).
@@ -111,12 +126,15 @@ struct LoadRun {
 // line's slope over that value as the role's slowdown_per_rps. A slope
 // below 0 (steps no slower at more load) counts as 0. invalid_argument when
 // fewer than two loads, a rate not above 0, all loads the same per stage,
-// or calibrate() refuses one (its message, naming the load's rate).
-// per_load, when given, gets each load's own factors, in the loads' order.
+// or calibrate() refuses one (its message, naming the load's rate). Each
+// role's step_cv pools the loads' (the root of their squares' mean,
+// weighted by the role's steps). per_load, when given, gets each load's
+// own calibration, in the loads' order.
 Result<StepProfile> calibrate_over_loads(const StepProfile& profile, const std::vector<LoadRun>& loads,
                                          double min_steps = 20, std::vector<Calibration>* per_load = nullptr);
 // The profile as it runs at `rate` requests/s over the placement's stages:
-// each role's costs x its slowdown at rate / its stages (slowdowns then 0).
+// each role's costs x its slowdown at rate / its stages (slowdowns then 0;
+// the spread as it was).
 StepProfile at_load(const StepProfile& profile, double rate, int32_t prefill_stages, int32_t decode_stages);
 
 struct Slo {
@@ -145,7 +163,9 @@ struct Outcome {
 // end of its prompt's last step; the hand-off then takes its time and the
 // request joins the decoder with the fewest rows and queued requests,
 // whose continuous batch (up to max_seqs rows) gives each row a token per
-// step. Deterministic for a seed.
+// step. Each step takes its cost x its role's log-normal spread (step_cv).
+// Deterministic for a seed (the workload's: it also draws the spread of a
+// trace's steps).
 Outcome simulate(const StepProfile& profile, const Workload& workload, const Slo& slo, const Placement& placement);
 
 // Every placement with 1 <= prefill, 1 <= decode, prefill + decode <=

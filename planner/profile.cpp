@@ -33,6 +33,10 @@ Status validate_profile(const StepProfile& p) {
       return bad(std::string("profile ") + name + " must be 0 to 1 per request/s, got " + std::to_string(v));
   if (!std::isfinite(p.load_rate) || p.load_rate < 0 || p.load_rate > 1e6)
     return bad("profile load_rate must be 0 to 1e6 requests/s, got " + std::to_string(p.load_rate));
+  for (auto [name, v] : {std::pair<const char*, double>{"prefill_step_cv", p.prefill_step_cv},
+                         {"decode_step_cv", p.decode_step_cv}})
+    if (!std::isfinite(v) || v < 0 || v > 5)
+      return bad(std::string("profile ") + name + " must be 0 to 5, got " + std::to_string(v));
   if ((p.prefill_slowdown_per_rps > 0 || p.decode_slowdown_per_rps > 0) && p.load_rate <= 0)
     return bad("profile: a slowdown per request/s needs the load_rate it is measured from (above 0)");
   return Status::Ok();
@@ -75,7 +79,9 @@ Result<StepProfile> parse_profile(const std::string& text) {
                                                    {"handoff_ms_per_token", &p.handoff_ms_per_token},
                                                    {"load_rate", &p.load_rate},
                                                    {"prefill_slowdown_per_rps", &p.prefill_slowdown_per_rps},
-                                                   {"decode_slowdown_per_rps", &p.decode_slowdown_per_rps}};
+                                                   {"decode_slowdown_per_rps", &p.decode_slowdown_per_rps},
+                                                   {"prefill_step_cv", &p.prefill_step_cv},
+                                                   {"decode_step_cv", &p.decode_step_cv}};
   const std::pair<const char*, int32_t*> ints[] = {{"max_batch_tokens", &p.max_batch_tokens},
                                                    {"max_seqs", &p.max_seqs}};
   for (auto it = j.begin(); it != j.end(); ++it) {
@@ -112,7 +118,9 @@ std::string profile_json(const StepProfile& p) {
                       {"max_seqs", p.max_seqs},
                       {"load_rate", p.load_rate},
                       {"prefill_slowdown_per_rps", p.prefill_slowdown_per_rps},
-                      {"decode_slowdown_per_rps", p.decode_slowdown_per_rps}};
+                      {"decode_slowdown_per_rps", p.decode_slowdown_per_rps},
+                      {"prefill_step_cv", p.prefill_step_cv},
+                      {"decode_step_cv", p.decode_step_cv}};
   return j.dump(1);
 }
 

@@ -52,10 +52,29 @@ double percentile(std::vector<double> v, double q) {
   return v[k];
 }
 
+// A step's factor: log-normal of mean 1 and the given coefficient of
+// variation (sigma^2 = ln(1 + cv^2), mu = -sigma^2 / 2); exactly 1, with
+// no draw, at cv 0.
+class Spread {
+ public:
+  explicit Spread(double cv)
+      : sigma_(std::sqrt(std::log1p(cv * cv))), normal_(-sigma_ * sigma_ / 2, cv > 0 ? sigma_ : 1.0) {}
+  double operator()(std::mt19937_64& rng) { return sigma_ > 0 ? std::exp(normal_(rng)) : 1.0; }
+
+ private:
+  double sigma_;
+  std::normal_distribution<double> normal_;
+};
+
 class Sim {
  public:
   Sim(const StepProfile& p, const Workload& w, const Placement& pl)
-      : p_(p), prefill_(size_t(pl.prefill)), decode_(size_t(pl.decode)) {
+      : p_(p),
+        prefill_(size_t(pl.prefill)),
+        decode_(size_t(pl.decode)),
+        prefill_spread_(p.prefill_step_cv),
+        decode_spread_(p.decode_step_cv),
+        spread_rng_(w.seed ^ 0x5bd1e995u) {
     if (!w.trace.empty()) {
       for (const TraceRequest& tr : w.trace) {
         Request r;
@@ -129,7 +148,7 @@ class Sim {
         x.batch.push_back({id, take});
         tokens += take;
       }
-      const double ms = p_.prefill_ms + p_.prefill_ms_per_token * double(tokens);
+      const double ms = (p_.prefill_ms + p_.prefill_ms_per_token * double(tokens)) * prefill_spread_(spread_rng_);
       x.busy = true;
       x.busy_ms += ms;
       push(now_ + ms, Kind::prefill_done, s);
@@ -178,8 +197,9 @@ class Sim {
     if (x.rows.empty()) return;
     int64_t context = 0;
     for (const auto& row : x.rows) context += row.context;
-    const double ms = p_.decode_ms + p_.decode_ms_per_row * double(x.rows.size()) +
-                      p_.decode_ms_per_context_token * double(context);
+    const double ms = (p_.decode_ms + p_.decode_ms_per_row * double(x.rows.size()) +
+                       p_.decode_ms_per_context_token * double(context)) *
+                      decode_spread_(spread_rng_);
     x.busy = true;
     x.busy_ms += ms;
     push(now_ + ms, Kind::decode_done, d);
@@ -200,6 +220,8 @@ class Sim {
   std::vector<Request> requests_;
   std::vector<Prefiller> prefill_;
   std::vector<Decoder> decode_;
+  Spread prefill_spread_, decode_spread_;
+  std::mt19937_64 spread_rng_;
   std::deque<int32_t> queue_;  // arrived, prompt not done, not in a step
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   uint64_t seq_ = 0;

@@ -94,6 +94,25 @@ TEST_CASE("pipeline invariant: 200+ mixed requests are bit-identical across mono
     CHECK(router->get("failures") == 0);
     // Batches really changed size: more decode rows than steps.
     CHECK(sum_counter(stats, "", "decode_rows") > sum_counter(stats, k.t == Topology::pd ? "decode" : "colocated", "steps"));
+    // Each stage's second moments of its steps (the planner's spread):
+    // between sum^2 / steps and sum^2 of the plain sums, so per step.
+    for (const msg::Stats& st : stats) {
+      const double n = double(st.get("steps"));
+      if (n == 0 || st.actor == "router") continue;
+      CAPTURE(st.actor);
+      const double us = double(st.get("step_us")), tokens = double(st.get("prefill_tokens")),
+                   rows = double(st.get("decode_rows"));
+      for (auto [sq, sum] : {std::pair<double, double>{double(st.get("step_us_sq")), us},
+                             {double(st.get("step_tokens_sq")), tokens},
+                             {double(st.get("step_rows_sq")), rows}}) {
+        CHECK(sq >= sum * sum / n * (1 - 1e-9));
+        CHECK(sq <= sum * sum);
+      }
+      CHECK(double(st.get("step_us_tokens")) <= us * tokens);
+      CHECK(double(st.get("step_us_rows")) <= us * rows);
+      if (tokens > 0 && us > 0) CHECK(st.get("step_us_tokens") > 0);
+      if (rows > 0 && us > 0) CHECK(st.get("step_us_rows") > 0);
+    }
     MESSAGE(what << ": " << std::chrono::duration<double>(Clock::now() - start).count() << " s");
   }
 }
@@ -701,4 +720,19 @@ TEST_CASE("router policies with real actors: kv_aware sends a repeated long pref
   CHECK(l.prefix_hit_tokens == 0);
   MESSAGE("kv_aware reused " << k.prefix_hit_tokens << " prefix tokens on " << k.r2
                              << "; least_loaded " << l.prefix_hit_tokens << " on " << l.r2);
+}
+
+TEST_CASE("stage step moments add per step and saturate rather than wrap") {
+  StepMoments m;
+  m.add(3000, 128, 0);
+  m.add(1000, 0, 4);
+  CHECK(m.us_sq == 3000ull * 3000 + 1000ull * 1000);
+  CHECK(m.tokens_sq == 128 * 128);
+  CHECK(m.us_tokens == 3000 * 128);
+  CHECK(m.rows_sq == 16);
+  CHECK(m.us_rows == 4000);
+  m.add(uint64_t(1) << 33, 0, 0);  // 2^66 us^2: past uint64
+  CHECK(m.us_sq == UINT64_MAX);
+  m.add(1, 0, 0);
+  CHECK(m.us_sq == UINT64_MAX);
 }

@@ -473,7 +473,37 @@ with open(baseline, "w") as f:  # half the steps, at the profile's own speed: th
 rc, out, err = run("plan", "--profile", prof, "--calibrate-metrics", metrics, "--calibrate-baseline", baseline,
                    "--trace", trace, "--max-stages", "2")
 expect("plan --calibrate-baseline: only what the load added counts",
-       rc == 0 and "prefill steps x3.000 (50 steps)" in out and "decode steps x2.000 (500 steps)" in out, out + err)
+       rc == 0 and "prefill steps x3.000 (50 steps, spread 0.000)" in out and "decode steps x2.000 (500 steps" in out,
+       out + err)
+# Steps that spread: half the prefill steps at 1.5 times the profile, half
+# at 2.5 (x2 on average, each 0.25 of it off), with the stage's second
+# moments: coefficient of variation 0.25, kept by the saved profile and
+# drawn by the simulation (a p90 TTFT of a lone request above the mean).
+spread_metrics = os.path.join(WORK, "cli-metrics-spread.txt")
+m1 = profile_fit["prefill_ms"] + 16 * profile_fit["prefill_ms_per_token"]
+with open(spread_metrics, "w") as f:
+    us = [m1 * 1.5e3] * 50 + [m1 * 2.5e3] * 50
+    f.write(f'cleave_actor_stat{{actor="prefill/0",name="steps"}} 100\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="step_us"}} {sum(us):.0f}\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="prefill_tokens"}} 1600\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="step_us_sq"}} {sum(x * x for x in us):.0f}\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="step_tokens_sq"}} 25600\n'
+            f'cleave_actor_stat{{actor="prefill/0",name="step_us_tokens"}} {16 * sum(us):.0f}\n'
+            f'cleave_actor_stat{{actor="decode/0",name="steps"}} 1000\n'
+            f'cleave_actor_stat{{actor="decode/0",name="step_us"}} {int(round(dec * 1e3))}\n'
+            f'cleave_actor_stat{{actor="decode/0",name="decode_rows"}} 4000\n')
+cal_spread = os.path.join(WORK, "cli-calibrated-spread.json")
+rc, out, err = run("plan", "--profile", prof, "--calibrate-metrics", spread_metrics, "--save-profile", cal_spread,
+                   "--rate", "1", "--max-stages", "2")
+saved_spread = json.load(open(cal_spread)) if os.path.exists(cal_spread) else {}
+expect("plan --calibrate-metrics: the steps' spread from the stage's second moments",
+       rc == 0 and "prefill steps x2.000 (100 steps, spread 0.250)" in out and "decode steps x1.500 (1000 steps, "
+       "spread 0.000)" in out and "coefficient of variation 0.250 (prefill) and 0.000 (decode)" in out
+       and abs(saved_spread.get("prefill_step_cv", 0) - 0.25) < 1e-3, out + err)
+ttft_cols = lambda o: [(float(l.split()[5]), float(l.split()[6])) for l in o.splitlines() if l.split()[:2] == ["1", "1"]]
+rcs, outs, _ = run("plan", "--profile", cal_spread, "--rate", "0.5", "--requests", "400", "--max-stages", "2")
+expect("plan: a profile with spread draws each step around its cost (p90 TTFT above p50)",
+       rcs == 0 and ttft_cols(outs) and ttft_cols(outs)[0][1] > ttft_cols(outs)[0][0] * 1.1, outs)
 expect_error("plan: a baseline taken after the load is refused",
              ["plan", "--profile", prof, "--calibrate-metrics", baseline, "--calibrate-baseline", metrics, "--rate", "4"],
              1, "went down")

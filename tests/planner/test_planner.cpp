@@ -6,6 +6,7 @@
 // undominated rows; profiles and workloads are checked by name.
 #include <doctest/doctest.h>
 
+#include <cmath>
 #include <random>
 #include <string>
 #include <utility>
@@ -389,4 +390,172 @@ TEST_CASE("planner: a profile's slowdown with load slows the simulated steps at 
   REQUIRE(run.ok());
   CHECK(run->prefill_stages == 1);
   CHECK(run->decode_stages == 2);
+}
+
+namespace {
+
+// The served sums of steps (x ms, u units: a prefill step's tokens or a
+// decode step's rows) into one role of a ServedSteps.
+ServedSteps served(const std::vector<std::pair<double, double>>& steps, bool prefill) {
+  ServedSteps s;
+  for (auto [x, u] : steps) {
+    s.steps += 1;
+    s.step_ms += x;
+    s.step_ms_sq += x * x;
+    (prefill ? s.prefill_tokens : s.decode_rows) += u;
+    (prefill ? s.tokens_sq : s.rows_sq) += u * u;
+    (prefill ? s.step_ms_tokens : s.step_ms_rows) += x * u;
+  }
+  return s;
+}
+
+// n steps of f (a + b u) x a log-normal factor of mean 1 and coefficient
+// of variation cv, u uniform in [lo, hi].
+std::vector<std::pair<double, double>> noisy_steps(int n, double a, double b, double f, double cv, int lo, int hi,
+                                                   uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  const double sigma = std::sqrt(std::log1p(cv * cv));
+  std::normal_distribution<double> z(-sigma * sigma / 2, sigma);
+  std::uniform_int_distribution<int> u(lo, hi);
+  std::vector<std::pair<double, double>> out;
+  for (int i = 0; i < n; ++i) {
+    const double units = u(rng);
+    out.push_back({f * (a + b * units) * (cv > 0 ? std::exp(z(rng)) : 1.0), units});
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("planner: steps that spread make one prefill stage M/G/1, and each step's factor is log-normal") {
+  StepProfile p = linear(0.1, 1, 0);  // 100 tokens: S = 10 ms
+  p.max_batch_tokens = 100;
+  for (double cv : {0.5, 1.0}) {
+    p.prefill_step_cv = cv;
+    // Pollaczek-Khinchine: mean wait = rho S (1 + cv^2) / 2 (1 - rho); the
+    // steps' mean stays S (busy = rho).
+    for (double rho : {0.3, 0.7}) {
+      CAPTURE(cv);
+      CAPTURE(rho);
+      const double service_ms = 10, rate = rho / (service_ms / 1e3);
+      const Outcome o = simulate(p, fixed(rate, 100, 1, 100000), {}, {1, 1});
+      const double wait_ms = rho * service_ms * (1 + cv * cv) / (2 * (1 - rho));
+      CHECK(o.ttft_mean_ms == doctest::Approx(wait_ms + service_ms).epsilon(0.06));
+      CHECK(o.prefill_busy == doctest::Approx(rho).epsilon(0.03));
+    }
+    // Alone (no queue), TTFT is one step: its p50 and p90 are the
+    // log-normal's, exp(mu + z sigma) x S.
+    const double sigma = std::sqrt(std::log1p(cv * cv)), mu = -sigma * sigma / 2;
+    const Outcome alone = simulate(p, fixed(0.01, 100, 1, 20000), {}, {1, 1});
+    CHECK(alone.ttft_mean_ms == doctest::Approx(10).epsilon(0.03));
+    CHECK(alone.ttft_p50_ms == doctest::Approx(10 * std::exp(mu)).epsilon(0.03));
+    CHECK(alone.ttft_p90_ms == doctest::Approx(10 * std::exp(mu + 1.2816 * sigma)).epsilon(0.03));
+  }
+  // Decode steps too: a lone request's TPOT is the mean of its steps.
+  StepProfile d = linear(0.1, 2, 0);
+  d.decode_step_cv = 0.8;
+  const Outcome o = simulate(d, fixed(0.01, 10, 2, 20000), {}, {1, 1});
+  const double sigma = std::sqrt(std::log1p(0.64));
+  CHECK(o.tpot_p90_ms == doctest::Approx(2 * std::exp(-sigma * sigma / 2 + 1.2816 * sigma)).epsilon(0.03));
+  // The same seed draws the same steps; no spread is exactly the old simulation.
+  CHECK(simulate(d, fixed(50, 10, 20, 500), {}, {1, 1}).tpot_p90_ms ==
+        simulate(d, fixed(50, 10, 20, 500), {}, {1, 1}).tpot_p90_ms);
+  d.decode_step_cv = 0;
+  CHECK(simulate(d, fixed(0.01, 10, 2, 100), {}, {1, 1}).tpot_p90_ms == 2);
+}
+
+TEST_CASE("planner: calibration measures the steps' spread from the served second moments") {
+  StepProfile p = linear(0.0125, 1, 0.5);
+  p.prefill_ms = 1;
+  for (double cv : {0.0, 0.15, 0.6}) {
+    CAPTURE(cv);
+    ServedRun run;
+    run.prefill = served(noisy_steps(4000, 1, 0.0125, 1.3, cv, 16, 256, 7), true);
+    run.decode = served(noisy_steps(4000, 1, 0.5, 0.9, cv / 2, 1, 8, 8), false);
+    run.prefill_stages = run.decode_stages = 1;
+    auto c = calibrate(p, run);
+    REQUIRE(c.ok());
+    CHECK(c->prefill_factor == doctest::Approx(1.3).epsilon(0.03));
+    CHECK(c->decode_factor == doctest::Approx(0.9).epsilon(0.03));
+    CHECK(c->prefill_cv == doctest::Approx(cv).epsilon(0.08));
+    CHECK(c->decode_cv == doctest::Approx(cv / 2).epsilon(0.08));
+    if (cv == 0) CHECK(c->prefill_cv < 1e-6);
+    const StepProfile q = calibrated(p, *c);
+    CHECK(q.prefill_step_cv == c->prefill_cv);
+    CHECK(q.decode_step_cv == c->decode_cv);
+  }
+  // Steps whose shape the profile gets wrong spread around it too: the
+  // served steps cost 4 + 0 x tokens where the profile says 1 + 0.0125 t.
+  ServedRun shape;
+  shape.prefill = served({{4, 16}, {4, 256}, {4, 16}, {4, 256}}, true);
+  shape.decode = served({{1.5, 1}, {4, 6}, {1.5, 1}, {4, 6}}, false);  // exactly x1: no spread
+  shape.prefill_stages = shape.decode_stages = 1;
+  auto c = calibrate(p, shape, 1);
+  REQUIRE(c.ok());
+  CHECK(c->prefill_cv > 0.3);
+  CHECK(c->decode_cv < 1e-6);
+  // No second moments (a server without them): no spread, not a refusal.
+  ServedRun plain = shape;
+  plain.prefill.step_ms_sq = plain.decode.step_ms_sq = 0;
+  auto none = calibrate(p, plain, 1);
+  REQUIRE(none.ok());
+  CHECK(none->prefill_cv == 0);
+  // Parsed from a stage's counters (us, us^2 and us x units) and
+  // subtracted between snapshots.
+  auto parsed = parse_served_metrics(
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"steps\"} 2\n"
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"step_us\"} 5000\n"
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"step_us_sq\"} 13000000\n"
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"step_tokens_sq\"} 20000\n"
+      "cleave_actor_stat{actor=\"prefill/0\",name=\"step_us_tokens\"} 500000\n"
+      "cleave_actor_stat{actor=\"decode/0\",name=\"steps\"} 1\n"
+      "cleave_actor_stat{actor=\"decode/0\",name=\"step_rows_sq\"} 9\n"
+      "cleave_actor_stat{actor=\"decode/0\",name=\"step_us_rows\"} 6000\n");
+  REQUIRE(parsed.ok());
+  CHECK(parsed->prefill.step_ms_sq == doctest::Approx(13));
+  CHECK(parsed->prefill.tokens_sq == 20000);
+  CHECK(parsed->prefill.step_ms_tokens == doctest::Approx(500));
+  CHECK(parsed->decode.rows_sq == 9);
+  CHECK(parsed->decode.step_ms_rows == doctest::Approx(6));
+  ServedRun later = *parsed;
+  later.prefill.step_ms_sq += 4;
+  auto between = served_between(*parsed, later);
+  REQUIRE(between.ok());
+  CHECK(between->prefill.step_ms_sq == doctest::Approx(4));
+  CHECK(served_between(later, *parsed).status().message().find("prefill counters went down") != std::string::npos);
+}
+
+TEST_CASE("planner: calibration over loads pools the loads' spread, and a saved profile keeps it") {
+  StepProfile p = linear(0.0125, 1, 0.5);
+  p.prefill_ms = 1;
+  auto load = [&](double rate, double cv, int steps, uint64_t seed) {
+    LoadRun l;
+    l.rate = rate;
+    l.run.prefill = served(noisy_steps(steps, 1, 0.0125, 1.2, cv, 128, 128, seed), true);
+    l.run.decode = served(noisy_steps(steps, 1, 0.5, 1.1, 0, 4, 4, seed + 1), false);
+    l.run.prefill_stages = l.run.decode_stages = 1;
+    return l;
+  };
+  std::vector<Calibration> per;
+  auto q = calibrate_over_loads(p, {load(10, 0.2, 1000, 1), load(30, 0.4, 3000, 2)}, 20, &per);
+  REQUIRE(q.ok());
+  REQUIRE(per.size() == 2);
+  // sqrt((0.2^2 x 1000 + 0.4^2 x 3000) / 4000), from each load's measured cv.
+  const double pooled = std::sqrt((per[0].prefill_cv * per[0].prefill_cv * 1000 +
+                                   per[1].prefill_cv * per[1].prefill_cv * 3000) / 4000);
+  CHECK(q->prefill_step_cv == doctest::Approx(pooled));
+  CHECK(pooled == doctest::Approx(std::sqrt(0.13)).epsilon(0.08));
+  CHECK(q->decode_step_cv < 1e-6);
+  // at_load scales the costs and keeps the spread.
+  CHECK(at_load(*q, 50, 1, 1).prefill_step_cv == q->prefill_step_cv);
+  auto back = parse_profile(profile_json(*q));
+  REQUIRE(back.ok());
+  CHECK(back->prefill_step_cv == doctest::Approx(q->prefill_step_cv));
+  StepProfile bad = p;
+  bad.decode_step_cv = 6;
+  CHECK(validate_profile(bad).message().find("decode_step_cv must be 0 to 5") != std::string::npos);
+  CHECK(parse_profile("{\"prefill_ms\": 1, \"decode_ms\": 1, \"prefill_step_cv\": -0.5}")
+            .status()
+            .message()
+            .find("prefill_step_cv must be 0 to 5") != std::string::npos);
 }
