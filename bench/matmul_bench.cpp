@@ -64,7 +64,7 @@ int run_matmul_section(const MatmulOptions& o) {
     std::fprintf(stderr, "--matmul: needs AVX2 or AVX-512 (the scalar kernels are a reference)\n");
     return 2;
   }
-  const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512 : cpu::kKernelsAvx2;
+  const cpu::Kernels& k = cpu_kernels(isa);
   const double peak_before = fma_peak_gflops(isa, 1);
   std::printf("limits, 1 thread: FMA peak (%s) %.1f GFLOP/s\n", isa_name(isa), peak_before);
   std::printf("%-5s %-8s %5s %5s %4s | %-26s %-26s | %6s\n", "type", "matrix", "rows", "cols", "x", "direct GFLOP/s (% peak)",

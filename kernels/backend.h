@@ -312,6 +312,12 @@ std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa = detect_isa(),
                                           Compute compute = Compute::exact);
 // Whether this CPU has AVX512_VNNI (the AVX-512 int8 kernel's vpdpbusd).
 bool cpu_has_avx512_vnni();
+namespace cpu {
+struct Kernels;  // kernels/cpu/kern.h
+}
+// The kernel table the CPU backend runs for isa (for benchmarks that time
+// one kernel alone).
+const cpu::Kernels& cpu_kernels(Isa isa);
 
 // The CUDA backend when compiled in and a GPU is present; otherwise the
 // Status says why not (unavailable).

@@ -12,8 +12,11 @@ the machine's cores with both engines), and the first load alone gives
 the one-factor calibration to compare with.
 Each measured run is simulated on its own trace (`--trace`: the same
 arrivals and lengths, so both sides see the same bursts), with the raw and
-the calibrated profile; goodput on both sides is attainment x the trace's
-rate. Then the planner's front for a 64-stage cluster at a rate 32 times
+the calibrated profile (and the same without the steps' spread); goodput on both sides is attainment x the trace's
+rate. Each run is also simulated calibrated on its own counters (the
+step costs and spread that run had): the simulation's own error, apart
+from how far the machine's speed drifts between calibrating and serving.
+Then the planner's front for a 64-stage cluster at a rate 32 times
 the largest here.
 
 usage: validate_plan.py CLEAVE VOCAB WORKDIR [--rates 8,16,24,32,36,40] [--prompts 120] [--runs 3]
@@ -119,6 +122,16 @@ with Server() as s:
             cal_args += ["--calibrate-rate", str((len(sched) - 1) / (max(sched) - min(sched)))]
 out, _ = plan(["--profile", profile, *cal_args, "--save-profile", calibrated, "--rate", "1", *lengths])
 print("\n".join(line for line in out.splitlines() if line.startswith(("load ", "calibrated", "profile"))))
+# The same calibration without the steps' spread (every step its mean):
+# what modelling the spread changes.
+no_spread = os.path.join(a.work, "calibrated_no_spread.json")
+with open(calibrated) as f:
+    flat = json.load(f)
+print(f"spread (coefficient of variation): prefill {flat.get('prefill_step_cv', 0):.3f}, "
+      f"decode {flat.get('decode_step_cv', 0):.3f}")
+flat["prefill_step_cv"] = flat["decode_step_cv"] = 0
+with open(no_spread, "w") as f:
+    json.dump(flat, f)
 # The first load alone: step costs scaled by one factor at any load.
 one_load = os.path.join(a.work, "calibrated_one.json")
 if "," in a.calibrate_rates:
@@ -128,8 +141,12 @@ rows = []
 for rate in [float(r) for r in a.rates.split(",")]:
     runs = []
     for run in range(a.runs):
+        own_before = os.path.join(a.work, f"serve_{rate}_{run}_before.txt")
+        own_after = os.path.join(a.work, f"serve_{rate}_{run}_after.txt")
         with Server() as s:
+            s.metrics(own_before)
             res = s.bench(rate, 1 + run, os.path.join(a.work, f"serve_{rate}_{run}.json"))
+            s.metrics(own_after)
         trace = os.path.join(a.work, f"trace_{rate}_{run}.jsonl")
         with open(trace, "w") as f:
             for r in res["requests"]:
@@ -138,6 +155,19 @@ for rate in [float(r) for r in a.rates.split(",")]:
         _, raw = plan(["--profile", profile, "--trace", trace])
         _, cal = plan(["--profile", calibrated, "--trace", trace])
         one = plan(["--profile", one_load, "--trace", trace])[1] if "," in a.calibrate_rates else cal
+        _, flat = plan(["--profile", no_spread, "--trace", trace])
+        # Calibrated on this run's own counters: the simulation's error with
+        # the step costs (and spread) this run really had, apart from how
+        # far this VM's speed drifts between the calibrating loads and now.
+        own_profile = os.path.join(a.work, f"own_{rate}_{run}.json")
+        _, own = plan(["--profile", profile, "--calibrate-metrics", own_after, "--calibrate-baseline", own_before,
+                       "--save-profile", own_profile, "--trace", trace])
+        with open(own_profile) as f:
+            own_flat_profile = json.load(f)
+        own_flat_profile["prefill_step_cv"] = own_flat_profile["decode_step_cv"] = 0
+        with open(own_profile + ".no_spread.json", "w") as f:
+            json.dump(own_flat_profile, f)
+        _, own_flat = plan(["--profile", own_profile + ".no_spread.json", "--trace", trace])
         span = max(r["scheduled_s"] for r in res["requests"]) - min(r["scheduled_s"] for r in res["requests"])
         trace_rate = (len(res["requests"]) - 1) / span
         sm = res["summary"]
@@ -145,22 +175,37 @@ for rate in [float(r) for r in a.rates.split(",")]:
                     "ttft_p90_ms": sm["ttft_ms"]["p90"], "tpot_p90_ms": sm["tpot_ms"]["p90"]}
         err = lambda p: abs(p["goodput"] - measured["goodput"]) / measured["goodput"] if measured["goodput"] else None
         runs.append({"measured": measured, "raw": raw[0], "calibrated": cal[0], "one_load": one[0],
-                     "raw_error": err(raw[0]), "calibrated_error": err(cal[0]), "one_load_error": err(one[0])})
+                     "no_spread": flat[0], "own_run": own[0], "own_run_no_spread": own_flat[0],
+                     "raw_error": err(raw[0]), "calibrated_error": err(cal[0]), "one_load_error": err(one[0]),
+                     "no_spread_error": err(flat[0]), "own_run_error": err(own[0]),
+                     "own_run_no_spread_error": err(own_flat[0])})
         c = cal[0]
         print(f"rate {rate:5.1f}/s run {run}: goodput measured {measured['goodput']:6.2f}, calibrated "
               f"{c['goodput']:6.2f} ({runs[-1]['calibrated_error'] * 100:.1f} %), one load {one[0]['goodput']:6.2f} "
-              f"({runs[-1]['one_load_error'] * 100:.1f} %), raw {raw[0]['goodput']:6.2f} "
+              f"({runs[-1]['one_load_error'] * 100:.1f} %), no spread {flat[0]['goodput']:6.2f} "
+              f"({runs[-1]['no_spread_error'] * 100:.1f} %), own run {own[0]['goodput']:6.2f} "
+              f"({runs[-1]['own_run_error'] * 100:.1f} %; {own_flat[0]['goodput']:6.2f} without spread, "
+              f"{runs[-1]['own_run_no_spread_error'] * 100:.1f} %), raw {raw[0]['goodput']:6.2f} "
               f"({runs[-1]['raw_error'] * 100:.1f} %); TTFT p90 {measured['ttft_p90_ms']:.1f} / {c['ttft_p90_ms']:.1f} ms, "
-              f"TPOT p90 {measured['tpot_p90_ms']:.2f} / {c['tpot_p90_ms']:.2f} ms", flush=True)
+              f"TPOT p90 {measured['tpot_p90_ms']:.2f} / {c['tpot_p90_ms']:.2f} ms (no spread: "
+              f"{flat[0]['ttft_p90_ms']:.1f}, {flat[0]['tpot_p90_ms']:.2f}; own run: {own[0]['ttft_p90_ms']:.1f} "
+              f"({own_flat[0]['ttft_p90_ms']:.1f} without spread), "
+              f"{own[0]['tpot_p90_ms']:.2f})", flush=True)
     med = lambda k: statistics.median(r[k] for r in runs)
     gp = lambda k: statistics.median(r[k]["goodput"] for r in runs)
     rows.append({"rate": rate, "runs": runs, "median_calibrated_error": med("calibrated_error"),
-                 "median_one_load_error": med("one_load_error"), "median_raw_error": med("raw_error"),
-                 "median_goodput": {k: gp(k) for k in ("measured", "calibrated", "one_load", "raw")}})
+                 "median_one_load_error": med("one_load_error"), "median_no_spread_error": med("no_spread_error"),
+                 "median_own_run_error": med("own_run_error"),
+                 "median_own_run_no_spread_error": med("own_run_no_spread_error"), "median_raw_error": med("raw_error"),
+                 "median_goodput": {k: gp(k) for k in ("measured", "calibrated", "one_load", "no_spread", "own_run",
+                                                       "own_run_no_spread", "raw")}})
     m = rows[-1]["median_goodput"]
     print(f"rate {rate:5.1f}/s: median goodput measured {m['measured']:.2f}, calibrated {m['calibrated']:.2f}, one "
-          f"load {m['one_load']:.2f}, raw {m['raw']:.2f}; median of the runs' errors calibrated "
-          f"{rows[-1]['median_calibrated_error'] * 100:.1f} %, one load {rows[-1]['median_one_load_error'] * 100:.1f} %, "
+          f"load {m['one_load']:.2f}, no spread {m['no_spread']:.2f}, raw {m['raw']:.2f}; median of the runs' errors "
+          f"calibrated {rows[-1]['median_calibrated_error'] * 100:.1f} %, one load "
+          f"{rows[-1]['median_one_load_error'] * 100:.1f} %, no spread {rows[-1]['median_no_spread_error'] * 100:.1f} %, "
+          f"own run {rows[-1]['median_own_run_error'] * 100:.1f} % "
+          f"({rows[-1]['median_own_run_no_spread_error'] * 100:.1f} % without spread), "
           f"raw {rows[-1]['median_raw_error'] * 100:.1f} %", flush=True)
 big_rate = 32 * max(float(r) for r in a.rates.split(","))
 big, _ = plan(["--profile", calibrated, "--rate", str(big_rate), "--requests", "4000", *lengths], 64)

@@ -72,9 +72,7 @@ bool cpu_has_avx512_vnni() {
 #endif
 }
 
-namespace {
-
-const cpu::Kernels& kernels_for(Isa isa) {
+const cpu::Kernels& cpu_kernels(Isa isa) {
   switch (isa) {
     case Isa::avx512: return cpu::kKernelsAvx512;
     case Isa::avx2: return cpu::kKernelsAvx2;
@@ -82,6 +80,8 @@ const cpu::Kernels& kernels_for(Isa isa) {
   }
   return cpu::kKernelsScalar;
 }
+
+namespace {
 
 // One K or V row of head_dim floats into the cache's type.
 void store_kv_row(const cpu::Kernels& k, DType t, const float* x, int32_t head_dim, uint8_t* out) {
@@ -121,7 +121,7 @@ Int8Kernels int8_kernels_for(Isa isa) {
 class CpuBackend final : public Backend {
  public:
   CpuBackend(int threads, Isa isa, Compute compute)
-      : isa_(isa), k_(kernels_for(isa)), pool_(threads < 1 ? 1 : threads), compute_(compute),
+      : isa_(isa), k_(cpu_kernels(isa)), pool_(threads < 1 ? 1 : threads), compute_(compute),
         int8_(int8_kernels_for(isa)) {}
   ~CpuBackend() override { std::free(pack_scratch_); }
 

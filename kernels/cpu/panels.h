@@ -45,10 +45,11 @@ struct PanelMatmulArgs {
   int64_t n;
   float* y;  // n x rows, dense
   // This thread's scratch for panels widened to F32 (kWidePanels x 16 x
-  // cols floats), or null: a pass of several row blocks over F16, BF16 or
-  // Q8_0 panels widens each group of panels once there and runs every
-  // block over the F32 copy, where each block would widen them again
-  // (exact widening: the same bits either way).
+  // cols floats), or null: a pass of enough row blocks over F16, BF16 or
+  // Q8_0 panels (the type's kWidenBlocks in simd_impl.h: 4, 4 and 3)
+  // widens each group of panels once there and runs every block over the
+  // F32 copy, where each block would widen them again (exact widening: the
+  // same bits either way).
   float* wide = nullptr;
 };
 // Panels a widened group holds at most (PanelMatmulArgs::wide).
