@@ -107,14 +107,15 @@ namespace {
 // The spread of n steps x_i around f m_i, m_i = a + b u_i, relative to f
 // m_i: sqrt(sum (x - f m)^2 / sum (f m)^2), expanded into the served sums
 // (x2 = sum x^2, xu = sum x u, u2 = sum u^2; x1, u1 the plain sums).
-// 0 without second moments.
+// 0 without second moments; at most 5 (validate_profile's bound: a
+// counter that saturated is no measurement).
 double step_cv(double a, double b, double f, double n, double x1, double u1, double x2, double xu, double u2) {
   if (x2 <= 0) return 0;
   const double m2 = n * a * a + 2 * a * b * u1 + b * b * u2;
   const double xm = a * x1 + b * xu;
   const double rss = x2 - 2 * f * xm + f * f * m2;
   if (!(m2 > 0) || !std::isfinite(rss)) return 0;
-  return std::sqrt(std::max(0.0, rss) / (f * f * m2));
+  return std::min(5.0, std::sqrt(std::max(0.0, rss) / (f * f * m2)));
 }
 
 }  // namespace
@@ -210,8 +211,9 @@ Result<StepProfile> calibrate_over_loads(const StepProfile& p, const std::vector
   // line is moved there along its slope.
   const double ref = lp->mean;
   const double dref = std::max(0.1, ld->at_mean + ld->slope * (ref - ld->mean));
-  StepProfile out = calibrated(
-      p, Calibration{lp->at_mean, dref, std::sqrt(prefill_cv2 / prefill_steps), std::sqrt(decode_cv2 / decode_steps)});
+  auto pooled = [](double cv2, double steps) { return steps > 0 ? std::sqrt(cv2 / steps) : 0.0; };
+  StepProfile out =
+      calibrated(p, Calibration{lp->at_mean, dref, pooled(prefill_cv2, prefill_steps), pooled(decode_cv2, decode_steps)});
   out.load_rate = ref;
   out.prefill_slowdown_per_rps = std::min(1.0, lp->slope / lp->at_mean);
   out.decode_slowdown_per_rps = std::min(1.0, ld->slope / dref);

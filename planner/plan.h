@@ -29,10 +29,11 @@ struct StepProfile {
   // costs hold at any load. From calibrate_over_loads.
   double load_rate = 0;
   double prefill_slowdown_per_rps = 0, decode_slowdown_per_rps = 0;
-  // Steps that do not all take their cost: each simulated step is its cost
-  // above x a log-normal factor of mean 1 and this coefficient of
-  // variation (standard deviation over mean). 0: every step exactly its
-  // cost. From calibrate (the served steps' spread around the fit).
+  // Steps that do not all take their cost: each simulated step takes the
+  // cost the fields above give x a log-normal factor of mean 1 and this
+  // coefficient of variation (standard deviation over mean). 0: every step
+  // exactly its cost. From calibrate (the served steps' spread around the
+  // fit).
   double prefill_step_cv = 0, decode_step_cv = 0;
 };
 // invalid_argument naming the field: costs finite and >= 0, a step's fixed

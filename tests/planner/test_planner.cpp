@@ -559,3 +559,30 @@ TEST_CASE("planner: calibration over loads pools the loads' spread, and a saved 
             .message()
             .find("prefill_step_cv must be 0 to 5") != std::string::npos);
 }
+
+TEST_CASE("planner: a saturated or empty moment gives a spread within the profile's bounds") {
+  StepProfile p = linear(0.0125, 1, 0.5);
+  p.prefill_ms = 1;
+  ServedRun run;
+  run.prefill = served(noisy_steps(100, 1, 0.0125, 1, 0, 128, 128, 3), true);
+  run.decode = served(noisy_steps(100, 1, 0.5, 1, 0, 4, 4, 4), false);
+  run.prefill.step_ms_sq = 1.8e13;  // a counter stuck at UINT64_MAX us^2
+  run.prefill_stages = run.decode_stages = 1;
+  auto c = calibrate(p, run);
+  REQUIRE(c.ok());
+  CHECK(c->prefill_cv == 5);
+  CHECK(validate_profile(calibrated(p, *c)).ok());
+  // Loads calibrated with no steps required (min_steps 0) and none served: spread 0, not NaN.
+  LoadRun a, b;
+  a.rate = 1;
+  b.rate = 2;
+  a.run.prefill_stages = a.run.decode_stages = b.run.prefill_stages = b.run.decode_stages = 1;
+  a.run.prefill = b.run.prefill = served({{2.6, 128}}, true);
+  a.run.decode = b.run.decode = served({{3, 4}}, false);
+  a.run.prefill.steps = a.run.decode.steps = b.run.prefill.steps = b.run.decode.steps = 0;
+  auto q = calibrate_over_loads(p, {a, b}, 0);
+  if (q.ok()) {
+    CHECK(q->prefill_step_cv == 0);
+    CHECK(q->decode_step_cv == 0);
+  }
+}
