@@ -581,8 +581,7 @@ TEST_CASE("planner: a saturated or empty moment gives a spread within the profil
   a.run.decode = b.run.decode = served({{3, 4}}, false);
   a.run.prefill.steps = a.run.decode.steps = b.run.prefill.steps = b.run.decode.steps = 0;
   auto q = calibrate_over_loads(p, {a, b}, 0);
-  if (q.ok()) {
-    CHECK(q->prefill_step_cv == 0);
-    CHECK(q->decode_step_cv == 0);
-  }
+  REQUIRE(q.ok());
+  CHECK(q->prefill_step_cv == 0);
+  CHECK(q->decode_step_cv == 0);
 }
