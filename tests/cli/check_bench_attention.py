@@ -7,23 +7,14 @@ And --matmul: every case's widened panels give the direct path's bits
 that do not apply to it are refused."""
 import json
 import os
-import subprocess
 import sys
+
+from cli_checks import Checks
 
 BENCH, WORK = sys.argv[1], sys.argv[2]
 os.makedirs(WORK, exist_ok=True)
-failures = []
-
-
-def expect(name, cond, detail=""):
-    print(("ok   " if cond else "FAIL ") + name + ("" if cond else ": " + detail))
-    if not cond:
-        failures.append(name)
-
-
-def run(*args):
-    p = subprocess.run([BENCH, *args], capture_output=True, text=True, timeout=300)
-    return p.returncode, p.stdout, p.stderr
+checks = Checks(BENCH, timeout=300)
+run, expect = checks.run, checks.expect
 
 
 out = os.path.join(WORK, "attention.json")
@@ -49,10 +40,8 @@ if rc == 0:
            str(lim))
 
 
-def expect_error(name, args, needle):
-    rc, so, se = run(*args)
-    lines = [l for l in se.splitlines() if l.strip()]
-    expect(name, rc == 2 and len(lines) == 1 and needle in se, f"rc={rc} stderr={se!r}")
+def expect_error(name, args, needle):  # a usage error: exit 2
+    checks.expect_error(name, args, 2, needle)
 
 
 expect_error("--rows without --attention or --matmul is refused", ["--rows", "4"], "--rows needs")
@@ -77,7 +66,4 @@ expect_error("two sections at once are refused", ["--attention", "--batched"], "
 expect_error("a flag of another section is refused with --attention",
              ["--attention", "--batches", "1,8"], "--batches does not apply to --attention")
 
-if failures:
-    print(f"{len(failures)} failure(s): {failures}")
-    sys.exit(1)
-print("all passed")
+checks.finish("bench")
