@@ -67,12 +67,10 @@ struct DrainArgs {
 DrainArgs g_drain;
 std::atomic<bool> g_stop{false};
 std::atomic<int> g_signal{0};
-std::atomic<bool> g_restarting{false};  // a worker about to exec_self()
 
 void on_signal(int sig) {
   g_signal.store(sig);
   g_stop.store(true);
-  if (g_restarting.load()) std::_Exit(128 + sig);  // as the default action would end it
 }
 
 [[noreturn]] void fail(const Status& st) { throw std::runtime_error(st.to_string()); }
@@ -291,6 +289,7 @@ int run_node_command() {
     const long port = port_text.empty() ? 0 : std::strtol(port_text.c_str(), &end, 10);
     if (host.empty() || port_text.empty() || *end != '\0' || port < 1 || port > 65535)
       throw CLI::ValidationError("--join", "must be HOST:PORT with a port from 1 to 65535, got '" + a.join + "'");
+    if (!a.no_rejoin && !supervised_run()) return supervise();  // a joining node is a worker
     ClusterSpec mine;  // where this node reads the secret: its own flag or environment
     mine.secret_file = a.secret_file;
     join_secret = unwrap(read_cluster_secret(mine));
@@ -339,6 +338,9 @@ int run_node_command() {
     throw CLI::ValidationError("--pipeline-micro-batches",
                                "'" + a.name + "' is not a pipeline's first stage (stage{} on its prefill, "
                                "decode or colocated actor)");
+  // A worker runs under a supervisor that starts it again when it loses
+  // the head (apps/process_args.h): from here on this is one run.
+  if (me && !me->head && !a.no_rejoin && !joining && !supervised_run()) return supervise();
   // Which model file this node runs: its node{}.model, else -m. The head
   // opens every model the cluster serves (a router and a store each).
   const std::vector<std::string> models = cluster_models(o.spec);
@@ -468,23 +470,16 @@ int run_node_command() {
       }
       if (node->lost_head()) {
         print_stats(*node, a.name);
-        if (a.no_rejoin) fail(Status(Code::unavailable, "lost the head at " + node->address()));
-        // A fresh process: CAF's teardown after a broken peer can hang (see
-        // finish()), and the new run dials the head for --join-timeout.
-        // A stop signal that came already stops this run; one that comes
-        // from here until the exec ends the process at once (on_signal),
-        // rather than being lost with this run while the next one dials a
-        // head that is gone.
-        g_restarting.store(true);
-        if (g_stop.load()) {
-          g_restarting.store(false);
-          break;
-        }
+        if (a.no_rejoin || !supervised_run()) fail(Status(Code::unavailable, "lost the head at " + node->address()));
+        if (g_stop.load()) break;  // a stop signal came: the supervisor starts no run after this one
+        // The supervisor starts the next run, a fresh process that dials the
+        // head for --join-timeout. No teardown here: CAF's after a broken
+        // peer can hang (see finish()).
         std::fprintf(stderr, "cleave node %s: lost the head at %s; starting again to rejoin it (%g s)\n",
                      a.name.c_str(), node->address().c_str(), a.join_timeout_s);
-        const std::string err = exec_self();
-        g_restarting.store(false);
-        fail(Status(Code::unavailable, "lost the head at " + node->address() + " and cannot start again: " + err));
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(kRunRejoins);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }

@@ -32,7 +32,7 @@ struct PlanArgs {
   std::vector<double> calibrate_rate;
   planner::Workload workload;
   planner::Slo slo;
-  int32_t max_stages = 8, threads = 1, max_seqs = 8;
+  int32_t max_stages = 8, threads = 1, max_seqs = 8, top = 0;
   // What a served stage's scheduler takes in one step (SchedulerOptions).
   int32_t max_batch_tokens = SchedulerOptions{}.max_batch_tokens;
   double prefill_cost = 1.0, decode_cost = 1.0, handoff_ms = 0;
@@ -200,6 +200,9 @@ CLI::App* add_plan_command(CLI::App& app) {
   cmd->add_option("--max-stages", g_plan.max_stages, "prefill + decode stages at most")->check(CLI::Range(2, 4096));
   cmd->add_option("--prefill-cost", g_plan.prefill_cost, "cost of a prefill stage's node")->check(CLI::Range(1e-6, 1e6));
   cmd->add_option("--decode-cost", g_plan.decode_cost, "cost of a decode stage's node")->check(CLI::Range(1e-6, 1e6));
+  cmd->add_option("--top", g_plan.top, "print the N rows of the front with the highest goodput (then lowest cost); "
+                                       "0: all")
+      ->check(CLI::Range(0, 1000000));
   cmd->add_option("--seed", g_plan.workload.seed, "arrivals and lengths");
   cleave::g_plan_cmd = cmd;
   return cmd;
@@ -325,13 +328,19 @@ int run_plan_command() {
                 a.workload.output_max, a.workload.requests, a.slo.ttft_ms, a.slo.tpot_ms);
   const auto all = planner::search(profile, a.workload, a.slo, a.max_stages, a.prefill_cost, a.decode_cost);
   const auto front = planner::pareto_front(all);
-  std::printf("%zu split%s simulated; Pareto front (goodput, p90 TTFT, p90 TPOT, cost):\n", all.size(),
-              all.size() == 1 ? "" : "s");
+  // The front is ordered by goodput, then cost: --top keeps its head.
+  const size_t shown = a.top > 0 ? std::min(front.size(), size_t(a.top)) : front.size();
+  std::printf("%zu split%s simulated; Pareto front (goodput, p90 TTFT, p90 TPOT, cost): %zu row%s", all.size(),
+              all.size() == 1 ? "" : "s", front.size(), front.size() == 1 ? "" : "s");
+  if (shown < front.size()) std::printf(", the %zu of highest goodput shown (--top)", shown);
+  std::printf("\n");
   std::printf("%8s %8s %8s %10s %8s %11s %11s %11s %11s %8s %8s\n", "prefill", "decode", "cost", "goodput/s",
               "attain", "ttft_p50ms", "ttft_p90ms", "tpot_p50ms", "tpot_p90ms", "p_busy", "d_busy");
-  for (const auto& o : front)
+  for (size_t i = 0; i < shown; ++i) {
+    const planner::Outcome& o = front[i];
     std::printf("%8d %8d %8.3g %10.4g %8.3f %11.4g %11.4g %11.4g %11.4g %8.2f %8.2f\n", o.placement.prefill,
                 o.placement.decode, o.placement.cost(), o.goodput, o.attainment, o.ttft_p50_ms, o.ttft_p90_ms,
                 o.tpot_p50_ms, o.tpot_p90_ms, o.prefill_busy, o.decode_busy);
+  }
   return 0;
 }

@@ -29,6 +29,27 @@ rc, out2, err = run("plan", "--profile", prof, "--rate", "4", "--prompt-tokens",
 expect("plan --profile: the saved profile gives the same front", rc == 0 and out2.split("\n", 1)[1] == out.split("\n", 1)[1],
        out2 + err)
 expect_error("plan: a profile or a model is needed", ["plan", "--rate", "4"], 2, "--profile")
+
+
+def front_rows(text):
+    return [l.split() for l in text.splitlines() if l.split()[:1] and l.split()[0].isdigit() and len(l.split()) == 11]
+
+
+# --top keeps the head of the front (goodput, then cost); the header still
+# counts the whole front.
+# A load that saturates small splits, so that the front has many rows.
+args8 = ["plan", "--profile", prof, "--rate", "1500", "--prompt-tokens", "16:64", "--output-tokens", "4:32",
+         "--max-stages", "8", "--requests", "600", "--slo-ttft-ms", "3", "--slo-tpot-ms", "1"]
+rc, full, err = run(*args8)
+rc2, top, err2 = run(*args8, "--top", "2")
+whole = front_rows(full)
+expect("plan --top 2: the two rows of highest goodput, the front's size still said",
+       rc == 0 and rc2 == 0 and len(whole) > 4 and front_rows(top) == whole[:2] and
+       f"{len(whole)} rows, the 2 of highest goodput shown (--top)" in top and
+       all(float(whole[i][3]) >= float(whole[i + 1][3]) for i in range(len(whole) - 1)), full + top + err + err2)
+rc, top0, err = run(*args8, "--top", "0")
+expect("plan --top 0: the whole front", rc == 0 and front_rows(top0) == whole and "shown" not in top0, top0 + err)
+expect_error("plan: --top below 0 is refused", [*args8, "--top", "-1"], 2, "--top")
 rc, out3, err = run("plan", "-m", model, "--profile-topology", "mono", "--rate", "4", "--prompt-tokens", "16",
                     "--output-tokens", "8", "--max-stages", "2", "--requests", "50")
 expect("plan -m --profile-topology mono: profiles the bare engine", rc == 0 and "1 split simulated" in out3, out3 + err)

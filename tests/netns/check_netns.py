@@ -14,6 +14,11 @@ finish reason) must equal the one `cleave serve` process's (mono).
    (the heartbeat drops d1, its requests finish on d0), then resets every
    connection once d1 is back: each time every answer is mono's, no
    request hangs or fails.
+3. The relay half-opens d1's connection under load (d1 is reset, the head
+   hears nothing and holds the connection until its 4 s timeout): d1 starts
+   again at once and joins as a new node while the head still holds the old
+   run's connection (a new run is a new process, so CAF never takes it for
+   the old one); the old run's requests finish elsewhere, none fails.
 
 Exits 77 (skipped) where namespaces cannot be made (not root, no ip netns).
 Every namespace and link goes when it ends, failed or not.
@@ -65,16 +70,17 @@ try:
     sets = ["--set", f"d0_host={net.addr('d0')}", "--set", f"d1_host={net.addr('d1')}"]
     base = f"http://{H}:{HTTP_PORT}"
 
-    def node(tag, host, name, head_host, head_port, extra=()):
-        cmd = [CLEAVE, "node", "--topology", TOPOLOGY, "--name", name, "-m", MODEL, "-t", "1", *sets,
+    def node(tag, host, name, head_host, head_port, extra=(), more_sets=()):
+        cmd = [CLEAVE, "node", "--topology", TOPOLOGY, "--name", name, "-m", MODEL, "-t", "1", *sets, *more_sets,
                "--set", f"head_host={head_host}", "--set", f"head_port={head_port}", *extra]
         return NodeProcess(net.run(host, cmd), os.path.join(WORK, f"{tag}{name}.err"))
 
-    def start(tag, head_extra=(), d1_head=(None, None)):
-        head = node(tag, "head", "head", H, HEAD_PORT, ["--http-port", str(HTTP_PORT), "--host", H, *head_extra])
+    def start(tag, head_extra=(), d1_head=(None, None), more_sets=()):
+        head = node(tag, "head", "head", H, HEAD_PORT, ["--http-port", str(HTTP_PORT), "--host", H, *head_extra],
+                    more_sets)
         expect(f"{tag}head listens", head.wait_line(r"listening on http://") is not None, head.stderr()[-1500:])
-        d0 = node(tag, "d0", "d0", H, HEAD_PORT, ["--join-timeout", "30"])
-        d1 = node(tag, "d1", "d1", d1_head[0] or H, d1_head[1] or HEAD_PORT, ["--join-timeout", "30"])
+        d0 = node(tag, "d0", "d0", H, HEAD_PORT, ["--join-timeout", "30"], more_sets)
+        d1 = node(tag, "d1", "d1", d1_head[0] or H, d1_head[1] or HEAD_PORT, ["--join-timeout", "30"], more_sets)
         expect(f"{tag}d0 and d1 joined", wait_until(lambda: head.stderr().count(" joined\n") >= 2 and
                                                    "node d0 joined" in head.stderr() and
                                                    "node d1 joined" in head.stderr()), head.stderr()[-1500:])
@@ -139,6 +145,28 @@ try:
     r = stop(head)
     expect("2. no request failed; d1 dropped by the stall and by the reset",
            r.get("failures", 1) == 0 and r.get("stage_downs", 0) >= 2, r)
+
+    # 3. d1's connection half-open: the head holds it for its 4 s timeout.
+    relay = NodeProcess(net.run("switch", [sys.executable, os.path.join(HERE, "tcp_relay.py"), "10.77.0.254",
+                                           str(RELAY_PORT), H, str(HEAD_PORT), "0"]),
+                        os.path.join(WORK, "relay_half.err"))
+    expect("3. the relay listens", relay.wait_line(r"relay listening") is not None, relay.stderr())
+    head, d0, d1 = start("half_", ["--kv-via-store"], ("10.77.0.254", RELAY_PORT),
+                         ["--set", "connection_timeout=4"])
+
+    def half_open(done):
+        wait_until(lambda: done[0] >= N // 4, 120)
+        relay.proc.send_signal(signal.SIGHUP)
+        expect("3. half-open: d1 starts again and joins while the head still holds its old run",
+               wait_until(lambda: head.stderr().count("node d1 joined") >= 2, 30) and
+               "lost its decode stage" not in head.stderr(), head.stderr()[-1500:])
+        expect("3. the head drops d1's old run by heartbeat",
+               wait_until(lambda: "lost its decode stage" in head.stderr(), 30), head.stderr()[-1500:])
+    got = load(base, half_open)
+    same("3. half-open under load", got, want)
+    r = stop(head)
+    expect("3. no request failed; d1's old run dropped once, d0 and d1's new run serve at the end",
+           r.get("failures", 1) == 0 and r.get("stage_downs", 0) == 1 and r.get("alive_decode", 0) == 2, r)
 finally:
     stop_all()
     if net:

@@ -87,7 +87,7 @@ def cluster_with_frozen_encoder(tag, out_path, encoders, topology=TOPOLOGY):
         expect(f"{label}{name} joins", n.wait_line(r"joined", timeout=60) is not None, n.stderr())
     victim = Node(encoders[0], sets, tag, topology)
     joined = victim.wait_line(r"joined", timeout=60)
-    victim.proc.send_signal(signal.SIGSTOP)
+    victim.freeze()
     expect(f"{label}{encoders[0]} joins", joined is not None, victim.stderr())
     submitted = head.wait_line(r"submitted", timeout=5) is not None
     time.sleep(0.05)

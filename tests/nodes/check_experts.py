@@ -121,11 +121,11 @@ try:
         head, workers = cluster(tag, long_req, out, sets)
         submitted = head.wait_line(r"submitted", timeout=60) is not None
         time.sleep(0.1)
-        workers[victim].proc.send_signal(signal.SIGSTOP)
+        workers[victim].freeze()
         t0 = time.monotonic()
         rc = head.wait(300)
         took = time.monotonic() - t0
-        workers[victim].proc.send_signal(signal.SIGCONT)
+        workers[victim].thaw()
         err = head.stderr()
         got = results(out)
         expect(f"{tag}SIGSTOP of {victim} under load: every request finishes with mono's bits",

@@ -76,7 +76,7 @@ def cluster(tag, req, out, sets, workers, stages, extra=None, freeze=()):
         expect(f"{tag}{name}'s store joined the pool", head.stderr().count("joined the pool") >= i + 1,
                head.stderr()[-1000:])
         if name in freeze:
-            procs[name].proc.send_signal(signal.SIGSTOP)
+            procs[name].freeze()
     return head, procs
 
 

@@ -128,11 +128,11 @@ try:
            re.search(r'^cleave_stage_steps_total\{stage="b0/colocated/0"\} [1-9]', text, re.M) is not None)
     # A stopped worker: a scrape comes back (without its stages) instead of
     # waiting on them.
-    nodes["b0"].proc.send_signal(signal.SIGSTOP)
+    nodes["b0"].freeze()
     t0 = time.time()
     m, _ = metrics(base)
     took = time.time() - t0
-    nodes["b0"].proc.send_signal(signal.SIGCONT)
+    nodes["b0"].thaw()
     print(f"a scrape with b0 stopped took {took:.2f} s")
     expect("a scrape with a stopped worker answers within 5 s, the other node's stages in it",
            took < 5 and "a0/colocated/0" in m and ROUTER_B in m, (took, sorted(m)))

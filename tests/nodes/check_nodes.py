@@ -380,7 +380,7 @@ try:
     # less than the heartbeat timeout, still takes its share of the
     # hand-offs: it surely holds requests when it dies.
     time.sleep(0.1)
-    d0.proc.send_signal(signal.SIGSTOP)
+    d0.freeze()
     time.sleep(0.2)
     t_kill = time.time()
     d0.proc.kill()
@@ -423,15 +423,15 @@ try:
     d0 = worker("d0", port, tag="killp_", sets=["decoders=1", "connection_timeout_s=4"],
                 extra=["--max-seqs", "1", "--kv-chunk-bytes", "4096", "--kv-window", "2"])
     d0_joined = d0.wait_line(r"cleave node d0 joined", timeout=60)
-    d0.proc.send_signal(signal.SIGSTOP)
+    d0.freeze()
     p0 = worker("p0", port, tag="killp_", sets=["decoders=1", "connection_timeout_s=4"],
                 extra=["--kv-chunk-bytes", "4096"])
     submitted = head.wait_line(r"submitted (\d+) requests", timeout=60)
     expect("kill prefill: d0 joined, then the head submitted once p0 joined",
            d0_joined is not None and submitted is not None, head.stderr()[-2000:])
     time.sleep(0.5)  # p0 prefills and hands off to frozen d0
-    p0.proc.send_signal(signal.SIGSTOP)
-    d0.proc.send_signal(signal.SIGCONT)
+    p0.freeze()
+    d0.thaw()
     time.sleep(0.3)
     t_kill = time.time()
     p0.proc.kill()
@@ -493,10 +493,10 @@ try:
     d1 = worker("d1", port, tag="stop_", sets=["decoders=2"], extra=["--max-seqs", "1"])
     submitted = head.wait_line(r"submitted (\d+) requests", timeout=60)
     t_stop = time.time()
-    d0.proc.send_signal(signal.SIGSTOP)
+    d0.freeze()
     rc = head.wait(120)
     herr = head.stderr()
-    d0.proc.send_signal(signal.SIGCONT)
+    d0.thaw()
     results = read_results(out)
     expect("stop: every request ends (none hangs), head exits 0",
            submitted is not None and rc == 0 and len(results) == 100, f"rc={rc} {herr}")

@@ -60,6 +60,30 @@ class NodeProcess:
         except subprocess.TimeoutExpired:
             return None
 
+    def run_pid(self):
+        """The process that runs the node: a worker's supervisor (the process
+        started here) runs each run as its child (apps/process_args.h); the
+        head and a --no-rejoin worker run in the process itself."""
+        me = self.proc.pid
+        for d in os.listdir("/proc"):
+            if not d.isdigit():
+                continue
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    stat = f.read()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == me:  # the field after the state: the parent
+                return int(d)
+        return me
+
+    def freeze(self):
+        """SIGSTOP of the node's run: a host that hangs, its connections open."""
+        os.kill(self.run_pid(), signal.SIGSTOP)
+
+    def thaw(self):
+        os.kill(self.run_pid(), signal.SIGCONT)
+
     def stderr(self):
         self.err_file.flush()
         with open(self.err_path) as f:
