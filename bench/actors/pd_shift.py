@@ -15,7 +15,7 @@ are its goals, and each phase's rate is --load x the best closed-loop
 throughput of the fixed splits in that phase (8 in flight).
 
 usage: pd_shift.py CLEAVE VOCAB WORKDIR [--stages 3] [--runs 3] [--phase-s 20] [--interval-s 1]
-       [--confirm 2] [--cooldown-s 4] [--switch-grace-s 2] [--json FILE]"""
+       [--confirm 2] [--cooldown-s 4] [--switch-grace-s 2] [--json FILE] [--plot FILE.png]"""
 import argparse
 import json
 import os
@@ -40,6 +40,7 @@ ap.add_argument("--confirm", type=int, default=2, help="intervals a verdict must
 ap.add_argument("--cooldown-s", type=float, default=4, help="no move this long after one")
 ap.add_argument("--switch-grace-s", type=float, default=2, help="a switching stage finishes its work this long")
 ap.add_argument("--json")
+ap.add_argument("--plot", help="goodput per phase and cluster (plot_pd_shift.py)")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 model = os.path.join(a.work, "shift.gguf")
@@ -126,5 +127,10 @@ for name, *_ in configs:
     print(f"| {name} | " + " | ".join(cells) + f" | {statistics.median(sw):g} |")
 print(f"(median over {a.runs} runs, range in brackets; offered "
       + ", ".join(f"{r:.2f}" for r in rates) + " req/s)")
+data = {"phases": PHASES, "rates": rates, "slo": slo, "results": results}
 if a.json:
-    json.dump({"phases": PHASES, "rates": rates, "slo": slo, "results": results}, open(a.json, "w"), indent=1)
+    json.dump(data, open(a.json, "w"), indent=1)
+if a.plot:
+    from plot_pd_shift import plot  # matplotlib only where a plot is asked for
+    plot(data, a.plot)
+    print("plot:", a.plot)

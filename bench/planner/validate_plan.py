@@ -22,7 +22,7 @@ the largest here.
 usage: validate_plan.py CLEAVE VOCAB WORKDIR [--rates 8,16,24,32,36,40] [--prompts 120] [--runs 3]
        [--dim 256] [--layers 4] [--ffn 768]
        [--calibrate-rates 16,32] [--prompt-tokens 128] [--output-tokens 64] [--slo-ttft-ms 100]
-       [--slo-tpot-ms 10] [--json FILE]"""
+       [--slo-tpot-ms 10] [--json FILE] [--plot FILE.png]"""
 import argparse
 import json
 import os
@@ -50,6 +50,7 @@ ap.add_argument("--dim", type=int, default=256)
 ap.add_argument("--layers", type=int, default=4)
 ap.add_argument("--ffn", type=int, default=768)
 ap.add_argument("--json")
+ap.add_argument("--plot", help="goodput measured and predicted, each run's error (plot_validation.py)")
 a = ap.parse_args()
 os.makedirs(a.work, exist_ok=True)
 model = os.path.join(a.work, "plan.gguf")
@@ -212,3 +213,9 @@ big, _ = plan(["--profile", calibrated, "--rate", str(big_rate), "--requests", "
 print(big)
 if a.json:
     json.dump({"rows": rows, "cluster64": big}, open(a.json, "w"), indent=1)
+if a.plot:
+    import sys
+    sys.path.insert(0, HERE)
+    from plot_validation import plot  # matplotlib only where a plot is asked for
+    plot({"rows": rows}, a.plot)
+    print("plot:", a.plot)
