@@ -180,6 +180,17 @@ TEST_CASE("pipeline failure: a decode actor killed mid-generation, its sequences
     Collector col;
     for (const auto& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
     REQUIRE(col.wait_tokens(requests.size() * 4, std::chrono::seconds(60)));
+    // Mid-generation: the victim holds sequences when it dies (on a busy
+    // machine the first tokens can all come before it got any).
+    const std::string kind = o.topology == Topology::pd ? "decode" : "colocated";
+    const auto victim_running = [&] {
+      const auto now = p->stats();
+      const msg::Stats* v = find_stats(now, kind + "/0");
+      return v ? v->get("running") : 0;
+    };
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (victim_running() == 0 && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
     REQUIRE(kill_decoder(*p, 0).ok());
     CHECK(kill_decoder(*p, 0).code() == Code::not_found);
     REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(120)));
@@ -195,7 +206,6 @@ TEST_CASE("pipeline failure: a decode actor killed mid-generation, its sequences
     CHECK(router->get("stage_downs") == 1);
     CHECK(router->get("replacements") > 0);
     CHECK(router->get("failures") == 0);
-    const std::string kind = o.topology == Topology::pd ? "decode" : "colocated";
     CHECK(p->alive(kind) == 2);
     // The survivors restored KV from the store instead of recomputing it all.
     CHECK(sum_counter(stats, kind, "kv_blocks_got") > 0);
