@@ -1,5 +1,7 @@
 #include "apps/process_args.h"
 
+#include <dirent.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -63,6 +65,15 @@ int supervise() {
         (*e)[std::strlen(kRunVariable)] != '=')
       envp.push_back(*e);
   envp.push_back(nullptr);
+  // A run starts with stdin, stdout and stderr only: nothing the command
+  // line's process opened before this point outlives into the runs.
+  if (DIR* d = ::opendir("/proc/self/fd")) {
+    while (dirent* e = ::readdir(d)) {
+      const int fd = std::atoi(e->d_name);
+      if (fd > 2 && fd != ::dirfd(d)) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+    ::closedir(d);
+  }
 
   struct sigaction sa {};
   sa.sa_handler = forward_signal;
