@@ -25,6 +25,7 @@
 #include "bench/attention_bench.h"
 #include "bench/matmul_bench.h"
 #include "bench/batched_decode.h"
+#include "bench/groups_bench.h"
 #include "bench/limits.h"
 #include "model/clip.h"
 #include "model/engine.h"
@@ -145,6 +146,79 @@ double weight_elems_per_token(const ModelSpec& s, int prompt_len) {
   double per_layer = d * q + 2 * d * kv + q * d;
   per_layer += s.n_experts ? s.n_experts_used * 3 * d * f + d * s.n_experts : 3 * d * f;
   return per_layer * s.n_layers + d * 32000.0 / prompt_len;  // output (vocab 32000)
+}
+
+// A generated model of one shape and weight type, in the work dir.
+struct ModelFile {
+  std::string name, tname, path;
+  ModelSpec spec;
+};
+
+// Every shape in every type, each written to workdir when missing. 0, or the
+// exit code (after printing why): 2 for an unknown type, 1 for a failed write.
+int model_files(const std::vector<Shape>& shapes, const std::vector<std::string>& types,
+                const std::string& vocab, const std::string& workdir, std::vector<ModelFile>* out) {
+  for (const Shape& sh : shapes) {
+    for (const std::string& tname : types) {
+      auto dt = dtype_from_name(tname);
+      if (!dt.ok()) {
+        std::fprintf(stderr, "%s\n", dt.status().to_string().c_str());
+        return 2;
+      }
+      ModelFile m{sh.name, tname, workdir + "/" + sh.name + "-" + tname + ".gguf", sh.spec};
+      m.spec.type = *dt;
+      if (!std::filesystem::exists(m.path)) {
+        Status st = write_test_model(m.spec, vocab, m.path);
+        if (!st.ok()) {
+          std::fprintf(stderr, "%s\n", st.to_string().c_str());
+          return 1;
+        }
+      }
+      out->push_back(std::move(m));
+    }
+  }
+  return 0;
+}
+
+// --groups: each model and thread count, grouped matmuls against one by one
+// in one process (bench/groups_bench.h).
+int run_groups_section(const std::vector<Shape>& models, const std::vector<std::string>& types,
+                       const std::vector<int>& threads, const std::string& vocab, const std::string& workdir,
+                       int prompt, int decode, int runs, const std::string& out_json) {
+  json results;
+  results["isa"] = isa_name(detect_isa());
+  std::printf("%-9s %-5s %2s | %-48s | %s\n", "model", "type", "t", "prefill ms: grouped / one by one, speedup",
+              "decode ms");
+  std::vector<ModelFile> files;
+  if (int rc = model_files(models, types, vocab, workdir, &files)) return rc;
+  for (const ModelFile& m : files) {
+    for (int t : threads) {
+      json r;
+      try {
+        r = bench::run_groups_ab(m.path, t, prompt, decode, runs);
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s %s t=%d: %s\n", m.name.c_str(), m.tname.c_str(), t, e.what());
+        return 1;
+      }
+      r["model"] = m.name;
+      r["type"] = m.tname;
+      auto cell = [](const json& j) {
+        char b[128];
+        std::snprintf(b, sizeof b, "%7.3f / %7.3f  %.3fx (%.3f-%.3f) %2d/%-2d",
+                      j["grouped_ms"].get<double>(), j["one_by_one_ms"].get<double>(),
+                      j["speedup_median"].get<double>(), j["speedup_q1"].get<double>(),
+                      j["speedup_q3"].get<double>(), j["grouped_faster"].get<int>(), j["pairs"].get<int>());
+        return std::string(b);
+      };
+      std::printf("%-9s %-5s %2d | %s | %s\n", m.name.c_str(), m.tname.c_str(), t, cell(r["prefill"]).c_str(),
+                  decode > 0 ? cell(r["decode_steps"]).c_str() : "-");
+      std::fflush(stdout);
+      results["runs"].push_back(r);
+    }
+  }
+  std::ofstream(out_json) << results.dump(2) << "\n";
+  std::printf("\nwrote %s\n", out_json.c_str());
+  return 0;
 }
 
 json spawn_one(const std::string& self, const std::string& model, int threads, int prompt,
@@ -324,6 +398,11 @@ int main(int argc, char** argv) {
                  "matrix FLOPs against the measured int8 peak)")
       ->delimiter(',')
       ->check(CLI::IsMember({"exact", "int8"}));
+  bool groups = false;
+  app.add_flag("--groups", groups,
+               "only the matmul-groups section: prefill and decode with each group of independent matmuls "
+               "(q k v, gate up, the experts) run as one parallel region against one by one, alternating "
+               "in one process (--runs pairs, default 21)");
   CLI11_PARSE(app, argc, argv);
   if (!run_one_path.empty())
     return run_one(run_one_path, threads, prompt, decode,
@@ -332,9 +411,20 @@ int main(int argc, char** argv) {
   if (vocab.empty()) vocab = std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
   if (workdir.empty()) workdir = (std::filesystem::temp_directory_path() / "cleave-bench").string();
   std::filesystem::create_directories(workdir);
-  if (int(encoder) + int(batched) + int(attention) + int(matmul) > 1) {
-    std::fprintf(stderr, "--encoder, --batched, --attention and --matmul each run one section: pick one\n");
+  if (int(encoder) + int(batched) + int(attention) + int(matmul) + int(groups) > 1) {
+    std::fprintf(stderr, "--encoder, --batched, --attention, --matmul and --groups each run one section: pick one\n");
     return 2;
+  }
+  if (groups) {
+    for (const char* f : {"--batches", "--compute", "--mmproj", "--kv-types", "--rows", "--context"})
+      if (app.count(f)) {
+        std::fprintf(stderr, "%s does not apply to --groups\n", f);
+        return 2;
+      }
+    if (!app.count("--types")) types = {"f16"};
+    const std::vector<int> ts = app.count("--threads") ? std::vector<int>{threads} : std::vector<int>{1, 2};
+    return run_groups_section(shapes(quick), types, ts, vocab, workdir, prompt,
+                              app.count("--decode") ? decode : 8, app.count("--runs") ? bo.runs : 21, out_json);
   }
   if (matmul) {
     for (const char* f : {"--batches", "--compute", "--prompt", "--decode", "--quick", "--mmproj", "--vocab",
@@ -426,35 +516,20 @@ int main(int argc, char** argv) {
     double file_bytes;
   };
   std::vector<Run> runs;
-  for (const Shape& sh : shapes(quick)) {
-    for (const std::string& tname : types) {
-      auto dt = dtype_from_name(tname);
-      if (!dt.ok()) {
-        std::fprintf(stderr, "%s\n", dt.status().to_string().c_str());
-        return 2;
-      }
-      ModelSpec spec = sh.spec;
-      spec.type = *dt;
-      std::string path = workdir + "/" + sh.name + "-" + tname + ".gguf";
-      if (!std::filesystem::exists(path)) {
-        Status st = write_test_model(spec, vocab, path);
-        if (!st.ok()) {
-          std::fprintf(stderr, "%s\n", st.to_string().c_str());
-          return 1;
-        }
-      }
-      for (const std::string& compute : computes) {
-        if (compute == "int8" && spec.type != DType::Q8_0) continue;  // int8 is Q8_0's
-        for (int t = 1; t <= 2; ++t) {
-          std::fprintf(stderr, "running %s %s (%s) on %d thread(s)\n", sh.name.c_str(), tname.c_str(),
-                       compute.c_str(), t);
-          json r = spawn_one(self, path, t, prompt, decode, compute);
-          r["model"] = sh.name;
-          r["type"] = tname;
-          r["compute"] = compute;
-          r["threads"] = t;
-          runs.push_back({r, spec, double(std::filesystem::file_size(path))});
-        }
+  std::vector<ModelFile> files;
+  if (int rc = model_files(shapes(quick), types, vocab, workdir, &files)) return rc;
+  for (const ModelFile& m : files) {
+    for (const std::string& compute : computes) {
+      if (compute == "int8" && m.spec.type != DType::Q8_0) continue;  // int8 is Q8_0's
+      for (int t = 1; t <= 2; ++t) {
+        std::fprintf(stderr, "running %s %s (%s) on %d thread(s)\n", m.name.c_str(), m.tname.c_str(),
+                     compute.c_str(), t);
+        json r = spawn_one(self, m.path, t, prompt, decode, compute);
+        r["model"] = m.name;
+        r["type"] = m.tname;
+        r["compute"] = compute;
+        r["threads"] = t;
+        runs.push_back({r, m.spec, double(std::filesystem::file_size(m.path))});
       }
     }
   }

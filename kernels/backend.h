@@ -28,6 +28,14 @@ struct WeightView {
   size_t row_bytes = 0;
 };
 
+// One matmul of a group (Backend::matmuls): y = x w^T over n rows of x.
+struct MatmulJob {
+  const WeightView* w = nullptr;
+  const float* x = nullptr;
+  int64_t n = 0;
+  float* y = nullptr;
+};
+
 // The paged KV cache the attention ops read and write. One block holds
 // `block_size` consecutive token positions of K and V for every layer;
 // each (block, layer) part is contiguous so a layer can be moved on its own.
@@ -232,6 +240,15 @@ class Backend {
   // y[i][r] = sum_c x[i][c] * w[r][c] for i < n, r < w.rows.
   // x is n x w.cols, y is n x w.rows (row-major, dense).
   virtual void matmul(const WeightView& w, const float* x, int64_t n, float* y) = 0;
+  // Independent matmuls (no job's y overlaps another job's x or y), each
+  // with the bits matmul gives it alone. A backend may run them as one
+  // parallel region rather than one after another (the CPU backend splits
+  // all their panels over its threads at once: the q, k and v projections,
+  // or every expert's gate and up, cost one fork and join instead of one
+  // each, and the threads share out more panels).
+  virtual void matmuls(const MatmulJob* jobs, int64_t count) {
+    for (int64_t i = 0; i < count; ++i) matmul(*jobs[i].w, jobs[i].x, jobs[i].n, jobs[i].y);
+  }
   // y[i] = x[i] / sqrt(mean(x[i]^2) + eps) * weight, for n rows of dim.
   virtual void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
                        float* y) = 0;

@@ -1,7 +1,8 @@
 // Where a forward pass spends its time, op by op: a Backend that forwards
 // every call to another one and adds up the wall time of each, with matmuls
 // kept apart by their weight's shape (so the output matrix, the attention
-// projections and the FFN show separately). The CPU backend's ops return
+// projections and the FFN show separately; a group of matmuls run as one
+// region is one op, named by its shapes). The CPU backend's ops return
 // when their work is done, so the times are the ops' own; on an asynchronous
 // backend they would be launch times only (sync() is timed as its own op).
 #pragma once
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "kernels/backend.h"
+#include "kernels/forwarding_backend.h"
 
 namespace cleave {
 
@@ -21,35 +23,21 @@ struct OpTime {
   double rows = 0;  // rows (matmul: x rows; attention: query rows) over all calls
 };
 
-class ProfilingBackend final : public Backend {
+class ProfilingBackend final : public ForwardingBackend {
  public:
-  explicit ProfilingBackend(std::shared_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  explicit ProfilingBackend(std::shared_ptr<Backend> inner) : ForwardingBackend(std::move(inner)) {}
 
   // By op name; matmuls as "matmul ROWSxCOLS" of their weight (rows = outputs).
   const std::map<std::string, OpTime>& times() const { return times_; }
   double total_seconds() const;
   void reset() { times_.clear(); }
 
-  Caps caps() const override { return inner_->caps(); }
-  bool supports(Op op, DType t) const override { return inner_->supports(op, t); }
-  bool prepare(const WeightView& w) override { return inner_->prepare(w); }
-  void* alloc(size_t bytes) override { return inner_->alloc(bytes); }
-  void free(void* ptr) override { inner_->free(ptr); }
-  void* alloc_pinned_host(size_t bytes) override { return inner_->alloc_pinned_host(bytes); }
-  void free_pinned_host(void* ptr) override { inner_->free_pinned_host(ptr); }
-  Result<SharedRegion> alloc_shared(size_t bytes) override { return inner_->alloc_shared(bytes); }
-  void free_shared(const SharedRegion& r) override { inner_->free_shared(r); }
-  Result<const void*> open_shared(const std::string& h, size_t bytes) override {
-    return inner_->open_shared(h, bytes);
-  }
-  void close_shared(const void* p, size_t bytes) override { inner_->close_shared(p, bytes); }
-  Status checksum_blocks(const void* p, size_t block_bytes, int64_t n, uint64_t* out) override {
-    return inner_->checksum_blocks(p, block_bytes, n, out);
-  }
+  // Timed (the rest forwards untimed: memory, sharing, links, prepare).
   void upload(void* dst, const void* src, size_t bytes) override;
   void download(void* dst, const void* src, size_t bytes) override;
   void sync() override;
   void matmul(const WeightView& w, const float* x, int64_t n, float* y) override;
+  void matmuls(const MatmulJob* jobs, int64_t count) override;
   void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
                float* y) override;
   void rope(float* x, int64_t n, int64_t n_heads, int64_t head_dim, const int32_t* positions,
@@ -76,7 +64,6 @@ class ProfilingBackend final : public Backend {
  private:
   void record(const std::string& name, double seconds, double rows);
 
-  std::shared_ptr<Backend> inner_;
   std::map<std::string, OpTime> times_;
 };
 

@@ -40,10 +40,36 @@ void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t exper
   // The backend's own form of the expert (found again after its first use):
   // replicas a host takes on and experts no one prepared ahead get it too.
   for (const WeightView* w : views) be.prepare(*w);
-  be.matmul(*views[0], x, rows, gp);
-  be.matmul(*views[1], x, rows, up);
+  const MatmulJob gate_up[] = {{views[0], x, rows, gp}, {views[1], x, rows, up}};
+  be.matmuls(gate_up, 2);
   be.silu_mul(gp, up, rows * ffn, gp);
   be.matmul(*views[2], gp, rows, y);
+}
+
+void compute_experts(Backend& be, const LlamaLayer& l, int64_t ffn, std::span<const ExpertWork> work,
+                     float* g, float* u) {
+  std::vector<MatmulJob> jobs;
+  jobs.reserve(2 * work.size());
+  int64_t total = 0;
+  for (const ExpertWork& w : work) {
+    if (w.rows == 0) continue;
+    const auto views = expert_views(l, w.expert);
+    for (const WeightView* v : views) be.prepare(*v);
+    jobs.push_back({views[0], w.x, w.rows, g + total * ffn});
+    jobs.push_back({views[1], w.x, w.rows, u + total * ffn});
+    total += w.rows;
+  }
+  if (total == 0) return;
+  be.matmuls(jobs.data(), int64_t(jobs.size()));
+  be.silu_mul(g, u, total * ffn, g);
+  jobs.clear();
+  int64_t at = 0;
+  for (const ExpertWork& w : work) {
+    if (w.rows == 0) continue;
+    jobs.push_back({expert_views(l, w.expert)[2], g + at * ffn, w.rows, w.y});
+    at += w.rows;
+  }
+  be.matmuls(jobs.data(), int64_t(jobs.size()));
 }
 
 double load_spread(const std::vector<uint64_t>& rows) {

@@ -98,6 +98,12 @@ void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t exper
 // memory (as x and y are).
 void compute_expert(Backend& be, const LlamaLayer& l, int64_t ffn, int32_t expert, const float* x,
                     int64_t rows, float* g, float* u, float* y);
+// Every piece of `work` (experts of layer l) as compute_expert computes it,
+// with the same bits, as three backend ops: all gate and up matmuls in one
+// group, one silu_mul, all down matmuls in one group. g and u hold the
+// pieces' rows x ffn one after another (total rows x ffn floats each).
+void compute_experts(Backend& be, const LlamaLayer& l, int64_t ffn, std::span<const ExpertWork> work,
+                     float* g, float* u);
 
 class ExpertHost {
  public:

@@ -156,9 +156,8 @@ void LayerCompute::attend(const Call& call, const LlamaLayer& l, int32_t li, int
   const int32_t kv_layer = li - call.kv_first;
   const float scale = 1.0f / std::sqrt(float(c.head_dim));
   be_.rmsnorm(x, l.attn_norm, n, dim, c.rms_eps, h);
-  be_.matmul(l.wq, h, n, q);
-  be_.matmul(l.wk, h, n, k);
-  be_.matmul(l.wv, h, n, v);
+  const MatmulJob qkv[] = {{&l.wq, h, n, q}, {&l.wk, h, n, k}, {&l.wv, h, n, v}};
+  be_.matmuls(qkv, 3);
   be_.rope(q, n, c.n_heads, c.head_dim, pos, c.rope_base);
   be_.rope(k, n, c.n_kv_heads, c.head_dim, pos, c.rope_base);
   be_.kv_write(*call.kv, kv_layer, k, v, rows, n);
@@ -224,9 +223,7 @@ void LayerCompute::ffn_start(const Call& call, const LlamaLayer& l, int32_t laye
     if (!host_) work_to_host(g, gx, gy, cnt * dim);
     g.ticket = call.experts->start(layer, g.work);
   } else {
-    for (const ExpertWork& w : g.work)
-      compute_expert(be_, l, c.ffn, w.expert, w.x, w.rows, gate_.grow(size_t(w.rows * c.ffn)),
-                     up_.grow(size_t(w.rows * c.ffn)), w.y);
+    compute_experts(be_, l, c.ffn, g.work, gate_.grow(size_t(cnt * c.ffn)), up_.grow(size_t(cnt * c.ffn)));
   }
 }
 

@@ -120,6 +120,12 @@ class FencedBackend final : public Backend {
     Open o(*this);
     inner_->matmul(w, x, n, y);
   }
+  void matmuls(const MatmulJob* jobs, int64_t count) override {
+    for (int64_t i = 0; i < count; ++i)
+      check(jobs[i].w->data, "matmuls w"), check(jobs[i].x, "matmuls x"), check(jobs[i].y, "matmuls y");
+    Open o(*this);
+    inner_->matmuls(jobs, count);
+  }
   void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
                float* y) override {
     check(x, "rmsnorm x"), check(weight, "rmsnorm weight"), check(y, "rmsnorm y");

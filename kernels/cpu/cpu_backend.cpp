@@ -174,36 +174,39 @@ class CpuBackend final : public Backend {
   }
 
   void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
-    if (n <= 0 || w.rows <= 0) return;
-    CLEAVE_CHECK(dtype_known(static_cast<uint32_t>(w.type)));
-    CLEAVE_CHECK(w.cols > 0);
-    CLEAVE_CHECK(w.cols % dtype_block_elems(w.type) == 0);
-    CLEAVE_CHECK(w.row_bytes >= dtype_row_bytes(w.type, w.cols));
-    if (form_for(w) == cpu::PackForm::int8) return matmul_int8(prepared(w), x, n, y);
-    const int wtype = static_cast<int>(w.type);
-    const size_t stride = cpu::panel_stride(wtype, w.cols);
-    const int64_t panels = (w.rows + cpu::kPanel - 1) / cpu::kPanel;
-    const cpu::PackedWeights* p = find_prepared(w);
-    const uint8_t* data = p ? p->data : pack_for_call(w, panels, stride);
-    cpu::PanelMatmulArgs a{wtype, data, stride, w.rows, w.cols, x, n, y};
-    // Scratch to widen narrow panels into once per pass (cpu::PanelMatmulArgs::wide).
-    size_t wide_floats = 0;
-    if (n > 1 && w.type != DType::F32) {
-      wide_floats = size_t(cpu::kWidePanels) * cpu::kPanel * size_t(w.cols);
-      if (wide_.size() < wide_floats * size_t(pool_.threads())) wide_.resize(wide_floats * size_t(pool_.threads()));
+    const MatmulJob job{&w, x, n, y};
+    matmuls(&job, 1);
+  }
+
+  // The jobs' panels, numbered one job after another, are split over the
+  // threads in one region (a thread's range may span jobs). Each output is
+  // still one FMA chain over k, so which thread runs a panel changes no bit.
+  void matmuls(const MatmulJob* jobs, int64_t count) override {
+    group_.clear();
+    for (int64_t i = 0; i < count; ++i) {
+      const MatmulJob& j = jobs[i];
+      const WeightView& w = *j.w;
+      if (j.n <= 0 || w.rows <= 0) continue;
+      CLEAVE_CHECK(dtype_known(static_cast<uint32_t>(w.type)));
+      CLEAVE_CHECK(w.cols > 0);
+      CLEAVE_CHECK(w.cols % dtype_block_elems(w.type) == 0);
+      CLEAVE_CHECK(w.row_bytes >= dtype_row_bytes(w.type, w.cols));
+      if (form_for(w) == cpu::PackForm::int8) {
+        matmul_int8(prepared(w), j.x, j.n, j.y);
+        continue;
+      }
+      const int wtype = static_cast<int>(w.type);
+      const size_t stride = cpu::panel_stride(wtype, w.cols);
+      cpu::PanelMatmulArgs a{wtype, nullptr, stride, w.rows, w.cols, j.x, j.n, j.y};
+      if (const cpu::PackedWeights* p = find_prepared(w)) {
+        a.panels = p->data;
+        group_.push_back(a);
+      } else {  // packed into the one call-scratch: runs alone, now
+        a.panels = pack_for_call(w, (w.rows + cpu::kPanel - 1) / cpu::kPanel, stride);
+        run_panels(&a, 1);
+      }
     }
-    const cpu::Kernels& k = k_;
-    float* wide = wide_floats ? wide_.data() : nullptr;
-    auto body = [&a, &k, wide, wide_floats](int64_t p0, int64_t p1, int t) {
-      cpu::PanelMatmulArgs mine = a;
-      if (wide) mine.wide = wide + size_t(t) * wide_floats;
-      k.matmul(&mine, p0, p1);
-    };
-    if (n * w.rows * w.cols < kMinParallelWork || pool_.threads() == 1) {
-      body(0, panels, 0);
-    } else {
-      pool_.parallel_for(panels, body);
-    }
+    run_panels(group_.data(), group_.size());
   }
 
   void rmsnorm(const float* x, const float* weight, int64_t n, int64_t dim, float eps,
@@ -543,6 +546,42 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // The panels of every part in one region over the threads.
+  void run_panels(const cpu::PanelMatmulArgs* parts, size_t count) {
+    if (count == 0) return;
+    group_first_.resize(count + 1);
+    group_first_[0] = 0;
+    int64_t work = 0;
+    // Scratch to widen narrow panels into once per pass (cpu::PanelMatmulArgs::wide).
+    size_t wide_floats = 0;
+    for (size_t i = 0; i < count; ++i) {
+      const cpu::PanelMatmulArgs& a = parts[i];
+      group_first_[i + 1] = group_first_[i] + (a.rows + cpu::kPanel - 1) / cpu::kPanel;
+      work += a.n * a.rows * a.cols;
+      if (a.n > 1 && a.wtype != static_cast<int>(DType::F32))
+        wide_floats = std::max(wide_floats, size_t(cpu::kWidePanels) * cpu::kPanel * size_t(a.cols));
+    }
+    if (wide_.size() < wide_floats * size_t(pool_.threads())) wide_.resize(wide_floats * size_t(pool_.threads()));
+    const cpu::Kernels& k = k_;
+    float* wide = wide_floats ? wide_.data() : nullptr;
+    const int64_t* first = group_first_.data();
+    auto body = [parts, count, first, &k, wide, wide_floats](int64_t p0, int64_t p1, int t) {
+      size_t i = size_t(std::upper_bound(first, first + count + 1, p0) - first) - 1;
+      for (; i < count && first[i] < p1; ++i) {
+        cpu::PanelMatmulArgs mine = parts[i];
+        if (wide && mine.n > 1 && mine.wtype != static_cast<int>(DType::F32))
+          mine.wide = wide + size_t(t) * wide_floats;
+        k.matmul(&mine, std::max(p0, first[i]) - first[i], std::min(p1, first[i + 1]) - first[i]);
+      }
+    };
+    const int64_t panels = group_first_[count];
+    if (work < kMinParallelWork || pool_.threads() == 1) {
+      body(0, panels, 0);
+    } else {
+      pool_.parallel_for(panels, body);
+    }
+  }
+
   // The int8 path: the x rows quantised (threaded by rows), then the panels
   // split over the threads.
   void matmul_int8(const cpu::PackedWeights& p, const float* x, int64_t n, float* y) {
@@ -666,6 +705,8 @@ class CpuBackend final : public Backend {
   std::vector<int32_t> attn_pos_;     // attention: the rows' positions
   std::vector<float> fa_scratch_;  // full_attention: one (sequence, head) at a time
   std::vector<float> wide_;        // matmul: each thread's widened panels
+  std::vector<cpu::PanelMatmulArgs> group_;  // matmuls: the jobs run as one region
+  std::vector<int64_t> group_first_;         // run_panels: each part's first panel
   size_t scratch_stride_ = 0;
   std::vector<double> rope_freq_;
   std::vector<float> rope_table_;  // per position: half cos, then half sin

@@ -163,6 +163,7 @@ class DeviceLike final : public Backend {
     return Status::Ok();
   }
   void matmul(const WeightView& w, const float* x, int64_t n, float* y) override { cpu->matmul(w, x, n, y); }
+  void matmuls(const MatmulJob* jobs, int64_t count) override { cpu->matmuls(jobs, count); }
   void rmsnorm(const float* x, const float* w, int64_t n, int64_t d, float e, float* y) override {
     cpu->rmsnorm(x, w, n, d, e, y);
   }

@@ -18,6 +18,7 @@
 #include "actors/pipeline.h"
 #include "model/make_model.h"
 #include "tests/actors/pipeline_util.h"
+#include "tests/process_scratch.h"
 
 namespace cleave::testing {
 
@@ -49,8 +50,7 @@ inline const Model& model(const ModelSpec& spec) {
   static std::map<std::string, Model> made;
   auto it = made.find(spec.name);
   if (it != made.end()) return it->second;
-  std::filesystem::path dir = std::filesystem::temp_directory_path() / ("cleave-actors-test-" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
+  const std::filesystem::path dir = test::process_scratch("cleave-actors-test");
   std::string path = (dir / (spec.name + ".gguf")).string();
   Status st = write_test_model(spec, kVocab, path);
   REQUIRE_MESSAGE(st.ok(), st.to_string());

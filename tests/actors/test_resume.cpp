@@ -11,6 +11,7 @@
 
 #include "actors/pipeline.h"
 #include "model/make_model.h"
+#include "tests/process_scratch.h"
 
 using namespace cleave;
 namespace fs = std::filesystem;
@@ -30,8 +31,7 @@ const Model& model() {
     s.dim = 64; s.n_layers = 2; s.n_heads = 4; s.n_kv_heads = 2; s.ffn = 128; s.context = 256;
     s.seed = 23;
     s.name = "resume-dense";
-    const fs::path dir = fs::temp_directory_path() / ("cleave-resume-test-" + std::to_string(::getpid()));
-    fs::create_directories(dir);
+    const fs::path dir = test::process_scratch("cleave-resume-test");
     const std::string path = (dir / "m.gguf").string();
     Status st = write_test_model(s, kVocab, path);
     REQUIRE_MESSAGE(st.ok(), st.to_string());

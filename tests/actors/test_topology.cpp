@@ -16,6 +16,7 @@
 #include "actors/actor_kind.h"
 #include "actors/topology.h"
 #include "tests/actors/topology_util.h"
+#include "tests/process_scratch.h"
 
 using namespace cleave;
 using namespace cleave::testing;
@@ -514,8 +515,7 @@ TEST_CASE("topology files: missing file directory and binary chunk") {
   r = load_topology_file(kExamples);
   CHECK(r.status().code() == Code::io_error);
 
-  fs::path dir = fs::temp_directory_path() / ("cleave-topo-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = test::process_scratch("cleave-topo-test");
   const std::string path = (dir / "binary.lua").string();
   {
     std::ofstream out(path, std::ios::binary);

@@ -19,6 +19,7 @@
 #include "model/multimodal.h"
 #include "schema/codec.h"
 #include "tests/actors/pipeline_util.h"
+#include "tests/process_scratch.h"
 #include "tests/same_bits.h"
 
 using namespace cleave;
@@ -39,8 +40,7 @@ struct Vlm {
 const Vlm& vlm() {
   static Vlm v = [] {
     Vlm m;
-    fs::path dir = fs::temp_directory_path() / ("cleave-vision-test-" + std::to_string(::getpid()));
-    fs::create_directories(dir);
+    const fs::path dir = test::process_scratch("cleave-vision-test");
     ModelSpec spec;
     spec.dim = 64; spec.n_layers = 2; spec.n_heads = 4; spec.n_kv_heads = 2; spec.ffn = 128;
     spec.context = 256; spec.seed = 23; spec.name = "vision-lm";

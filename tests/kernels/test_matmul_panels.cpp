@@ -4,6 +4,7 @@
 // prepared view is multiplied from.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <memory>
@@ -109,4 +110,53 @@ TEST_CASE("matmul: a prepared view's panels give the per-call packing's bits, it
   // Nothing to keep for an empty view or a type the backend cannot multiply.
   auto be = make_cpu_backend(1, Isa::scalar);
   CHECK_FALSE(be->prepare(WeightView{}));
+}
+
+TEST_CASE("matmuls: a group gives every job the bits matmul gives it alone") {
+  // Shapes whose panels split unevenly over the threads (a thread's range
+  // then spans jobs), several types in one group, rows 0 to 40 (one job
+  // empty), prepared views beside one packed for the call, and the int8
+  // compute's jobs beside exact ones.
+  struct Job {
+    DType t;
+    int64_t rows, cols, n;
+    bool prepare;
+  };
+  const Job spec[] = {{DType::F16, 288, 96, 40, true},  {DType::F32, 33, 96, 40, true},
+                      {DType::Q8_0, 70, 64, 5, true},   {DType::F16, 17, 96, 0, true},
+                      {DType::BF16, 100, 40, 13, false}, {DType::F16, 48, 96, 1, true}};
+  for (Isa isa : isas()) {
+    for (Compute compute : {Compute::exact, Compute::int8}) {
+      if (compute == Compute::int8 && isa == Isa::scalar) continue;
+      for (int threads : {1, 2, 3}) {
+        auto group = make_cpu_backend(threads, isa, compute);
+        auto alone = make_cpu_backend(threads, isa, compute);
+        std::vector<Weights> ws;
+        std::vector<std::vector<float>> xs, want, got;
+        for (const Job& j : spec) {
+          ws.push_back(make_weights(j.t, j.rows, j.cols, uint32_t(j.rows + j.cols)));
+          xs.push_back(randv(size_t(std::max<int64_t>(j.n, 1) * j.cols), uint32_t(j.rows * 3 + j.n)));
+          want.emplace_back(size_t(std::max<int64_t>(j.n, 1) * j.rows), -1.0f);
+          got.emplace_back(want.back().size(), -2.0f);
+        }
+        std::vector<WeightView> views;
+        for (size_t i = 0; i < ws.size(); ++i) views.push_back(ws[i].view());
+        std::vector<MatmulJob> jobs;
+        for (size_t i = 0; i < ws.size(); ++i) {
+          if (spec[i].prepare) group->prepare(views[i]), alone->prepare(views[i]);
+          alone->matmul(views[i], xs[i].data(), spec[i].n, want[i].data());
+          jobs.push_back({&views[i], xs[i].data(), spec[i].n, got[i].data()});
+        }
+        group->matmuls(jobs.data(), int64_t(jobs.size()));
+        for (size_t i = 0; i < ws.size(); ++i) {
+          INFO(isa_name(isa) << " threads=" << threads << " int8=" << (compute == Compute::int8) << " job " << i);
+          if (spec[i].n == 0) {  // nothing written
+            CHECK(got[i][0] == -2.0f);
+            continue;
+          }
+          CHECK(std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4) == 0);
+        }
+      }
+    }
+  }
 }

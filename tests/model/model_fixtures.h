@@ -15,6 +15,7 @@
 #include "model/engine.h"
 #include "model/make_model.h"
 #include "model/tokenizer.h"
+#include "tests/process_scratch.h"
 #include "tests/same_bits.h"
 
 namespace cleave::fixtures {
@@ -30,8 +31,7 @@ inline std::string model_path(const ModelSpec& spec, const std::string& name) {
   auto it = made.find(name);
   if (it != made.end()) return it->second;
   namespace fs = std::filesystem;
-  fs::path dir = fs::temp_directory_path() / ("cleave-sched-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = test::process_scratch("cleave-sched-test");
   std::string path = (dir / (name + ".gguf")).string();
   Status st = write_test_model(spec, vocab_path(), path);
   REQUIRE_MESSAGE(st.ok(), st.to_string());

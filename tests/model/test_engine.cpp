@@ -10,6 +10,7 @@
 #include "model/engine.h"
 #include "model/generate.h"
 #include "model/make_model.h"
+#include "tests/process_scratch.h"
 
 using namespace cleave;
 namespace fs = std::filesystem;
@@ -19,9 +20,7 @@ namespace {
 const std::string kVocab = std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
 
 fs::path test_dir() {
-  fs::path d = fs::temp_directory_path() / ("cleave-engine-test-" + std::to_string(::getpid()));
-  fs::create_directories(d);
-  return d;
+  return test::process_scratch("cleave-engine-test");
 }
 
 // Writes (once per process) a model for the spec and returns its path.
@@ -294,7 +293,8 @@ TEST_CASE("engine: profile_ops times every op and changes no bit") {
   CHECK(a.tokens == b.tokens);
   CHECK(same_bits(a.logits, b.logits));
   // 40 prompt tokens in one forward, then 7 decode steps: 8 forwards of 2
-  // layers, each with q, k, v, o, gate, up, down and the output matrix.
+  // layers, each with q, k, v (one group), o, gate and up (one group),
+  // down, and the output matrix.
   const auto& t = (*profiled)->op_profile()->times();
   REQUIRE(t.count("attention"));
   CHECK(t.at("attention").calls == 8 * 2);
@@ -302,8 +302,14 @@ TEST_CASE("engine: profile_ops times every op and changes no bit") {
   REQUIRE(t.count("matmul 32000x64"));  // the output matrix, last token of each forward
   CHECK(t.at("matmul 32000x64").calls == 8);
   CHECK(t.at("matmul 32000x64").rows == 8);
-  REQUIRE(t.count("matmul 128x64"));  // gate and up
-  CHECK(t.at("matmul 128x64").calls == 8 * 2 * 2);
+  REQUIRE(t.count("matmul 128x64 x2"));  // gate and up, as one op
+  CHECK(t.at("matmul 128x64 x2").calls == 8 * 2);
+  CHECK(t.at("matmul 128x64 x2").rows == 2 * 2 * (40 + 7));
+  REQUIRE(t.count("matmul 64x64+32x64+32x64"));  // q, k and v (2 kv heads)
+  CHECK(t.at("matmul 64x64+32x64+32x64").calls == 8 * 2);
+  REQUIRE(t.count("matmul 64x64"));  // o
+  CHECK(t.at("matmul 64x64").calls == 8 * 2);
+  CHECK_FALSE(t.count("matmul 128x64"));
   CHECK((*profiled)->op_profile()->total_seconds() > 0);
   (*profiled)->op_profile()->reset();
   CHECK((*profiled)->op_profile()->times().empty());

@@ -13,6 +13,7 @@
 
 #include "model/engine.h"
 #include "model/make_model.h"
+#include "tests/process_scratch.h"
 #include "tests/same_bits.h"
 
 using namespace cleave;
@@ -27,8 +28,7 @@ std::string model_path(uint64_t seed) {
   static std::map<uint64_t, std::string> made;
   auto it = made.find(seed);
   if (it != made.end()) return it->second;
-  fs::path dir = fs::temp_directory_path() / ("cleave-engine-kv-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = test::process_scratch("cleave-engine-kv-test");
   ModelSpec s;
   s.dim = 64; s.n_layers = 2; s.n_heads = 4; s.n_kv_heads = 2; s.ffn = 128; s.context = 256;
   s.seed = seed;
@@ -483,8 +483,7 @@ TEST_CASE("engine kv: records import after an attached cached prefix and decodin
 }
 
 TEST_CASE("engine kv: compute int8 is part of the fingerprint, its records import only into int8 engines") {
-  fs::path dir = fs::temp_directory_path() / ("cleave-engine-kv-test-" + std::to_string(::getpid()));
-  fs::create_directories(dir);
+  const fs::path dir = test::process_scratch("cleave-engine-kv-test");
   ModelSpec s;
   s.dim = 64; s.n_layers = 2; s.n_heads = 4; s.n_kv_heads = 2; s.ffn = 128; s.context = 256;
   s.type = DType::Q8_0;
