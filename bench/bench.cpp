@@ -22,10 +22,10 @@
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "bench/ab_bench.h"
 #include "bench/attention_bench.h"
 #include "bench/matmul_bench.h"
 #include "bench/batched_decode.h"
-#include "bench/groups_bench.h"
 #include "bench/limits.h"
 #include "model/clip.h"
 #include "model/engine.h"
@@ -180,22 +180,24 @@ int model_files(const std::vector<Shape>& shapes, const std::vector<std::string>
   return 0;
 }
 
-// --groups: each model and thread count, grouped matmuls against one by one
-// in one process (bench/groups_bench.h).
-int run_groups_section(const std::vector<Shape>& models, const std::vector<std::string>& types,
-                       const std::vector<int>& threads, const std::string& vocab, const std::string& workdir,
-                       int prompt, int decode, int runs, const std::string& out_json) {
+// --ab WHAT: each model and thread count, the engine against the variant
+// without the change, in one process (bench/ab_bench.h).
+int run_ab_section(const std::string& what, const std::vector<Shape>& models,
+                   const std::vector<std::string>& types, const std::vector<int>& threads,
+                   const std::string& vocab, const std::string& workdir, int prompt, int decode, int runs,
+                   const std::string& out_json) {
   json results;
   results["isa"] = isa_name(detect_isa());
-  std::printf("%-9s %-5s %2s | %-48s | %s\n", "model", "type", "t", "prefill ms: grouped / one by one, speedup",
-              "decode ms");
+  results["ab"] = what;
+  std::printf("%-9s %-5s %2s | %-48s | %s\n", "model", "type", "t",
+              ("prefill ms: with / without " + what + ", speedup").c_str(), "decode ms");
   std::vector<ModelFile> files;
   if (int rc = model_files(models, types, vocab, workdir, &files)) return rc;
   for (const ModelFile& m : files) {
     for (int t : threads) {
       json r;
       try {
-        r = bench::run_groups_ab(m.path, t, prompt, decode, runs);
+        r = bench::run_ab(what, m.path, t, prompt, decode, runs);
       } catch (const std::exception& e) {
         std::fprintf(stderr, "%s %s t=%d: %s\n", m.name.c_str(), m.tname.c_str(), t, e.what());
         return 1;
@@ -205,9 +207,9 @@ int run_groups_section(const std::vector<Shape>& models, const std::vector<std::
       auto cell = [](const json& j) {
         char b[128];
         std::snprintf(b, sizeof b, "%7.3f / %7.3f  %.3fx (%.3f-%.3f) %2d/%-2d",
-                      j["grouped_ms"].get<double>(), j["one_by_one_ms"].get<double>(),
+                      j["default_ms"].get<double>(), j["variant_ms"].get<double>(),
                       j["speedup_median"].get<double>(), j["speedup_q1"].get<double>(),
-                      j["speedup_q3"].get<double>(), j["grouped_faster"].get<int>(), j["pairs"].get<int>());
+                      j["speedup_q3"].get<double>(), j["default_faster"].get<int>(), j["pairs"].get<int>());
         return std::string(b);
       };
       std::printf("%-9s %-5s %2d | %s | %s\n", m.name.c_str(), m.tname.c_str(), t, cell(r["prefill"]).c_str(),
@@ -398,11 +400,11 @@ int main(int argc, char** argv) {
                  "matrix FLOPs against the measured int8 peak)")
       ->delimiter(',')
       ->check(CLI::IsMember({"exact", "int8"}));
-  bool groups = false;
-  app.add_flag("--groups", groups,
-               "only the matmul-groups section: prefill and decode with each group of independent matmuls "
-               "(q k v, gate up, the experts) run as one parallel region against one by one, alternating "
-               "in one process (--runs pairs, default 21)");
+  std::string ab;
+  app.add_option("--ab", ab,
+                 "only the A/B section: the engine against a variant without one change, alternating in one "
+                 "process (--runs pairs, default 21): groups (independent matmuls as one region) or rows (a "
+                 "prefill's rows split over the threads)");
   CLI11_PARSE(app, argc, argv);
   if (!run_one_path.empty())
     return run_one(run_one_path, threads, prompt, decode,
@@ -411,19 +413,23 @@ int main(int argc, char** argv) {
   if (vocab.empty()) vocab = std::string(CLEAVE_SOURCE_DIR) + "/models/vocab/ggml-vocab-llama-spm.gguf";
   if (workdir.empty()) workdir = (std::filesystem::temp_directory_path() / "cleave-bench").string();
   std::filesystem::create_directories(workdir);
-  if (int(encoder) + int(batched) + int(attention) + int(matmul) + int(groups) > 1) {
-    std::fprintf(stderr, "--encoder, --batched, --attention, --matmul and --groups each run one section: pick one\n");
+  if (int(encoder) + int(batched) + int(attention) + int(matmul) + int(!ab.empty()) > 1) {
+    std::fprintf(stderr, "--encoder, --batched, --attention, --matmul and --ab each run one section: pick one\n");
     return 2;
   }
-  if (groups) {
+  if (!ab.empty()) {
+    if (ab != "groups" && ab != "rows") {
+      std::fprintf(stderr, "--ab takes groups or rows, not '%s'\n", ab.c_str());
+      return 2;
+    }
     for (const char* f : {"--batches", "--compute", "--mmproj", "--kv-types", "--rows", "--context"})
       if (app.count(f)) {
-        std::fprintf(stderr, "%s does not apply to --groups\n", f);
+        std::fprintf(stderr, "%s does not apply to --ab\n", f);
         return 2;
       }
     if (!app.count("--types")) types = {"f16"};
     const std::vector<int> ts = app.count("--threads") ? std::vector<int>{threads} : std::vector<int>{1, 2};
-    return run_groups_section(shapes(quick), types, ts, vocab, workdir, prompt,
+    return run_ab_section(ab, shapes(quick), types, ts, vocab, workdir, prompt,
                               app.count("--decode") ? decode : 8, app.count("--runs") ? bo.runs : 21, out_json);
   }
   if (matmul) {

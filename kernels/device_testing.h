@@ -22,4 +22,11 @@ void set_cuda_stand_in(std::function<std::unique_ptr<Backend>(int index)> factor
 void set_cuda_fma_matmul(bool on);
 bool cuda_fma_matmul();
 
+// Tests and benchmarks only: a CPU backend whose matmuls always split their
+// panels over the threads, never their rows (make_cpu_backend splits a
+// prefill's rows when its weights are small), so a test holds both splits
+// to the same bits and a benchmark compares them in one process.
+std::unique_ptr<Backend> make_cpu_backend_panel_split(int threads, Isa isa = detect_isa(),
+                                                      Compute compute = Compute::exact);
+
 }  // namespace cleave

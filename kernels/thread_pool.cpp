@@ -34,10 +34,11 @@ using Clock = std::chrono::steady_clock;
 
 ThreadPool::ThreadPool(int threads, int spin_us)
     : threads_(threads < 1 ? 1 : threads), spin_us_(spin_us < 0 ? 0 : spin_us) {
-  // Ticket of job 0 with every range taken: nothing to claim until run().
-  ticket_.store(uint64_t(threads_), std::memory_order_relaxed);
+  // Every range claimed by job 0: nothing to claim until run() starts job 1.
+  claimed_ = std::make_unique<std::atomic<uint32_t>[]>(size_t(threads_));
+  for (int r = 0; r < threads_; ++r) claimed_[size_t(r)].store(0, std::memory_order_relaxed);
   workers_.reserve(static_cast<size_t>(threads_ - 1));
-  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this] { worker_main(); });
+  for (int i = 1; i < threads_; ++i) workers_.emplace_back([this, i] { worker_main(i); });
 }
 
 ThreadPool::~ThreadPool() {
@@ -48,23 +49,27 @@ ThreadPool::~ThreadPool() {
   for (auto& t : workers_) t.join();
 }
 
-void ThreadPool::drain() {
-  uint64_t v = ticket_.load(std::memory_order_acquire);
-  for (;;) {
-    const uint32_t next = static_cast<uint32_t>(v);
-    if (next >= static_cast<uint32_t>(threads_)) return;
-    if (!ticket_.compare_exchange_weak(v, v + 1, std::memory_order_acq_rel,
-                                       std::memory_order_acquire)) {
-      continue;
-    }
-    // The job cannot finish (and its fields cannot change) before this range
-    // is done, so reading them after the claim is safe.
-    const int t = static_cast<int>(next);
+bool ThreadPool::claim(int r, uint32_t job) {
+  std::atomic<uint32_t>& c = claimed_[size_t(r)];
+  uint32_t v = c.load(std::memory_order_acquire);
+  // v newer than job: a later job's claim, seen by a thread still on this
+  // one (its job is over). v == job: taken. Older: free in this job, which
+  // cannot end before range r is done, so its fields are still good.
+  while (int32_t(job - v) > 0) {
+    if (c.compare_exchange_weak(v, job, std::memory_order_acq_rel, std::memory_order_acquire)) return true;
+  }
+  return false;
+}
+
+void ThreadPool::drain(int self) {
+  const uint32_t job = job_.load(std::memory_order_acquire);
+  for (int i = 0; i < threads_; ++i) {
+    const int r = i == 0 ? self : (i <= self ? i - 1 : i);  // self first, then the rest in order
+    if (!claim(r, job)) continue;
     int64_t b, e;
-    split(n_tasks_, t, threads_, &b, &e);
-    if (b < e) fn_(ctx_, b, e, t);
+    split(n_tasks_, r, threads_, &b, &e);
+    if (b < e) fn_(ctx_, b, e, r);
     done_.fetch_add(1, std::memory_order_release);
-    v = ticket_.load(std::memory_order_acquire);
   }
 }
 
@@ -78,14 +83,13 @@ void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   ctx_ = ctx;
   n_tasks_ = n_tasks;
   done_.store(0, std::memory_order_relaxed);
-  ++job_;
-  ticket_.store(uint64_t(job_) << 32, std::memory_order_release);
+  job_.store(job_.load(std::memory_order_relaxed) + 1, std::memory_order_release);
   // seq_cst pairs with the workers' sleepers_ increment then generation_ load:
   // either we see a sleeper and wake it, or it sees the new generation.
   generation_.fetch_add(1, std::memory_order_seq_cst);
   if (sleepers_.load(std::memory_order_seq_cst) > 0) futex_wake_all(&generation_);
 
-  drain();  // our share, and any range no worker has picked up yet
+  drain(0);  // our range, and any range no worker has picked up yet
 
   int spins = 0;
   while (done_.load(std::memory_order_acquire) != threads_) {
@@ -94,7 +98,7 @@ void ThreadPool::run(int64_t n_tasks, TaskFn fn, void* ctx) {
   }
 }
 
-void ThreadPool::worker_main() {
+void ThreadPool::worker_main(int self) {
   uint32_t seen = 0;  // the generation at construction (run() may start before we do)
   for (;;) {
     uint32_t g = generation_.load(std::memory_order_acquire);
@@ -114,7 +118,7 @@ void ThreadPool::worker_main() {
     }
     seen = g;
     if (stop_.load(std::memory_order_relaxed)) return;
-    drain();
+    drain(self);
   }
 }
 

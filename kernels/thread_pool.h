@@ -2,12 +2,14 @@
 //
 // parallel_for(n_tasks, fn) splits [0, n_tasks) into `threads()` contiguous
 // ranges (static partitioning: range t is [n*t/T, n*(t+1)/T)) and calls
-// fn(begin, end, t) once for each non-empty range t. The calling thread and
-// the workers claim ranges from a shared ticket, so a worker that is asleep
-// or descheduled (the machine is shared) never holds the region up: whoever
-// is free runs its range. The partition, and so every result, is the same
-// either way; t identifies the range (use it to pick per-range scratch), not
-// the OS thread.
+// fn(begin, end, t) once for each non-empty range t. Thread t (the caller
+// is 0, worker i is i) claims range t first, so a range of rows written in
+// one region is usually read by the same core in the next (the CPU backend
+// splits a prefill's matmuls and row ops by the same rows); then it claims
+// whatever range is left, so a worker that is asleep or descheduled (the
+// machine is shared) never holds the region up. The partition, and so every
+// result, is the same either way; t identifies the range (use it to pick
+// per-range scratch), not the OS thread.
 //
 // Latency: workers spin on a generation counter for a short while after each
 // region before sleeping on a futex, so back-to-back regions (batch-1 decode
@@ -18,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <thread>
 #include <type_traits>
 #include <vector>
@@ -57,9 +60,13 @@ class ThreadPool {
   }
 
  private:
-  void worker_main();
-  // Claim and run ranges of the current job until none is left.
-  void drain();
+  void worker_main(int self);
+  // Claim and run ranges of the current job until none is left: range self
+  // first, then the others in order.
+  void drain(int self);
+  // Claims range r of job `job` (claimed_[r] holds the last job that claimed
+  // it; job numbers only grow, so an older one means unclaimed).
+  bool claim(int r, uint32_t job);
 
   int threads_;
   int spin_us_;
@@ -73,10 +80,10 @@ class ThreadPool {
 
   alignas(64) std::atomic<uint32_t> generation_{0};
   alignas(64) std::atomic<int32_t> sleepers_{0};
-  // (job number << 32) | next unclaimed range.
-  alignas(64) std::atomic<uint64_t> ticket_{0};
+  // The current job's number, stored after its fields (release).
+  alignas(64) std::atomic<uint32_t> job_{0};
+  std::unique_ptr<std::atomic<uint32_t>[]> claimed_;  // per range: the last job that claimed it
   alignas(64) std::atomic<int32_t> done_{0};  // ranges finished in the current job
-  uint32_t job_ = 0;
 };
 
 }  // namespace cleave

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/device_testing.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/int8.h"
 #include "kernels/cpu/kern.h"
@@ -100,6 +101,17 @@ constexpr int64_t kRopeCachedPositions = 4096;
 
 // Below this many multiply-adds an op runs on the calling thread only.
 constexpr int64_t kMinParallelWork = 64 * 1024;
+// From this many rows per thread (four of the microkernel's 12-row blocks)
+// a matmul splits its x rows over the threads instead of its panels, and
+// row ops split the same rows however little work they are: a prefill's
+// rows then stay on the core that wrote them (a panel split has every row
+// half written by each core, and a row op moved them across).
+constexpr int64_t kRowSplitRows = 48;
+// ... and only while the matmul's (group's) weights are at most this many
+// bytes: every thread then reads all of them, which for larger matrices
+// cost more than it saved (100M GQA prefill, 1.2-6.3 MB a group: 2-3 %
+// slower on two threads; the 15M model's groups, 166-885 KB: 6 % faster).
+constexpr size_t kRowSplitMaxWeightBytes = size_t(1) << 20;
 // Attention: most rows of one sequence the kernel runs together (their
 // scores and outputs stay in the scratch and registers of one call).
 constexpr int64_t kAttnGroupRows = 16;
@@ -120,9 +132,9 @@ Int8Kernels int8_kernels_for(Isa isa) {
 
 class CpuBackend final : public Backend {
  public:
-  CpuBackend(int threads, Isa isa, Compute compute)
+  CpuBackend(int threads, Isa isa, Compute compute, bool row_split)
       : isa_(isa), k_(cpu_kernels(isa)), pool_(threads < 1 ? 1 : threads), compute_(compute),
-        int8_(int8_kernels_for(isa)) {}
+        int8_(int8_kernels_for(isa)), row_split_(row_split) {}
   ~CpuBackend() override { std::free(pack_scratch_); }
 
   Caps caps() const override {
@@ -577,10 +589,44 @@ class CpuBackend final : public Backend {
     const int64_t panels = group_first_[count];
     if (work < kMinParallelWork || pool_.threads() == 1) {
       body(0, panels, 0);
-    } else {
-      pool_.parallel_for(panels, body);
+      return;
     }
+    bool by_rows = true;
+    size_t weight_bytes = 0;
+    for (size_t i = 0; i < count; ++i) {
+      by_rows = by_rows && splits_by_rows(parts[i].n);
+      weight_bytes += size_t(group_first_[i + 1] - group_first_[i]) * parts[i].stride;
+    }
+    if (!by_rows || weight_bytes > kRowSplitMaxWeightBytes) {
+      pool_.parallel_for(panels, body);
+      return;
+    }
+    // Enough rows that every thread keeps full blocks, and weights small
+    // enough to read once per thread: each takes its rows (ThreadPool::split,
+    // as rows_for does) of every part, all panels, so the rows it writes are
+    // the rows the next row op reads on that core.
+    const int T = pool_.threads();
+    pool_.parallel_for(T, [parts, count, &k, wide, wide_floats, T](int64_t r0, int64_t r1, int t) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          cpu::PanelMatmulArgs mine = parts[i];
+          int64_t b, e;
+          ThreadPool::split(mine.n, int(r), T, &b, &e);
+          if (b == e) continue;
+          mine.x += b * mine.cols;
+          mine.y += b * mine.rows;
+          mine.n = e - b;
+          if (wide && mine.n > 1 && mine.wtype != static_cast<int>(DType::F32))
+            mine.wide = wide + size_t(t) * wide_floats;
+          k.matmul(&mine, 0, (mine.rows + cpu::kPanel - 1) / cpu::kPanel);
+        }
+      }
+    });
   }
+
+  // Whether an op over n rows splits them over the threads (rather than a
+  // matmul's panels): from kRowSplitRows rows a thread.
+  bool splits_by_rows(int64_t n) const { return row_split_ && n >= kRowSplitRows * pool_.threads(); }
 
   // The int8 path: the x rows quantised (threaded by rows), then the panels
   // split over the threads.
@@ -680,7 +726,7 @@ class CpuBackend final : public Backend {
   template <class F>
   void rows_for(int64_t n, int64_t cost_per_row, F&& fn) {
     if (n <= 0) return;
-    if (pool_.threads() == 1 || n * cost_per_row < kMinParallelWork || n == 1) {
+    if (pool_.threads() == 1 || n == 1 || (n * cost_per_row < kMinParallelWork && !splits_by_rows(n))) {
       fn(int64_t(0), n, 0);
     } else {
       pool_.parallel_for(n, fn);
@@ -714,6 +760,7 @@ class CpuBackend final : public Backend {
   int64_t rope_dim_ = 0;
   Compute compute_;
   Int8Kernels int8_;
+  bool row_split_;  // splits_by_rows may answer yes (make_cpu_backend_panel_split: never)
   std::mutex prepared_mu_;
   std::unordered_map<const void*, std::shared_ptr<const cpu::PackedWeights>> prepared_;
   uint8_t* pack_scratch_ = nullptr;
@@ -725,11 +772,22 @@ class CpuBackend final : public Backend {
 
 }  // namespace
 
-std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa, Compute compute) {
-  // Never run code this CPU cannot execute: clamp to what it supports.
+namespace {
+
+// Never run code this CPU cannot execute: clamp to what it supports.
+Isa supported(Isa isa) {
   const Isa best = detect_isa();
-  if (static_cast<int>(isa) > static_cast<int>(best)) isa = best;
-  return std::make_unique<CpuBackend>(threads, isa, compute);
+  return static_cast<int>(isa) > static_cast<int>(best) ? best : isa;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int threads, Isa isa, Compute compute) {
+  return std::make_unique<CpuBackend>(threads, supported(isa), compute, true);
+}
+
+std::unique_ptr<Backend> make_cpu_backend_panel_split(int threads, Isa isa, Compute compute) {
+  return std::make_unique<CpuBackend>(threads, supported(isa), compute, false);
 }
 
 }  // namespace cleave

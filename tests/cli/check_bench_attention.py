@@ -4,8 +4,8 @@ limits land in the JSON with the bytes the documented formula gives, and
 the flags that belong to it are refused elsewhere with a one-line error.
 And --matmul: every case's widened panels give the direct path's bits
 (13 rows: no widening; 60: widened for F16 and Q8_0 alike), and the flags
-that do not apply to it are refused. And --groups: grouped matmuls against
-one by one, a row per model and thread count."""
+that do not apply to it are refused. And --ab: the engine against a
+variant without one change, a row per model and thread count."""
 import json
 import os
 import sys
@@ -68,26 +68,32 @@ expect_error("a flag of another section is refused with --attention",
              ["--attention", "--batches", "1,8"], "--batches does not apply to --attention")
 
 
-# --groups: one A/B row per model and thread count, the pairs counted, the
-# logits equal (the section fails otherwise), its foreign flags refused.
-out = os.path.join(WORK, "groups.json")
-rc, so, se = run("--groups", "--quick", "--runs", "3", "--decode", "2", "--prompt", "20",
-                 "--workdir", os.path.join(WORK, "models"), "--json", out)
-expect("groups section runs (grouped and one-by-one logits equal)", rc == 0, f"rc={rc} stderr={se!r}")
-if rc == 0:
+# --ab groups / rows: one A/B row per model and thread count, the pairs
+# counted, the two engines' logits equal (the section fails otherwise), its
+# foreign flags refused. rows: a 100-token prompt splits its rows on 2
+# threads (48 a thread and up), so both splits meet in every pair.
+for what in ("groups", "rows"):
+    out = os.path.join(WORK, f"ab_{what}.json")
+    rc, so, se = run("--ab", what, "--quick", "--runs", "3", "--decode", "2", "--prompt", "100",
+                     "--workdir", os.path.join(WORK, "models"), "--json", out)
+    expect(f"--ab {what} runs (the two engines' logits equal)", rc == 0, f"rc={rc} stderr={se!r}")
+    if rc != 0:
+        continue
     res = json.load(open(out))
     runs = res["runs"]
-    expect("a row per thread count of the 15M F16 model",
+    expect(f"--ab {what}: a row per thread count of the 15M F16 model",
+           res["ab"] == what and
            [(r["model"], r["type"], r["threads"]) for r in runs] == [("15M", "f16", 1), ("15M", "f16", 2)],
            str(runs))
     for r in runs:
         for part in ("prefill", "decode_steps"):
             p = r[part]
-            expect(f"t={r['threads']} {part}: 2 pairs after the warm-up, both sides timed",
-                   p["pairs"] == 2 and p["grouped_ms"] > 0 and p["one_by_one_ms"] > 0 and
+            expect(f"--ab {what} t={r['threads']} {part}: 2 pairs after the warm-up, both sides timed",
+                   p["pairs"] == 2 and p["default_ms"] > 0 and p["variant_ms"] > 0 and
                    p["speedup_q1"] <= p["speedup_median"] <= p["speedup_q3"], str(p))
-expect_error("--groups takes no --compute", ["--groups", "--compute", "int8"],
-             "--compute does not apply to --groups")
-expect_error("--groups is a section of its own", ["--groups", "--matmul"], "pick one")
+expect_error("--ab takes no --compute", ["--ab", "groups", "--compute", "int8"],
+             "--compute does not apply to --ab")
+expect_error("--ab is a section of its own", ["--ab", "rows", "--matmul"], "pick one")
+expect_error("--ab names a known change", ["--ab", "threads"], "--ab takes groups or rows, not 'threads'")
 
 checks.finish("bench")

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/device_testing.h"
 #include "tests/kernels/kernel_test_util.h"
 
 using namespace cleave;
@@ -60,7 +61,9 @@ TEST_CASE("matmul: each output is one multiply-add chain over k in order, on eve
           // Every row-block size of the AVX-512 microkernel (1-12 rows), and
           // passes of enough blocks that narrow panels are widened once
           // (from 3 blocks for Q8_0, 4 for F16 and BF16).
-          for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 24, 33, 40, 60}) {
+          // 100 rows: on 2 threads, split by rows (48 a thread and up) where
+          // the work is large enough to thread at all.
+          for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 24, 33, 40, 60, 100}) {
             const auto x = randv(size_t(n * cols), uint32_t(n * 3 + 1));
             std::vector<float> y(size_t(n * rows), -1.0f);
             be->matmul(w.view(), x.data(), n, y.data());
@@ -156,6 +159,49 @@ TEST_CASE("matmuls: a group gives every job the bits matmul gives it alone") {
           }
           CHECK(std::memcmp(got[i].data(), want[i].data(), got[i].size() * 4) == 0);
         }
+      }
+    }
+  }
+}
+
+TEST_CASE("matmul: a prefill's rows split over the threads give the panel split's bits") {
+  // From 48 rows a thread, groups of weights up to 1 MiB split their rows;
+  // the panel-split backend never does. Rows 96-150 on 2 and 3 threads,
+  // each type, a group of three, and one matrix past 1 MiB (panels in both).
+  for (Isa isa : isas()) {
+    for (int threads : {2, 3}) {
+      auto rows = make_cpu_backend(threads, isa);
+      auto panels = make_cpu_backend_panel_split(threads, isa);
+      for (DType t : kTypes) {
+        const int64_t cols = 288;
+        const Weights wq = make_weights(t, 288, cols, 5), wk = make_weights(t, 96, cols, 6),
+                      wv = make_weights(t, 96, cols, 7);
+        const WeightView vq = wq.view(), vk = wk.view(), vv = wv.view();
+        for (int64_t n : {96, 100, 143, 150}) {
+          const auto x = randv(size_t(n * cols), uint32_t(n));
+          std::vector<float> q1(size_t(n * 288)), k1(size_t(n * 96)), v1(k1.size());
+          std::vector<float> q2(q1.size()), k2(k1.size()), v2(k1.size());
+          const MatmulJob g1[] = {{&vq, x.data(), n, q1.data()}, {&vk, x.data(), n, k1.data()},
+                                  {&vv, x.data(), n, v1.data()}};
+          const MatmulJob g2[] = {{&vq, x.data(), n, q2.data()}, {&vk, x.data(), n, k2.data()},
+                                  {&vv, x.data(), n, v2.data()}};
+          rows->matmuls(g1, 3);
+          panels->matmuls(g2, 3);
+          INFO(isa_name(isa) << " " << dtype_name(t) << " threads=" << threads << " n=" << n);
+          CHECK(std::memcmp(q1.data(), q2.data(), q1.size() * 4) == 0);
+          CHECK(std::memcmp(k1.data(), k2.data(), k1.size() * 4) == 0);
+          CHECK(std::memcmp(v1.data(), v2.data(), v1.size() * 4) == 0);
+          const auto ref = formula(wq, x.data(), n, isa != Isa::scalar);
+          CHECK(std::memcmp(q1.data(), ref.data(), q1.size() * 4) == 0);
+        }
+        // Past 1 MiB in every type (Q8_0: 1.13 MB): panels on both.
+        const Weights big = make_weights(t, 2560, 416, 8);
+        const auto x = randv(size_t(100 * 416), 9);
+        std::vector<float> b1(size_t(100 * 2560)), b2(b1.size());
+        rows->matmul(big.view(), x.data(), 100, b1.data());
+        panels->matmul(big.view(), x.data(), 100, b2.data());
+        INFO(isa_name(isa) << " " << dtype_name(t) << " threads=" << threads << " 2560 x 416");
+        CHECK(std::memcmp(b1.data(), b2.data(), b1.size() * 4) == 0);
       }
     }
   }

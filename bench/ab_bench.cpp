@@ -1,4 +1,4 @@
-#include "bench/groups_bench.h"
+#include "bench/ab_bench.h"
 
 #include <algorithm>
 #include <chrono>
@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/device_testing.h"
 #include "kernels/forwarding_backend.h"
 #include "model/engine.h"
 #include "model/gguf.h"
@@ -57,17 +58,22 @@ Times run_pass(Engine& e, const std::vector<int32_t>& prompt, int decode, std::v
 
 }  // namespace
 
-nlohmann::json run_groups_ab(const std::string& model_path, int threads, int prompt_len, int decode, int runs) {
+nlohmann::json run_ab(const std::string& what, const std::string& model_path, int threads, int prompt_len,
+                      int decode, int runs) {
+  std::shared_ptr<Backend> variant;
+  if (what == "groups") variant = std::make_shared<OneByOne>(make_cpu_backend(threads));
+  else if (what == "rows") variant = make_cpu_backend_panel_split(threads);
+  else throw std::runtime_error("--ab: unknown change '" + what + "' (groups, rows)");
   auto file = GgufFile::open(model_path);
   if (!file.ok()) throw std::runtime_error(file.status().to_string());
   EngineOptions o;
   o.threads = threads;
   o.context = 256;
-  auto grouped = Engine::create(*file, o);
-  auto one_by_one = Engine::create(*file, o, std::make_shared<OneByOne>(make_cpu_backend(threads)));
-  if (!grouped.ok()) throw std::runtime_error(grouped.status().to_string());
-  if (!one_by_one.ok()) throw std::runtime_error(one_by_one.status().to_string());
-  Engine* engines[2] = {grouped->get(), one_by_one->get()};
+  auto with = Engine::create(*file, o);
+  auto without = Engine::create(*file, o, variant);
+  if (!with.ok()) throw std::runtime_error(with.status().to_string());
+  if (!without.ok()) throw std::runtime_error(without.status().to_string());
+  Engine* engines[2] = {with->get(), without->get()};
   const int32_t vocab = engines[0]->config().n_vocab;
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_len));
   for (int i = 0; i < prompt_len; ++i) prompt[size_t(i)] = 3 + (i * 7919) % (vocab - 3);
@@ -79,7 +85,7 @@ nlohmann::json run_groups_ab(const std::string& model_path, int threads, int pro
       const int w = r % 2 ? 1 - k : k;
       t[w] = run_pass(*engines[w], prompt, decode, logits[w]);
     }
-    if (logits[0] != logits[1]) throw std::runtime_error("grouped and one-by-one logits differ");
+    if (logits[0] != logits[1]) throw std::runtime_error("--ab " + what + ": the two engines' logits differ");
     if (r == 0) continue;  // warm-up
     for (int w = 0; w < 2; ++w) prefill[w].push_back(t[w].prefill), dec[w].push_back(t[w].decode);
     ratio_p.push_back(t[1].prefill / t[0].prefill);
@@ -88,16 +94,16 @@ nlohmann::json run_groups_ab(const std::string& model_path, int threads, int pro
   auto summary = [](const std::vector<double>& g, const std::vector<double>& s, const std::vector<double>& ratio) {
     nlohmann::json j;
     if (ratio.empty()) return j;
-    j["grouped_ms"] = 1e3 * quantile(g, 0.5);
-    j["one_by_one_ms"] = 1e3 * quantile(s, 0.5);
+    j["default_ms"] = 1e3 * quantile(g, 0.5);
+    j["variant_ms"] = 1e3 * quantile(s, 0.5);
     j["speedup_median"] = quantile(ratio, 0.5);
     j["speedup_q1"] = quantile(ratio, 0.25);
     j["speedup_q3"] = quantile(ratio, 0.75);
-    j["grouped_faster"] = std::count_if(ratio.begin(), ratio.end(), [](double x) { return x > 1; });
+    j["default_faster"] = std::count_if(ratio.begin(), ratio.end(), [](double x) { return x > 1; });
     j["pairs"] = ratio.size();
     return j;
   };
-  return {{"threads", threads}, {"prompt", prompt_len}, {"decode", decode},
+  return {{"ab", what}, {"threads", threads}, {"prompt", prompt_len}, {"decode", decode},
           {"prefill", summary(prefill[0], prefill[1], ratio_p)}, {"decode_steps", summary(dec[0], dec[1], ratio_d)}};
 }
 
