@@ -413,6 +413,7 @@ class HeadNode final : public Node {
     }
     jc.head = me_.name;
     jc.experts_alive = experts_alive_;
+    jc.fault_stall_attach = options_.fault_stall_attach;
     jc.topology = {options_.spec.source_name, options_.spec.source};
     for (const auto& [key, value] : options_.spec.source_args) {
       jc.topology.push_back(key);
@@ -574,6 +575,13 @@ class WorkerNode final : public Node {
         },
         router_, head_lost_);
     actors_->add_service(watcher);
+    // From here a failure while the head is gone is the head's loss (its
+    // requests time out), not this node's error: say so, so a supervised
+    // run starts again to rejoin rather than fail.
+    auto unless_lost = [this](Status s) {
+      if (s.ok() || !head_lost_->load()) return s;
+      return lost_head_while_starting_status(address(), s);
+    };
     // A kv_store here joins the head's pool; this node's stages use it.
     stream.pool = options_.spec.kv_pool;
     if (me_.count("kv_store") > 0) {
@@ -591,10 +599,11 @@ class WorkerNode final : public Node {
     }
     const bool attention = !hosted->expert_fallbacks.empty();
     hosted->expert_socket_host = me_.host;
-    CLEAVE_RETURN_IF_ERROR(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_, stream,
-                                          attach_through(*system_, join_, secret, me_.name, me_.stage.pipeline,
-                                                         options_.join_timeout_s)));
-    if (attention) CLEAVE_RETURN_IF_ERROR(watch_experts(*system_, join_, secret, *actors_));
+    CLEAVE_RETURN_IF_ERROR(unless_lost(actors_->spawn(std::move(hosted.value()), me_.name + "/", router_, kv_,
+                                                      stream,
+                                                      attach_through(*system_, join_, secret, me_.name,
+                                                                     me_.stage.pipeline, options_.join_timeout_s))));
+    if (attention) CLEAVE_RETURN_IF_ERROR(unless_lost(watch_experts(*system_, join_, secret, *actors_)));
     // Hears from the head when this node is drained.
     auto drain_watcher = system_->spawn(
         [](caf::event_based_actor*, std::shared_ptr<std::atomic<bool>> drained) {
@@ -607,8 +616,9 @@ class WorkerNode final : public Node {
       self->request(join_, kJoinTimeout, drain_watch_atom::value, secret, me_.name, drain_watcher)
           .receive([](bool) {}, [&](caf::error& e) { st = from_error(e); });
     }
-    if (!st.ok()) return Status(st.code(), "the head at " + address() + " did not take node " + me_.name +
-                                               "'s drain watcher: " + st.message());
+    if (!st.ok())
+      return unless_lost(Status(st.code(), "the head at " + address() + " did not take node " + me_.name +
+                                               "'s drain watcher: " + st.message()));
     return Status::Ok();
   }
 
@@ -732,6 +742,14 @@ void configure_node(caf::actor_system_config& config, const ClusterSpec& spec, i
   configure_node_impl(config, spec, threads);
 }
 }  // namespace actors
+
+Status lost_head_while_starting_status(const std::string& head, const Status& cause) {
+  return Status(Code::aborted, std::string(kLostHeadWhileStarting) + " at " + head + ": " + cause.message());
+}
+
+bool lost_head_while_starting(const Status& st) {
+  return st.code() == Code::aborted && st.message().rfind(kLostHeadWhileStarting, 0) == 0;
+}
 
 Result<std::unique_ptr<Node>> Node::start(const NodeOptions& options) {
   if (!options.file) return Status(Code::invalid_argument, "node: no model file");

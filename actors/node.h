@@ -53,7 +53,16 @@ struct NodeOptions {
   bool expert_replication = false;
   bool kv_fault_corrupt_served = false;  // tests: KvStoreRole::fault_corrupt_served
   bool kv_fault_stale_index = false;     // tests: KvStoreRole::fault_stale_index
+  bool fault_stall_attach = false;       // tests, head: JoinConfig::fault_stall_attach
 };
+
+// A worker that had joined lost its head while it attached its actors (its
+// requests to the head then time out): Node::start's aborted error, which
+// `cleave node` treats as a lost head (a supervised run starts again to
+// rejoin). The message names the head and what failed.
+inline constexpr const char* kLostHeadWhileStarting = "lost the head while starting";
+Status lost_head_while_starting_status(const std::string& head, const Status& cause);
+bool lost_head_while_starting(const Status& st);
 
 class Node : public Frontend {
  public:
@@ -62,7 +71,9 @@ class Node : public Frontend {
   // worker without the head's real port), unsupported (an actor kind not
   // implemented yet), unavailable (the head unreachable before the
   // deadline, or the head refused the node: the message names its reason,
-  // "wrong cluster secret"), the engines' and the store's errors.
+  // "wrong cluster secret"), aborted (a worker that joined lost the head
+  // before it was done starting: lost_head_while_starting() below), the
+  // engines' and the store's errors.
   static Result<std::unique_ptr<Node>> start(const NodeOptions& options);
   // Stops the node's actors and its actor system. Delete a node on the
   // thread that created it: CAF 0.17's actor_system destructor never returns

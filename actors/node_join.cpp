@@ -55,6 +55,7 @@ struct JoinState {
   std::vector<std::pair<std::string, caf::actor>> stage_watchers;  // (pipeline, watcher)
   std::map<std::string, std::vector<stage_actor>> node_stages;  // attached and alive
   std::map<std::string, caf::actor> drain_watchers;            // told when drained
+  std::vector<caf::typed_response_promise<bool>> stalled;  // JoinConfig::fault_stall_attach: never delivered
   static inline const char* name = "cleave.join";
 };
 using join_pointer = join_actor::stateful_pointer<JoinState>;
@@ -103,6 +104,11 @@ join_actor::behavior_type join_fn(join_pointer self, JoinConfig config) {
     if (!kind_ok)
       return to_error(Status(Code::invalid_argument, "cannot attach a '" + printable(kind) +
                                                          "' actor as this kind of actor"));
+    if (self->state.config.fault_stall_attach) {
+      auto stalled = self->make_response_promise<bool>();
+      self->state.stalled.push_back(stalled);
+      return stalled;
+    }
     self->monitor(actor);
     self->state.watched.push_back({actor.address(), printable(node), kind});
     auto rp = self->make_response_promise<bool>();

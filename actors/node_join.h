@@ -31,6 +31,9 @@ struct JoinConfig {
   // For nodes that join with --join HOST:PORT: what the head loaded
   // (source_name, source, then each --set key and value).
   std::vector<std::string> topology;
+  // Tests only: never answer a stage's or encoder's attach (the worker's
+  // request stays pending), so a test can take the head away mid-start.
+  bool fault_stall_attach = false;
 };
 
 join_actor spawn_join(caf::actor_system& system, JoinConfig config);

@@ -54,6 +54,7 @@ struct NodeArgs {
   int32_t kv_fault_corrupt_chunk = -1;
   bool kv_fault_corrupt_served = false;
   bool kv_fault_stale_index = false;
+  bool fault_stall_attach = false;
 };
 NodeArgs g_args;
 HttpArgs g_http;
@@ -227,6 +228,10 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_flag("--kv-fault-stale-index", g_args.kv_fault_stale_index,
                 "tests: this node's kv_store never tells the pool's index what left it")
       ->group("");
+  // Tests only (hidden): workers join, their stages' attach never returns.
+  cmd->add_flag("--fault-stall-attach", g_args.fault_stall_attach,
+                "tests: this head never answers a worker's stage attach")
+      ->group("");
   cmd->add_option("--requests", g_args.requests, "head: JSONL requests to run, then exit")
       ->check(CLI::ExistingFile);
   cmd->add_option("--out", g_args.out, "head: JSONL results of --requests");
@@ -319,6 +324,8 @@ int run_node_command() {
     throw CLI::ValidationError("--http-port", "only the head serves HTTP; '" + a.name + "' is a worker");
   if (a.no_rejoin && me && me->head)
     throw CLI::ValidationError("--no-rejoin", "only workers rejoin; '" + a.name + "' is the head");
+  if (a.fault_stall_attach && !(me && me->head))
+    throw CLI::ValidationError("--fault-stall-attach", "only the head answers attaches; '" + a.name + "' is a worker");
   if (http && !a.requests.empty())
     throw CLI::ValidationError("--http-port", "serves until stopped; it does not go with --requests");
   // The expert flags act on the attention side of a cluster with experts.
@@ -405,6 +412,7 @@ int run_node_command() {
   o.kv_stream.fault_corrupt_chunk = a.kv_fault_corrupt_chunk;
   o.kv_fault_corrupt_served = a.kv_fault_corrupt_served;
   o.kv_fault_stale_index = a.kv_fault_stale_index;
+  o.fault_stall_attach = a.fault_stall_attach;
   if (me && me->head && !o.secret)
     std::fprintf(stderr, "cleave node %s: no cluster secret (%s): open cluster, any node may join\n",
                  a.name.c_str(),
@@ -415,7 +423,16 @@ int run_node_command() {
   std::shared_ptr<void> batch_api;  // after http_server, before the node
   std::unique_ptr<server::Server> http_server;
   if (http) http_server = unwrap(start_http(g_http));  // /health: 503 until the node is up
-  auto node = unwrap(Node::start(o));
+  auto started = Node::start(o);
+  if (!started.ok() && lost_head_while_starting(started.status()) && !a.no_rejoin && supervised_run()) {
+    // As a lost head after the start: the supervisor starts the next run.
+    std::fprintf(stderr, "cleave node %s: %s; starting again to rejoin it (%g s)\n", a.name.c_str(),
+                 started.status().message().c_str(), a.join_timeout_s);
+    std::fflush(stdout);
+    std::fflush(stderr);
+    std::_Exit(kRunRejoins);
+  }
+  auto node = unwrap(std::move(started));
   // Until the node is up, SIGINT / SIGTERM end the process at once (a worker
   // dialling a head that is gone, say); from here they stop it cleanly.
   std::signal(SIGINT, on_signal);

@@ -10,11 +10,16 @@
 4. SIGKILL of the supervisor takes its run with it (PR_SET_PDEATHSIG).
 5. SIGTERM while the run dials a head that is gone ends both at once, by
    SIGTERM, and no run follows.
+6. A head that goes while a worker that joined it still attaches its
+   stages (--fault-stall-attach: it never answers the attach) is a lost
+   head too: the run exits to rejoin, and the next run joins the next head.
+   --fault-stall-attach on a worker is refused.
 
 usage: check_supervisor.py CLEAVE VOCAB WORKDIR"""
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 
@@ -112,6 +117,35 @@ try:
     expect("5. SIGTERM while the run dials: both end by SIGTERM at once, no run follows",
            dialling not in (d0.proc.pid, first) and rc == -signal.SIGTERM and time.time() - t0 < 5 and
            not alive(dialling) and d0.run_pid() == d0.proc.pid, (rc, dialling, d0.stderr()[-1000:]))
+
+    # 6. The head goes while d0 attaches its stages.
+    h = node("head", "e_", ["--fault-stall-attach"])
+    expect("6. the stalling head listens", h.wait_line(r"cleave node head listening") is not None,
+           h.stderr()[-1500:])
+    d0 = node("d0", "e_", ["--join-timeout", "20"])
+    expect("6. d0 joins the stalling head", joined(h), h.stderr()[-1500:])
+    sup, stuck = d0.proc.pid, d0.run_pid()
+    time.sleep(1.0)  # its attach is pending: this head never answers it
+    expect("6. d0 is still starting (it has not printed that it joined)",
+           alive(stuck) and d0.wait_line(r"cleave node d0 joined", timeout=0.2) is None, d0.stderr()[-1500:])
+    h.proc.kill()
+    h.wait(10)
+    expect("6. the run that lost the head while starting exits to rejoin",
+           wait_until(lambda: not alive(stuck), 15) and "lost the head while starting" in d0.stderr() and
+           "starting again to rejoin it" in d0.stderr() and "cleave: error" not in d0.stderr(),
+           d0.stderr()[-1500:])
+    expect("6. the supervisor starts a new run", wait_until(lambda: d0.run_pid() not in (sup, stuck), 15) and
+           d0.proc.poll() is None, (sup, stuck, d0.run_pid()))
+    h = head("f_")
+    expect("6. the new run joins the next head", joined(h), h.stderr()[-1500:] + d0.stderr()[-1500:])
+    m = d0.wait_line(r"cleave node d0 joined \S+ with (\d+) stages", timeout=30)
+    expect("6. its stage attached to the next head (the run finished starting)",
+           m is not None and int(m.group(1)) >= 1 and d0.proc.poll() is None, d0.stderr()[-1500:])
+    r = subprocess.run([CLEAVE, "node", "--topology", TOPOLOGY, "--name", "d0", "-m", MODEL, *SETS,
+                        "--fault-stall-attach"], capture_output=True, text=True, timeout=30)
+    expect("6. --fault-stall-attach on a worker is refused naming it",
+           r.returncode != 0 and "--fault-stall-attach" in r.stderr and "only the head" in r.stderr,
+           (r.returncode, r.stderr))
 finally:
     stop_all()
 
