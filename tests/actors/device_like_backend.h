@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels/backend.h"
+#include "kernels/forwarding_backend.h"
 #include "kernels/cuda/xxh3.cuh"
 
 namespace cleave::test {
@@ -77,9 +78,9 @@ class TcpLink final : public DeviceLink {
   std::atomic<bool> aborted_{false};
 };
 
-class DeviceLike final : public Backend {
+class DeviceLike final : public ForwardingBackend {
  public:
-  std::shared_ptr<Backend> cpu = std::shared_ptr<Backend>(make_cpu_backend(1));
+  DeviceLike() : ForwardingBackend(make_cpu_backend(1)) {}
   // Counted from any thread (the KV actors copy on threads of their own).
   std::atomic<int> checksum_calls{0};
   std::atomic<int> uploads{0}, downloads{0};  // host <-> "device" moves
@@ -133,70 +134,29 @@ class DeviceLike final : public Backend {
     return std::unique_ptr<DeviceLink>(new TcpLink(fd, timeout_s, &corrupt_next_send));
   }
   Caps caps() const override {
-    Caps c = cpu->caps();
+    Caps c = ForwardingBackend::caps();
     c.name = "device-like";
     c.host_memory = false;
     c.shareable = shareable;
     return c;
   }
-  bool supports(Op o, DType t) const override { return cpu->supports(o, t); }
-  void* alloc(size_t b) override { return cpu->alloc(b); }
-  void free(void* p) override { cpu->free(p); }
+  // No panels kept: every matmul packs its (device) weights for the call,
+  // as a backend that never prepares does.
+  bool prepare(const WeightView& w) override { return Backend::prepare(w); }
+  // Everything else (memory, sharing, the ops) goes to the CPU backend.
   void upload(void* d, const void* s, size_t b) override {
     ++uploads;
-    cpu->upload(d, s, b);
+    ForwardingBackend::upload(d, s, b);
   }
   void download(void* d, const void* s, size_t b) override {
     ++downloads;
-    cpu->download(d, s, b);
+    ForwardingBackend::download(d, s, b);
   }
-  void sync() override {}
-  void* alloc_pinned_host(size_t b) override { return cpu->alloc_pinned_host(b); }
-  void free_pinned_host(void* p) override { cpu->free_pinned_host(p); }
-  Result<SharedRegion> alloc_shared(size_t b) override { return cpu->alloc_shared(b); }
-  void free_shared(const SharedRegion& r) override { cpu->free_shared(r); }
-  Result<const void*> open_shared(const std::string& h, size_t b) override { return cpu->open_shared(h, b); }
-  void close_shared(const void* p, size_t b) override { cpu->close_shared(p, b); }
   Status checksum_blocks(const void* p, size_t bb, int64_t n, uint64_t* out) override {
     ++checksum_calls;
     for (int64_t i = 0; i < n; ++i) out[i] = xxh3::xxh3_64(static_cast<const uint8_t*>(p) + size_t(i) * bb, bb);
     return Status::Ok();
   }
-  void matmul(const WeightView& w, const float* x, int64_t n, float* y) override { cpu->matmul(w, x, n, y); }
-  void matmuls(const MatmulJob* jobs, int64_t count) override { cpu->matmuls(jobs, count); }
-  void rmsnorm(const float* x, const float* w, int64_t n, int64_t d, float e, float* y) override {
-    cpu->rmsnorm(x, w, n, d, e, y);
-  }
-  void rope(float* x, int64_t n, int64_t h, int64_t d, const int32_t* p, float t) override {
-    cpu->rope(x, n, h, d, p, t);
-  }
-  void softmax(float* x, int64_t n, int64_t l) override { cpu->softmax(x, n, l); }
-  void silu_mul(const float* g, const float* u, int64_t c, float* o) override { cpu->silu_mul(g, u, c, o); }
-  void embed(const WeightView& t, const int32_t* ids, int64_t n, float* o) override { cpu->embed(t, ids, n, o); }
-  void topk_gating(const float* l, int64_t n, int64_t e, int64_t k, int32_t* ids, float* w) override {
-    cpu->topk_gating(l, n, e, k, ids, w);
-  }
-  void kv_write(const PagedKv& kv, int32_t l, const float* k, const float* v, const AttnRow* r, int64_t n) override {
-    cpu->kv_write(kv, l, k, v, r, n);
-  }
-  void attention(const PagedKv& kv, int32_t l, const float* q, const AttnRow* r, int64_t n, int32_t h, float s,
-                 float* o) override {
-    cpu->attention(kv, l, q, r, n, h, s, o);
-  }
-  void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t d, float e, float* y) override {
-    cpu->layer_norm(x, w, b, n, d, e, y);
-  }
-  void gelu(const float* x, int64_t c, Gelu k, float* y) override { cpu->gelu(x, c, k, y); }
-  void add(const float* a, const float* b, int64_t c, int64_t p, float* y) override { cpu->add(a, b, c, p, y); }
-  void full_attention(const float* q, const float* k, const float* v, int64_t s, int64_t t, int64_t h, int64_t d,
-                      int64_t ld, float scale, float* o) override {
-    cpu->full_attention(q, k, v, s, t, h, d, ld, scale, o);
-  }
-  void moe_combine(const float* y, const int32_t* r, const float* w, int64_t n, int64_t k, int64_t d,
-                   float* o) override {
-    cpu->moe_combine(y, r, w, n, k, d, o);
-  }
-  void copy(void* d, const void* s, size_t b) override { cpu->copy(d, s, b); }
  private:
   std::mutex mu_;
   std::map<std::string, int> listeners_;  // link ids made here, until opened

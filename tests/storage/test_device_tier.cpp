@@ -8,6 +8,7 @@
 #include <set>
 
 #include "kernels/backend.h"
+#include "kernels/forwarding_backend.h"
 #include "storage/device_tier.h"
 #include "storage/memory_tier.h"
 #include "storage/tiered_store.h"
@@ -43,78 +44,19 @@ BlockRecord rec(uint64_t i) {
 }
 
 // The CPU backend, counting pinned host allocations.
-class CountingBackend final : public Backend {
+class CountingBackend final : public ForwardingBackend {
  public:
-  CountingBackend() : cpu_(make_cpu_backend(1)) {}
+  CountingBackend() : ForwardingBackend(make_cpu_backend(1)) {}
   int pinned_allocs = 0, pinned_frees = 0;
 
   void* alloc_pinned_host(size_t bytes) override {
     ++pinned_allocs;
-    return cpu_->alloc_pinned_host(bytes);
+    return ForwardingBackend::alloc_pinned_host(bytes);
   }
   void free_pinned_host(void* p) override {
     ++pinned_frees;
-    cpu_->free_pinned_host(p);
+    ForwardingBackend::free_pinned_host(p);
   }
-  Caps caps() const override {
-    Caps c = cpu_->caps();
-    c.shareable = false;  // alloc_shared is not forwarded
-    return c;
-  }
-  bool supports(Op op, DType t) const override { return cpu_->supports(op, t); }
-  void* alloc(size_t b) override { return cpu_->alloc(b); }
-  void free(void* p) override { cpu_->free(p); }
-  void upload(void* d, const void* s, size_t b) override { cpu_->upload(d, s, b); }
-  void download(void* d, const void* s, size_t b) override { cpu_->download(d, s, b); }
-  void sync() override { cpu_->sync(); }
-  void matmul(const WeightView& w, const float* x, int64_t n, float* y) override {
-    cpu_->matmul(w, x, n, y);
-  }
-  void rmsnorm(const float* x, const float* w, int64_t n, int64_t d, float e, float* y) override {
-    cpu_->rmsnorm(x, w, n, d, e, y);
-  }
-  void rope(float* x, int64_t n, int64_t h, int64_t d, const int32_t* p, float b) override {
-    cpu_->rope(x, n, h, d, p, b);
-  }
-  void softmax(float* x, int64_t n, int64_t len) override { cpu_->softmax(x, n, len); }
-  void silu_mul(const float* g, const float* u, int64_t c, float* o) override {
-    cpu_->silu_mul(g, u, c, o);
-  }
-  void embed(const WeightView& t, const int32_t* ids, int64_t n, float* o) override {
-    cpu_->embed(t, ids, n, o);
-  }
-  void topk_gating(const float* l, int64_t n, int64_t e, int64_t k, int32_t* ids,
-                   float* w) override {
-    cpu_->topk_gating(l, n, e, k, ids, w);
-  }
-  void kv_write(const PagedKv& kv, int32_t layer, const float* k, const float* v,
-                const AttnRow* rows, int64_t n) override {
-    cpu_->kv_write(kv, layer, k, v, rows, n);
-  }
-  void attention(const PagedKv& kv, int32_t layer, const float* q, const AttnRow* rows,
-                 int64_t n, int32_t h, float scale, float* out) override {
-    cpu_->attention(kv, layer, q, rows, n, h, scale, out);
-  }
-  void layer_norm(const float* x, const float* w, const float* b, int64_t n, int64_t d, float e,
-                  float* y) override {
-    cpu_->layer_norm(x, w, b, n, d, e, y);
-  }
-  void gelu(const float* x, int64_t c, Gelu k, float* y) override { cpu_->gelu(x, c, k, y); }
-  void add(const float* a, const float* b, int64_t c, int64_t p, float* y) override {
-    cpu_->add(a, b, c, p, y);
-  }
-  void full_attention(const float* q, const float* k, const float* v, int64_t n, int64_t t, int64_t h,
-                      int64_t hd, int64_t ld, float s, float* o) override {
-    cpu_->full_attention(q, k, v, n, t, h, hd, ld, s, o);
-  }
-  void moe_combine(const float* y, const int32_t* r, const float* w, int64_t n, int64_t k, int64_t d,
-                   float* o) override {
-    cpu_->moe_combine(y, r, w, n, k, d, o);
-  }
-  void copy(void* d, const void* s, size_t b) override { cpu_->copy(d, s, b); }
-
- private:
-  std::unique_ptr<Backend> cpu_;
 };
 
 std::unique_ptr<DeviceTier> device_tier(Backend& b, size_t blocks) {
