@@ -247,35 +247,25 @@ class CpuBackend final : public Backend {
     int32_t max_pos = -1;
     for (int64_t i = 0; i < n; ++i) max_pos = std::max(max_pos, positions[i]);
     const int64_t cached = std::min<int64_t>(int64_t(max_pos) + 1, kRopeCachedPositions);
-    const int64_t have = int64_t(rope_table_.size()) / (2 * half);
+    const int64_t have = int64_t(rope_table_.size()) / (2 * head_dim);
     if (cached > have) {
-      rope_table_.resize(size_t(cached * 2 * half));
-      for (int64_t p = have; p < cached; ++p) rope_angles(p, half, rope_table_.data() + p * 2 * half);
+      rope_table_.resize(size_t(cached * 2 * head_dim));
+      for (int64_t p = have; p < cached; ++p) rope_angles(p, half, rope_table_.data() + p * 2 * head_dim);
     }
-    ensure_scratch(static_cast<size_t>(2 * half));
+    ensure_scratch(static_cast<size_t>(2 * head_dim));
     float* scratch = scratch_.data();
     const size_t stride = scratch_stride_;
     const float* table = rope_table_.data();
+    const cpu::Kernels& k = k_;
     rows_for(n, n_heads * head_dim * 8, [&](int64_t i0, int64_t i1, int t) {
       for (int64_t i = i0; i < i1; ++i) {
-        const float* cs = table + int64_t(positions[i]) * 2 * half;
+        const float* cs = table + int64_t(positions[i]) * 2 * head_dim;
         if (positions[i] < 0 || positions[i] >= kRopeCachedPositions) {
           float* own = scratch + size_t(t) * stride;
           rope_angles(positions[i], half, own);
           cs = own;
         }
-        const float* sn = cs + half;
-        float* row = x + i * n_heads * head_dim;
-        for (int64_t h = 0; h < n_heads; ++h) {
-          float* v = row + h * head_dim;
-          for (int64_t j = 0; j < half; ++j) {
-            const float x0 = v[2 * j], x1 = v[2 * j + 1];
-            const float a = x0 * cs[j], b = x1 * sn[j];
-            const float c = x0 * sn[j], d = x1 * cs[j];
-            v[2 * j] = a - b;
-            v[2 * j + 1] = c + d;
-          }
-        }
+        k.rope_rows(x + i * n_heads * head_dim, cs, cs + head_dim, n_heads, head_dim);
       }
     });
   }
@@ -342,13 +332,18 @@ class CpuBackend final : public Backend {
   // is the same on every ISA and thread count.
   void moe_combine(const float* y, const int32_t* rows, const float* w, int64_t n, int64_t k,
                    int64_t dim, float* out) override {
+    // Each element's sum is 0 + w0 y0 + w1 y1 + ... in j order; running j
+    // outside the elements keeps that order and lets the elements vectorise.
     rows_for(n, k * dim, [&](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1; ++r)
-        for (int64_t d = 0; d < dim; ++d) {
-          float acc = 0.f;
-          for (int64_t j = 0; j < k; ++j) acc += w[r * k + j] * y[int64_t(rows[r * k + j]) * dim + d];
-          out[r * dim + d] = acc;
+      for (int64_t r = r0; r < r1; ++r) {
+        float* o = out + r * dim;
+        for (int64_t d = 0; d < dim; ++d) o[d] = 0.f;
+        for (int64_t j = 0; j < k; ++j) {
+          const float wj = w[r * k + j];
+          const float* yj = y + int64_t(rows[r * k + j]) * dim;
+          for (int64_t d = 0; d < dim; ++d) o[d] += wj * yj[d];
         }
+      }
     });
   }
 
@@ -384,11 +379,20 @@ class CpuBackend final : public Backend {
   }
 
   void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
-    for (int64_t i = 0; i < n; ++i) {
-      CLEAVE_CHECK(ids[i] >= 0 && ids[i] < table.rows);
-      dequantize_row(table.type, static_cast<const uint8_t*>(table.data) + size_t(ids[i]) * table.row_bytes,
-                     table.cols, out + i * table.cols);
+    for (int64_t i = 0; i < n; ++i) CLEAVE_CHECK(ids[i] >= 0 && ids[i] < table.rows);
+    const int type = static_cast<int>(table.type);
+    if (type != cpu::kWF32 && type != cpu::kWF16 && type != cpu::kWBF16 && type != cpu::kWQ8) {
+      for (int64_t i = 0; i < n; ++i)
+        dequantize_row(table.type, static_cast<const uint8_t*>(table.data) + size_t(ids[i]) * table.row_bytes,
+                       table.cols, out + i * table.cols);
+      return;
     }
+    const cpu::Kernels& k = k_;
+    rows_for(n, table.cols * 2, [&](int64_t i0, int64_t i1, int) {
+      for (int64_t i = i0; i < i1; ++i)
+        k.widen_row(type, static_cast<const uint8_t*>(table.data) + size_t(ids[i]) * table.row_bytes, table.cols,
+                    out + i * table.cols);
+    });
   }
 
   void topk_gating(const float* logits, int64_t n, int64_t n_expert, int64_t k, int32_t* ids,
@@ -499,10 +503,14 @@ class CpuBackend final : public Backend {
     attn_groups_.push_back(n);
     attn_pos_.resize(size_t(n));
     for (int64_t i = 0; i < n; ++i) attn_pos_[size_t(i)] = rows[i].pos;
-    // With groups enough to keep every thread busy, a task is a whole
-    // group (its heads' KV read as one run per block); otherwise one kv
-    // head of a group.
-    const int32_t hpt = ngroups >= 4 * int64_t(pool_.threads()) ? nkv : 1;
+    // Decode rows (about one row a group) with groups enough to keep every
+    // thread busy: a task is a whole group, its heads' KV read as one run
+    // per block. Otherwise a task is one kv head of a group: a prefill's
+    // groups share each block's loads over their rows already, and its few
+    // groups of growing work (8 for 128 rows) split over the threads evenly
+    // only in smaller pieces.
+    const bool decode_rows = n <= 2 * ngroups;
+    const int32_t hpt = decode_rows && ngroups >= 4 * int64_t(pool_.threads()) ? nkv : 1;
     int32_t max_rows = 1;
     for (int64_t g = 0; g < ngroups; ++g)
       max_rows = std::max<int32_t>(max_rows, int32_t(attn_groups_[size_t(g) + 1] - attn_groups_[size_t(g)]));
@@ -712,13 +720,18 @@ class CpuBackend final : public Backend {
     return pack_scratch_;
   }
 
-  // cos then sin of position p times each inverse frequency (in double, so
-  // the angle of a large position stays exact to float precision).
+  // Position p's angles (p times each inverse frequency, in double, so the
+  // angle of a large position stays exact to float precision) as the
+  // rope_rows kernel takes them: 2 * half floats of cos, each twice (c0, c0,
+  // c1, c1, ...), then 2 * half of sin with the even lane negated (-s0, s0,
+  // -s1, s1, ...).
   void rope_angles(int64_t p, int64_t half, float* out) const {
     for (int64_t j = 0; j < half; ++j) {
       const double theta = double(p) * rope_freq_[size_t(j)];
-      out[j] = static_cast<float>(std::cos(theta));
-      out[half + j] = static_cast<float>(std::sin(theta));
+      const float c = static_cast<float>(std::cos(theta)), s = static_cast<float>(std::sin(theta));
+      out[2 * j] = out[2 * j + 1] = c;
+      out[2 * half + 2 * j] = -s;
+      out[2 * half + 2 * j + 1] = s;
     }
   }
 

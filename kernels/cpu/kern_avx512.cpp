@@ -28,6 +28,9 @@ struct V {
   static vec mul(vec a, vec b) { return _mm512_mul_ps(a, b); }
   static vec div(vec a, vec b) { return _mm512_div_ps(a, b); }
   static vec max(vec a, vec b) { return _mm512_max_ps(a, b); }
+  static vec swap_pairs(vec a) { return _mm512_permute_ps(a, 0xB1); }  // (x1, x0, x3, x2, ...)
+  // A value the compiler must materialise (no fma built across it).
+  static void keep(vec& a) { asm("" : "+v"(a)); }
   static vec min(vec a, vec b) { return _mm512_min_ps(a, b); }
   static vec fmadd(vec a, vec b, vec c) { return _mm512_fmadd_ps(a, b, c); }
   static float fmas(float a, float b, float c) { return __builtin_fmaf(a, b, c); }

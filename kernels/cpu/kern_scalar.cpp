@@ -32,6 +32,8 @@ struct V {
   static vec mul(vec a, vec b) { CLEAVE_LANES(a.v[i] * b.v[i]); }
   static vec div(vec a, vec b) { CLEAVE_LANES(a.v[i] / b.v[i]); }
   static vec max(vec a, vec b) { CLEAVE_LANES(a.v[i] > b.v[i] ? a.v[i] : b.v[i]); }
+  static vec swap_pairs(vec a) { CLEAVE_LANES(a.v[i ^ 1]); }
+  static void keep(vec&) {}  // no fma in this file
   static vec min(vec a, vec b) { CLEAVE_LANES(a.v[i] < b.v[i] ? a.v[i] : b.v[i]); }
   static float fmas(float a, float b, float c) {
     const float p = a * b;

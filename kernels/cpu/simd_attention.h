@@ -33,22 +33,26 @@ struct PrefetchCursor {
 };
 
 // The queries one attn_block call runs, each with its own query row, output
-// (head_dim floats) and online-softmax state (running max m, sum l): query
-// heads of one row that read one kv head, or that head of several rows of a
-// sequence.
+// (head_dim floats), online-softmax state (running max m, sum l) and count
+// of the block's positions it attends (len: the whole block, or up to its
+// own position in its last block): query heads of one row that read one kv
+// head, or that head of several rows of a sequence.
 template <int GG>
 struct Queries {
   const float* q[GG];
   float* out[GG];
   float* m[GG];
   float* l[GG];
+  int32_t len[GG];
 };
 
 // One block of attention for GG queries that read one kv head: K and Vb
-// point at that head's rows of the block, len positions of it count. The
-// online softmax's state (m, l, the unnormalised out) is carried per query
-// from block to block, and each query's operations do not depend on which
-// queries share the call. Per block:
+// point at that head's rows of the block; query g attends its first
+// qs.len[g] positions. The online softmax's state (m, l, the unnormalised
+// out) is carried per query from block to block, and each query's
+// operations do not depend on which queries share the call (nor on their
+// lengths: a score past a query's length is computed for the others and
+// never read for it). Per block:
 // - scores: position t's q.k runs dot<V>'s operations (one accumulator over
 //   k in W-steps, hsum, scalar tail); V::hsums reduces 16 positions'
 //   accumulators at once with exactly hsum's additions;
@@ -58,11 +62,16 @@ struct Queries {
 //   their chains run side by side.
 template <class V, class LK, class LV, int GG>
 void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, const uint8_t* Vb,
-                int32_t len, float* s, PrefetchCursor<V>& pf) {
+                float* s, PrefetchCursor<V>& pf) {
   using vec = typename V::vec;
   const int64_t hd = a->head_dim;
   const int64_t hv = hd / V::W * V::W;
   const size_t sstride = size_t(a->block_size) + 32;  // GG rows of scores, each padded by 32
+  int32_t len = qs.len[0], lmin = qs.len[0];  // the longest and the shortest query
+  for (int g = 1; g < GG; ++g) {
+    len = qs.len[g] > len ? qs.len[g] : len;
+    lmin = qs.len[g] < lmin ? qs.len[g] : lmin;
+  }
   vec acc[GG][16];
   // Scores, 16 positions at a time.
   for (int32_t t0 = 0; t0 < len; t0 += 16) {
@@ -119,10 +128,11 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
         }
     }
   }
-  // Online softmax over the block, per head.
-  const int32_t lenp = (len + V::W - 1) / V::W * V::W;
+  // Online softmax over the block, per query over its own positions.
   float alpha[GG];
   for (int g = 0; g < GG; ++g) {
+    const int32_t len = qs.len[g];
+    const int32_t lenp = (len + V::W - 1) / V::W * V::W;
     float* sg = s + size_t(g) * sstride;
     const vec sc = V::set1(a->scale);
     vec mx = V::set1(-__builtin_inff());
@@ -160,7 +170,9 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) o[g][c] = V::mul(V::loadu(qs.out[g] + k + c * V::W), av);
     }
-    for (int32_t t = 0; t < len; ++t) {
+    // Position t into every query that attends it: all of them up to the
+    // shortest query (ragged false), then each up to its own length.
+    auto step = [&](int32_t t, auto ragged) {
       pf.step();
       const uint8_t* vt = Vb + size_t(t) * a->v_row_bytes;
       vec vv[C];
@@ -168,11 +180,15 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
       for (int c = 0; c < C; ++c) vv[c] = LV::load(vt, k + c * V::W);
 #pragma GCC unroll 8
       for (int g = 0; g < GG; ++g) {
+        if (decltype(ragged)::value && t >= qs.len[g]) continue;
         const vec pv = V::set1(s[size_t(g) * sstride + t]);
 #pragma GCC unroll 4
         for (int c = 0; c < C; ++c) o[g][c] = V::fmadd(pv, vv[c], o[g][c]);
       }
-    }
+    };
+    int32_t t = 0;
+    for (; t < lmin; ++t) step(t, std::false_type{});
+    for (; t < len; ++t) step(t, std::true_type{});
 #pragma GCC unroll 8
     for (int g = 0; g < GG; ++g)
 #pragma GCC unroll 4
@@ -190,7 +206,7 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
   for (k = hv; k < hd; ++k) {
     for (int g = 0; g < GG; ++g) {
       float o = qs.out[g][k] * alpha[g];
-      for (int32_t t = 0; t < len; ++t)
+      for (int32_t t = 0; t < qs.len[g]; ++t)
         o = V::fmas(s[size_t(g) * sstride + t], LV::at(Vb + size_t(t) * a->v_row_bytes, k), o);
       qs.out[g][k] = o;
     }
@@ -198,16 +214,16 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
 }
 
 // The rows' queries that read one kv head: `count` of them, query j's
-// pointers from at(j), run in chunks of up to 4 (queries are independent,
-// so the chunking does not change any query's bits).
+// pointers and length from at(j), run in chunks of up to 4 (queries are
+// independent, so the chunking does not change any query's bits).
 template <class V, class LK, class LV, class At>
 void attn_queries(const AttnArgs* a, int32_t count, At at, const uint8_t* K, const uint8_t* Vb,
-                  int32_t len, float* s, PrefetchCursor<V>& pf) {
+                  float* s, PrefetchCursor<V>& pf) {
   auto run = [&](auto n, int32_t j0) {
     constexpr int C = decltype(n)::value;
     Queries<C> qs;
-    for (int c = 0; c < C; ++c) at(j0 + c, qs.q[c], qs.out[c], qs.m[c], qs.l[c]);
-    attn_block<V, LK, LV, C>(a, qs, K, Vb, len, s, pf);
+    for (int c = 0; c < C; ++c) at(j0 + c, qs.q[c], qs.out[c], qs.m[c], qs.l[c], qs.len[c]);
+    attn_block<V, LK, LV, C>(a, qs, K, Vb, s, pf);
   };
   for (int32_t j = 0; j < count;) {
     switch (count - j >= 4 ? 4 : count - j) {
@@ -225,10 +241,10 @@ void attn_queries(const AttnArgs* a, int32_t count, At at, const uint8_t* K, con
 // (n_kv * group * head_dim floats), its output at out + r * row_stride.
 // Blocks go in order, every head's block before the next block: the heads'
 // K rows of a (block, layer) part are one contiguous run, and so are their V
-// rows, so the rows read their KV in a few long runs. The blocks before the
-// last are whole for every row, and there the R x group queries of a kv head
-// share each block's loads (4 at a time); the last block runs row by row,
-// each with its own length. Each query's operations are attn_block's in
+// rows, so the rows read their KV in a few long runs. The R x group queries
+// of a kv head share each block's loads (4 at a time): the blocks before the
+// last are whole for every row, and in the last each query stops at its own
+// row's position. Each query's operations are attn_block's in
 // block order whatever R and n_kv are, so a row's bits do not depend on
 // which rows or heads share the call. Everything depends only on the row's
 // query and the KV of its positions, cut at absolute block boundaries: the
@@ -265,14 +281,17 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
     c.p[1] = np + a->v_offset + size_t(kv_head) * a->v_head_bytes;
     c.e[1] = c.p[1] + size_t(n_kv - 1) * a->v_head_bytes + rows_n * a->v_row_bytes;
   };
-  // Query j of kv head h: row j / group, head h * group + j % group.
-  auto at_head = [&](int32_t h) {
-    return [=](int32_t j, const float*& qp, float*& op, float*& mp, float*& lp) {
+  // Query j of kv head h in block b: row j / group, head h * group + j %
+  // group; it attends the whole block, or its last up to its row's position.
+  auto at_head = [&](int32_t h, int32_t b) {
+    const bool last = b == nb - 1;
+    return [=](int32_t j, const float*& qp, float*& op, float*& mp, float*& lp, int32_t& len) {
       const int32_t r = j / group, hq = h * group + j % group;
       qp = q + r * row_stride + hq * hd;
       op = out + r * row_stride + hq * hd;
       mp = m + size_t(r) * nh + hq;
       lp = l + size_t(r) * nh + hq;
+      len = last ? pos[r] - b * bs + 1 : bs;
     };
   };
   // The next blocks' K and V are somewhere else in the pool (runs a
@@ -288,7 +307,6 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
   }
   for (int32_t b = 0; b < nb; ++b) {
     const uint8_t* part = a->layer_base + size_t(block_table[b]) * a->block_bytes;
-    const bool last = b == nb - 1;
     pf = PrefetchCursor<V>{};
     if (b + kAhead < nb) {
       ranges(b + kAhead, pf);
@@ -299,19 +317,7 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
     for (int32_t h = 0; h < n_kv; ++h) {
       const uint8_t* K = part + size_t(kv_head + h) * a->k_head_bytes;
       const uint8_t* Vb = part + a->v_offset + size_t(kv_head + h) * a->v_head_bytes;
-      if (!last) {
-        attn_queries<V, LK, LV>(a, R * group, at_head(h), K, Vb, bs, s, pf);
-      } else {
-        for (int32_t r = 0; r < R; ++r) {
-          auto at = at_head(h);
-          attn_queries<V, LK, LV>(
-              a, group,
-              [&](int32_t j, const float*& qp, float*& op, float*& mp, float*& lp) {
-                at(r * group + j, qp, op, mp, lp);
-              },
-              K, Vb, pos[r] - b * bs + 1, s, pf);
-        }
-      }
+      attn_queries<V, LK, LV>(a, R * group, at_head(h, b), K, Vb, s, pf);
     }
     pf.rest();
   }

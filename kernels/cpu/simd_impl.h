@@ -617,8 +617,57 @@ void q8_0_row_k(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
+// Rotary embedding of n_heads heads of head_dim floats (pairs (2j, 2j+1)),
+// with cs = cos duplicated per pair and sn = sin negated in the even lane:
+// x' = x cs + swap_pairs(x) sn, which is (x0 c - x1 s, x0 s + x1 c) with the
+// scalar rope's bits (a product with -s is the product with s negated, and
+// the odd lane's sum is the same two products added). The products are
+// held apart so the compiler cannot fuse one into an fma.
+template <class V>
+void rope_rows_k(float* x, const float* cs, const float* sn, int64_t n_heads, int64_t head_dim) {
+  using vec = typename V::vec;
+  const int64_t hv = head_dim / V::W * V::W;
+  for (int64_t h = 0; h < n_heads; ++h) {
+    float* v = x + h * head_dim;
+    for (int64_t k = 0; k < hv; k += V::W) {
+      const vec xv = V::loadu(v + k);
+      vec a = V::mul(xv, V::loadu(cs + k));
+      vec b = V::mul(V::swap_pairs(xv), V::loadu(sn + k));
+      V::keep(a);
+      V::keep(b);
+      V::storeu(v + k, V::add(a, b));
+    }
+    for (int64_t k = hv; k < head_dim; k += 2) {
+      const float x0 = v[k], x1 = v[k + 1];
+      volatile float a = x0 * cs[k], b = x1 * sn[k + 1], c = x0 * sn[k + 1], d = x1 * cs[k];
+      v[k] = a - b;
+      v[k + 1] = c + d;
+    }
+  }
+}
+
+// One row of a weight table widened to F32 (F32, F16, BF16, Q8_0): the
+// value dequantize_row (kernels/dtype.h) gives, bit for bit.
+template <class V>
+void widen_row_k(int type, const uint8_t* row, int64_t cols, float* out) {
+  const int64_t nv = cols / V::W * V::W;
+  auto run = [&](auto loader) {
+    using L = decltype(loader);
+    for (int64_t k = 0; k < nv; k += V::W) V::storeu(out + k, L::load(row, k));
+    for (int64_t k = nv; k < cols; ++k) out[k] = L::at(row, k);
+  };
+  switch (type) {
+    case cleave::cpu::kWF32: __builtin_memcpy(out, row, size_t(cols) * 4); return;
+    case cleave::cpu::kWF16: run(LF16<V>{}); return;
+    case cleave::cpu::kWBF16: run(LBF16<V>{}); return;
+    case cleave::cpu::kWQ8: run(LQ8<V>{}); return;  // cols is a multiple of 32
+    default: __builtin_trap();
+  }
+}
+
 #define CLEAVE_DEFINE_KERNEL_TABLE(name)                                                     \
   const ::cleave::cpu::Kernels name = {V::W,           &matmul_k<V>,    &rmsnorm_row_k<V>,  \
                                        &softmax_row_k<V>, &silu_mul_k<V>, &attn_k<V>,      \
                                        &layer_norm_row_k<V>, &gelu_k<V>, &add_k<V>,     \
-                                       &hsums_check<V>, &f16_row_k<V>, &q8_0_row_k<V>};
+                                       &hsums_check<V>, &f16_row_k<V>, &q8_0_row_k<V>,  \
+                                       &rope_rows_k<V>, &widen_row_k<V>};

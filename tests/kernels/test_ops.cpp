@@ -222,7 +222,9 @@ TEST_CASE("rope: kept and computed angles give the documented bits, at any posit
   // Each position's cos and sin are float(cos(p * f_j)) in double, kept per
   // position below 4096 and computed per row past it; either way a rotated
   // pair is (x0 c - x1 s, x0 s + x1 c), each product rounded.
-  const int64_t heads = 2, hd = 64;
+  // Head sizes with and without a tail past the vectors (20 = 16 + 4, 8 + 8 + 4).
+  for (const int64_t hd : {int64_t(64), int64_t(20), int64_t(6)}) {
+  const int64_t heads = 2;
   const float base = 10000.0f;
   const std::vector<int32_t> pos = {0, 1, 77, 4095, 4096, 9999, 70000, 3};
   const auto x = randv(size_t(int64_t(pos.size()) * heads * hd), 43);
@@ -239,10 +241,11 @@ TEST_CASE("rope: kept and computed angles give the documented bits, at any posit
             const size_t o = (i * size_t(heads) + size_t(h)) * size_t(hd) + size_t(2 * j);
             const float a = x[o] * c, b = x[o + 1] * sn, d = x[o] * sn, e = x[o + 1] * c;
             const float want[2] = {a - b, d + e};
-            INFO(isa_name(isa) << " pass " << pass << " position " << pos[i] << " j " << j);
+            INFO(isa_name(isa) << " head_dim " << hd << " pass " << pass << " position " << pos[i] << " j " << j);
             REQUIRE(std::memcmp(&y[o], want, sizeof want) == 0);
           }
     }
+  }
   }
 }
 
@@ -411,16 +414,28 @@ TEST_CASE("add: two arrays and a bias per row, exact") {
 }
 
 TEST_CASE("embed: dequantised rows - every dtype") {
+  // A few ids, and a prompt's worth that the threads split; rows of 40
+  // values end past the vectors (Q8_0 rows are whole blocks).
   for (Isa isa : isas()) {
-    auto be = make_cpu_backend(2, isa);
-    for (DType t : kTypes) {
-      const int64_t rows = 50, cols = 96;
-      const Weights w = make_weights(t, rows, cols, 71);
-      const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
-      std::vector<float> out(ids.size() * cols);
-      be->embed(w.view(), ids.data(), int64_t(ids.size()), out.data());
-      for (size_t i = 0; i < ids.size(); ++i)
-        CHECK(std::memcmp(out.data() + i * cols, w.deq.data() + ids[i] * cols, cols * 4) == 0);
+    for (int threads : {1, 2}) {
+      auto be = make_cpu_backend(threads, isa);
+      for (DType t : kTypes) {
+        for (const int64_t cols : {int64_t(96), int64_t(40)}) {
+          if (t == DType::Q8_0 && cols % 32) continue;
+          const int64_t rows = 50;
+          const Weights w = make_weights(t, rows, cols, 71);
+          for (const size_t n : {size_t(5), size_t(300)}) {
+            std::vector<int32_t> ids = {3, 0, 49, 3, 17};
+            for (size_t i = ids.size(); i < n; ++i) ids.push_back(int32_t(i * 31 % rows));
+            ids.resize(n);
+            std::vector<float> out(ids.size() * cols);
+            be->embed(w.view(), ids.data(), int64_t(ids.size()), out.data());
+            INFO(isa_name(isa) << " threads " << threads << " " << dtype_name(t) << " cols " << cols << " ids " << n);
+            for (size_t i = 0; i < ids.size(); ++i)
+              REQUIRE(std::memcmp(out.data() + i * cols, w.deq.data() + ids[i] * cols, cols * 4) == 0);
+          }
+        }
+      }
     }
   }
 }
