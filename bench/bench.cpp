@@ -121,6 +121,9 @@ int run_one(const std::string& path, int threads, int prompt_len, int decode_len
     decode_best = std::min(decode_best, now_s() - t0);
     eng.close_sequence(seq);
   }
+  // Peak RSS of the timed engine, before the profiling one below adds its own.
+  rusage ru{};
+  getrusage(RUSAGE_SELF, &ru);
   // Where a prefill goes, op by op: the same prompt on an engine that times
   // every op (after the timed runs, so they are not slowed by it), the
   // fastest of three kept.
@@ -146,8 +149,6 @@ int run_one(const std::string& path, int threads, int prompt_len, int decode_len
       ops["(outside ops)"] = (dt - prof.total_seconds()) * 1e3;
     }
   }
-  rusage ru{};
-  getrusage(RUSAGE_SELF, &ru);
   const double kv_bytes_per_pos = 2.0 * c.n_layers * c.n_kv_heads * c.head_dim * 4;
   const double avg_ctx = prompt_len + decode_len / 2.0;
   json j;

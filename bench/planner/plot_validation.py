@@ -14,19 +14,23 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 # (key in each run, label, colour)
 PREDICTIONS = [("own_run", "calibrated on the run itself", "tab:green"),
-               ("calibrated", "calibrated in advance", "tab:blue"),
+               ("ahead", "calibrated just ahead (seconds before)", "tab:orange"),
+               ("calibrated", "calibrated in advance (minutes before)", "tab:blue"),
                ("raw", "raw profile", "tab:gray")]
+ERRORS = ("own_run", "ahead", "calibrated")  # each run's error is drawn for these
 
 
 def plot(data, png, title=""):
     rows = data["rows"]
+    # Results from before the just-ahead calibration have no "ahead".
+    predictions = [p for p in PREDICTIONS if all(p[0] in r["median_goodput"] for r in rows)]
     rates = [r["rate"] for r in rows]
     fig, (ax, err) = plt.subplots(1, 2, figsize=(11, 4.5))
     measured = [r["median_goodput"]["measured"] for r in rows]
     lo = [m - min(x["measured"]["goodput"] for x in r["runs"]) for m, r in zip(measured, rows)]
     hi = [max(x["measured"]["goodput"] for x in r["runs"]) - m for m, r in zip(measured, rows)]
     ax.errorbar(rates, measured, yerr=[lo, hi], color="black", marker="o", capsize=3, label="measured")
-    for key, label, color in PREDICTIONS:
+    for key, label, color in predictions:
         ax.plot(rates, [r["median_goodput"][key] for r in rows], marker=".", color=color, label=label)
     ax.plot(rates, rates, color="black", linestyle=":", linewidth=1, label="offered rate")
     ax.set_xlabel("offered rate (requests/s)")
@@ -34,12 +38,13 @@ def plot(data, png, title=""):
     ax.legend(fontsize=8)
     ax.set_title("goodput: median of the runs (measured: range)", fontsize=9)
     every = [100.0]
-    for k, (key, label, color) in enumerate(PREDICTIONS[:2]):
+    shown = [p for p in predictions if p[0] in ERRORS]
+    for k, (key, label, color) in enumerate(shown):
         xs, ys = [], []
         for r in rows:
             for x in r["runs"]:
                 if x[key + "_error"] is not None:
-                    xs.append(r["rate"] + (k - 0.5) * 0.15)
+                    xs.append(r["rate"] + (k - (len(shown) - 1) / 2) * 0.15)
                     ys.append(max(0.3, 100 * x[key + "_error"]))  # 0 shows at the axis' floor
         err.scatter(xs, ys, color=color, s=14, label=label)
         every += ys

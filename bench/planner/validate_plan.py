@@ -16,13 +16,18 @@ the calibrated profile (and the same without the steps' spread); goodput on both
 rate. Each run is also simulated calibrated on its own counters (the
 step costs and spread that run had): the simulation's own error, apart
 from how far the machine's speed drifts between calibrating and serving.
+And each run is predicted calibrated just ahead: on the same server,
+seconds before the measured load, a short load of its own (--ahead-prompts
+requests at the first calibration rate, another seed) calibrates the
+profile (one factor, as the first load alone does), so the prediction is
+made before the run but on the machine's speed of that minute.
 Then the planner's front for a 64-stage cluster at a rate 32 times
 the largest here.
 
 usage: validate_plan.py CLEAVE VOCAB WORKDIR [--rates 8,16,24,32,36,40] [--prompts 120] [--runs 3]
        [--dim 256] [--layers 4] [--ffn 768]
        [--calibrate-rates 16,32] [--prompt-tokens 128] [--output-tokens 64] [--slo-ttft-ms 100]
-       [--slo-tpot-ms 10] [--json FILE] [--plot FILE.png]"""
+       [--slo-tpot-ms 10] [--ahead-prompts 60] [--json FILE] [--plot FILE.png]"""
 import argparse
 import json
 import os
@@ -49,6 +54,8 @@ ap.add_argument("--slo-tpot-ms", type=float, default=10)
 ap.add_argument("--dim", type=int, default=256)
 ap.add_argument("--layers", type=int, default=4)
 ap.add_argument("--ffn", type=int, default=768)
+ap.add_argument("--ahead-prompts", type=int, default=60,
+                help="requests of the load that calibrates each run just ahead, on its server")
 ap.add_argument("--json")
 ap.add_argument("--plot", help="goodput measured and predicted, each run's error (plot_validation.py)")
 a = ap.parse_args()
@@ -91,9 +98,10 @@ class Server:
         with open(path, "w") as f:
             f.write(urllib.request.urlopen(self.url + "/metrics", timeout=30).read().decode())
 
-    def bench(self, rate, seed, out):
+    def bench(self, rate, seed, out, prompts=None):
         subprocess.run(["/usr/bin/python3", os.path.join(HERE, "..", "serve", "serve_bench.py"), "--base-url",
-                        self.url, "--model", "plan", "--num-prompts", str(a.prompts), "--request-rate", str(rate),
+                        self.url, "--model", "plan", "--num-prompts", str(prompts or a.prompts), "--request-rate",
+                        str(rate),
                         "--input-mean", str(a.prompt_tokens), "--input-sigma", "0", "--output-mean",
                         str(a.output_tokens), "--output-sigma", "0", "--slo-ttft-ms", str(a.slo_ttft_ms),
                         "--slo-tpot-ms", str(a.slo_tpot_ms), "--seed", str(seed), "--json", out],
@@ -144,7 +152,16 @@ for rate in [float(r) for r in a.rates.split(",")]:
     for run in range(a.runs):
         own_before = os.path.join(a.work, f"serve_{rate}_{run}_before.txt")
         own_after = os.path.join(a.work, f"serve_{rate}_{run}_after.txt")
+        ahead_before = os.path.join(a.work, f"ahead_{rate}_{run}_before.txt")
+        ahead_after = os.path.join(a.work, f"ahead_{rate}_{run}_after.txt")
+        ahead_profile = os.path.join(a.work, f"ahead_{rate}_{run}.json")
         with Server() as s:
+            s.metrics(ahead_before)
+            s.bench(float(a.calibrate_rates.split(",")[0]), 200 + run, os.path.join(a.work, f"ahead_{rate}_{run}_load.json"),
+                    a.ahead_prompts)
+            s.metrics(ahead_after)
+            plan(["--profile", profile, "--calibrate-metrics", ahead_after, "--calibrate-baseline", ahead_before,
+                  "--save-profile", ahead_profile, "--rate", "1", *lengths])
             s.metrics(own_before)
             res = s.bench(rate, 1 + run, os.path.join(a.work, f"serve_{rate}_{run}.json"))
             s.metrics(own_after)
@@ -157,6 +174,7 @@ for rate in [float(r) for r in a.rates.split(",")]:
         _, cal = plan(["--profile", calibrated, "--trace", trace])
         one = plan(["--profile", one_load, "--trace", trace])[1] if "," in a.calibrate_rates else cal
         _, flat = plan(["--profile", no_spread, "--trace", trace])
+        _, ahead = plan(["--profile", ahead_profile, "--trace", trace])
         # Calibrated on this run's own counters: the simulation's error with
         # the step costs (and spread) this run really had, apart from how
         # far this VM's speed drifts between the calibrating loads and now.
@@ -176,7 +194,8 @@ for rate in [float(r) for r in a.rates.split(",")]:
                     "ttft_p90_ms": sm["ttft_ms"]["p90"], "tpot_p90_ms": sm["tpot_ms"]["p90"]}
         err = lambda p: abs(p["goodput"] - measured["goodput"]) / measured["goodput"] if measured["goodput"] else None
         runs.append({"measured": measured, "raw": raw[0], "calibrated": cal[0], "one_load": one[0],
-                     "no_spread": flat[0], "own_run": own[0], "own_run_no_spread": own_flat[0],
+                     "no_spread": flat[0], "own_run": own[0], "own_run_no_spread": own_flat[0], "ahead": ahead[0],
+                     "ahead_error": err(ahead[0]),
                      "raw_error": err(raw[0]), "calibrated_error": err(cal[0]), "one_load_error": err(one[0]),
                      "no_spread_error": err(flat[0]), "own_run_error": err(own[0]),
                      "own_run_no_spread_error": err(own_flat[0])})
@@ -186,7 +205,8 @@ for rate in [float(r) for r in a.rates.split(",")]:
               f"({runs[-1]['one_load_error'] * 100:.1f} %), no spread {flat[0]['goodput']:6.2f} "
               f"({runs[-1]['no_spread_error'] * 100:.1f} %), own run {own[0]['goodput']:6.2f} "
               f"({runs[-1]['own_run_error'] * 100:.1f} %; {own_flat[0]['goodput']:6.2f} without spread, "
-              f"{runs[-1]['own_run_no_spread_error'] * 100:.1f} %), raw {raw[0]['goodput']:6.2f} "
+              f"{runs[-1]['own_run_no_spread_error'] * 100:.1f} %), just ahead {ahead[0]['goodput']:6.2f} "
+              f"({runs[-1]['ahead_error'] * 100:.1f} %), raw {raw[0]['goodput']:6.2f} "
               f"({runs[-1]['raw_error'] * 100:.1f} %); TTFT p90 {measured['ttft_p90_ms']:.1f} / {c['ttft_p90_ms']:.1f} ms, "
               f"TPOT p90 {measured['tpot_p90_ms']:.2f} / {c['tpot_p90_ms']:.2f} ms (no spread: "
               f"{flat[0]['ttft_p90_ms']:.1f}, {flat[0]['tpot_p90_ms']:.2f}; own run: {own[0]['ttft_p90_ms']:.1f} "
@@ -198,15 +218,17 @@ for rate in [float(r) for r in a.rates.split(",")]:
                  "median_one_load_error": med("one_load_error"), "median_no_spread_error": med("no_spread_error"),
                  "median_own_run_error": med("own_run_error"),
                  "median_own_run_no_spread_error": med("own_run_no_spread_error"), "median_raw_error": med("raw_error"),
+                 "median_ahead_error": med("ahead_error"),
                  "median_goodput": {k: gp(k) for k in ("measured", "calibrated", "one_load", "no_spread", "own_run",
-                                                       "own_run_no_spread", "raw")}})
+                                                       "own_run_no_spread", "raw", "ahead")}})
     m = rows[-1]["median_goodput"]
     print(f"rate {rate:5.1f}/s: median goodput measured {m['measured']:.2f}, calibrated {m['calibrated']:.2f}, one "
           f"load {m['one_load']:.2f}, no spread {m['no_spread']:.2f}, raw {m['raw']:.2f}; median of the runs' errors "
           f"calibrated {rows[-1]['median_calibrated_error'] * 100:.1f} %, one load "
           f"{rows[-1]['median_one_load_error'] * 100:.1f} %, no spread {rows[-1]['median_no_spread_error'] * 100:.1f} %, "
           f"own run {rows[-1]['median_own_run_error'] * 100:.1f} % "
-          f"({rows[-1]['median_own_run_no_spread_error'] * 100:.1f} % without spread), "
+          f"({rows[-1]['median_own_run_no_spread_error'] * 100:.1f} % without spread), just ahead "
+          f"{m['ahead']:.2f} ({rows[-1]['median_ahead_error'] * 100:.1f} %), "
           f"raw {rows[-1]['median_raw_error'] * 100:.1f} %", flush=True)
 big_rate = 32 * max(float(r) for r in a.rates.split(","))
 big, _ = plan(["--profile", calibrated, "--rate", str(big_rate), "--requests", "4000", *lengths], 64)

@@ -328,21 +328,19 @@ class CpuBackend final : public Backend {
     if (bytes) std::memcpy(dst, src, bytes);
   }
 
-  // Plain scalar float arithmetic (this file has no FMA flags), so the sum
-  // is the same on every ISA and thread count.
+  // Each product rounded, then added (axpy_row), so the sum is the same on
+  // every ISA and thread count.
   void moe_combine(const float* y, const int32_t* rows, const float* w, int64_t n, int64_t k,
                    int64_t dim, float* out) override {
     // Each element's sum is 0 + w0 y0 + w1 y1 + ... in j order; running j
     // outside the elements keeps that order and lets the elements vectorise.
+    const cpu::Kernels& kern = k_;
     rows_for(n, k * dim, [&](int64_t r0, int64_t r1, int) {
       for (int64_t r = r0; r < r1; ++r) {
         float* o = out + r * dim;
-        for (int64_t d = 0; d < dim; ++d) o[d] = 0.f;
-        for (int64_t j = 0; j < k; ++j) {
-          const float wj = w[r * k + j];
-          const float* yj = y + int64_t(rows[r * k + j]) * dim;
-          for (int64_t d = 0; d < dim; ++d) o[d] += wj * yj[d];
-        }
+        std::fill(o, o + dim, 0.0f);
+        for (int64_t j = 0; j < k; ++j)
+          kern.axpy_row(o, w[r * k + j], y + int64_t(rows[r * k + j]) * dim, dim);
       }
     });
   }

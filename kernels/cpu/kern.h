@@ -79,6 +79,8 @@ struct Kernels {
   // One row of cols values of weight type `type` (F32, F16, BF16, Q8_0)
   // widened to F32, dequantize_row (kernels/dtype.h) bit for bit.
   void (*widen_row)(int type, const uint8_t* row, int64_t cols, float* out);
+  // o[d] = o[d] + w * y[d] for d < n, each product rounded before the add.
+  void (*axpy_row)(float* o, float w, const float* y, int64_t n);
 };
 
 extern const Kernels kKernelsScalar;

@@ -665,9 +665,27 @@ void widen_row_k(int type, const uint8_t* row, int64_t cols, float* out) {
   }
 }
 
+// o[d] = o[d] + w y[d]: the product rounded, then added (held apart from
+// any fma), so a weighted sum built from these is the scalar loop's.
+template <class V>
+void axpy_row_k(float* o, float w, const float* y, int64_t n) {
+  using vec = typename V::vec;
+  const int64_t nv = n / V::W * V::W;
+  const vec wv = V::set1(w);
+  for (int64_t d = 0; d < nv; d += V::W) {
+    vec p = V::mul(wv, V::loadu(y + d));
+    V::keep(p);
+    V::storeu(o + d, V::add(V::loadu(o + d), p));
+  }
+  for (int64_t d = nv; d < n; ++d) {
+    volatile float p = w * y[d];
+    o[d] = o[d] + p;
+  }
+}
+
 #define CLEAVE_DEFINE_KERNEL_TABLE(name)                                                     \
   const ::cleave::cpu::Kernels name = {V::W,           &matmul_k<V>,    &rmsnorm_row_k<V>,  \
                                        &softmax_row_k<V>, &silu_mul_k<V>, &attn_k<V>,      \
                                        &layer_norm_row_k<V>, &gelu_k<V>, &add_k<V>,     \
                                        &hsums_check<V>, &f16_row_k<V>, &q8_0_row_k<V>,  \
-                                       &rope_rows_k<V>, &widen_row_k<V>};
+                                       &rope_rows_k<V>, &widen_row_k<V>, &axpy_row_k<V>};
