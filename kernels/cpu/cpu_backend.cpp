@@ -12,6 +12,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/device_testing.h"
+#include "kernels/cpu/attention_plan.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/int8.h"
 #include "kernels/cpu/kern.h"
@@ -112,9 +113,6 @@ constexpr int64_t kRowSplitRows = 48;
 // cost more than it saved (100M GQA prefill, 1.2-6.3 MB a group: 2-3 %
 // slower on two threads; the 15M model's groups, 166-885 KB: 6 % faster).
 constexpr size_t kRowSplitMaxWeightBytes = size_t(1) << 20;
-// Attention: most rows of one sequence the kernel runs together (their
-// scores and outputs stay in the scratch and registers of one call).
-constexpr int64_t kAttnGroupRows = 16;
 
 // The int8 kernel and activation quantiser for an ISA, and the kernel's name.
 struct Int8Kernels {
@@ -378,13 +376,7 @@ class CpuBackend final : public Backend {
 
   void embed(const WeightView& table, const int32_t* ids, int64_t n, float* out) override {
     for (int64_t i = 0; i < n; ++i) CLEAVE_CHECK(ids[i] >= 0 && ids[i] < table.rows);
-    const int type = static_cast<int>(table.type);
-    if (type != cpu::kWF32 && type != cpu::kWF16 && type != cpu::kWBF16 && type != cpu::kWQ8) {
-      for (int64_t i = 0; i < n; ++i)
-        dequantize_row(table.type, static_cast<const uint8_t*>(table.data) + size_t(ids[i]) * table.row_bytes,
-                       table.cols, out + i * table.cols);
-      return;
-    }
+    const int type = static_cast<int>(table.type);  // every DType is a widen_row type
     const cpu::Kernels& k = k_;
     rows_for(n, table.cols * 2, [&](int64_t i0, int64_t i1, int) {
       for (int64_t i = i0; i < i1; ++i)
@@ -484,82 +476,31 @@ class CpuBackend final : public Backend {
     a.head_dim = kv.head_dim;
     a.group = n_heads / kv.n_kv_heads;
     a.scale = scale;
-    const int32_t nkv = kv.n_kv_heads;
-    // Rows of one sequence (one block table) next to each other whose
-    // positions fall in one block make a group: the kernel runs them
-    // together, sharing the loads of the blocks before their last (a
-    // prefill's rows), each row's bits unchanged.
-    attn_groups_.clear();
-    for (int64_t i = 0; i < n; ++i) {
-      if (i > 0 && rows[i].block_table == rows[i - 1].block_table &&
-          rows[i].pos / kv.block_size == rows[attn_groups_.back()].pos / kv.block_size &&
-          i - attn_groups_.back() < kAttnGroupRows)
-        continue;
-      attn_groups_.push_back(i);
-    }
-    const int64_t ngroups = int64_t(attn_groups_.size());
-    attn_groups_.push_back(n);
-    attn_pos_.resize(size_t(n));
-    for (int64_t i = 0; i < n; ++i) attn_pos_[size_t(i)] = rows[i].pos;
-    // Decode rows (about one row a group) with groups enough to keep every
-    // thread busy: a task is a whole group, its heads' KV read as one run
-    // per block. Otherwise a task is one kv head of a group: a prefill's
-    // groups share each block's loads over their rows already, and its few
-    // groups of growing work (8 for 128 rows) split over the threads evenly
-    // only in smaller pieces.
-    const bool decode_rows = n <= 2 * ngroups;
-    const int32_t hpt = decode_rows && ngroups >= 4 * int64_t(pool_.threads()) ? nkv : 1;
-    int32_t max_rows = 1;
-    for (int64_t g = 0; g < ngroups; ++g)
-      max_rows = std::max<int32_t>(max_rows, int32_t(attn_groups_[size_t(g) + 1] - attn_groups_[size_t(g)]));
-    ensure_scratch(CLEAVE_ATTN_SCRATCH(kv.block_size, max_rows * hpt * a.group));
+    const int T = pool_.threads();
+    attn_plan_.plan(rows, n, kv.block_size, kv.n_kv_heads, n_heads, kv.head_dim, T, kMinParallelWork);
+    const cpu::AttentionPlan& plan = attn_plan_;
+    const int32_t hpt = plan.heads_per_task(), tpr = plan.tasks_per_group();
+    ensure_scratch(CLEAVE_ATTN_SCRATCH(kv.block_size, plan.max_rows() * hpt * a.group));
     float* scratch = scratch_.data();
     const size_t stride = scratch_stride_;
     const cpu::Kernels& k = k_;
-    const int32_t tpr = nkv / hpt;  // tasks per group
     const size_t row_elems = size_t(n_heads) * kv.head_dim;
     const size_t grp_elems = size_t(a.group) * kv.head_dim;
-    const int64_t* groups = attn_groups_.data();
-    const int32_t* pos = attn_pos_.data();
     auto body = [&](int64_t t0, int64_t t1, int t) {
       float* s = scratch + size_t(t) * stride;
       for (int64_t task = t0; task < t1; ++task) {
-        const int64_t g = task / tpr, i = groups[g];
+        const int64_t g = task / tpr, i = plan.first(g);
         const int32_t h = static_cast<int32_t>(task % tpr) * hpt;
-        k.attn(&a, q + i * row_elems + h * grp_elems, int64_t(row_elems), h, hpt,
-               rows[i].block_table, pos + i, int32_t(groups[g + 1] - i),
-               out + i * row_elems + h * grp_elems, s);
+        k.attn(&a, q + i * row_elems + h * grp_elems, int64_t(row_elems), h, hpt, rows[i].block_table,
+               plan.positions() + i, int32_t(plan.end(g) - i), out + i * row_elems + h * grp_elems, s);
       }
     };
-    const int64_t tasks = ngroups * tpr;
-    auto group_work = [&](int64_t g) {
-      int64_t w = 0;
-      for (int64_t i = groups[g]; i < groups[g + 1]; ++i) w += int64_t(rows[i].pos + 1);
-      return w * n_heads * kv.head_dim * 2;
-    };
-    int64_t work = 0;
-    for (int64_t g = 0; g < ngroups; ++g) work += group_work(g);
-    if (work < kMinParallelWork || pool_.threads() == 1) {
-      body(0, tasks, 0);
+    if (!plan.parallel()) {
+      body(0, plan.tasks(), 0);
       return;
     }
-    // A row's work grows with its position (a prefill's last row attends
-    // 128 times what its first does): equal counts of rows per thread left
-    // one thread with three times the other's work at 2 threads. The
-    // threads get contiguous task ranges of equal work instead (each row's
-    // bits do not depend on which thread runs it).
-    const int T = pool_.threads();
-    attn_bounds_.assign(size_t(T) + 1, tasks);
-    attn_bounds_[0] = 0;
-    int64_t done = 0;
-    int next = 1;
-    for (int64_t task = 0; task < tasks && next < T; ++task) {
-      while (next < T && done * T >= work * next) attn_bounds_[size_t(next++)] = task;
-      done += group_work(task / tpr) / tpr;
-    }
-    const int64_t* bounds = attn_bounds_.data();
     pool_.parallel_for(T, [&](int64_t r0, int64_t r1, int) {
-      for (int64_t r = r0; r < r1; ++r) body(bounds[r], bounds[r + 1], int(r));
+      for (int64_t r = r0; r < r1; ++r) body(plan.bounds(int(r)), plan.bounds(int(r) + 1), int(r));
     });
   }
 
@@ -757,16 +698,14 @@ class CpuBackend final : public Backend {
   const cpu::Kernels& k_;
   ThreadPool pool_;
   std::vector<float> scratch_;
-  std::vector<int64_t> attn_bounds_;  // attention: each thread's task range
-  std::vector<int64_t> attn_groups_;  // attention: each row group's first row, then n
-  std::vector<int32_t> attn_pos_;     // attention: the rows' positions
+  cpu::AttentionPlan attn_plan_;  // attention: groups, tasks, each thread's range
   std::vector<float> fa_scratch_;  // full_attention: one (sequence, head) at a time
   std::vector<float> wide_;        // matmul: each thread's widened panels
   std::vector<cpu::PanelMatmulArgs> group_;  // matmuls: the jobs run as one region
   std::vector<int64_t> group_first_;         // run_panels: each part's first panel
   size_t scratch_stride_ = 0;
   std::vector<double> rope_freq_;
-  std::vector<float> rope_table_;  // per position: half cos, then half sin
+  std::vector<float> rope_table_;  // per position: rope_angles' 2 x head_dim floats
   float rope_base_ = 0.0f;
   int64_t rope_dim_ = 0;
   Compute compute_;

@@ -67,15 +67,15 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
   const int64_t hd = a->head_dim;
   const int64_t hv = hd / V::W * V::W;
   const size_t sstride = size_t(a->block_size) + 32;  // GG rows of scores, each padded by 32
-  int32_t len = qs.len[0], lmin = qs.len[0];  // the longest and the shortest query
+  int32_t lmax = qs.len[0], lmin = qs.len[0];  // the longest and the shortest query
   for (int g = 1; g < GG; ++g) {
-    len = qs.len[g] > len ? qs.len[g] : len;
+    lmax = qs.len[g] > lmax ? qs.len[g] : lmax;
     lmin = qs.len[g] < lmin ? qs.len[g] : lmin;
   }
   vec acc[GG][16];
   // Scores, 16 positions at a time.
-  for (int32_t t0 = 0; t0 < len; t0 += 16) {
-    const int32_t c = min_of<int32_t>(16, len - t0);
+  for (int32_t t0 = 0; t0 < lmax; t0 += 16) {
+    const int32_t c = min_of<int32_t>(16, lmax - t0);
     int32_t t = 0;
     // Four positions at a time, so 4 x GG independent chains hide the FMA
     // latency; each chain still runs over k in order.
@@ -188,7 +188,7 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
     };
     int32_t t = 0;
     for (; t < lmin; ++t) step(t, std::false_type{});
-    for (; t < len; ++t) step(t, std::true_type{});
+    for (; t < lmax; ++t) step(t, std::true_type{});
 #pragma GCC unroll 8
     for (int g = 0; g < GG; ++g)
 #pragma GCC unroll 4
