@@ -520,6 +520,7 @@ class CpuBackend final : public Backend {
       if (a.n > 1 && a.wtype != static_cast<int>(DType::F32))
         wide_floats = std::max(wide_floats, size_t(cpu::kWidePanels) * cpu::kPanel * size_t(a.cols));
     }
+    if (wide_floats) wide_floats += cpu::kWideGapFloats;
     if (wide_.size() < wide_floats * size_t(pool_.threads())) wide_.resize(wide_floats * size_t(pool_.threads()));
     const cpu::Kernels& k = k_;
     float* wide = wide_floats ? wide_.data() : nullptr;

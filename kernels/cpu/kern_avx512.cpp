@@ -127,6 +127,7 @@ struct V {
     }
   }
   static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
+  static void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
   static float sqrt1(float x) { return __builtin_sqrtf(x); }
 };
 

@@ -76,6 +76,7 @@ struct V {
     return r;
   }
   static void prefetch(const uint8_t* p) { (void)p; }
+  static void prefetch_l2(const uint8_t* p) { (void)p; }
   // The portable path quantises each block with quantize_row_q8_0 itself.
   static bool amax32(const float* x, float* amax) {
     (void)x, (void)amax;

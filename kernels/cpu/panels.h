@@ -54,5 +54,9 @@ struct PanelMatmulArgs {
 };
 // Panels a widened group holds at most (PanelMatmulArgs::wide).
 constexpr int kWidePanels = 2;
+// Floats to leave between two threads' wide scratch: the matmul prefetches
+// a widened group up to 2 KiB past its end, which must not pull in lines
+// another thread is writing.
+constexpr size_t kWideGapFloats = 1024;
 
 }  // namespace cleave::cpu

@@ -23,9 +23,6 @@
 #include "kernels/cpu/panels.h"
 #include "kernels/dtype.h"
 
-#ifndef CLEAVE_PF_BYTES
-#define CLEAVE_PF_BYTES 512
-#endif
 
 namespace {
 
@@ -47,7 +44,6 @@ inline uint16_t load_u16(const uint8_t* p) {
 template <class V>
 struct LF32 {
   static constexpr int kBlock = 1;
-  static constexpr size_t kDecodePfRows = 2;
   static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 4 * k; }
   static typename V::vec load(const uint8_t* row, int64_t k) {
     return V::loadu(reinterpret_cast<const float*>(row) + k);
@@ -62,7 +58,6 @@ struct LF32 {
 template <class V>
 struct LF16 {
   static constexpr int kBlock = 1;
-  static constexpr size_t kDecodePfRows = 1;
   static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 2 * k; }
   static typename V::vec load(const uint8_t* row, int64_t k) { return V::load_f16(row + 2 * k); }
   static float at(const uint8_t* row, int64_t k) { return V::f16(load_u16(row + 2 * k)); }
@@ -71,7 +66,6 @@ struct LF16 {
 template <class V>
 struct LBF16 {
   static constexpr int kBlock = 1;
-  static constexpr size_t kDecodePfRows = 1;
   static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 2 * k; }
   static typename V::vec load(const uint8_t* row, int64_t k) { return V::load_bf16(row + 2 * k); }
   static float at(const uint8_t* row, int64_t k) {
@@ -86,7 +80,6 @@ struct LBF16 {
 template <class V>
 struct LQ8 {
   static constexpr int kBlock = 32;
-  static constexpr size_t kDecodePfRows = 0;  // uses CLEAVE_PF_BYTES
   // The 32 / W vectors of the block starting at k (k a multiple of 32).
   static void load_block(const uint8_t* row, int64_t k, typename V::vec* out) {
     const uint8_t* blk = row + (k >> 5) * 34;
@@ -112,10 +105,16 @@ struct LQ8 {
 
 using cleave::cpu::PanelMatmulArgs;
 
+
 // Panel loaders: the V::W weights of rows [v * W, v * W + W) of a panel at k.
 template <class V>
 struct PF32 {
   static constexpr int kBlock = 1;
+  // How far ahead of its reads a first row block prefetches its panels (and
+  // a later block a widened copy): 2 KiB hid the wait on weights from
+  // memory or a shared L3 at 32 decode rows where 512 bytes did not (+9 %
+  // alone, docs/PERFORMANCE.md).
+  static constexpr int kPfBytes = 2048;
   static constexpr int kStep = 64;  // bytes of a panel per k
   static constexpr bool kNarrow = false;  // narrower than F32: worth widening once
   static typename V::vec load(const uint8_t* P, int64_t k, int v) {
@@ -125,6 +124,7 @@ struct PF32 {
 template <class V>
 struct PF16 {
   static constexpr int kBlock = 1;
+  static constexpr int kPfBytes = 2048;
   static constexpr int kStep = 32;
   static constexpr bool kNarrow = true;
   static constexpr int kWidenBlocks = 4;  // row blocks in a pass from which widening once pays
@@ -135,6 +135,7 @@ struct PF16 {
 template <class V>
 struct PBF16 {
   static constexpr int kBlock = 1;
+  static constexpr int kPfBytes = 2048;
   static constexpr int kStep = 32;
   static constexpr bool kNarrow = true;
   static constexpr int kWidenBlocks = 4;  // as F16's (measured for F16 only; BF16 widens alike)
@@ -145,20 +146,32 @@ struct PBF16 {
 template <class V>
 struct PQ8 {
   static constexpr int kBlock = 32;
+  // Per 544-byte block, 9 lines a panel: 2 KiB ahead cost batch-1 decode
+  // 6 % and gained nothing at 32 rows (measured).
+  static constexpr int kPfBytes = 512;
   static constexpr bool kNarrow = true;
   static constexpr int kWidenBlocks = 3;  // its widening costs more (three operations): pays sooner
 };
 
 // MI x rows (stride ldx) times NP panels (stride ps bytes) over k in
 // [0, cols): y[i * ldy + c] for output column c < valid of the NP * 16.
-// pf: the panels are cold (the first x rows to sweep them), so each one is
-// prefetched CLEAVE_PF_BYTES ahead: NP streams crossing a page every few
-// hundred k are more than the hardware prefetchers follow alone.
+// pf: the panels are not in L1 (the first x rows to sweep them, or a
+// widened copy too large to stay there), so each one is prefetched
+// PL::kPfBytes ahead: NP streams crossing a page every few hundred k are
+// more than the hardware prefetchers follow alone.
 // WIDE: also store each widened weight vector at wide (PF32's layout,
-// panel stride cols x 16 floats), for the pass's later row blocks.
+// panel stride cols x 16 floats), for the pass's later row blocks; only a
+// first block (pf) widens.
+// ahead: in a later block (not pf), the offset from P of a panel of the
+// next group to bring into L2 meanwhile, at the pace its own panels are
+// read (0: none). A later block reads only cached panels, so the memory is
+// idle; the next group's first block then finds its panels near instead of
+// waiting on them (at 32 decode rows it ran 1.65x as long as a later block).
+// Each kind of block runs its own loop (run below), so none pays for
+// another's prefetches or holds a flag in a register the x rows need.
 template <class V, class PL, int MI, int NP, bool WIDE = false>
 void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, float* y,
-        int64_t ldy, int64_t valid, bool pf, float* wide = nullptr) {
+        int64_t ldy, int64_t valid, bool pf, float* wide, size_t ahead) {
   using vec = typename V::vec;
   constexpr int VP = 16 / V::W;
   constexpr int NV = NP * VP;
@@ -167,43 +180,22 @@ void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, 
   for (int i = 0; i < MI; ++i)
 #pragma GCC unroll 16
     for (int j = 0; j < NV; ++j) acc[i][j] = V::zero();
-  if constexpr (PL::kBlock == 1) {
-    for (int64_t k = 0; k < cols; ++k) {
-      if (pf && (k * PL::kStep) % 64 == 0)
+  // Three loops, one per kind of block: a first block's (PF), a later
+  // block's with a panel ahead (AHEAD), and one with neither prefetch.
+  const auto run = [&](auto pf_kind, auto ahead_kind) {
+    constexpr bool PF = decltype(pf_kind)::value, AHEAD = decltype(ahead_kind)::value;
+    if constexpr (PL::kBlock == 1) {
+      for (int64_t k = 0; k < cols; ++k) {
+        if constexpr (PF) {
+          if ((k * PL::kStep) % 64 == 0)
 #pragma GCC unroll 8
-        for (int p = 0; p < NP; ++p) V::prefetch(P + p * ps + k * PL::kStep + CLEAVE_PF_BYTES);
-      vec w[NV];
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) w[j] = PL::load(P + (j / VP) * ps, k, j % VP);
-      if constexpr (WIDE)
-#pragma GCC unroll 16
-        for (int j = 0; j < NV; ++j) V::storeu(wide + (j / VP) * cols * 16 + k * 16 + (j % VP) * V::W, w[j]);
-#pragma GCC unroll 16
-      for (int i = 0; i < MI; ++i) {
-        const vec xb = V::set1(x[i * ldx + k]);
-#pragma GCC unroll 16
-        for (int j = 0; j < NV; ++j) acc[i][j] = V::fmadd(xb, w[j], acc[i][j]);
-      }
-    }
-  } else {
-    // Q8_0: a block's 16 scales widened once; each weight d x q (exact).
-    const int64_t nb = cols / 32;
-    for (int64_t b = 0; b < nb; ++b) {
-      const size_t boff = size_t(b) * cleave::cpu::kQ8PanelBlockBytes;
-      vec d[NV];
-#pragma GCC unroll 16
-      for (int j = 0; j < NV; ++j) d[j] = V::load_f16(P + (j / VP) * ps + boff + (j % VP) * V::W * 2);
-      for (int kk = 0; kk < 32; ++kk) {
-        if (pf && kk * 64 < int(cleave::cpu::kQ8PanelBlockBytes))
-#pragma GCC unroll 8
-          for (int p = 0; p < NP; ++p) V::prefetch(P + p * ps + boff + kk * 64 + CLEAVE_PF_BYTES);
-        const int64_t k = b * 32 + kk;
+            for (int p = 0; p < NP; ++p) V::prefetch(P + p * ps + k * PL::kStep + PL::kPfBytes);
+        } else if constexpr (AHEAD) {
+          V::prefetch_l2(P + ahead + k * PL::kStep);
+        }
         vec w[NV];
 #pragma GCC unroll 16
-        for (int j = 0; j < NV; ++j)
-          w[j] = V::load_q8(reinterpret_cast<const int8_t*>(P + (j / VP) * ps + boff + 32 + kk * 16 +
-                                                            (j % VP) * V::W),
-                            d[j]);
+        for (int j = 0; j < NV; ++j) w[j] = PL::load(P + (j / VP) * ps, k, j % VP);
         if constexpr (WIDE)
 #pragma GCC unroll 16
           for (int j = 0; j < NV; ++j) V::storeu(wide + (j / VP) * cols * 16 + k * 16 + (j % VP) * V::W, w[j]);
@@ -214,7 +206,49 @@ void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, 
           for (int j = 0; j < NV; ++j) acc[i][j] = V::fmadd(xb, w[j], acc[i][j]);
         }
       }
+    } else {
+      // Q8_0: a block's 16 scales widened once; each weight d x q (exact).
+      const int64_t nb = cols / 32;
+      for (int64_t b = 0; b < nb; ++b) {
+        const size_t boff = size_t(b) * cleave::cpu::kQ8PanelBlockBytes;
+        vec d[NV];
+#pragma GCC unroll 16
+        for (int j = 0; j < NV; ++j) d[j] = V::load_f16(P + (j / VP) * ps + boff + (j % VP) * V::W * 2);
+        for (int kk = 0; kk < 32; ++kk) {
+          if constexpr (PF) {
+            if (kk * 64 < int(cleave::cpu::kQ8PanelBlockBytes))
+#pragma GCC unroll 8
+              for (int p = 0; p < NP; ++p) V::prefetch(P + p * ps + boff + kk * 64 + PL::kPfBytes);
+          } else if constexpr (AHEAD) {
+            if (kk * 64 < int(cleave::cpu::kQ8PanelBlockBytes)) V::prefetch_l2(P + ahead + boff + kk * 64);
+          }
+          const int64_t k = b * 32 + kk;
+          vec w[NV];
+#pragma GCC unroll 16
+          for (int j = 0; j < NV; ++j)
+            w[j] = V::load_q8(reinterpret_cast<const int8_t*>(P + (j / VP) * ps + boff + 32 + kk * 16 +
+                                                              (j % VP) * V::W),
+                              d[j]);
+          if constexpr (WIDE)
+#pragma GCC unroll 16
+            for (int j = 0; j < NV; ++j) V::storeu(wide + (j / VP) * cols * 16 + k * 16 + (j % VP) * V::W, w[j]);
+#pragma GCC unroll 16
+          for (int i = 0; i < MI; ++i) {
+            const vec xb = V::set1(x[i * ldx + k]);
+#pragma GCC unroll 16
+            for (int j = 0; j < NV; ++j) acc[i][j] = V::fmadd(xb, w[j], acc[i][j]);
+          }
+        }
+      }
     }
+  };
+  if (WIDE || pf)
+    run(std::true_type{}, std::false_type{});
+  else if constexpr (!WIDE) {
+    if (ahead)
+      run(std::false_type{}, std::true_type{});
+    else
+      run(std::false_type{}, std::false_type{});
   }
   if (valid == NP * 16) {
 #pragma GCC unroll 16
@@ -232,14 +266,14 @@ void pk(const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, 
 
 template <class V, class PL, int MI>
 void pk_np(int np, const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols, float* y,
-           int64_t ldy, int64_t valid, bool pf, float* wide) {
+           int64_t ldy, int64_t valid, bool pf, float* wide, size_t ahead) {
   // Widened copies are made by the first block of a pass of several, whose
   // rows are at least MR / 2: at most kWidePanels panels.
   if constexpr (PL::kNarrow && MI * 2 >= V::MR && V::np_for(MI) <= cleave::cpu::kWidePanels) {
     if (wide) {
       switch (np) {
-        case 1: pk<V, PL, MI, 1, true>(x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-        case 2: pk<V, PL, MI, (V::np_for(MI) >= 2 ? 2 : 1), true>(x, ldx, P, ps, cols, y, ldy, valid, pf, wide);
+        case 1: pk<V, PL, MI, 1, true>(x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+        case 2: pk<V, PL, MI, (V::np_for(MI) >= 2 ? 2 : 1), true>(x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead);
           return;
         default: __builtin_trap();
       }
@@ -247,10 +281,10 @@ void pk_np(int np, const float* x, int64_t ldx, const uint8_t* P, size_t ps, int
   }
   if (wide) __builtin_trap();
   switch (np) {
-    case 1: pk<V, PL, MI, 1>(x, ldx, P, ps, cols, y, ldy, valid, pf); return;
-    case 2: pk<V, PL, MI, (V::np_for(MI) >= 2 ? 2 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf); return;
-    case 4: pk<V, PL, MI, (V::np_for(MI) >= 4 ? 4 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf); return;
-    case 8: pk<V, PL, MI, (V::np_for(MI) >= 8 ? 8 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf); return;
+    case 1: pk<V, PL, MI, 1>(x, ldx, P, ps, cols, y, ldy, valid, pf, nullptr, ahead); return;
+    case 2: pk<V, PL, MI, (V::np_for(MI) >= 2 ? 2 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf, nullptr, ahead); return;
+    case 4: pk<V, PL, MI, (V::np_for(MI) >= 4 ? 4 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf, nullptr, ahead); return;
+    case 8: pk<V, PL, MI, (V::np_for(MI) >= 8 ? 8 : 1)>(x, ldx, P, ps, cols, y, ldy, valid, pf, nullptr, ahead); return;
     default: __builtin_trap();
   }
 }
@@ -258,23 +292,27 @@ void pk_np(int np, const float* x, int64_t ldx, const uint8_t* P, size_t ps, int
 // wide: pk's WIDE (null: none).
 template <class V, class PL>
 void pk_any(int mi, int np, const float* x, int64_t ldx, const uint8_t* P, size_t ps, int64_t cols,
-            float* y, int64_t ldy, int64_t valid, bool pf, float* wide = nullptr) {
+            float* y, int64_t ldy, int64_t valid, bool pf, float* wide, size_t ahead) {
   switch (mi) {
-    case 1: pk_np<V, PL, 1>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 2: pk_np<V, PL, (V::MR >= 2 ? 2 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 3: pk_np<V, PL, (V::MR >= 3 ? 3 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 4: pk_np<V, PL, (V::MR >= 4 ? 4 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 5: pk_np<V, PL, (V::MR >= 5 ? 5 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 6: pk_np<V, PL, (V::MR >= 6 ? 6 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 7: pk_np<V, PL, (V::MR >= 7 ? 7 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 8: pk_np<V, PL, (V::MR >= 8 ? 8 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 9: pk_np<V, PL, (V::MR >= 9 ? 9 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 10: pk_np<V, PL, (V::MR >= 10 ? 10 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 11: pk_np<V, PL, (V::MR >= 11 ? 11 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
-    case 12: pk_np<V, PL, (V::MR >= 12 ? 12 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide); return;
+    case 1: pk_np<V, PL, 1>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 2: pk_np<V, PL, (V::MR >= 2 ? 2 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 3: pk_np<V, PL, (V::MR >= 3 ? 3 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 4: pk_np<V, PL, (V::MR >= 4 ? 4 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 5: pk_np<V, PL, (V::MR >= 5 ? 5 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 6: pk_np<V, PL, (V::MR >= 6 ? 6 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 7: pk_np<V, PL, (V::MR >= 7 ? 7 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 8: pk_np<V, PL, (V::MR >= 8 ? 8 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 9: pk_np<V, PL, (V::MR >= 9 ? 9 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 10: pk_np<V, PL, (V::MR >= 10 ? 10 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 11: pk_np<V, PL, (V::MR >= 11 ? 11 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
+    case 12: pk_np<V, PL, (V::MR >= 12 ? 12 : 1)>(np, x, ldx, P, ps, cols, y, ldy, valid, pf, wide, ahead); return;
     default: __builtin_trap();
   }
 }
+
+// A widened group up to this size stays in L1 from one row block to the
+// next (48 KiB L1 data caches, less what the x rows and outputs take).
+constexpr size_t kWideInL1Bytes = 40 * 1024;
 
 // The largest power of two <= n (n >= 1), at most cap.
 inline int pow2_at_most(int64_t n, int cap) {
@@ -316,16 +354,27 @@ void matmul_p(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
       const int np = pow2_at_most(p1 - p, gmax);
       const uint8_t* P = a->panels + size_t(p) * ps;
       const int64_t valid = min_of<int64_t>(int64_t(np) * 16, rows - p * 16);
+      // The next group's panels, contiguous after this one's: the later
+      // blocks bring them into L2 one each (pk's ahead), unless the pass
+      // widens (its later blocks read the F32 copy and are many, so the
+      // first block's own wait is a small part).
+      const int64_t next_np = p + np < p1 && !widen ? pow2_at_most(p1 - p - np, gmax) : 0;
+      // A widened group past what L1 keeps between blocks streams from L2:
+      // its later blocks prefetch it as a first block does its panels.
+      const bool wide_pf = size_t(np) * size_t(cols) * 64 > kWideInL1Bytes;
+      static_assert(PF32<V>::kPfBytes <= cleave::cpu::kWideGapFloats * 4, "prefetches stay in a thread's own gap");
       // np <= np_for(mi) for every block: the first block is the largest
       // and np_for never grows with mi.
-      for (int64_t i = i0, mi = 0; i < i1; i += mi) {
+      int64_t b = 0;
+      for (int64_t i = i0, mi = 0; i < i1; i += mi, ++b) {
         mi = block(i);
+        const size_t ahead = b > 0 && b - 1 < next_np ? size_t(np + b - 1) * ps : 0;
         if (widen && i > i0)
           pk_any<V, PF32<V>>(mi, np, a->x + i * cols, cols, reinterpret_cast<const uint8_t*>(a->wide),
-                             size_t(cols) * 64, cols, a->y + i * rows + p * 16, rows, valid, false);
+                             size_t(cols) * 64, cols, a->y + i * rows + p * 16, rows, valid, wide_pf, nullptr, 0);
         else
           pk_any<V, PL>(mi, np, a->x + i * cols, cols, P, ps, cols, a->y + i * rows + p * 16, rows, valid,
-                        i == i0, widen ? a->wide : nullptr);
+                        i == i0, widen ? a->wide : nullptr, ahead);
       }
       p += np;
     }

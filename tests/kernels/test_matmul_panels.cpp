@@ -62,7 +62,11 @@ TEST_CASE("matmul: each output is one multiply-add chain over k in order, on eve
           // passes of enough blocks that narrow panels are widened once
           // (from 3 blocks for Q8_0, 4 for F16 and BF16).
           // 100 rows: on 2 threads, split by rows (48 a thread and up) where
-          // the work is large enough to thread at all.
+          // the work is large enough to thread at all. Each kind of row block
+          // runs its own loop (simd_impl.h's pk): a first block, a later one
+          // that prefetches the next group of panels (70 and 200 rows at 13
+          // to 33 x rows), a later one with nothing ahead, and a widened
+          // copy too large for L1 (cols 1040 from 37 x rows).
           for (int64_t n : {1, 2, 3, 4, 5, 7, 8, 9, 11, 12, 13, 24, 33, 40, 60, 100}) {
             const auto x = randv(size_t(n * cols), uint32_t(n * 3 + 1));
             std::vector<float> y(size_t(n * rows), -1.0f);
