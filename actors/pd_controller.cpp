@@ -88,8 +88,13 @@ RoleMove PdController::decide(double now, int32_t prefills, int32_t decoders) {
   }
   if (verdict == RoleMove::none) return verdict;
   ++streak_;
+  // An overloaded prefill side is a shift in the arrivals, not noise: a move
+  // to decode leaves that side at most kPrefillBusyAfterMove loaded (the room
+  // check), so kPrefillOverload after it is new prompts. It moves at once,
+  // neither confirmed nor held by the cooldown: a queue growing by a quarter
+  // of the side's rate costs more each interval it waits.
   const bool overloaded = verdict == RoleMove::to_prefill && last_load_ >= kPrefillOverload;
-  if ((streak_ < config_.confirm && !overloaded) || now < cooldown_until_) return RoleMove::none;
+  if (!overloaded && (streak_ < config_.confirm || now < cooldown_until_)) return RoleMove::none;
   return verdict;
 }
 

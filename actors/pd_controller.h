@@ -22,7 +22,9 @@
 // prompts from the arrivals themselves, before any request has waited: a
 // load above 1 is a queue that grows, so it counts as TTFT pressure, and
 // from kPrefillOverload on the move to prefill needs no confirming
-// interval (a queue growing by a quarter of the side's rate is not noise).
+// interval and is not held by the cooldown (a queue growing by a quarter of
+// the side's rate is not noise, and no flap: the room check below left the
+// side at most kPrefillBusyAfterMove loaded after a move to decode).
 // The room check then also needs load x P / (P - 1) <= kPrefillBusyAfterMove.
 #pragma once
 

@@ -7,7 +7,10 @@ and decode. Every fixed split P:D with P + D = stages runs the three phases
 back to back on one server, and so does the adaptive cluster
 (cluster { pd_controller = {...} } with the same goals, starting from the
 split given by --adaptive-start); goodput is the requests per second of a
-phase that met both the TTFT and the TPOT goal.
+phase that met both the TTFT and the TPOT goal. For the adaptive cluster
+the JSON also holds its stage counts over time (`timeline`: phase, seconds
+into it, prefill and decode stages, at each change seen by polling the
+router's /metrics every 0.25 s).
 
 Goals and rates come from this machine in the same run: each phase's
 unloaded TTFT and TPOT on P1 D1 (4 requests one by one) times --slo-factor
@@ -21,6 +24,8 @@ import json
 import os
 import statistics
 import sys
+import threading
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from served_head import head_script, make_model, router_stats, run_bench, serve, stop  # noqa: E402
@@ -56,6 +61,36 @@ def script(p, d, controller):
 
 def start(p, d, controller=""):
     return serve(a.cleave, model, script(p, d, controller), "shift")
+
+
+class RoleTimeline:
+    """Polls the router's live stage counts every `every` seconds while a
+    phase runs: (phase, seconds into it, prefill stages, decode stages) at
+    the start and at each change, so a move's timing can be read."""
+
+    def __init__(self, url, every=0.25):
+        self.url, self.every, self.rows, self._stop = url, every, [], None
+
+    def start(self, phase):
+        self._stop, t0, last = threading.Event(), time.monotonic(), [None]
+
+        def poll():
+            while not self._stop.is_set():
+                try:
+                    rs = router_stats(self.url)
+                    now = (int(rs.get("alive_prefill", 0)), int(rs.get("alive_decode", 0)))
+                    if now != last[0]:
+                        self.rows.append([phase, round(time.monotonic() - t0, 2), *now])
+                        last[0] = now
+                except OSError:
+                    pass
+                self._stop.wait(self.every)
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+
+    def stop(self):
+        self._stop.set()
+        self._thread.join()
 
 
 def bench(url, tag, phase, extra, slo=None):
@@ -98,10 +133,15 @@ for run in range(a.runs):
     for name, p, d, ctl in configs[run % len(configs):] + configs[:run % len(configs)]:
         proc, url = start(p, d, ctl)
         goodput, moves, before = [], [], (0, 0)
+        timeline = RoleTimeline(url)
         for i, (ph, r, g) in enumerate(zip(PHASES, rates, slo)):
             n = max(1, int(r * a.phase_s))
+            if ctl:
+                timeline.start(i)
             s = bench(url, f"{name.replace(' ', '_').replace(':', '')}_{run}_{i}", ph,
                       ["--num-prompts", str(n), "--request-rate", f"{r:.4f}"], g)
+            if ctl:
+                timeline.stop()
             goodput.append(s["good_requests"] / s["duration_s"])
             # The moves made during this phase (and its drain), by direction.
             rs = router_stats(url) if ctl else {}
@@ -111,9 +151,11 @@ for run in range(a.runs):
         switches = sum(before)
         stop(proc)
         results[name].append({"goodput": goodput, "switches": switches, "moves": moves})
+        if ctl:
+            results[name][-1]["timeline"] = timeline.rows
         print(f"run {run + 1} {name:20s} goodput " + "  ".join(f"{x:.2f}" for x in goodput) +
-              (f"  ({switches} role switches; per phase to decode / to prefill: {' '.join(moves)})"
-               if ctl else ""), flush=True)
+              (f"  ({switches} role switches; per phase to decode / to prefill: {' '.join(moves)};"
+               f" stages over time [phase, s, P, D]: {timeline.rows})" if ctl else ""), flush=True)
 
 print("\n| cluster | " + " | ".join(f"{ph[0]} goodput (req/s)" for ph in PHASES) + " | role switches |")
 print("|---|" + "---|" * (len(PHASES) + 1))

@@ -199,6 +199,18 @@ TEST_CASE("pd controller: an overloaded prefill side moves a decoder at once, a 
     CHECK(row(c, 2, 12000, 8000, 2, 1) == none);  // one decoder left
   }
   {
+    // Overload is not held by the cooldown: a move to decode at 1 s (cooldown
+    // 3 s), then the prompts arrive at 1.5x what the side prefills at 2 s.
+    PdController c(goals(100, 20, 2, 3));
+    c.moved(1);
+    CHECK(row(c, 2, 12000, 8000, 1, 2) == to_p);
+    c.moved(2);
+    // Under the overload the cooldown holds: a load of 1.2, confirmed, waits.
+    CHECK(row(c, 3, 9600, 8000, 1, 2) == none);
+    CHECK(row(c, 4, 9600, 8000, 1, 2) == none);
+    CHECK(row(c, 5, 9600, 8000, 1, 2) == to_p);  // 3 s after the move
+  }
+  {
     // Over 1 but under kPrefillOverload: TTFT pressure that needs its confirming interval.
     PdController c(goals(100, 20, 2, 0));
     CHECK(row(c, 1, 9600, 8000, 1, 2) == none);  // load 1.2: first of the streak
