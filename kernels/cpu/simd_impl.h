@@ -23,7 +23,6 @@
 #include "kernels/cpu/panels.h"
 #include "kernels/dtype.h"
 
-
 namespace {
 
 using cleave::cpu::AttnArgs;
@@ -104,7 +103,6 @@ struct LQ8 {
 // over k in order, in lane r % 16 of a panel's vector(s).
 
 using cleave::cpu::PanelMatmulArgs;
-
 
 // Panel loaders: the V::W weights of rows [v * W, v * W + W) of a panel at k.
 template <class V>
