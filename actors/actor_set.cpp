@@ -171,9 +171,11 @@ Result<std::vector<PipelineStageRef>> ActorSet::spawn_pipeline(
   for (size_t k = later.size(); k-- > 0;) {
     refs[k].layers = later[k]->layers();
     refs[k].slice_bytes = later[k]->slice_bytes();
-    refs[k].handle = spawn_pipeline_stage(
-        system_, std::move(later[k]), name_prefix + "stage/" + std::to_string(pipeline_stages_.size()));
-    pipeline_stages_.push_back(PipelineStage{refs[k].handle});
+    PipelineStage ps{{}, false, later[k], std::make_shared<PipelineStageCounters>(),
+                     name_prefix + "stage/" + std::to_string(pipeline_stages_.size())};
+    ps.handle = spawn_pipeline_stage(system_, std::move(later[k]), ps.label, ps.counters);
+    refs[k].handle = ps.handle;
+    pipeline_stages_.push_back(std::move(ps));
     if (k + 1 < refs.size()) {
       Status st;
       self->request(refs[k].handle, kClientTimeout, next_atom::value,
@@ -216,7 +218,13 @@ void ActorSet::collect_stats(std::vector<msg::Stats>& out) {
   for (auto& s : stages_) actors::collect_stats(self, s.handle, out);
   for (auto& e : encoders_) actors::collect_stats(self, e.handle, out);
   for (auto& e : experts_) actors::collect_stats(self, e.handle, out);
-  for (auto& p : pipeline_stages_) actors::collect_stats(self, p.handle, out);
+  // Read here, not asked: a pipeline stage taken down with its first stage
+  // (a node losing its head) still reports what it did.
+  for (auto& p : pipeline_stages_) {
+    if (p.killed) continue;  // a deliberate kill (fault tests) reports nothing, as a dead actor did
+    auto st = codec::decode_as<msg::Stats>(pipeline_stage_stats(p.label, *p.stage, *p.counters));
+    if (st.ok()) out.push_back(std::move(st.value()));
+  }
 }
 
 Status ActorSet::kill(const std::string& kind, int32_t index) {

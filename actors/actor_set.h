@@ -101,6 +101,10 @@ class ActorSet {
   struct PipelineStage {
     pipeline_stage_actor handle;
     bool killed = false;
+    // What its stats are made of, kept here so they outlive the actor.
+    std::shared_ptr<LayerStage> stage;
+    std::shared_ptr<PipelineStageCounters> counters;
+    std::string label;
   };
   // Spawns the later stages of one stage's pipeline, last first, each told
   // its next; their refs in layer order.

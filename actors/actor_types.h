@@ -24,6 +24,7 @@
 
 #include <caf/all.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -376,10 +377,21 @@ vision_encoder_actor spawn_vision_encoder(caf::actor_system& system,
 expert_actor spawn_expert(caf::actor_system& system, std::shared_ptr<ExpertHost> host,
                           std::string name);
 
+// A pipeline stage actor's own counters, shared with whoever spawned it: its
+// node still reports them once the actor is gone (a pipeline's first stage
+// takes its later stages down when it exits, which on a node that lost its
+// head can come before that node prints its counters).
+struct PipelineStageCounters {
+  std::atomic<uint64_t> bad_messages{0}, failures{0}, forwarded{0}, kv_calls{0};
+};
+
 // pipeline_stage_actor.cpp: a LayerStage (detached: it computes in its
 // behaviour). name: "NODE/stage/0" in its stats.
-pipeline_stage_actor spawn_pipeline_stage(caf::actor_system& system,
-                                          std::shared_ptr<LayerStage> stage, std::string name);
+pipeline_stage_actor spawn_pipeline_stage(caf::actor_system& system, std::shared_ptr<LayerStage> stage,
+                                          std::string name, std::shared_ptr<PipelineStageCounters> counters);
+// Its stats message: the stage's counters (LayerStage::stats is thread-safe)
+// and the actor's, readable from any thread, the actor alive or not.
+Bytes pipeline_stage_stats(const std::string& label, const LayerStage& stage, const PipelineStageCounters& c);
 
 // stage_actor.cpp: prefill, decode or colocated over a StageCore (detached:
 // Engine::forward blocks). Prefill stages stream KV through a kv_sender,

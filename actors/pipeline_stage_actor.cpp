@@ -15,7 +15,7 @@ struct PipelineStageState {
   std::shared_ptr<LayerStage> stage;
   std::string label;  // "NODE/stage/0"
   caf::actor next;  // the stage after this one (none on the last)
-  uint64_t bad_messages = 0, failures = 0, forwarded = 0, kv_calls = 0;
+  std::shared_ptr<PipelineStageCounters> counters;  // shared with its ActorSet
   static inline const char* name = "cleave.pipeline_stage";
 };
 using stage_pointer = pipeline_stage_actor::stateful_pointer<PipelineStageState>;
@@ -24,7 +24,7 @@ using stage_pointer = pipeline_stage_actor::stateful_pointer<PipelineStageState>
 Result<msg::StageBatch> run_layers(PipelineStageState& s, const Bytes& bytes) {
   auto m = codec::decode_as<msg::StageBatch>(bytes);
   if (!m.ok()) {
-    ++s.bad_messages;
+    ++s.counters->bad_messages;
     return m.status();
   }
   const LayerStage& st = *s.stage;
@@ -49,12 +49,12 @@ Result<msg::StageBatch> run_layers(PipelineStageState& s, const Bytes& bytes) {
 Result<msg::StageBatch> run_kv(PipelineStageState& s, const Bytes& bytes) {
   auto m = codec::decode_as<msg::StageBatch>(bytes);
   if (!m.ok()) {
-    ++s.bad_messages;
+    ++s.counters->bad_messages;
     return m.status();
   }
   LayerStage& st = *s.stage;
   CLEAVE_RETURN_IF_ERROR(check_addressed(*m, st.layers(), st.model_fingerprint()));
-  ++s.kv_calls;
+  ++s.counters->kv_calls;
   const size_t slice = st.slice_bytes();
   std::vector<uint8_t> data;
   switch (m->op) {
@@ -82,20 +82,22 @@ Result<msg::StageBatch> run_kv(PipelineStageState& s, const Bytes& bytes) {
 
 pipeline_stage_actor::behavior_type pipeline_stage_fn(stage_pointer self,
                                                       std::shared_ptr<LayerStage> stage,
-                                                      std::string name) {
+                                                      std::string name,
+                                                      std::shared_ptr<PipelineStageCounters> counters) {
   self->state.stage = std::move(stage);
   self->state.label = std::move(name);
+  self->state.counters = std::move(counters);
   return {
       [=](layers_atom, uint64_t ticket, const Bytes& bytes, const caf::actor& reply_to) {
         auto& s = self->state;
         auto out = run_layers(s, bytes);
         if (!out.ok()) {
-          ++s.failures;
+          ++s.counters->failures;
           caf::anon_send(reply_to, layers_err_atom::value, ticket, to_error(out.status()));
           return;
         }
         if (out->op == msg::StageOp::layers) {
-          ++s.forwarded;
+          ++s.counters->forwarded;
           caf::anon_send(caf::actor_cast<pipeline_stage_actor>(s.next), layers_atom::value, ticket,
                      codec::encode(*out), reply_to);
           return;
@@ -105,7 +107,7 @@ pipeline_stage_actor::behavior_type pipeline_stage_fn(stage_pointer self,
       [=](stage_kv_atom, uint64_t ticket, const Bytes& bytes, const caf::actor& reply_to) {
         auto out = run_kv(self->state, bytes);
         if (!out.ok()) {
-          ++self->state.failures;
+          ++self->state.counters->failures;
           caf::anon_send(reply_to, layers_err_atom::value, ticket, to_error(out.status()));
           return;
         }
@@ -117,25 +119,30 @@ pipeline_stage_actor::behavior_type pipeline_stage_fn(stage_pointer self,
       },
       [=](stats_atom) -> Bytes {
         auto& s = self->state;
-        const LayerStage::Stats st = s.stage->stats();
-        return encode_stats(s.label, {{"stage_first_layer", uint64_t(s.stage->layers().first)},
-                                     {"stage_last_layer", uint64_t(s.stage->layers().last)},
-                                     {"stage_batches", st.batches},
-                                     {"stage_rows", st.rows},
-                                     {"stage_busy_us", st.busy_ns / 1000},
-                                     {"stage_forwarded", s.forwarded},
-                                     {"stage_kv_calls", s.kv_calls},
-                                     {"bad_messages", s.bad_messages},
-                                     {"failures", s.failures}});
+        return pipeline_stage_stats(s.label, *s.stage, *s.counters);
       },
   };
 }
 
 }  // namespace
 
-pipeline_stage_actor spawn_pipeline_stage(caf::actor_system& system,
-                                          std::shared_ptr<LayerStage> stage, std::string name) {
-  return system.spawn<caf::detached>(pipeline_stage_fn, std::move(stage), std::move(name));
+pipeline_stage_actor spawn_pipeline_stage(caf::actor_system& system, std::shared_ptr<LayerStage> stage,
+                                          std::string name, std::shared_ptr<PipelineStageCounters> counters) {
+  return system.spawn<caf::detached>(pipeline_stage_fn, std::move(stage), std::move(name), std::move(counters));
+}
+
+Bytes pipeline_stage_stats(const std::string& label, const LayerStage& stage,
+                           const PipelineStageCounters& c) {
+  const LayerStage::Stats st = stage.stats();
+  return encode_stats(label, {{"stage_first_layer", uint64_t(stage.layers().first)},
+                              {"stage_last_layer", uint64_t(stage.layers().last)},
+                              {"stage_batches", st.batches},
+                              {"stage_rows", st.rows},
+                              {"stage_busy_us", st.busy_ns / 1000},
+                              {"stage_forwarded", c.forwarded.load()},
+                              {"stage_kv_calls", c.kv_calls.load()},
+                              {"bad_messages", c.bad_messages.load()},
+                              {"failures", c.failures.load()}});
 }
 
 }  // namespace cleave::actors

@@ -9,6 +9,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <thread>
 
 #include "actors/pipeline.h"
 #include "tests/actors/pipeline_load.h"
@@ -137,6 +138,40 @@ TEST_CASE("pipeline stages: a killed stage fails its pipeline over to the other 
   CHECK(find_stats(stats, "stage/0") == nullptr);
   // Later requests run on the surviving pipeline.
   check_identical(ref, run_all(*p, requests), "on the surviving pipeline");
+}
+
+TEST_CASE("pipeline stages: later stages taken down with their first stage still report their counters") {
+  // The first stage links its later stages: killing it takes them down. A
+  // node that loses its head prints its stats after that can have happened
+  // (the node of a pipeline's first stage exits first), so what they did
+  // must not go with them.
+  const Model& m = model(four_layers("pp-gqa", 2));
+  const auto requests = mixed_requests(m, 20, 63000);
+  auto p = make_pipeline(m, cut(base_options(Topology::colocated, 0, 0, 2), kTwo, {}, 2));
+  run_all(*p, requests);
+  uint64_t batches = 0;
+  const auto before = p->stats();
+  for (const char* name : {"stage/0", "stage/1"}) {
+    const msg::Stats* s = find_stats(before, name);
+    REQUIRE_MESSAGE(s, name);
+    batches += s->get("stage_batches");
+  }
+  REQUIRE(batches > 0);
+  REQUIRE(hooks(*p).kill_actor("colocated", 0).ok());
+  REQUIRE(hooks(*p).kill_actor("colocated", 1).ok());
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (p->alive("colocated") > 0 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(p->alive("colocated") == 0);
+  const auto stats = p->stats();
+  uint64_t after = 0;
+  for (const char* name : {"stage/0", "stage/1"}) {
+    const msg::Stats* s = find_stats(stats, name);
+    REQUIRE_MESSAGE(s, name << " after its first stage went");
+    after += s->get("stage_batches");
+    CHECK(s->get("failures") == 0);
+  }
+  CHECK(after == batches);
 }
 
 TEST_CASE("pipeline stages: a killed stage with no other pipeline ends every request unavailable at once") {
