@@ -122,7 +122,7 @@ struct PF32 {
 template <class V>
 struct PF16 {
   static constexpr int kBlock = 1;
-  static constexpr int kPfBytes = 2048;
+  static constexpr int kPfBytes = PF32<V>::kPfBytes;
   static constexpr int kStep = 32;
   static constexpr bool kNarrow = true;
   static constexpr int kWidenBlocks = 4;  // row blocks in a pass from which widening once pays
@@ -133,7 +133,7 @@ struct PF16 {
 template <class V>
 struct PBF16 {
   static constexpr int kBlock = 1;
-  static constexpr int kPfBytes = 2048;
+  static constexpr int kPfBytes = PF32<V>::kPfBytes;
   static constexpr int kStep = 32;
   static constexpr bool kNarrow = true;
   static constexpr int kWidenBlocks = 4;  // as F16's (measured for F16 only; BF16 widens alike)
@@ -326,6 +326,7 @@ inline int pow2_at_most(int64_t n, int cap) {
 // from memory once per pass.
 template <class V, class PL>
 void matmul_p(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
+  static_assert(PF32<V>::kPfBytes <= cleave::cpu::kWideGapFloats * 4, "prefetches stay in a thread's own gap");
   const int64_t cols = a->cols, rows = a->rows, n = a->n;
   const size_t ps = a->stride;
   int64_t xg = (int64_t(512) * 1024) / (cols * 4 > 0 ? cols * 4 : 1);
@@ -360,7 +361,6 @@ void matmul_p(const PanelMatmulArgs* a, int64_t p0, int64_t p1) {
       // A widened group past what L1 keeps between blocks streams from L2:
       // its later blocks prefetch it as a first block does its panels.
       const bool wide_pf = size_t(np) * size_t(cols) * 64 > kWideInL1Bytes;
-      static_assert(PF32<V>::kPfBytes <= cleave::cpu::kWideGapFloats * 4, "prefetches stay in a thread's own gap");
       // np <= np_for(mi) for every block: the first block is the largest
       // and np_for never grows with mi.
       int64_t b = 0;
