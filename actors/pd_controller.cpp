@@ -47,6 +47,10 @@ void PdController::observe_waiting(double s) {
   if (config_.ttft_ms > 0 && s * 1e3 > config_.ttft_ms) observe_ttft(s);
 }
 
+void PdController::observe_stalled(double s) {
+  if (config_.tpot_ms > 0 && s * 1e3 > config_.tpot_ms) observe_tpot(s);
+}
+
 void PdController::observe_prefill_busy(double fraction) {
   if (!(fraction >= 0) || !(fraction <= 1)) return;
   busy_sum_ += fraction;

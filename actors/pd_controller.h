@@ -6,7 +6,10 @@
 // of what the router saw: admission to first token, gaps between a
 // request's tokens) with their goals. Prefill is short when TTFT is over
 // its goal and further over it than TPOT is over its own (by `margin`);
-// decode when the reverse. A verdict must hold for `confirm` intervals in a
+// decode when the reverse. The token gaps are every gap the client sees,
+// the hand-off's too: a decode side whose rows are all taken shows as
+// hand-offs that wait (the gap from the prefill's first token to the
+// decoder's next), not as slower steps. A verdict must hold for `confirm` intervals in a
 // row, no move comes within `cooldown_s` of the last one (hysteresis: the
 // ratio does not flap), and neither role falls below one stage. An interval
 // without samples of a kind counts that kind as on target. A prefill stage
@@ -76,6 +79,12 @@ class PdController {
   // as a TTFT sample now (a growing queue shows at once, not as it drains);
   // below the goal it says nothing yet and is dropped.
   void observe_waiting(double seconds);
+  // A request that has its first token and has waited `seconds` since its
+  // last one (its next may wait on a decode stage with no free row): once
+  // past the TPOT goal that gap is at least that, so it counts as a TPOT
+  // sample now, as observe_waiting does for TTFT; below the goal it is
+  // dropped.
+  void observe_stalled(double seconds);
   // A request with this many prompt tokens to prefill arrived.
   void observe_arrival(int64_t prompt_tokens);
   // Prompt tokens per second the live prefill stages prefill together, as

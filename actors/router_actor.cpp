@@ -436,10 +436,14 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
             // Parking stages cannot change the encoders' wait: the stages' goal counts from the embeddings.
             if (s.scaler)
               s.scaler->observe_ttft(std::chrono::duration<double>(p->last_progress - p->language_from).count());
-          } else if (p->last_token_stage == p->stage) {
+          } else {
             const double gap = std::chrono::duration<double>(p->last_progress - p->last_token).count();
-            s.slo.token_gap(p->stage, gap);
-            if (s.pd) s.pd->observe_tpot(gap);
+            // The predictor learns each stage's own step; the controller
+            // sees every gap the client does, a hand-off's wait included
+            // (from a token this router saw: a resumed request's first is
+            // not a gap).
+            if (p->last_token_stage == p->stage) s.slo.token_gap(p->stage, gap);
+            if (s.pd && p->last_token_stage >= 0) s.pd->observe_tpot(gap);
           }
           p->last_token = p->last_progress;
           p->last_token_stage = p->stage;

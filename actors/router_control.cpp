@@ -103,8 +103,10 @@ void control_pd(router_pointer self) {
     decoders += st.kind == ActorKind::decode;
   }
   const auto now = Clock::now();
-  for (const auto& [id, p] : s.pending)
+  for (const auto& [id, p] : s.pending) {
     if (p.generated.empty()) s.pd->observe_waiting(std::chrono::duration<double>(now - p.admitted_at).count());
+    else if (p.last_token_stage >= 0) s.pd->observe_stalled(std::chrono::duration<double>(now - p.last_token).count());
+  }
   // What the live prefill stages prefill per second together, as measured;
   // one not measured yet (say, just switched) counts at the others' mean.
   double rate = 0;

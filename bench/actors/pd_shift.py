@@ -15,10 +15,13 @@ router's /metrics every 0.25 s).
 Goals and rates come from this machine in the same run: each phase's
 unloaded TTFT and TPOT on P1 D1 (4 requests one by one) times --slo-factor
 are its goals, and each phase's rate is --load x the best closed-loop
-throughput of the fixed splits in that phase (8 in flight).
+throughput of the fixed splits in that phase (--closed-concurrency in
+flight: 8 by default; more in the decode-heavy phase, e.g. 8,32, offers a
+decode load that one decode stage's --max-seqs cannot hold, so that the
+phase calls for a move to decode).
 
 usage: pd_shift.py CLEAVE VOCAB WORKDIR [--stages 3] [--runs 3] [--phase-s 20] [--interval-s 1]
-       [--confirm 2] [--cooldown-s 4] [--switch-grace-s 2] [--json FILE] [--plot FILE.png]"""
+       [--closed-concurrency 8,8] [--confirm 2] [--cooldown-s 4] [--switch-grace-s 2] [--json FILE] [--plot FILE.png]"""
 import argparse
 import json
 import os
@@ -38,6 +41,8 @@ ap.add_argument("--stages", type=int, default=3)
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--phase-s", type=float, default=20, help="seconds of arrivals per phase")
 ap.add_argument("--load", type=float, default=0.8)
+ap.add_argument("--closed-concurrency", default="8,8",
+                help="requests in flight when measuring the best split's throughput: prompt-heavy,decode-heavy")
 ap.add_argument("--slo-factor", type=float, default=4)
 ap.add_argument("--adaptive-start", default="2:1")
 ap.add_argument("--interval-s", type=float, default=1, help="the controller's interval")
@@ -47,6 +52,12 @@ ap.add_argument("--switch-grace-s", type=float, default=2, help="a switching sta
 ap.add_argument("--json")
 ap.add_argument("--plot", help="goodput per phase and cluster (plot_pd_shift.py)")
 a = ap.parse_args()
+try:
+    closed_conc = [int(x) for x in a.closed_concurrency.split(",")]
+    if len(closed_conc) != 2 or min(closed_conc) < 1:
+        raise ValueError
+except ValueError:
+    sys.exit(f"--closed-concurrency: two counts >= 1 (prompt-heavy,decode-heavy), got {a.closed_concurrency!r}")
 os.makedirs(a.work, exist_ok=True)
 model = os.path.join(a.work, "shift.gguf")
 make_model(a.cleave, a.vocab, model)
@@ -114,7 +125,8 @@ best = [0.0, 0.0]
 for p, d in splits:
     proc, url = start(p, d)
     for i, ph in enumerate(PHASES[:2]):
-        s = bench(url, f"closed_{p}_{d}_{i}", ph, ["--num-prompts", "48", "--max-concurrency", "8"])
+        s = bench(url, f"closed_{p}_{d}_{i}", ph, ["--num-prompts", str(max(48, 3 * closed_conc[i])),
+                                                                "--max-concurrency", str(closed_conc[i])])
         best[i] = max(best[i], s["request_throughput"])
     stop(proc)
 rates = [a.load * best[0], a.load * best[1], a.load * best[0]]
@@ -169,7 +181,7 @@ for name, *_ in configs:
     print(f"| {name} | " + " | ".join(cells) + f" | {statistics.median(sw):g} |")
 print(f"(median over {a.runs} runs, range in brackets; offered "
       + ", ".join(f"{r:.2f}" for r in rates) + " req/s)")
-data = {"phases": PHASES, "rates": rates, "slo": slo, "results": results}
+data = {"phases": PHASES, "rates": rates, "slo": slo, "closed_concurrency": closed_conc, "results": results}
 if a.json:
     json.dump(data, open(a.json, "w"), indent=1)
 if a.plot:

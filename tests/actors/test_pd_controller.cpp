@@ -177,6 +177,30 @@ TEST_CASE("pd controller: requests waiting past the TTFT goal count as TTFT samp
   CHECK(t.ttft_pressure() == 0);
 }
 
+// A hand-off waiting for a decode row shows in TPOT only once it gets its
+// next token; the requests stalled past the goal count at once.
+TEST_CASE("pd controller: requests stalled past the TPOT goal count as TPOT samples") {
+  PdController c(goals(100, 20, 1, 0));
+  // Stalls under the goal say nothing.
+  c.observe_stalled(0.005);
+  c.observe_stalled(0.0199);
+  CHECK(c.decide(1, 2, 1) == RoleMove::none);
+  CHECK(c.tpot_pressure() == 0);
+  // Two gaps of 10 ms and two requests stalled for 60 and 80 ms: mean 40 ms.
+  c.observe_tpot(0.010);
+  c.observe_tpot(0.010);
+  c.observe_stalled(0.060);
+  c.observe_stalled(0.080);
+  c.observe_stalled(0.002);
+  CHECK(c.decide(2, 2, 1) == RoleMove::to_decode);
+  CHECK(c.tpot_pressure() == doctest::Approx(2.0));
+  // Without a TPOT goal nothing stalls "past" it.
+  PdController t(goals(100, 0, 1, 0));
+  t.observe_stalled(100);
+  CHECK(t.decide(1, 2, 1) == RoleMove::none);
+  CHECK(t.tpot_pressure() == 0);
+}
+
 // A shift to longer prompts shows in the arrivals before any request waits:
 // the prompt tokens that arrived per second over what the prefill side
 // measured it prefills.

@@ -78,6 +78,36 @@ TEST_CASE("pd controller with real actors: stages switch roles toward the goal t
   }
 }
 
+// A decode side with no free row does not step slower: its hand-offs
+// wait. One decoder holding one sequence at a time, against a TPOT goal
+// its steps meet many times over (50 ms): the waits between a request's
+// first token (from prefill) and its next (once the decoder has a row) are
+// what the client's TPOT misses, and the controller sees them (the
+// hand-off's gaps, and requests stalled past the goal), so a prefill stage
+// moves to decode. Counting only gaps between tokens of one stage, it saw
+// the steps alone and never moved.
+TEST_CASE("pd controller with real actors: hand-offs waiting for a decode row move a prefill stage to decode") {
+  const Model& m = model(small_dense());
+  const auto requests = long_requests(m, 48, 9300);
+  const auto ref = mono_reference(m, requests);
+  PipelineOptions o = base_options(Topology::pd, 3, 1);
+  o.engine.max_seqs = 1;
+  o.pd_controller = eager(1e6, 50);
+  o.pd_controller.switch_grace_s = 600;  // what a switching prefill stage holds finishes there
+  auto p = make_pipeline(m, o);
+  auto got = run_all(*p, requests);
+  check_identical(ref, got, "hand-offs waiting");
+  auto stats = p->stats();
+  const msg::Stats* router = find_stats(stats, "router");
+  REQUIRE(router);
+  CHECK(router->get("failures") == 0);
+  CHECK(router->get("finished") == requests.size());
+  CHECK(router->get("role_switches_to_decode") >= 1);
+  CHECK(router->get("role_switches_to_prefill") == 0);
+  CHECK(router->get("alive_decode") >= 2);
+  MESSAGE("hand-offs waiting: now P" << router->get("alive_prefill") << " D" << router->get("alive_decode"));
+}
+
 TEST_CASE("pd controller: refused outside pd, with pipeline stages, and with bad goals") {
   const Model& m = model(small_dense());
   auto refused = [&](const PipelineOptions& o, const char* needle) { check_refused(m, o, needle); };
