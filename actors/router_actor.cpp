@@ -538,7 +538,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
         finish_switch(self);
         control_pd(self);
         control_autoscale(self);
-        self->delayed_send(caf::actor_cast<router_actor>(self), kTickInterval, tick_atom::value);
+        self->delayed_send(caf::actor_cast<router_actor>(self), next_tick(s), tick_atom::value);
       },
       [=](shutdown_atom) -> bool {
         auto& s = self->state;
@@ -590,6 +590,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                        {"preload_blocks", s.preload_blocks},
                                        {"drained_stages", s.drained_stages},
                                        {"role_switches", s.role_switches},
+                                       {"pd_decisions", s.pd_decisions},
                                        {"role_switches_to_prefill", s.to_prefill},
                                        {"role_switches_to_decode", s.to_decode},
                                        {"role_switch_failures", s.role_switch_failures},

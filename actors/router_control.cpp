@@ -123,6 +123,7 @@ void control_pd(router_pointer self) {
   }
   s.pd->observe_prefill_capacity(measured > 0 ? rate + rate / measured * unmeasured : 0);
   const RoleMove m = s.pd->decide(seconds_since_start(s), prefills, decoders);
+  ++s.pd_decisions;
   if (m == RoleMove::none || s.switching) return;
   const ActorKind from = m == RoleMove::to_prefill ? ActorKind::decode : ActorKind::prefill;
   int32_t pick = -1;
@@ -135,6 +136,16 @@ void control_pd(router_pointer self) {
   if (pick < 0) return;
   s.pd->moved(seconds_since_start(s));
   switch_role(self, pick);
+}
+
+// The tick's period, or less when a controller's next decision comes
+// sooner: an interval_s under the period is kept, not rounded up to it.
+Clock::duration next_tick(const RouterState& s) {
+  Clock::duration d = kTickInterval;
+  const auto now = Clock::now();
+  if (s.pd) d = std::min(d, s.next_pd_decision - now);
+  if (s.scaler) d = std::min(d, s.next_scale_decision - now);
+  return std::max<Clock::duration>(d, std::chrono::milliseconds(1));
 }
 
 // Autoscale: every interval the controllers say how many entry stages (and,

@@ -94,6 +94,7 @@ struct RouterState {
   uint64_t preloads = 0, preload_blocks = 0;
   uint64_t drained_stages = 0, migrated = 0;
   uint64_t role_switches = 0, role_switch_failures = 0, to_prefill = 0, to_decode = 0;
+  uint64_t pd_decisions = 0;
   static inline const char* name = "cleave.router";
 };
 using router_pointer = router_actor::stateful_pointer<RouterState>;
@@ -114,6 +115,7 @@ void leave_stage(RouterState& s, RouterState::Pending& p);
 void finish_switch(router_pointer self);
 void control_pd(router_pointer self);
 void control_autoscale(router_pointer self);
+Clock::duration next_tick(const RouterState& s);
 caf::result<uint64_t> drain(router_pointer self, const std::vector<stage_actor>& stages);
 
 }  // namespace cleave::actors::router_detail

@@ -6,6 +6,7 @@
 #include <doctest/doctest.h>
 
 #include <chrono>
+#include <thread>
 
 #include "actors/pipeline.h"
 #include "tests/actors/pipeline_load.h"
@@ -106,6 +107,33 @@ TEST_CASE("pd controller with real actors: hand-offs waiting for a decode row mo
   CHECK(router->get("role_switches_to_prefill") == 0);
   CHECK(router->get("alive_decode") >= 2);
   MESSAGE("hand-offs waiting: now P" << router->get("alive_prefill") << " D" << router->get("alive_decode"));
+}
+
+// interval_s under the router's 200 ms tick is kept, not rounded up to the
+// tick: with 20 ms the controller decides about 50 times a second (at the
+// tick's pace it would be 5).
+TEST_CASE("pd controller with real actors: it decides every interval_s, also below the router's tick") {
+  const Model& m = model(small_dense());
+  const auto requests = long_requests(m, 24, 9400);
+  PipelineOptions o = base_options(Topology::pd, 1, 1);
+  o.pd_controller = eager(1e6, 1e6);  // goals always met: it decides, never moves
+  o.pd_controller.interval_s = 0.02;
+  const auto t0 = std::chrono::steady_clock::now();  // before the router starts: no decision before it
+  auto p = make_pipeline(m, o);
+  auto got = run_all(*p, requests);
+  // At least a second of run for the count to mean something.
+  while (std::chrono::steady_clock::now() - t0 < std::chrono::milliseconds(1200))
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  auto stats = p->stats();
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const msg::Stats* router = find_stats(stats, "router");
+  REQUIRE(router);
+  CHECK(router->get("finished") == requests.size());
+  CHECK(router->get("role_switches") == 0);
+  const double per_s = double(router->get("pd_decisions")) / seconds;
+  MESSAGE("pd decisions: " << per_s << " a second");
+  CHECK(per_s >= 15);   // 50 expected; the tick's pace gives 5
+  CHECK(per_s <= 55);   // and not more often than asked
 }
 
 TEST_CASE("pd controller: refused outside pd, with pipeline stages, and with bad goals") {
