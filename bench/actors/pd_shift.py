@@ -33,6 +33,18 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from served_head import head_script, make_model, router_stats, run_bench, serve, stop  # noqa: E402
 
+
+def two_counts(text):
+    """--closed-concurrency: prompt-heavy,decode-heavy, each >= 1."""
+    try:
+        counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        counts = []
+    if len(counts) != 2 or min(counts) < 1:
+        raise argparse.ArgumentTypeError(f"two counts >= 1 (prompt-heavy,decode-heavy), got {text!r}")
+    return counts
+
+
 ap = argparse.ArgumentParser()
 ap.add_argument("cleave")
 ap.add_argument("vocab")
@@ -41,7 +53,7 @@ ap.add_argument("--stages", type=int, default=3)
 ap.add_argument("--runs", type=int, default=3)
 ap.add_argument("--phase-s", type=float, default=20, help="seconds of arrivals per phase")
 ap.add_argument("--load", type=float, default=0.8)
-ap.add_argument("--closed-concurrency", default="8,8",
+ap.add_argument("--closed-concurrency", type=two_counts, default=[8, 8],
                 help="requests in flight when measuring the best split's throughput: prompt-heavy,decode-heavy")
 ap.add_argument("--slo-factor", type=float, default=4)
 ap.add_argument("--adaptive-start", default="2:1")
@@ -52,12 +64,7 @@ ap.add_argument("--switch-grace-s", type=float, default=2, help="a switching sta
 ap.add_argument("--json")
 ap.add_argument("--plot", help="goodput per phase and cluster (plot_pd_shift.py)")
 a = ap.parse_args()
-try:
-    closed_conc = [int(x) for x in a.closed_concurrency.split(",")]
-    if len(closed_conc) != 2 or min(closed_conc) < 1:
-        raise ValueError
-except ValueError:
-    sys.exit(f"--closed-concurrency: two counts >= 1 (prompt-heavy,decode-heavy), got {a.closed_concurrency!r}")
+closed_conc = a.closed_concurrency
 os.makedirs(a.work, exist_ok=True)
 model = os.path.join(a.work, "shift.gguf")
 make_model(a.cleave, a.vocab, model)
