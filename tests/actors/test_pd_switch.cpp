@@ -5,6 +5,7 @@
 // change against the monolithic run.
 #include <doctest/doctest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <thread>
 
@@ -86,7 +87,9 @@ TEST_CASE("pd controller with real actors: stages switch roles toward the goal t
 // what the client's TPOT misses, and the controller sees them (the
 // hand-off's gaps, and requests stalled past the goal), so a prefill stage
 // moves to decode. Counting only gaps between tokens of one stage, it saw
-// the steps alone and never moved.
+// the steps alone and never moved. While it runs, the router's stats carry
+// each decision's pressures (pd_*_milli): the TPOT one must pass the goal
+// (1000), the TTFT one stay near 0 (its goal is 1e6 ms).
 TEST_CASE("pd controller with real actors: hand-offs waiting for a decode row move a prefill stage to decode") {
   const Model& m = model(small_dense());
   const auto requests = long_requests(m, 48, 9300);
@@ -96,8 +99,33 @@ TEST_CASE("pd controller with real actors: hand-offs waiting for a decode row mo
   o.pd_controller = eager(1e6, 50);
   o.pd_controller.switch_grace_s = 600;  // what a switching prefill stage holds finishes there
   auto p = make_pipeline(m, o);
-  auto got = run_all(*p, requests);
+  Collector col;
+  for (const GenerateRequest& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
+  uint64_t peak_tpot = 0, peak_ttft = 0, peak_busy = 0, polls = 0, with_busy = 0;
+  const auto limit = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (!col.wait_done(requests.size(), std::chrono::seconds(0)) && std::chrono::steady_clock::now() < limit) {
+    const auto live = p->stats();
+    if (const msg::Stats* r = find_stats(live, "router")) {
+      ++polls;
+      peak_tpot = std::max(peak_tpot, r->get("pd_tpot_pressure_milli"));
+      peak_ttft = std::max(peak_ttft, r->get("pd_ttft_pressure_milli"));
+      for (const auto& [k, v] : r->counters)
+        if (k == "pd_prefill_busy_milli") {
+          ++with_busy;
+          peak_busy = std::max(peak_busy, v);
+        }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(60)));
+  std::vector<Completion> got;
+  for (const GenerateRequest& r : requests) got.push_back(col.done.at(r.request_id));
   check_identical(ref, got, "hand-offs waiting");
+  MESSAGE("pressures over " << polls << " polls: TPOT peak " << peak_tpot << ", TTFT peak " << peak_ttft
+                            << " (thousandths); prefill busy in " << with_busy << ", peak " << peak_busy);
+  CHECK(peak_tpot > 1000);
+  CHECK(peak_ttft < 100);
+  CHECK(peak_busy <= 1000);  // a fraction (present only after an interval with arrivals)
   auto stats = p->stats();
   const msg::Stats* router = find_stats(stats, "router");
   REQUIRE(router);
