@@ -36,6 +36,39 @@ uint64_t move_off(router_pointer self, const std::vector<int32_t>& which) {
   return uint64_t(affected.size());
 }
 
+// Stage `to` has just become a decoder: hand-offs that wait on another
+// decoder for a row (no token from it yet, longer than the TPOT goal since
+// their last token) move to a stage with room, oldest first, while their
+// decoder holds more than `to` does. The queue that called for the move is
+// served by the stage it added, rather than after the rows it waits for.
+// Each is cancelled there and placed again with its tokens, as a drain
+// does; a token its old decoder still sends is stray.
+uint64_t take_waiting_handoffs(router_pointer self, int32_t to) {
+  auto& s = self->state;
+  const auto now = Clock::now();
+  const double goal_s = s.pd->config().tpot_ms * 1e-3;
+  std::vector<std::pair<Clock::time_point, uint64_t>> waiting;
+  for (const auto& [id, p] : s.pending) {
+    if (!p.continuing || p.stage < 0 || p.stage == to || p.last_token_stage == p.stage) continue;
+    const auto& st = s.stages[size_t(p.stage)];
+    if (st.alive && st.kind == ActorKind::decode &&
+        std::chrono::duration<double>(now - p.last_token).count() > goal_s)
+      waiting.emplace_back(p.last_token, id);
+  }
+  std::sort(waiting.begin(), waiting.end());
+  uint64_t moved = 0;
+  for (const auto& [since, id] : waiting) {
+    auto& p = s.pending.at(id);
+    auto& from = s.stages[size_t(p.stage)];
+    if (s.stages[size_t(to)].in_flight + 1 >= from.in_flight) continue;
+    self->send(from.handle, cancel_atom::value, id);
+    leave_stage(s, p);
+    ++moved;
+    replace(self, id);
+  }
+  return moved;
+}
+
 // The P:D controller moved stage i to the other role: it takes nothing new
 // and finishes what it holds (switch_grace_s at most: what is left then
 // moves to stages of its role), then it switches and serves the other phase
@@ -80,6 +113,7 @@ void finish_switch(router_pointer self) {
             st.cont = actor_kind_info(st.kind).continues;
             ++s.role_switches;
             ++(to_prefill ? s.to_prefill : s.to_decode);
+            if (!to_prefill) s.handoffs_rebalanced += take_waiting_handoffs(self, i);
           },
           [=](caf::error&) {
             auto& s = self->state;

@@ -48,6 +48,7 @@ struct RouterState {
     int32_t encoder = -1;     // the vision encoder it waits for
     bool continuing = false;  // handed off (or re-placed with tokens)
     bool resumed = false;     // Frontend::resume: continues after `generated` once encoded
+    bool arrival_counted = false;  // the P:D controller saw its prompt arrive (once, re-placed or not)
     Clock::time_point admitted_at;  // deadline_ms counts from here
     Clock::time_point language_from;  // admitted, or its embeddings came: the stages' TTFT counts from here
     Clock::time_point encode_started;
@@ -95,6 +96,7 @@ struct RouterState {
   uint64_t drained_stages = 0, migrated = 0;
   uint64_t role_switches = 0, role_switch_failures = 0, to_prefill = 0, to_decode = 0;
   uint64_t pd_decisions = 0;
+  uint64_t handoffs_rebalanced = 0;  // waiting hand-offs moved to a stage that just switched to decode
   static inline const char* name = "cleave.router";
 };
 using router_pointer = router_actor::stateful_pointer<RouterState>;

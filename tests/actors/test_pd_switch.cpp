@@ -134,7 +134,10 @@ TEST_CASE("pd controller with real actors: hand-offs waiting for a decode row mo
   CHECK(router->get("role_switches_to_decode") >= 1);
   CHECK(router->get("role_switches_to_prefill") == 0);
   CHECK(router->get("alive_decode") >= 2);
-  MESSAGE("hand-offs waiting: now P" << router->get("alive_prefill") << " D" << router->get("alive_decode"));
+  // The queue on the old decoder moved to the new one when it switched.
+  CHECK(router->get("handoffs_rebalanced") >= 1);
+  MESSAGE("hand-offs waiting: now P" << router->get("alive_prefill") << " D" << router->get("alive_decode") << ", "
+                                     << router->get("handoffs_rebalanced") << " waiting hand-offs moved");
 }
 
 // interval_s under the router's 200 ms tick is kept, not rounded up to the
