@@ -115,8 +115,11 @@ int32_t place_on_stage(router_pointer self, RouterState::Pending& p, bool entry)
       }
     if (prefills > 0) s.pd->observe_prefill_busy(double(busy) / double(prefills));
     // A first placement only: a re-placed request arrived once already.
-    if (!p.arrival_counted) s.pd->observe_arrival(int64_t(p.request.prompt.size()));
-    p.arrival_counted = true;
+    if (!p.arrival_counted) {
+      s.pd->observe_arrival(int64_t(p.request.prompt.size()));
+      ++s.pd_arrivals;
+      p.arrival_counted = true;
+    }
   }
   const int32_t i = policy.pick(r, cs);
   if (i < 0) return i;

@@ -96,6 +96,7 @@ struct RouterState {
   uint64_t drained_stages = 0, migrated = 0;
   uint64_t role_switches = 0, role_switch_failures = 0, to_prefill = 0, to_decode = 0;
   uint64_t pd_decisions = 0;
+  uint64_t pd_arrivals = 0;  // prompts the P:D controller counted as arriving
   uint64_t handoffs_rebalanced = 0;  // waiting hand-offs moved to a stage that just switched to decode
   static inline const char* name = "cleave.router";
 };

@@ -173,6 +173,13 @@ struct Collector {
     std::unique_lock<std::mutex> lock(mu);
     return cv.wait_for(lock, limit, [&] { return done.size() >= n; });
   }
+  // The completions of `requests`, in their order (each must be done).
+  std::vector<Completion> in_order(const std::vector<GenerateRequest>& requests) {
+    std::lock_guard<std::mutex> lock(mu);
+    std::vector<Completion> got;
+    for (const GenerateRequest& r : requests) got.push_back(done.at(r.request_id));
+    return got;
+  }
   bool wait_tokens(size_t n, std::chrono::seconds limit) {
     std::unique_lock<std::mutex> lock(mu);
     return cv.wait_for(lock, limit, [&] { return tokens >= n; });

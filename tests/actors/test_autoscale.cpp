@@ -40,10 +40,7 @@ std::vector<Completion> run_in_waves(Pipeline& p, const std::vector<GenerateRequ
     REQUIRE(p.submit(requests[i], col.callback(requests[i].request_id)).ok());
   }
   REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(180)));
-  std::vector<Completion> got;
-  std::lock_guard<std::mutex> lock(col.mu);
-  for (const auto& r : requests) got.push_back(col.done.at(r.request_id));
-  return got;
+  return col.in_order(requests);
 }
 
 }  // namespace

@@ -118,9 +118,7 @@ TEST_CASE("pd controller with real actors: hand-offs waiting for a decode row mo
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   }
   REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(60)));
-  std::vector<Completion> got;
-  for (const GenerateRequest& r : requests) got.push_back(col.done.at(r.request_id));
-  check_identical(ref, got, "hand-offs waiting");
+  check_identical(ref, col.in_order(requests), "hand-offs waiting");
   MESSAGE("pressures over " << polls << " polls: TPOT peak " << peak_tpot << ", TTFT peak " << peak_ttft
                             << " (thousandths); prefill busy in " << with_busy << ", peak " << peak_busy);
   CHECK(peak_tpot > 1000);
@@ -138,6 +136,35 @@ TEST_CASE("pd controller with real actors: hand-offs waiting for a decode row mo
   CHECK(router->get("handoffs_rebalanced") >= 1);
   MESSAGE("hand-offs waiting: now P" << router->get("alive_prefill") << " D" << router->get("alive_decode") << ", "
                                      << router->get("handoffs_rebalanced") << " waiting hand-offs moved");
+}
+
+// The controller's prefill load counts each prompt once as it arrives: a
+// prefill stage that dies with prompts queued has them placed again on
+// the other, and they are not new arrivals (counted twice, they would read
+// as a shift to longer prompts and call for a move to prefill).
+TEST_CASE("pd controller with real actors: prompts placed again after a prefill stage dies arrive once") {
+  const Model& m = model(small_dense());
+  const auto requests = long_requests(m, 48, 9500);
+  const auto ref = mono_reference(m, requests);
+  PipelineOptions o = base_options(Topology::pd, 2, 1);
+  o.engine.max_seqs = 1;                  // the prompts queue on the prefill stages
+  o.pd_controller = eager(1e6, 1e6);      // goals always met: it observes, never moves
+  auto p = make_pipeline(m, o);
+  Collector col;
+  for (const GenerateRequest& r : requests) REQUIRE(p->submit(r, col.callback(r.request_id)).ok());
+  REQUIRE(hooks(*p).kill_actor("prefill", 0).ok());
+  REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(120)));
+  check_identical(ref, col.in_order(requests), "after a prefill stage died");
+  auto stats = p->stats();
+  const msg::Stats* router = find_stats(stats, "router");
+  REQUIRE(router);
+  CHECK(router->get("stage_downs") == 1);
+  CHECK(router->get("failures") == 0);
+  CHECK(router->get("replacements") >= 1);  // it held prompts when it died...
+  CHECK(router->get("pd_arrivals") == requests.size());  // ...which arrived once
+  CHECK(router->get("role_switches") == 0);
+  MESSAGE("prefill stage down: " << router->get("replacements") << " placed again, "
+                                 << router->get("pd_arrivals") << " arrivals");
 }
 
 // interval_s under the router's 200 ms tick is kept, not rounded up to the

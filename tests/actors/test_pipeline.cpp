@@ -194,12 +194,7 @@ TEST_CASE("pipeline failure: a decode actor killed mid-generation, its sequences
     REQUIRE(kill_decoder(*p, 0).ok());
     CHECK(kill_decoder(*p, 0).code() == Code::not_found);
     REQUIRE(col.wait_done(requests.size(), std::chrono::seconds(120)));
-    std::vector<Completion> got;
-    {
-      std::lock_guard<std::mutex> lock(col.mu);
-      for (const auto& r : requests) got.push_back(col.done.at(r.request_id));
-    }
-    check_identical(ref, got, "after a kill");
+    check_identical(ref, col.in_order(requests), "after a kill");
     auto stats = p->stats();
     const msg::Stats* router = find_stats(stats, "router");
     REQUIRE(router);
