@@ -31,7 +31,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from served_head import head_script, make_model, router_stats, run_bench, serve, stop  # noqa: E402
+from served_head import head_script, make_model, misses_by_arrival, router_stats, run_bench, serve, stop  # noqa: E402
 
 
 def two_counts(text):
@@ -68,6 +68,9 @@ closed_conc = a.closed_concurrency
 os.makedirs(a.work, exist_ok=True)
 model = os.path.join(a.work, "shift.gguf")
 make_model(a.cleave, a.vocab, model)
+# The JSON's "misses": per phase, the requests that missed a goal per
+# MISS_BUCKET_S of arrival time (the first bucket holds a move's cost).
+MISS_BUCKET_S = 10
 # (name, prompt tokens, output tokens)
 PHASES = [("prompt-heavy", 480, 8), ("decode-heavy", 24, 96), ("prompt-heavy again", 480, 8)]
 
@@ -111,11 +114,12 @@ class RoleTimeline:
         self._thread.join()
 
 
-def bench(url, tag, phase, extra, slo=None):
+def bench(url, tag, phase, extra, slo=None, records=False):
+    """serve_bench's summary; with records, also its per-request records."""
     _, prompt, output = phase
     slo_args = ["--slo-ttft-ms", f"{slo[0]:.3f}", "--slo-tpot-ms", f"{slo[1]:.3f}"] if slo else []
-    return run_bench(url, "shift", os.path.join(a.work, tag + ".json"), prompt, output,
-                     [*slo_args, *extra])["summary"]
+    run = run_bench(url, "shift", os.path.join(a.work, tag + ".json"), prompt, output, [*slo_args, *extra])
+    return (run["summary"], run["requests"]) if records else run["summary"]
 
 
 splits = [(p, a.stages - p) for p in range(1, a.stages)]
@@ -151,14 +155,15 @@ for run in range(a.runs):
     # can meet a busier machine, so no cluster always runs in one place.
     for name, p, d, ctl in configs[run % len(configs):] + configs[:run % len(configs)]:
         proc, url = start(p, d, ctl)
-        goodput, moves, before = [], [], (0, 0)
+        goodput, misses, moves, before = [], [], [], (0, 0)
         timeline = RoleTimeline(url)
         for i, (ph, r, g) in enumerate(zip(PHASES, rates, slo)):
             n = max(1, int(r * a.phase_s))
             if ctl:
                 timeline.start(i)
-            s = bench(url, f"{name.replace(' ', '_').replace(':', '')}_{run}_{i}", ph,
-                      ["--num-prompts", str(n), "--request-rate", f"{r:.4f}"], g)
+            s, records = bench(url, f"{name.replace(' ', '_').replace(':', '')}_{run}_{i}", ph,
+                               ["--num-prompts", str(n), "--request-rate", f"{r:.4f}"], g, records=True)
+            misses.append(misses_by_arrival(records, MISS_BUCKET_S))
             if ctl:
                 timeline.stop()
             goodput.append(s["good_requests"] / s["duration_s"])
@@ -169,10 +174,12 @@ for run in range(a.runs):
             before = now
         switches = sum(before)
         stop(proc)
-        results[name].append({"goodput": goodput, "switches": switches, "moves": moves})
+        results[name].append({"goodput": goodput, "misses": misses, "switches": switches, "moves": moves})
         if ctl:
             results[name][-1]["timeline"] = timeline.rows
         print(f"run {run + 1} {name:20s} goodput " + "  ".join(f"{x:.2f}" for x in goodput) +
+              f"  misses of the first {MISS_BUCKET_S} s / later arrivals: " +
+              "  ".join(f"{m[0] if m else 0}/{sum(m[1:])}" for m in misses) +
               (f"  ({switches} role switches; per phase to decode / to prefill: {' '.join(moves)};"
                f" stages over time [phase, s, P, D]: {timeline.rows})" if ctl else ""), flush=True)
 
@@ -188,7 +195,8 @@ for name, *_ in configs:
     print(f"| {name} | " + " | ".join(cells) + f" | {statistics.median(sw):g} |")
 print(f"(median over {a.runs} runs, range in brackets; offered "
       + ", ".join(f"{r:.2f}" for r in rates) + " req/s)")
-data = {"phases": PHASES, "rates": rates, "slo": slo, "closed_concurrency": closed_conc, "results": results}
+data = {"phases": PHASES, "rates": rates, "slo": slo, "closed_concurrency": closed_conc,
+        "miss_bucket_s": MISS_BUCKET_S, "results": results}
 if a.json:
     json.dump(data, open(a.json, "w"), indent=1)
 if a.plot:

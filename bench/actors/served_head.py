@@ -49,6 +49,18 @@ def stop(proc):
     proc.wait(timeout=60)
 
 
+def misses_by_arrival(requests, bucket_s):
+    """Requests that missed a goal, counted per bucket_s of arrival time
+    (serve_bench's per-request records)."""
+    counts = []
+    for r in requests:
+        if not r["meets_slo"]:
+            k = int(r["scheduled_s"] / bucket_s)
+            counts += [0] * (k + 1 - len(counts))
+            counts[k] += 1
+    return counts
+
+
 def run_bench(url, alias, json_path, prompt, output, extra):
     """serve_bench.py with fixed prompt / output lengths; its first run."""
     subprocess.run(["/usr/bin/python3", SERVE_BENCH, "--base-url", url, "--model", alias, "--input-mean",
