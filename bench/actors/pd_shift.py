@@ -31,7 +31,8 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from served_head import head_script, make_model, misses_by_arrival, router_stats, run_bench, serve, stop  # noqa: E402
+from served_head import (head_script, make_model, misses_by_arrival, pd_controller_fields, router_stats,  # noqa: E402
+                         run_bench, serve, stop)
 
 
 def two_counts(text):
@@ -146,8 +147,7 @@ for ph, r, g in zip(PHASES, rates, slo):
           f"goals TTFT {g[0]:.1f} ms, TPOT {g[1]:.2f} ms")
 
 p0, d0 = (int(x) for x in a.adaptive_start.split(":"))
-controller = (f"ttft_ms = {slo[0][0]:.3f}, tpot_ms = {slo[1][1]:.3f}, interval_s = {a.interval_s:g}, "
-              f"confirm = {a.confirm}, cooldown_s = {a.cooldown_s:g}, switch_grace_s = {a.switch_grace_s:g}")
+controller = pd_controller_fields(slo, a.interval_s, a.confirm, a.cooldown_s, a.switch_grace_s)
 configs = [(f"fixed P{p}:D{d}", p, d, "") for p, d in splits] + [(f"adaptive from P{p0}:D{d0}", p0, d0, controller)]
 results = {c[0]: [] for c in configs}
 for run in range(a.runs):

@@ -18,7 +18,7 @@ import threading
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from served_head import head_script, make_model, router_stats, run_bench, serve, stop  # noqa: E402
+from served_head import head_script, make_model, pd_controller_fields, router_stats, run_bench, serve, stop  # noqa: E402
 
 ap = argparse.ArgumentParser()
 ap.add_argument("cleave")
@@ -40,8 +40,7 @@ os.makedirs(a.work, exist_ok=True)
 model = os.path.join(a.work, "shift.gguf")
 make_model(a.cleave, a.vocab, model)
 p0, d0 = (int(x) for x in a.adaptive_start.split(":"))
-controller = (f"ttft_ms = {slo[0][0]:.3f}, tpot_ms = {slo[1][1]:.3f}, interval_s = {a.interval_s:g}, "
-              f"confirm = {a.confirm}, cooldown_s = {a.cooldown_s:g}, switch_grace_s = {a.switch_grace_s:g}")
+controller = pd_controller_fields(slo, a.interval_s, a.confirm, a.cooldown_s, a.switch_grace_s)
 topology = head_script(os.path.join(a.work, "trace.lua"), f"prefill = {p0}, decode = {d0}",
                        f"pd_controller = {{ {controller} }}")
 proc, url = serve(a.cleave, model, topology, "shift")
@@ -52,10 +51,10 @@ t0 = time.monotonic()
 
 def poll():
     seen = None
-    while not done.is_set():
+    while not done.wait(0.02):
         try:
             rs = router_stats(url)
-        except OSError:
+        except OSError:  # a poll that failed is retried at the next one
             continue
         n = int(rs.get("pd_decisions", 0))
         if n != seen:
@@ -64,7 +63,6 @@ def poll():
             decisions.append([round(time.monotonic() - t0, 3), n, int(rs.get("alive_prefill", 0)),
                               int(rs.get("alive_decode", 0)),
                               *[None if v is None else v / 1000 for v in milli]])
-        done.wait(0.02)
 
 
 poller = threading.Thread(target=poll, daemon=True)

@@ -49,6 +49,14 @@ def stop(proc):
     proc.wait(timeout=60)
 
 
+def pd_controller_fields(slo, interval_s, confirm, cooldown_s, switch_grace_s):
+    """The pd_controller table's fields of the shifting-load benchmarks
+    (pd_shift.py, pd_trace.py): slo is per phase (TTFT ms, TPOT ms); the
+    goals are the prompt-heavy phase's TTFT and the decode-heavy one's TPOT."""
+    return (f"ttft_ms = {slo[0][0]:.3f}, tpot_ms = {slo[1][1]:.3f}, interval_s = {interval_s:g}, "
+            f"confirm = {confirm}, cooldown_s = {cooldown_s:g}, switch_grace_s = {switch_grace_s:g}")
+
+
 def misses_by_arrival(requests, bucket_s):
     """Requests that missed a goal, counted per bucket_s of arrival time
     (serve_bench's per-request records)."""
