@@ -488,11 +488,22 @@ class CpuBackend final : public Backend {
     const size_t grp_elems = size_t(a.group) * kv.head_dim;
     auto body = [&](int64_t t0, int64_t t1, int t) {
       float* s = scratch + size_t(t) * stride;
+      // Task `task`'s group's first row and kv heads; `next` the call after it.
+      const auto head_of = [&](int64_t task) { return static_cast<int32_t>(task % tpr) * hpt; };
       for (int64_t task = t0; task < t1; ++task) {
         const int64_t g = task / tpr, i = plan.first(g);
-        const int32_t h = static_cast<int32_t>(task % tpr) * hpt;
+        const int32_t h = head_of(task);
+        cpu::AttnNext next{};
+        if (task + 1 < t1) {
+          const int64_t ng = (task + 1) / tpr, ni = plan.first(ng);
+          next.block_table = rows[ni].block_table;
+          next.kv_head = head_of(task + 1);
+          next.n_kv = hpt;
+          next.max_pos = *std::max_element(plan.positions() + ni, plan.positions() + plan.end(ng));
+        }
         k.attn(&a, q + i * row_elems + h * grp_elems, int64_t(row_elems), h, hpt, rows[i].block_table,
-               plan.positions() + i, int32_t(plan.end(g) - i), out + i * row_elems + h * grp_elems, s);
+               plan.positions() + i, int32_t(plan.end(g) - i), out + i * row_elems + h * grp_elems, s,
+               next.block_table ? &next : nullptr);
       }
     };
     if (!plan.parallel()) {

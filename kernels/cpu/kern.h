@@ -33,6 +33,15 @@ struct AttnArgs {
   float scale;
 };
 
+// The call a thread runs after this one, whose first blocks the kernel
+// prefetches while its own last blocks run (so a call does not start on
+// KV that nobody asked for): its block table, kv heads and highest position.
+struct AttnNext {
+  const int32_t* block_table;
+  int32_t kv_head, n_kv;
+  int32_t max_pos;
+};
+
 // Floats of scratch the attention kernel needs (per thread) for a call over
 // `heads` query heads (rows x n_kv kv heads x group).
 #define CLEAVE_ATTN_SCRATCH(block_size, heads) (4 * (size_t(block_size) + 32) + 2 * size_t(heads) + 64)
@@ -52,10 +61,10 @@ struct Kernels {
   // row_stride, n_kv * group * head_dim floats each. The rows share the
   // loads of the blocks before their last. A row's bits do not depend on R
   // or n_kv. scratch: CLEAVE_ATTN_SCRATCH(block_size, R * n_kv * group)
-  // floats.
+  // floats. next: the thread's next call (null: none), prefetched only.
   void (*attn)(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head,
                int32_t n_kv, const int32_t* block_table, const int32_t* pos, int32_t R,
-               float* out, float* scratch);
+               float* out, float* scratch, const AttnNext* next);
   // LayerNorm of one row (w, b: dim floats); y may be x.
   void (*layer_norm_row)(const float* x, const float* w, const float* b, int64_t dim, float eps,
                          float* y);

@@ -8,6 +8,7 @@
 namespace {
 
 using cleave::cpu::AttnArgs;
+using cleave::cpu::AttnNext;
 
 // ---- attention ---------------------------------------------------------------
 
@@ -252,7 +253,8 @@ void attn_queries(const AttnArgs* a, int32_t count, At at, const uint8_t* K, con
 // at a time, alone or in a batch.
 template <class V, class LK, class LV>
 void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
-            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch) {
+            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch,
+            const AttnNext* next) {
   using vec = typename V::vec;
   const int64_t hd = a->head_dim;
   const int64_t hv = hd / V::W * V::W;
@@ -271,15 +273,16 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
   const int32_t nb = pos[0] / bs + 1;
   int32_t max_pos = pos[0];
   for (int32_t r = 1; r < R; ++r) max_pos = pos[r] > max_pos ? pos[r] : max_pos;
-  // The rows of kv heads [kv_head, kv_head + n_kv) of block b's part: its K
-  // rows are one run, its V rows another.
-  auto ranges = [&](int32_t b, PrefetchCursor<V>& c) {
-    const uint8_t* np = a->layer_base + size_t(block_table[b]) * a->block_bytes;
-    const size_t rows_n = size_t(b == nb - 1 ? max_pos - b * bs + 1 : bs);
-    c.p[0] = np + size_t(kv_head) * a->k_head_bytes;
-    c.e[0] = c.p[0] + size_t(n_kv - 1) * a->k_head_bytes + rows_n * a->k_row_bytes;
-    c.p[1] = np + a->v_offset + size_t(kv_head) * a->v_head_bytes;
-    c.e[1] = c.p[1] + size_t(n_kv - 1) * a->v_head_bytes + rows_n * a->v_row_bytes;
+  // The rows of kv heads [h0, h0 + hn) of block b's part of a sequence
+  // (its table bt, highest position mp): its K rows are one run, its V rows
+  // another.
+  auto ranges = [&](const int32_t* bt, int32_t h0, int32_t hn, int32_t mp, int32_t b, PrefetchCursor<V>& c) {
+    const uint8_t* np = a->layer_base + size_t(bt[b]) * a->block_bytes;
+    const size_t rows_n = size_t(b == mp / bs ? mp - b * bs + 1 : bs);
+    c.p[0] = np + size_t(h0) * a->k_head_bytes;
+    c.e[0] = c.p[0] + size_t(hn - 1) * a->k_head_bytes + rows_n * a->k_row_bytes;
+    c.p[1] = np + a->v_offset + size_t(h0) * a->v_head_bytes;
+    c.e[1] = c.p[1] + size_t(hn - 1) * a->v_head_bytes + rows_n * a->v_row_bytes;
   };
   // Query j of kv head h in block b: row j / group, head h * group + j %
   // group; it attends the whole block, or its last up to its row's position.
@@ -298,18 +301,25 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
   // hardware prefetcher finds late): block 1 is asked for at once, and
   // block b + 2 a few lines at a time while block b is computed (ahead 1
   // or 3 and twice the lines per step measured no better, F16 KV 1.4x
-  // faster than one burst per block).
+  // faster than one burst per block). Past this call's last block the
+  // cursor goes on into the next call's first blocks, so that call starts
+  // on KV already asked for.
   constexpr int32_t kAhead = 2;
+  const int32_t next_nb = next ? next->max_pos / bs + 1 : 0;
   PrefetchCursor<V> pf;
   for (int32_t b = 1; b < nb && b < kAhead; ++b) {
-    ranges(b, pf);
+    ranges(block_table, kv_head, n_kv, max_pos, b, pf);
     pf.rest();
   }
   for (int32_t b = 0; b < nb; ++b) {
     const uint8_t* part = a->layer_base + size_t(block_table[b]) * a->block_bytes;
     pf = PrefetchCursor<V>{};
-    if (b + kAhead < nb) {
-      ranges(b + kAhead, pf);
+    const int32_t j = b + kAhead - nb;  // the next call's block, when >= 0
+    if (j < 0)
+      ranges(block_table, kv_head, n_kv, max_pos, b + kAhead, pf);
+    else if (j < next_nb)
+      ranges(next->block_table, next->kv_head, next->n_kv, next->max_pos, j, pf);
+    if (pf.p[0]) {
       const size_t lines = size_t((pf.e[0] - pf.p[0]) + (pf.e[1] - pf.p[1]) + 63) / 64;
       const size_t steps = size_t(n_kv) * size_t(bs) * size_t((R * group + 3) / 4);
       pf.per_step = int32_t((lines + steps - 1) / steps);
@@ -333,16 +343,17 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
 
 template <class V, class LK>
 void attn_v(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
-            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch) {
+            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch,
+            const AttnNext* next) {
   switch (a->v_type) {
     case cleave::cpu::kWF32:
-      attn_t<V, LK, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      attn_t<V, LK, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
       return;
     case cleave::cpu::kWF16:
-      attn_t<V, LK, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      attn_t<V, LK, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
       return;
     case cleave::cpu::kWQ8:
-      attn_t<V, LK, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      attn_t<V, LK, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
       return;
     default: __builtin_trap();
   }
@@ -350,16 +361,17 @@ void attn_v(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
 
 template <class V>
 void attn_k(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
-            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch) {
+            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch,
+            const AttnNext* next) {
   switch (a->k_type) {
     case cleave::cpu::kWF32:
-      attn_v<V, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      attn_v<V, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
       return;
     case cleave::cpu::kWF16:
-      attn_v<V, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      attn_v<V, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
       return;
     case cleave::cpu::kWQ8:
-      attn_v<V, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch);
+      attn_v<V, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
       return;
     default: __builtin_trap();
   }
