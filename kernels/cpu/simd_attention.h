@@ -81,7 +81,7 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
     // Four positions at a time, so 4 x GG independent chains hide the FMA
     // latency; each chain still runs over k in order.
     for (; t + 4 <= c; t += 4) {
-      pf.step();
+      if constexpr (LK::kPrefetchInScores) pf.step();
       const uint8_t* kt = K + size_t(t0 + t) * a->k_row_bytes;
       vec x[GG][4];
 #pragma GCC unroll 8
@@ -322,8 +322,9 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
       ranges(next->block_table, next->kv_head, next->n_kv, next->max_pos, j, pf);
     if (pf.p[0]) {
       const size_t lines = size_t((pf.e[0] - pf.p[0]) + (pf.e[1] - pf.p[1]) + 63) / 64;
-      // Steps: one per position of V, one per four positions of scores.
-      const size_t steps = size_t(n_kv) * size_t(bs + bs / 4) * size_t((R * group + 3) / 4);
+      // Steps: one per position of V (and one per four positions of scores).
+      const size_t steps =
+          size_t(n_kv) * size_t(bs + (LK::kPrefetchInScores ? bs / 4 : 0)) * size_t((R * group + 3) / 4);
       pf.per_step = int32_t((lines + steps - 1) / steps);
     }
     for (int32_t h = 0; h < n_kv; ++h) {

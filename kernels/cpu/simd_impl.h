@@ -43,6 +43,10 @@ inline uint16_t load_u16(const uint8_t* p) {
 template <class V>
 struct LF32 {
   static constexpr int kBlock = 1;
+  // Attention also steps its prefetch cursor in the score loop over these K
+  // rows (measured per type, docs/PERFORMANCE.md: F32 and Q8_0 K faster by
+  // 5-21 %, F16 K slower by 8-12 %).
+  static constexpr bool kPrefetchInScores = true;
   static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 4 * k; }
   static typename V::vec load(const uint8_t* row, int64_t k) {
     return V::loadu(reinterpret_cast<const float*>(row) + k);
@@ -57,6 +61,7 @@ struct LF32 {
 template <class V>
 struct LF16 {
   static constexpr int kBlock = 1;
+  static constexpr bool kPrefetchInScores = false;
   static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 2 * k; }
   static typename V::vec load(const uint8_t* row, int64_t k) { return V::load_f16(row + 2 * k); }
   static float at(const uint8_t* row, int64_t k) { return V::f16(load_u16(row + 2 * k)); }
@@ -79,6 +84,7 @@ struct LBF16 {
 template <class V>
 struct LQ8 {
   static constexpr int kBlock = 32;
+  static constexpr bool kPrefetchInScores = true;
   // The 32 / W vectors of the block starting at k (k a multiple of 32).
   static void load_block(const uint8_t* row, int64_t k, typename V::vec* out) {
     const uint8_t* blk = row + (k >> 5) * 34;
