@@ -45,7 +45,7 @@ struct LF32 {
   static constexpr int kBlock = 1;
   // Attention also steps its prefetch cursor in the score loop over these K
   // rows (measured per type, docs/PERFORMANCE.md: F32 and Q8_0 K faster by
-  // 5-21 %, F16 K slower by 8-12 %).
+  // 5-21 %, F16 K about 10 % slower).
   static constexpr bool kPrefetchInScores = true;
   static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 4 * k; }
   static typename V::vec load(const uint8_t* row, int64_t k) {
