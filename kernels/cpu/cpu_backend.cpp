@@ -488,7 +488,7 @@ class CpuBackend final : public Backend {
     const size_t grp_elems = size_t(a.group) * kv.head_dim;
     auto body = [&](int64_t t0, int64_t t1, int t) {
       float* s = scratch + size_t(t) * stride;
-      // Task `task`'s group's first row and kv heads; `next` the call after it.
+      // A task's first kv head; `next` describes the thread's call after this one.
       const auto head_of = [&](int64_t task) { return static_cast<int32_t>(task % tpr) * hpt; };
       for (int64_t task = t0; task < t1; ++task) {
         const int64_t g = task / tpr, i = plan.first(g);

@@ -315,7 +315,9 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
   for (int32_t b = 0; b < nb; ++b) {
     const uint8_t* part = a->layer_base + size_t(block_table[b]) * a->block_bytes;
     pf = PrefetchCursor<V>{};
-    const int32_t j = b + kAhead - nb;  // the next call's block, when >= 0
+    // The next call's block, when >= 0 (its block 0 follows this call's
+    // last, even when this call has fewer than kAhead blocks).
+    const int32_t j = b + (nb < kAhead ? nb : kAhead) - nb;
     if (j < 0)
       ranges(block_table, kv_head, n_kv, max_pos, b + kAhead, pf);
     else if (j < next_nb)
