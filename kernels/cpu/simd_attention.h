@@ -74,6 +74,10 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
     lmin = qs.len[g] < lmin ? qs.len[g] : lmin;
   }
   vec acc[GG][16];
+  // W-steps of k that share one scale of the K rows (Q8_0: a 32-element
+  // block; F32 and F16 have none): the scale is converted once for them.
+  // Q8_0 K rows have head_dim a multiple of 32, so hv is a multiple of KS * W.
+  constexpr int KS = LK::kBlock > V::W ? LK::kBlock / V::W : 1;
   // Scores, 16 positions at a time.
   for (int32_t t0 = 0; t0 < lmax; t0 += 16) {
     const int32_t c = min_of<int32_t>(16, lmax - t0);
@@ -88,15 +92,22 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
       for (int g = 0; g < GG; ++g)
 #pragma GCC unroll 4
         for (int u = 0; u < 4; ++u) x[g][u] = V::zero();
-      for (int64_t k = 0; k < hv; k += V::W) {
-        vec kv[4];
+      for (int64_t k0 = 0; k0 < hv; k0 += KS * V::W) {
+        typename LK::Scale d[4];
 #pragma GCC unroll 4
-        for (int u = 0; u < 4; ++u) kv[u] = LK::load(kt + size_t(u) * a->k_row_bytes, k);
+        for (int u = 0; u < 4; ++u) d[u] = LK::scale(kt + size_t(u) * a->k_row_bytes, k0);
+#pragma GCC unroll 4
+        for (int v = 0; v < KS; ++v) {
+          const int64_t k = k0 + v * V::W;
+          vec kv[4];
+#pragma GCC unroll 4
+          for (int u = 0; u < 4; ++u) kv[u] = LK::load(kt + size_t(u) * a->k_row_bytes, k, d[u]);
 #pragma GCC unroll 8
-        for (int g = 0; g < GG; ++g) {
-          const vec qv = V::loadu(qs.q[g] + k);
+          for (int g = 0; g < GG; ++g) {
+            const vec qv = V::loadu(qs.q[g] + k);
 #pragma GCC unroll 4
-          for (int u = 0; u < 4; ++u) x[g][u] = V::fmadd(qv, kv[u], x[g][u]);
+            for (int u = 0; u < 4; ++u) x[g][u] = V::fmadd(qv, kv[u], x[g][u]);
+          }
         }
       }
 #pragma GCC unroll 8
@@ -109,10 +120,15 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
       vec x[GG];
 #pragma GCC unroll 8
       for (int g = 0; g < GG; ++g) x[g] = V::zero();
-      for (int64_t k = 0; k < hv; k += V::W) {
-        const vec kv = LK::load(kt, k);
+      for (int64_t k0 = 0; k0 < hv; k0 += KS * V::W) {
+        const typename LK::Scale d = LK::scale(kt, k0);
+#pragma GCC unroll 4
+        for (int v = 0; v < KS; ++v) {
+          const int64_t k = k0 + v * V::W;
+          const vec kv = LK::load(kt, k, d);
 #pragma GCC unroll 8
-        for (int g = 0; g < GG; ++g) x[g] = V::fmadd(V::loadu(qs.q[g] + k), kv, x[g]);
+          for (int g = 0; g < GG; ++g) x[g] = V::fmadd(V::loadu(qs.q[g] + k), kv, x[g]);
+        }
       }
 #pragma GCC unroll 8
       for (int g = 0; g < GG; ++g) acc[g][t] = x[g];
@@ -178,8 +194,14 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
       pf.step();
       const uint8_t* vt = Vb + size_t(t) * a->v_row_bytes;
       vec vv[C];
+      // A Q8_0 block's scale once for the chunks in it.
+      typename LV::Scale d{};
 #pragma GCC unroll 4
-      for (int c = 0; c < C; ++c) vv[c] = LV::load(vt, k + c * V::W);
+      for (int c = 0; c < C; ++c) {
+        const int64_t kc = k + c * V::W;
+        if (c == 0 || kc % LV::kBlock == 0) d = LV::scale(vt, kc);
+        vv[c] = LV::load(vt, kc, d);
+      }
 #pragma GCC unroll 8
       for (int g = 0; g < GG; ++g) {
         if (decltype(ragged)::value && t >= qs.len[g]) continue;

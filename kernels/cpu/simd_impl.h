@@ -56,6 +56,10 @@ struct LF32 {
     __builtin_memcpy(&f, row + 4 * k, 4);
     return f;
   }
+  // Attention's interface (see LQ8): no scale to share.
+  struct Scale {};
+  static Scale scale(const uint8_t*, int64_t) { return {}; }
+  static typename V::vec load(const uint8_t* row, int64_t k, Scale) { return load(row, k); }
 };
 
 template <class V>
@@ -65,6 +69,9 @@ struct LF16 {
   static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + 2 * k; }
   static typename V::vec load(const uint8_t* row, int64_t k) { return V::load_f16(row + 2 * k); }
   static float at(const uint8_t* row, int64_t k) { return V::f16(load_u16(row + 2 * k)); }
+  struct Scale {};
+  static Scale scale(const uint8_t*, int64_t) { return {}; }
+  static typename V::vec load(const uint8_t* row, int64_t k, Scale) { return load(row, k); }
 };
 
 template <class V>
@@ -101,6 +108,15 @@ struct LQ8 {
   static float at(const uint8_t* row, int64_t k) {
     const uint8_t* blk = row + (k >> 5) * 34;
     return float(int8_t(blk[2 + (k & 31)])) * V::f16(load_u16(blk));
+  }
+  // Attention's interface: the block's scale, converted and broadcast once
+  // for the W-steps of k that share it (scale(row, k) at k's block), then
+  // load(row, k, d) is load(row, k) without converting it again; the same
+  // values, so the same bits.
+  using Scale = typename V::vec;
+  static Scale scale(const uint8_t* row, int64_t k) { return V::set1(V::f16(load_u16(row + (k >> 5) * 34))); }
+  static typename V::vec load(const uint8_t* row, int64_t k, Scale d) {
+    return V::load_q8(reinterpret_cast<const int8_t*>(row + (k >> 5) * 34 + 2 + (k & 31)), d);
   }
 };
 
