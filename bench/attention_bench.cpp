@@ -6,6 +6,9 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
+#include <memory>
+#include <new>
 #include <numeric>
 #include <random>
 #include <nlohmann/json.hpp>
@@ -25,10 +28,14 @@ using Clock = std::chrono::steady_clock;
 // The 100M GQA model's attention (bench/batched_decode.cpp's model).
 constexpr int32_t kLayers = 12, kHeads = 12, kKvHeads = 4, kHeadDim = 64, kBlock = 16;
 
-// One case: the pool, the rows' block tables and their queries.
+// One case: the pool, the rows' block tables and their queries. The pool
+// comes from the backend's alloc(), as an engine's KV pool does (on huge
+// pages: on 4 KiB pages every scattered run of KV also pays its TLB misses,
+// which the engine does not).
 struct Case {
   PagedKv kv;
-  std::vector<uint8_t> pool;
+  std::unique_ptr<uint8_t, std::function<void(uint8_t*)>> pool;
+  size_t pool_bytes = 0;
   std::vector<int32_t> tables;
   std::vector<AttnRow> rows;
   std::vector<float> q, out;
@@ -57,11 +64,11 @@ void fill(Case& c, std::mt19937& rng) {
       for (int j = 0; j < 32; ++j) pat[i + 2 + j] = uint8_t(int8_t(int(rng() % 255) - 127));
     }
   }
-  for (size_t off = 0; off < c.pool.size(); off += pat.size())
-    std::memcpy(&c.pool[off], pat.data(), std::min(pat.size(), c.pool.size() - off));
+  for (size_t off = 0; off < c.pool_bytes; off += pat.size())
+    std::memcpy(c.pool.get() + off, pat.data(), std::min(pat.size(), c.pool_bytes - off));
 }
 
-Case make_case(DType type, int rows, int context, uint32_t seed) {
+Case make_case(Backend& be, DType type, int rows, int context, uint32_t seed) {
   Case c;
   c.kv.k_type = c.kv.v_type = type;
   c.kv.block_size = kBlock;
@@ -70,8 +77,10 @@ Case make_case(DType type, int rows, int context, uint32_t seed) {
   c.kv.head_dim = kHeadDim;
   const int32_t per_row = (context + kBlock - 1) / kBlock;
   c.kv.n_blocks = rows * per_row;
-  c.pool.assign(size_t(c.kv.n_blocks) * c.kv.block_bytes(), 0);
-  c.kv.data = c.pool.data();
+  c.pool_bytes = size_t(c.kv.n_blocks) * c.kv.block_bytes();
+  c.pool = {static_cast<uint8_t*>(be.alloc(c.pool_bytes)), [&be](uint8_t* p) { be.free(p); }};
+  if (!c.pool) throw std::bad_alloc();
+  c.kv.data = c.pool.get();
   std::mt19937 rng(seed);
   fill(c, rng);
   c.tables.resize(size_t(c.kv.n_blocks));
@@ -108,15 +117,29 @@ int run_attention_section(const AttentionOptions& o) {
     }
     types.push_back(*t);
   }
+  Isa isa = detect_isa();
+  if (!o.isa.empty()) {
+    if (o.isa != "avx2" && o.isa != "avx512") {
+      std::fprintf(stderr, "--isa takes avx2 or avx512, not '%s'\n", o.isa.c_str());
+      return 2;
+    }
+    const Isa want = o.isa == "avx2" ? Isa::avx2 : Isa::avx512;
+    if (int(want) > int(isa)) {
+      std::fprintf(stderr, "--isa %s: this CPU has %s at most\n", o.isa.c_str(), isa_name(isa));
+      return 2;
+    }
+    isa = want;
+  }
   json results;
+  results["isa"] = isa_name(isa);
   std::printf(
       "attention of a decode step, 100M GQA shape (%d layers, %d heads, %d kv heads, head_dim %d, "
-      "blocks of %d), each row's blocks at shuffled places; median of %d runs (range)\n",
-      kLayers, kHeads, kKvHeads, kHeadDim, kBlock, o.runs);
+      "blocks of %d), each row's blocks at shuffled places, %s kernels; median of %d runs (range)\n",
+      kLayers, kHeads, kKvHeads, kHeadDim, kBlock, isa_name(isa), o.runs);
   std::printf("%-5s %2s %5s %7s | %18s %9s %8s | %7s %7s\n", "kv", "t", "rows", "context",
               "ms / step", "KV MB", "GB/s", "% read", "% runs");
   for (int threads : o.threads) {
-    auto be = make_cpu_backend(threads);
+    auto be = make_cpu_backend(threads, isa);
     // The limits, once per thread count: a long read, and runs of one
     // (block, layer) part's K of a row for each type (measured on a pool of
     // 512 MiB, past any cache, like the largest cases below).
@@ -135,7 +158,7 @@ int run_attention_section(const AttentionOptions& o) {
     for (size_t ti = 0; ti < types.size(); ++ti) {
       for (int context : o.contexts) {
         for (int rows : o.rows) {
-          Case c = make_case(types[ti], rows, context, uint32_t(rows * 7919 + context));
+          Case c = make_case(*be, types[ti], rows, context, uint32_t(rows * 7919 + context));
           // Bytes a step reads: every row's K and V of every layer and position.
           const double kv_bytes = double(rows) * context * kLayers * kKvHeads *
                                   double(dtype_row_bytes(types[ti], kHeadDim)) * 2;

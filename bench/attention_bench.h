@@ -22,6 +22,7 @@ struct AttentionOptions {
   std::vector<int> rows{1, 8, 32, 64};
   std::vector<int> contexts{160, 1024};
   int runs = 5;
+  std::string isa;  // avx2 / avx512; empty: the best this CPU has
 };
 
 int run_attention_section(const AttentionOptions& o);

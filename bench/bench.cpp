@@ -417,6 +417,9 @@ int main(int argc, char** argv) {
   app.add_option("--context", ao.contexts, "--attention: positions each row attends")
       ->check(CLI::Range(1, 4096))
       ->delimiter(',');
+  app.add_option("--isa", ao.isa,
+                 "--attention: the kernels' instruction set, avx2 or avx512 (default: the best this CPU has; "
+                 "one it lacks is refused)");
   bool matmul = false;
   app.add_flag("--matmul", matmul,
                "only the matmul section: the panel matmul on one thread, with and without widening "
@@ -442,6 +445,10 @@ int main(int argc, char** argv) {
   std::filesystem::create_directories(workdir);
   if (int(encoder) + int(batched) + int(attention) + int(matmul) + int(!ab.empty()) > 1) {
     std::fprintf(stderr, "--encoder, --batched, --attention, --matmul and --ab each run one section: pick one\n");
+    return 2;
+  }
+  if (!attention && app.count("--isa")) {
+    std::fprintf(stderr, "--isa needs --attention\n");
     return 2;
   }
   if (!ab.empty()) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <new>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
@@ -11,6 +12,8 @@
 #include <random>
 #include <thread>
 #include <vector>
+
+#include "kernels/cpu/host_memory.h"
 
 namespace cleave::bench {
 namespace {
@@ -116,9 +119,13 @@ double int8_peak_gops(int threads) {
   return 2.0 * 64 * 12 * iters * threads / best / 1e9;
 }
 
+// The buffers come from the CPU backend's allocator, on huge pages where the
+// kernel gives them, like the weights and KV pools these limits stand beside
+// (on 4 KiB pages scattered runs also pay a TLB miss each).
 double read_bandwidth(size_t bytes, int threads, int reps) {
   size_t n = bytes / 8;
-  auto* buf = static_cast<uint64_t*>(std::aligned_alloc(64, n * 8));
+  auto* buf = static_cast<uint64_t*>(cpu::host_alloc(n * 8));
+  if (!buf) throw std::bad_alloc();
   for (size_t i = 0; i < n; ++i) buf[i] = i;
   std::atomic<uint64_t> sink{0};
   double best = 1e30;
@@ -130,14 +137,15 @@ double read_bandwidth(size_t bytes, int threads, int reps) {
     });
     best = std::min(best, now_s() - t0);
   }
-  std::free(buf);
+  cpu::host_free(buf);
   return bytes / best / 1e9;
 }
 
 double scattered_read_bandwidth(size_t bytes, size_t run_bytes, int threads, int reps) {
   run_bytes = std::max<size_t>(128, run_bytes / 128 * 128);  // read_sum_avx2 reads 128 B a step
   const size_t runs = std::max<size_t>(1, bytes / run_bytes);
-  auto* buf = static_cast<uint64_t*>(std::aligned_alloc(64, runs * run_bytes));
+  auto* buf = static_cast<uint64_t*>(cpu::host_alloc(runs * run_bytes));
+  if (!buf) throw std::bad_alloc();
   for (size_t i = 0; i < runs * run_bytes / 8; ++i) buf[i] = i;
   std::vector<uint32_t> order(runs);
   std::iota(order.begin(), order.end(), 0u);
@@ -154,7 +162,7 @@ double scattered_read_bandwidth(size_t bytes, size_t run_bytes, int threads, int
     });
     best = std::min(best, now_s() - t0);
   }
-  std::free(buf);
+  cpu::host_free(buf);
   return double(runs * run_bytes) / best / 1e9;
 }
 

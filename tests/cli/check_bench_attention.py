@@ -45,6 +45,24 @@ def expect_error(name, args, needle):  # a usage error: exit 2
     checks.expect_error(name, args, 2, needle)
 
 
+# --isa: the AVX2 kernels where this CPU has AVX-512 too (a CPU without AVX2
+# runs none of these sections); one the CPU lacks is refused.
+out = os.path.join(WORK, "attention_avx2.json")
+rc, so, se = run("--attention", "--rows", "2", "--context", "40", "--runs", "1", "--threads", "1",
+                 "--kv-types", "q8_0", "--isa", "avx2", "--json", out)
+expect("--isa avx2 runs the AVX2 kernels and says so", rc == 0 and "avx2 kernels" in so and
+       json.load(open(out))["isa"] == "avx2", f"rc={rc} stdout={so!r} stderr={se!r}")
+flags = next((ln.split(":", 1)[1].split() for ln in open("/proc/cpuinfo") if ln.startswith("flags")), [])
+avx512 = all(f in flags for f in ("avx512f", "avx512dq", "avx512bw", "avx512vl"))  # cleave's detect_isa
+if avx512:
+    rc, so, se = run("--attention", "--rows", "2", "--context", "40", "--runs", "1", "--threads", "1",
+                     "--kv-types", "f16", "--isa", "avx512")
+    expect("--isa avx512 runs on this AVX-512 CPU", rc == 0 and "avx512 kernels" in so, f"rc={rc} {se!r}")
+else:
+    expect_error("--isa avx512 on a CPU without it is refused", ["--attention", "--isa", "avx512"],
+                 "this CPU has avx2 at most")
+expect_error("--isa names avx2 or avx512", ["--attention", "--isa", "sse2"], "--isa takes avx2 or avx512")
+expect_error("--isa without --attention is refused", ["--matmul", "--isa", "avx2"], "--isa needs --attention")
 expect_error("--rows without --attention or --matmul is refused", ["--rows", "4"], "--rows needs")
 expect_error("--context without --attention is refused", ["--context", "40"], "--context needs --attention")
 out = os.path.join(WORK, "matmul.json")
