@@ -191,7 +191,9 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
     // Position t into every query that attends it: all of them up to the
     // shortest query (ragged false), then each up to its own length.
     auto step = [&](int32_t t, auto ragged) {
-      pf.step();
+      // One cursor step per position of V (attn_t counts them so): in the
+      // first pass over the positions only, when head_dim takes several.
+      if (k == 0) pf.step();
       const uint8_t* vt = Vb + size_t(t) * a->v_row_bytes;
       vec vv[C];
       // A Q8_0 block's scale once for the chunks in it.
