@@ -220,7 +220,9 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
 #pragma GCC unroll 4
       for (int c = 0; c < C; ++c) V::storeu(qs.out[g] + k + c * V::W, o[g][c]);
   };
-  constexpr int VC = V::W >= 16 ? 4 : 2;
+  // AVX2 has 16 registers: 3 chunks for up to 3 queries (9 chains, 3 V
+  // vectors and a broadcast), 2 for 4 queries.
+  constexpr int VC = V::W >= 16 ? 4 : GG <= 3 ? 3 : 2;
   int64_t k = 0;
   for (; k + VC * V::W <= hv; k += VC * V::W) pv(std::integral_constant<int, VC>{}, k);
   switch ((hv - k) / V::W) {
