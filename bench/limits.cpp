@@ -4,10 +4,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <new>
 #include <chrono>
 #include <cstdint>
 #include <cstdlib>
+#include <new>
 #include <numeric>
 #include <random>
 #include <thread>
