@@ -11,6 +11,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 
 // stb_image's implementation lives in this one translation unit, static so it
 // cannot clash with another copy (libstb) in the same program. Only the two
@@ -116,6 +117,11 @@ Result<Dims> walk_jpeg(const uint8_t* d, size_t n) {
   };
   std::optional<Dims> dims;
   bool in_scan = false;
+  bool progressive = false;
+  // Huffman tables (DC, AC; ids 0-3) a DHT has defined so far: stb_image
+  // decodes a scan with whatever its tables hold, and one no DHT defined is
+  // uninitialised memory (its decoder asserts or reads past a table).
+  bool defined[2][4] = {};
   size_t pos = 2;
   while (pos + 1 < n) {
     if (d[pos] != 0xFF) {
@@ -151,17 +157,38 @@ Result<Dims> walk_jpeg(const uint8_t* d, size_t n) {
     if (sof && !dims) {
       if (seg_len < 5) return corrupt("short frame header", pos);
       dims = Dims{int64_t(seg[3]) << 8 | seg[4], int64_t(seg[1]) << 8 | seg[2]};
+      progressive = m == 0xC2;
     }
     if (m == 0xC4) {  // DHT: tables of (class/id, 16 code counts, symbols)
       size_t off = 0;
       while (off < seg_len) {
         if (seg_len - off < 17) return corrupt("short Huffman table", pos);
+        const int tc = seg[off] >> 4, th = seg[off] & 15;
+        if (tc > 1 || th > 3)
+          return corrupt("Huffman table of class " + std::to_string(tc) + " id " + std::to_string(th), pos);
+        defined[tc][th] = true;
         size_t codes = 0;
         for (int i = 1; i <= 16; ++i) codes += seg[off + size_t(i)];
         if (codes > 256)
           return corrupt("Huffman table with " + std::to_string(codes) + " codes", pos);
         off += 17 + codes;
         if (off > seg_len) return corrupt("Huffman table past its segment", pos);
+      }
+    }
+    if (m == 0xDA) {  // SOS: the tables its components name must exist
+      const size_t ns = seg_len > 0 ? seg[0] : 0;
+      if (ns == 0 || seg_len < 1 + 2 * ns + 3) return corrupt("short scan header", pos);
+      const uint8_t ss = seg[1 + 2 * ns], ah = seg[3 + 2 * ns] >> 4;
+      // A progressive scan reads DC tables in its first DC pass only and AC
+      // tables in its AC passes; a sequential one reads both.
+      const bool dc = !progressive || (ss == 0 && ah == 0), ac = !progressive || ss > 0;
+      for (size_t i = 0; i < ns; ++i) {
+        const int td = seg[2 + 2 * i] >> 4, ta = seg[2 + 2 * i] & 15;
+        for (auto [need, cls, id] : {std::tuple{dc, 0, td}, std::tuple{ac, 1, ta}})
+          if (need && (id > 3 || !defined[cls][id]))
+            return corrupt(std::string("scan uses ") + (cls == 0 ? "DC" : "AC") + " Huffman table " +
+                               std::to_string(id) + ", which no table before it defines",
+                           pos);
       }
     }
     in_scan = m == 0xDA;

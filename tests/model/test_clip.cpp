@@ -567,7 +567,9 @@ TEST_CASE("image: corrupt PNG and JPEG bytes are corruption") {
 // replayed by ctest fuzz_image too): an error or an image of the header's
 // size, never a crash. jpeg-scan-short-of-its-blocks: an 8x8 JPEG whose scan
 // ends before its six blocks do (stb_image 2.27's bit reader then shifts by
-// 32: model/CMakeLists.txt).
+// 32: model/CMakeLists.txt). jpeg-scan-names-an-undefined-huffman-table: its
+// DHT defines DC 0, AC 0, DC 1 and DC 0 again, its scan reads AC 1 (stb would
+// decode with an uninitialised table: its assert fired in the fuzz build).
 TEST_CASE("image: the fuzz regression inputs decode or fail typed") {
   const std::string dir = std::string(CLEAVE_SOURCE_DIR) + "/tests/fuzz/regressions/image";
   int n = 0;
@@ -593,6 +595,46 @@ TEST_CASE("image: the fuzz regression inputs decode or fail typed") {
   REQUIRE_MESSAGE(r.ok(), r.status().to_string());
   CHECK(r->width == 8);
   CHECK(r->height == 8);
+  std::ifstream g(dir + "/jpeg-scan-names-an-undefined-huffman-table", std::ios::binary);
+  const std::vector<uint8_t> undefined((std::istreambuf_iterator<char>(g)), std::istreambuf_iterator<char>());
+  REQUIRE(undefined.size() > 600);
+  require_code(decode_image(undefined.data(), undefined.size()).status(), Code::corruption,
+               "scan uses AC Huffman table 1, which no table before it defines");
+}
+
+// A scan may name only tables a DHT before it defined; a progressive scan
+// reads DC tables in its first DC pass and AC tables in its AC passes only.
+TEST_CASE("image: a JPEG scan naming a Huffman table no DHT defined is corruption") {
+  const std::vector<uint8_t> jpg = encode_jpeg(random_image(16, 16, 9), 90);
+  REQUIRE(decode_image(jpg.data(), jpg.size()).ok());
+  // The encoder's tables, each as (class << 4 | id): relabel one at a time
+  // to an id no scan reads, so its scan's table is missing.
+  std::vector<size_t> table_at;
+  for (size_t pos = 2; pos + 4 <= jpg.size();) {
+    if (jpg[pos] != 0xFF || jpg[pos + 1] == 0xDA) break;
+    const size_t len = size_t(jpg[pos + 2]) << 8 | jpg[pos + 3];
+    if (jpg[pos + 1] == 0xC4)
+      for (size_t off = pos + 4; off < pos + 2 + len;) {
+        table_at.push_back(off);
+        size_t codes = 0;
+        for (int i = 1; i <= 16; ++i) codes += jpg[off + size_t(i)];
+        off += 17 + codes;
+      }
+    pos += 2 + len;
+  }
+  REQUIRE(table_at.size() == 4);  // DC 0, AC 0, DC 1, AC 1 (luma and chroma)
+  for (size_t at : table_at) {
+    std::vector<uint8_t> bad = jpg;
+    const int cls = bad[at] >> 4, id = bad[at] & 15;
+    bad[at] = uint8_t(cls << 4 | 3);  // table 3: no component reads it
+    CAPTURE(cls);
+    CAPTURE(id);
+    require_code(decode_image(bad.data(), bad.size()).status(), Code::corruption,
+                 std::string("scan uses ") + (cls == 0 ? "DC" : "AC") + " Huffman table " + std::to_string(id));
+    bad[at] = uint8_t(cls << 4 | 4);  // no such id at all
+    require_code(decode_image(bad.data(), bad.size()).status(), Code::corruption,
+                 "Huffman table of class " + std::to_string(cls) + " id 4");
+  }
 }
 
 TEST_CASE("image: truncated PNG and JPEG are corruption") {
