@@ -100,23 +100,17 @@ struct LQ8 {
       out[v] = V::load_q8(reinterpret_cast<const int8_t*>(blk + 2 + v * V::W), d);
   }
   static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + (k >> 5) * 34; }
-  static typename V::vec load(const uint8_t* row, int64_t k) {
-    const uint8_t* blk = row + (k >> 5) * 34;
-    const float d = V::f16(load_u16(blk));
-    return V::load_q8(reinterpret_cast<const int8_t*>(blk + 2 + (k & 31)), V::set1(d));
-  }
-  static float at(const uint8_t* row, int64_t k) {
-    const uint8_t* blk = row + (k >> 5) * 34;
-    return float(int8_t(blk[2 + (k & 31)])) * V::f16(load_u16(blk));
-  }
-  // Attention's interface: the block's scale, converted and broadcast once
-  // for the W-steps of k that share it (scale(row, k) at k's block), then
-  // load(row, k, d) is load(row, k) without converting it again; the same
-  // values, so the same bits.
+  // The block's scale, converted and broadcast: attention takes it once for
+  // the W-steps of k that share it and passes it to load(row, k, d).
   using Scale = typename V::vec;
-  static Scale scale(const uint8_t* row, int64_t k) { return V::set1(V::f16(load_u16(row + (k >> 5) * 34))); }
+  static Scale scale(const uint8_t* row, int64_t k) { return V::set1(V::f16(load_u16(addr(row, k)))); }
   static typename V::vec load(const uint8_t* row, int64_t k, Scale d) {
-    return V::load_q8(reinterpret_cast<const int8_t*>(row + (k >> 5) * 34 + 2 + (k & 31)), d);
+    return V::load_q8(reinterpret_cast<const int8_t*>(addr(row, k) + 2 + (k & 31)), d);
+  }
+  static typename V::vec load(const uint8_t* row, int64_t k) { return load(row, k, scale(row, k)); }
+  static float at(const uint8_t* row, int64_t k) {
+    const uint8_t* blk = addr(row, k);
+    return float(int8_t(blk[2 + (k & 31)])) * V::f16(load_u16(blk));
   }
 };
 
