@@ -115,6 +115,9 @@ struct ClusterSpec {
   // element types on every node (llama.cpp's -ctk / -ctv; f32, f16, q8_0).
   // Cluster-wide: blocks move between nodes only between equal layouts.
   DType cache_type_k = DType::F32, cache_type_v = DType::F32;
+  // cluster { block_size = 64 }: token positions per KV block on every node
+  // (--block-size; 8, 16, 32, 64 or 128). Cluster-wide for the same reason.
+  int32_t block_size = 16;
   // cluster { compute = "int8" }: how every node's matmuls over Q8_0 weights
   // compute (--compute; exact or int8). Cluster-wide, as the KV bits and so
   // the model fingerprint depend on it.

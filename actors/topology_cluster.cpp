@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "model/scheduling_policy.h"
+#include "storage/block.h"  // kKvBlockSizes
 
 namespace cleave::topology_detail {
 namespace {
@@ -241,6 +242,10 @@ int lua_cluster(lua_State* L) {
     }
   }
 
+  lua_Integer block_size = sb->spec->block_size;
+  if (opt_integer(L, 1, "block_size", what, &block_size) && !is_kv_block_size(block_size))
+    raise(L, "%s: block_size %I is not one of %s", what, block_size, kKvBlockSizeList);
+
   Compute compute = sb->spec->compute;
   size_t compute_len = 0;
   if (const char* name = opt_string(L, 1, "compute", what, &compute_len)) {
@@ -253,6 +258,7 @@ int lua_cluster(lua_State* L) {
   ClusterSpec& c = *sb->spec;
   c.cache_type_k = cache_types[0];
   c.cache_type_v = cache_types[1];
+  c.block_size = int32_t(block_size);
   c.compute = compute;
   if (router.policy != nullptr) c.placement.policy.assign(router.policy, router.policy_len);
   c.placement.prefill_weight = router.prefill_weight;

@@ -45,11 +45,12 @@ constexpr const char* kClusterFields[] = {"router",          "max_pending",
                                           "kv_replicate_reads", "kv_preload",
                                           "scheduling_policy", "pd_controller",
                                           "autoscale",      "cache_type_k",
-                                          "cache_type_v",   "compute"};
+                                          "cache_type_v",   "block_size",
+                                          "compute"};
 constexpr const char* kClusterFieldList =
     "router, max_pending, request_timeout_s, heartbeat_interval_s, connection_timeout_s, "
     "secret_env, secret_file, kv_pool, kv_replicate_reads, kv_preload, scheduling_policy, "
-    "pd_controller, autoscale, cache_type_k, cache_type_v, compute";
+    "pd_controller, autoscale, cache_type_k, cache_type_v, block_size, compute";
 
 constexpr size_t kMaxNodes = 4096;
 constexpr lua_Integer kMaxCount = 4096;       // actors of one kind on one node

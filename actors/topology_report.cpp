@@ -67,6 +67,7 @@ std::string topology_summary(const ClusterSpec& c) {
   if (const size_t models = cluster_models(c).size(); models > 1) s += ", " + std::to_string(models) + " models";
   if (c.cache_type_k != DType::F32 || c.cache_type_v != DType::F32)
     s += std::string(", KV cache ") + dtype_name(c.cache_type_k) + " K / " + dtype_name(c.cache_type_v) + " V";
+  if (c.block_size != 16) s += ", KV blocks of " + std::to_string(c.block_size) + " positions";
   if (c.compute != Compute::exact) s += std::string(", compute ") + compute_name(c.compute);
   return s;
 }

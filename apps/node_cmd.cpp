@@ -401,6 +401,7 @@ int run_node_command() {
   o.engine.pipeline_micro_batches = a.pipeline_micro_batches;
   o.engine.cache_type_k = o.spec.cache_type_k;  // cluster-wide, from the script
   o.engine.cache_type_v = o.spec.cache_type_v;
+  o.engine.block_size = o.spec.block_size;
   o.engine.compute = o.spec.compute;
   o.expert_replication = a.enable_eplb;
   o.secret = joining ? join_secret : unwrap(read_cluster_secret(o.spec));

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "model/make_model.h"  // dtype_from_name
+#include "storage/block.h"       // kKvBlockSizes
 
 namespace cleave {
 
@@ -15,6 +16,10 @@ void add_numerics_options(CLI::App* cmd, NumericsArgs& a) {
                   "KV cache type for K: f32 (exact), f16 or q8_0 (head_dim a multiple of 32)")
       ->check(types);
   cmd->add_option("--cache-type-v", a.v, "KV cache type for V: f32, f16 or q8_0")->check(types);
+  cmd->add_option("--block-size", a.block_size,
+                  "token positions per KV block: 8, 16 (the default), 32, 64 or 128; longer blocks "
+                  "read long contexts faster, shorter ones share prefixes more finely")
+      ->check(CLI::IsMember(std::vector<int32_t>(std::begin(kKvBlockSizes), std::end(kKvBlockSizes))));
   cmd->add_option("--compute", a.compute,
                   "how matmuls over Q8_0 weights compute: exact (F32, the default) or int8 "
                   "(activations quantised per 32 values, integer dot products; faster, not equal "
@@ -32,6 +37,7 @@ void add_numerics_options(CLI::App* cmd, NumericsArgs& a) {
 void apply_numerics(const NumericsArgs& a, EngineOptions& eo) {
   eo.cache_type_k = *dtype_from_name(a.k);
   eo.cache_type_v = *dtype_from_name(a.v);
+  eo.block_size = a.block_size;
   eo.compute = *compute_from_name(a.compute);
   eo.device = a.device;
 }

@@ -13,11 +13,14 @@ namespace cleave {
 
 // The flags that choose a run's arithmetic: -ctk / --cache-type-k and
 // -ctv / --cache-type-v (llama.cpp's spellings), the KV cache's element
-// types: f32 (the default: exact), f16, q8_0; --compute exact|int8, how
+// types: f32 (the default: exact), f16, q8_0; --block-size (vLLM's
+// spelling), token positions per KV block, which is also the tile that
+// attention reduces over, so it changes the last bits of the logits; --compute exact|int8, how
 // matmuls over Q8_0 weights compute (kernels/backend.h's Compute); and
 // --device cpu|cuda:N (EngineOptions::device).
 struct NumericsArgs {
   std::string k = "f32", v = "f32";
+  int32_t block_size = 16;
   std::string compute = "exact";
   std::string device = "cpu";  // --device: where the engines' forward pass runs
 };

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <new>
 #include <numeric>
@@ -26,7 +27,7 @@ using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
 // The 100M GQA model's attention (bench/batched_decode.cpp's model).
-constexpr int32_t kLayers = 12, kHeads = 12, kKvHeads = 4, kHeadDim = 64, kBlock = 16;
+constexpr int32_t kLayers = 12, kHeads = 12, kKvHeads = 4, kHeadDim = 64;
 
 // One case: the pool, the rows' block tables and their queries. The pool
 // comes from the backend's alloc(), as an engine's KV pool does (on huge
@@ -68,14 +69,14 @@ void fill(Case& c, std::mt19937& rng) {
     std::memcpy(c.pool.get() + off, pat.data(), std::min(pat.size(), c.pool_bytes - off));
 }
 
-Case make_case(Backend& be, DType type, int rows, int context, uint32_t seed) {
+Case make_case(Backend& be, DType type, int rows, int context, int32_t block, uint32_t seed) {
   Case c;
   c.kv.k_type = c.kv.v_type = type;
-  c.kv.block_size = kBlock;
+  c.kv.block_size = block;
   c.kv.n_layers = kLayers;
   c.kv.n_kv_heads = kKvHeads;
   c.kv.head_dim = kHeadDim;
-  const int32_t per_row = (context + kBlock - 1) / kBlock;
+  const int32_t per_row = (context + block - 1) / block;
   c.kv.n_blocks = rows * per_row;
   c.pool_bytes = size_t(c.kv.n_blocks) * c.kv.block_bytes();
   c.pool = {static_cast<uint8_t*>(be.alloc(c.pool_bytes)), [&be](uint8_t* p) { be.free(p); }};
@@ -132,67 +133,78 @@ int run_attention_section(const AttentionOptions& o) {
   }
   json results;
   results["isa"] = isa_name(isa);
+  std::string blocks;
+  for (int bs : o.block_sizes) blocks += (blocks.empty() ? "" : ", ") + std::to_string(bs);
   std::printf(
       "attention of a decode step, 100M GQA shape (%d layers, %d heads, %d kv heads, head_dim %d, "
-      "blocks of %d), each row's blocks at shuffled places, %s kernels; median of %d runs (range)\n",
-      kLayers, kHeads, kKvHeads, kHeadDim, kBlock, isa_name(isa), o.runs);
-  std::printf("%-5s %2s %5s %7s | %18s %9s %8s | %7s %7s\n", "kv", "t", "rows", "context",
+      "blocks of %s positions), each row's blocks at shuffled places, %s kernels; median of %d runs (range)\n",
+      kLayers, kHeads, kKvHeads, kHeadDim, blocks.c_str(), isa_name(isa), o.runs);
+  std::printf("%-5s %2s %5s %7s %6s | %18s %9s %8s | %7s %7s\n", "kv", "t", "rows", "context", "block",
               "ms / step", "KV MB", "GB/s", "% read", "% runs");
   for (int threads : o.threads) {
     auto be = make_cpu_backend(threads, isa);
     // The limits, once per thread count: a long read, and runs of one
-    // (block, layer) part's K of a row for each type (measured on a pool of
-    // 512 MiB, past any cache, like the largest cases below).
+    // (block, layer) part's K of a row for each type and block size
+    // (measured on a pool of 512 MiB, past any cache, like the largest
+    // cases below).
     const double read = read_bandwidth(size_t(512) << 20, threads, 5);
     std::printf("limits, %d thread(s): read %.1f GB/s", threads, read);
     json lim = {{"threads", threads}, {"read_gb_s", read}};
-    std::vector<double> runs_bw;
-    for (DType t : types) {
-      const size_t run = size_t(kKvHeads) * kBlock * dtype_row_bytes(t, kHeadDim);
-      runs_bw.push_back(scattered_read_bandwidth(size_t(512) << 20, run, threads, 5));
-      std::printf(", %s runs of %zu B %.1f GB/s", dtype_name(t), run, runs_bw.back());
-      lim["runs_gb_s_" + std::string(dtype_name(t))] = runs_bw.back();
-    }
+    std::map<std::pair<DType, int>, double> runs_bw;
+    for (int bs : o.block_sizes)
+      for (DType t : types) {
+        const size_t run = size_t(kKvHeads) * bs * dtype_row_bytes(t, kHeadDim);
+        const double bw = scattered_read_bandwidth(size_t(512) << 20, run, threads, 5);
+        runs_bw[{t, bs}] = bw;
+        std::printf(", %s runs of %zu B %.1f GB/s", dtype_name(t), run, bw);
+        // The first block size keeps the key earlier JSON files used.
+        const std::string key = "runs_gb_s_" + std::string(dtype_name(t));
+        lim[bs == o.block_sizes.front() ? key : key + "_block" + std::to_string(bs)] = bw;
+      }
     std::printf("\n");
     results["limits"].push_back(lim);
-    for (size_t ti = 0; ti < types.size(); ++ti) {
-      for (int context : o.contexts) {
-        for (int rows : o.rows) {
-          Case c = make_case(*be, types[ti], rows, context, uint32_t(rows * 7919 + context));
-          // Bytes a step reads: every row's K and V of every layer and position.
-          const double kv_bytes = double(rows) * context * kLayers * kKvHeads *
-                                  double(dtype_row_bytes(types[ti], kHeadDim)) * 2;
-          const float scale = 1.0f / std::sqrt(float(kHeadDim));
-          auto step = [&] {
-            for (int32_t l = 0; l < kLayers; ++l)
-              be->attention(c.kv, l, c.q.data(), c.rows.data(), rows, kHeads, scale, c.out.data());
-          };
-          step();  // warm-up (scratch, page faults of the output)
-          std::vector<double> ms;
-          for (int r = 0; r < o.runs; ++r) {
-            evict_caches();  // as in a decode step, where the weights stream between layers
-            const auto t0 = Clock::now();
-            step();
-            ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+    for (DType type : types) {
+      for (int bs : o.block_sizes) {
+        for (int context : o.contexts) {
+          for (int rows : o.rows) {
+            Case c = make_case(*be, type, rows, context, bs, uint32_t(rows * 7919 + context));
+            // Bytes a step reads: every row's K and V of every layer and position.
+            const double kv_bytes = double(rows) * context * kLayers * kKvHeads *
+                                    double(dtype_row_bytes(type, kHeadDim)) * 2;
+            const float scale = 1.0f / std::sqrt(float(kHeadDim));
+            auto step = [&] {
+              for (int32_t l = 0; l < kLayers; ++l)
+                be->attention(c.kv, l, c.q.data(), c.rows.data(), rows, kHeads, scale, c.out.data());
+            };
+            step();  // warm-up (scratch, page faults of the output)
+            std::vector<double> ms;
+            for (int r = 0; r < o.runs; ++r) {
+              evict_caches();  // as in a decode step, where the weights stream between layers
+              const auto t0 = Clock::now();
+              step();
+              ms.push_back(std::chrono::duration<double, std::milli>(Clock::now() - t0).count());
+            }
+            const double med = median(ms);
+            const double gbs = kv_bytes / (med / 1e3) / 1e9;
+            const double runs = runs_bw[{type, bs}];
+            std::printf("%-5s %2d %5d %7d %6d | %7.2f (%.2f-%.2f) %9.1f %8.1f | %6.0f%% %6.0f%%\n",
+                        dtype_name(type), threads, rows, context, bs, med,
+                        *std::min_element(ms.begin(), ms.end()),
+                        *std::max_element(ms.begin(), ms.end()), kv_bytes / 1e6, gbs,
+                        100.0 * gbs / read, 100.0 * gbs / runs);
+            std::fflush(stdout);
+            results["runs"].push_back({{"kv_type", dtype_name(type)},
+                                       {"threads", threads},
+                                       {"rows", rows},
+                                       {"context", context},
+                                       {"block_size", bs},
+                                       {"ms", ms},
+                                       {"ms_median", med},
+                                       {"kv_bytes", kv_bytes},
+                                       {"gb_s", gbs},
+                                       {"read_gb_s", read},
+                                       {"runs_gb_s", runs}});
           }
-          const double med = median(ms);
-          const double gbs = kv_bytes / (med / 1e3) / 1e9;
-          std::printf("%-5s %2d %5d %7d | %7.2f (%.2f-%.2f) %9.1f %8.1f | %6.0f%% %6.0f%%\n",
-                      dtype_name(types[ti]), threads, rows, context, med,
-                      *std::min_element(ms.begin(), ms.end()),
-                      *std::max_element(ms.begin(), ms.end()), kv_bytes / 1e6, gbs,
-                      100.0 * gbs / read, 100.0 * gbs / runs_bw[ti]);
-          std::fflush(stdout);
-          results["runs"].push_back({{"kv_type", dtype_name(types[ti])},
-                                     {"threads", threads},
-                                     {"rows", rows},
-                                     {"context", context},
-                                     {"ms", ms},
-                                     {"ms_median", med},
-                                     {"kv_bytes", kv_bytes},
-                                     {"gb_s", gbs},
-                                     {"read_gb_s", read},
-                                     {"runs_gb_s", runs_bw[ti]}});
         }
       }
     }

@@ -129,7 +129,7 @@ int run_batched_section(const BatchedOptions& o) {
   struct Row {
     std::string type, kv;
     Compute compute;
-    int threads, batch;
+    int block_size, threads, batch;
     std::vector<BatchRun> runs;
     double weight_bytes, kv_bytes_per_pos, flops_per_row_base, attn_flops_per_ctx;
   };
@@ -153,6 +153,7 @@ int run_batched_section(const BatchedOptions& o) {
     CLEAVE_CHECK(file.ok());
     for (const std::string& cname : o.computes)
     for (const std::string& kv : o.kv_types)
+    for (int bs : o.block_sizes)
     for (int t : o.threads) {
       auto compute = compute_from_name(cname);
       if (!compute.ok()) {
@@ -171,6 +172,7 @@ int run_batched_section(const BatchedOptions& o) {
       eo.max_seqs = *std::max_element(o.batches.begin(), o.batches.end());
       eo.profile_ops = true;
       eo.cache_type_k = eo.cache_type_v = *kvt;
+      eo.block_size = bs;
       eo.compute = *compute;
       auto engine = Engine::create(*file, eo);
       if (!engine.ok()) {
@@ -179,9 +181,9 @@ int run_batched_section(const BatchedOptions& o) {
       }
       const LlamaConfig& c = (*engine)->config();
       for (int b : o.batches) {
-        std::fprintf(stderr, "batched decode: %s weights (%s), %s KV, %d thread(s), batch %d\n",
-                     tname.c_str(), cname.c_str(), kv.c_str(), t, b);
-        Row row{tname, kv, *compute, t, b, {}, double((*engine)->model().weight_bytes_per_token()),
+        std::fprintf(stderr, "batched decode: %s weights (%s), %s KV in blocks of %d, %d thread(s), batch %d\n",
+                     tname.c_str(), cname.c_str(), kv.c_str(), bs, t, b);
+        Row row{tname, kv, *compute, bs, t, b, {}, double((*engine)->model().weight_bytes_per_token()),
                 double((*engine)->kv_layout().bytes_per_token()), 2 * row_matrix_elems(c),
                 4.0 * c.n_heads * c.head_dim * c.n_layers};
         // The first run also fills the prefix cache with the prompts (later
@@ -210,10 +212,10 @@ int run_batched_section(const BatchedOptions& o) {
   for (int t : o.threads)
     std::printf("limits, %d thread(s): read %.1f GB/s, FMA peak (%s) %.1f GFLOP/s, int8 peak (VNNI) "
                 "%.1f GOP/s\n", t, bw[t], isa_name(isa), peak[t], i8peak[t]);
-  std::printf("\n%-9s %-5s %2s %5s | %16s %9s %6s %7s %7s | %6s %6s %6s %6s %6s\n", "type", "kv", "t", "batch",
+  std::printf("\n%-9s %-5s %5s %2s %5s | %16s %9s %6s %7s %7s | %6s %6s %6s %6s %6s\n", "type", "kv", "block", "t", "batch",
               "decode tok/s", "roofline", "%", "x b=1", "ceil", "output", "layers", "attn", "ops",
               "outside");
-  std::map<std::tuple<std::string, std::string, int>, double> base_tok_s, base_roof;
+  std::map<std::tuple<std::string, std::string, int, int>, double> base_tok_s, base_roof;
   for (const Row& row : rows) {
     std::vector<double> tok;
     for (const BatchRun& r : row.runs) tok.push_back(r.tok_s);
@@ -232,7 +234,7 @@ int run_batched_section(const BatchedOptions& o) {
                            row.attn_flops_per_ctx * ctx / (peak[row.threads] * 1e9));
     const double roof_tok_s = row.batch / std::max(t_mem, t_fma);
     const std::string label = row.type + (row.compute == Compute::int8 ? "+int8" : "");
-    const auto key = std::make_tuple(label, row.kv, row.threads);
+    const auto key = std::make_tuple(label, row.kv, row.block_size, row.threads);
     if (row.batch == 1) base_tok_s[key] = med, base_roof[key] = roof_tok_s;
     const double speedup = base_tok_s.count(key) ? med / base_tok_s[key] : 0;
     const double ceiling = base_roof.count(key) ? roof_tok_s / base_roof[key] : 0;
@@ -240,11 +242,12 @@ int run_batched_section(const BatchedOptions& o) {
     auto pct = [&](double x) { return 100 * x / s.step; };
     char range[64];
     std::snprintf(range, sizeof range, "%.0f (%.0f-%.0f)", med, lo, hi);
-    std::printf("%-9s %-5s %2d %5d | %16s %9.0f %5.0f%% %6.2fx %6.2fx | %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5.1f%%\n",
-                label.c_str(), row.kv.c_str(), row.threads, row.batch, range, roof_tok_s, 100 * med / roof_tok_s,
+    std::printf("%-9s %-5s %5d %2d %5d | %16s %9.0f %5.0f%% %6.2fx %6.2fx | %5.1f%% %5.1f%% %5.1f%% %5.1f%% %5.1f%%\n",
+                label.c_str(), row.kv.c_str(), row.block_size, row.threads, row.batch, range, roof_tok_s, 100 * med / roof_tok_s,
                 speedup, ceiling, pct(s.output), pct(s.layer_matmul), pct(s.attention), pct(s.other_ops),
                 pct(s.outside()));
-    json j = {{"type", row.type}, {"compute", compute_name(row.compute)}, {"kv_type", row.kv}, {"kv_bytes_per_token", row.kv_bytes_per_pos},
+    json j = {{"type", row.type}, {"compute", compute_name(row.compute)}, {"kv_type", row.kv}, {"block_size", row.block_size},
+              {"kv_bytes_per_token", row.kv_bytes_per_pos},
               {"prompt", o.prompt}, {"generate", o.generate}, {"threads", row.threads}, {"batch", row.batch},
               {"decode_tok_s", tok}, {"decode_tok_s_median", med}, {"roofline_tok_s", roof_tok_s},
               {"bound", t_fma > t_mem ? "fma" : "memory"}, {"mean_context", ctx},

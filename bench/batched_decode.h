@@ -21,6 +21,7 @@ struct BatchedOptions {
   std::vector<std::string> computes{"exact"};
   std::vector<int> threads{1, 2};
   std::vector<int> batches{1, 8, 32, 64};
+  std::vector<int> block_sizes{16};  // --block-size: positions per KV block
   int prompt = 128, generate = 64, runs = 3;
 };
 

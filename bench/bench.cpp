@@ -417,6 +417,11 @@ int main(int argc, char** argv) {
   app.add_option("--context", ao.contexts, "--attention: positions each row attends")
       ->check(CLI::Range(1, 4096))
       ->delimiter(',');
+  std::vector<int> block_sizes{16};
+  app.add_option("--block-size", block_sizes,
+                 "--batched / --attention: positions per KV block (--block-size), one or more of 8, 16, 32, 64, "
+                 "128")
+      ->delimiter(',');
   app.add_option("--isa", ao.isa,
                  "--attention: the kernels' instruction set, avx2 or avx512 (default: the best this CPU has; "
                  "one it lacks is refused)");
@@ -447,6 +452,16 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "--encoder, --batched, --attention, --matmul and --ab each run one section: pick one\n");
     return 2;
   }
+  if (!attention && !batched && app.count("--block-size")) {
+    std::fprintf(stderr, "--block-size needs --batched or --attention\n");
+    return 2;
+  }
+  for (int bs : block_sizes)
+    if (!is_kv_block_size(bs)) {
+      std::fprintf(stderr, "--block-size takes %s, not %d\n", kKvBlockSizeList, bs);
+      return 2;
+    }
+  ao.block_sizes = bo.block_sizes = block_sizes;
   if (!attention && app.count("--isa")) {
     std::fprintf(stderr, "--isa needs --attention\n");
     return 2;

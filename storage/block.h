@@ -18,6 +18,16 @@ namespace detail {
 struct Xxh3Impl;  // storage/checksum_simd.h
 }
 
+// The tokens_per_block values a user may choose (--block-size, cluster {
+// block_size }): vLLM's choices. Any positive value works underneath.
+inline constexpr int32_t kKvBlockSizes[] = {8, 16, 32, 64, 128};
+inline constexpr const char* kKvBlockSizeList = "8, 16, 32, 64 or 128";
+inline bool is_kv_block_size(int64_t n) {
+  for (int32_t b : kKvBlockSizes)
+    if (n == b) return true;
+  return false;
+}
+
 // How a block's bytes are laid out; matches kernels' PagedKv:
 // [layer][k=0|v=1][kv_head][slot] rows of head_dim elements within one block,
 // K rows in k_type and V rows in v_type (F32, F16 or Q8_0). The types are

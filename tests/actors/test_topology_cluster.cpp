@@ -228,6 +228,21 @@ TEST_CASE("cluster cache types: -ctk / -ctv for every node, named in the summary
   expect_error("cluster { cache_type_v = 8 }\n" + kHead, 1, "cache_type_v");
 }
 
+TEST_CASE("cluster block_size: --block-size for every node, named in the summary, refused outside vLLM's choices") {
+  const ClusterSpec plain = load_ok(kHead);
+  CHECK(plain.block_size == 16);
+  CHECK(topology_summary(plain).find("KV blocks") == std::string::npos);
+  const ClusterSpec b64 = load_ok("cluster { block_size = 64 }\n" + kHead);
+  CHECK(b64.block_size == 64);
+  CHECK(topology_summary(b64).find(", KV blocks of 64 positions") != std::string::npos);
+  for (int n : {8, 16, 32, 128})
+    CHECK(load_ok("cluster { block_size = " + std::to_string(n) + " }\n" + kHead).block_size == n);
+  expect_error("cluster { block_size = 12 }\n" + kHead, 1, "block_size 12 is not one of 8, 16, 32, 64 or 128");
+  expect_error("cluster { block_size = 0 }\n" + kHead, 1, "block_size 0 is not one of");
+  expect_error("cluster { block_size = '64' }\n" + kHead, 1, "block_size");
+  expect_error("cluster { block_size = 16.5 }\n" + kHead, 1, "block_size");
+}
+
 TEST_CASE("cluster compute: --compute for every node, named in the summary, refused when unknown") {
   const ClusterSpec plain = load_ok(kHead);
   CHECK(plain.compute == Compute::exact);

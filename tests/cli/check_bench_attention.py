@@ -61,6 +61,25 @@ if avx512:
 else:
     expect_error("--isa avx512 on a CPU without it is refused", ["--attention", "--isa", "avx512"],
                  "this CPU has avx2 at most")
+# --block-size: a case per size, the KV bytes the same (the context, not the
+# blocks, sets them), each size's run limit in the JSON; sizes outside
+# vLLM's choices and the flag outside --batched / --attention refused.
+out = os.path.join(WORK, "attention_blocks.json")
+rc, so, se = run("--attention", "--rows", "2", "--context", "40", "--runs", "1", "--threads", "1",
+                 "--kv-types", "f16", "--block-size", "16,64", "--json", out)
+expect("--block-size 16,64 runs a case per size", rc == 0, f"rc={rc} stderr={se!r}")
+if rc == 0:
+    res = json.load(open(out))
+    sizes = [r["block_size"] for r in res["runs"]]
+    expect("a case per block size, with equal KV bytes", sizes == [16, 64] and
+           res["runs"][0]["kv_bytes"] == res["runs"][1]["kv_bytes"] == 2 * 40 * 12 * 4 * 2 * 128, str(res["runs"]))
+    lim = res["limits"][0]
+    expect("each block size's run limit", "runs_gb_s_F16" in lim and "runs_gb_s_F16_block64" in lim, str(lim))
+    expect("the header names the sizes", "blocks of 16, 64 positions" in so, so)
+expect_error("--block-size takes vLLM's choices", ["--attention", "--block-size", "24"],
+             "--block-size takes 8, 16, 32, 64 or 128, not 24")
+expect_error("--block-size without --batched or --attention is refused", ["--matmul", "--block-size", "64"],
+             "--block-size needs --batched or --attention")
 expect_error("--isa names avx2 or avx512", ["--attention", "--isa", "sse2"], "--isa takes avx2 or avx512")
 expect_error("--isa without --attention is refused", ["--matmul", "--isa", "avx2"], "--isa needs --attention")
 expect_error("--rows without --attention or --matmul is refused", ["--rows", "4"], "--rows needs")

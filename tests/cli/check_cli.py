@@ -597,6 +597,42 @@ expect_error("-ctv bf16", ["generate", "-m", model, "--prompt-ids", "1,2", "-ctv
              "--cache-type-v", "bf16")
 expect_error("serve -ctk q4_0", ["serve", "-m", model, "-ctk", "q4_0"], 2, "--cache-type-k", "q4_0")
 
+# --block-size (vLLM's spelling): positions per KV block, the tile attention
+# reduces over. A 46-position run is 6, 3, 2 or 1 blocks of 8, 16, 32 or 64:
+# each size gives its own logits (the same twice), pd gives mono's tokens at
+# that size, and a size outside vLLM's choices is refused in one line.
+def bs_run(*flags, logits=True):
+    path = os.path.join(WORK, "bs-logits.bin")
+    rc, out, err = run("generate", "-m", kvm, "--prompt-ids", ",".join(str(40 + 23 * i) for i in range(40)),
+                       "-n", "6", "--temp", "0", "--ignore-eos", "--json", *(["--logits", path] if logits else []),
+                       *flags)
+    if rc != 0:
+        return None, err
+    ids = json.loads(out)["generated_ids"]
+    if not logits:
+        return ids, err
+    with open(path, "rb") as f:
+        return (ids, f.read()), err
+
+
+by_size = {}
+for bs in ("8", "16", "32", "64"):
+    got, err = bs_run("--block-size", bs)
+    again, _ = bs_run("--block-size", bs)
+    expect(f"generate --block-size {bs}: six tokens, the same twice", got is not None and got == again and
+           len(got[0]) == 6, err)
+    by_size[bs] = got
+default, _ = bs_run()
+expect("the default block size is 16", default == by_size["16"] and default is not None)
+expect("each block size gives its own logits",
+       None not in by_size.values() and len({v[1] for v in by_size.values()}) == 4)
+pd_ids, err = bs_run("--block-size", "64", "--topology", "pd", logits=False)
+expect("generate --block-size 64 --topology pd: mono's tokens at that size",
+       by_size["64"] is not None and pd_ids == by_size["64"][0], err)
+expect_error("--block-size 24", ["generate", "-m", kvm, "--prompt-ids", "1,2", "--block-size", "24"], 2,
+             "--block-size", "24")
+expect_error("serve --block-size 0", ["serve", "-m", kvm, "--block-size", "0"], 2, "--block-size", "0")
+
 # --compute int8: other logits than exact on a Q8_0 model, the same twice and
 # the same under pd (batch-invariant); refused on a model without Q8_0
 # weights and for an unknown value.

@@ -105,11 +105,14 @@ TEST_CASE("engine: chunked prefill is bit-identical to whole prefill") {
 }
 
 TEST_CASE("engine: a sequence's logits do not depend on the batch beside it or thread count") {
+  // Every --block-size: 8 splits the prompts over up to 5 blocks, 64 holds each in one.
+  for (int bs : {16, 8, 64})
   for (auto [spec, name] : {std::pair{small_dense(DType::F16), "dense-f16"}, std::pair{small_moe(), "moe"}}) {
     CAPTURE(name);
+    CAPTURE(bs);
     std::string path = model_path(spec, name);
-    auto one = make_engine(path, 1, 4);
-    auto two = make_engine(path, 2, 4);
+    auto one = make_engine(path, 1, 4, bs);
+    auto two = make_engine(path, 2, 4, bs);
     const int V = one->config().n_vocab;
     // Alone: each sequence decodes by itself.
     std::vector<std::vector<int32_t>> prompts = {prompt_of(5, 2), prompt_of(33, 3), prompt_of(17, 4)};

@@ -17,7 +17,7 @@ CLEAVE, VOCAB, WORK = sys.argv[1:4]
 HERE = os.path.dirname(os.path.abspath(__file__))
 TOPOLOGY = os.path.join(HERE, "cluster.lua")
 sys.path.insert(0, HERE)
-from node_process import NodeProcess, expect, failures, make_model, mono_results, results, stats_of, stop_all  # noqa: E402,E501
+from node_process import expect, failures, make_model, mono_results, run_head_p0_d0, stats_of, stop_all  # noqa: E402,E501
 
 os.makedirs(WORK, exist_ok=True)
 MODEL = os.path.join(WORK, "q8.gguf")
@@ -37,26 +37,11 @@ try:
     expect("mono int8 answers every request, with other logits than exact",
            len(want) == N and all(w["error"] is None for w in want.values()) and
            all(want[i]["logits_hash"] != exact[i]["logits_hash"] for i in range(N)), (want.get(0), exact.get(0)))
-    common = ["--topology", TOPOLOGY, "-m", MODEL, "-t", "1", "--set", "compute=int8"]
-    out = os.path.join(WORK, "out.jsonl")
-    head = NodeProcess([CLEAVE, "node", *common, "--name", "head", "--requests", REQ, "--out", out,
-                        "--wait-stages", "2"], os.path.join(WORK, "head.err"))
-    m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
-    expect("head prints its port", m is not None, head.stderr())
-    port = m.group(2) if m else "1"
-    workers = {name: NodeProcess([CLEAVE, "node", *common, "--name", name, "--set", f"head_port={port}",
-                                  "--join-timeout", "20", "--no-rejoin"], os.path.join(WORK, name + ".err"))
-               for name in ("p0", "d0")}
-    rc = head.wait(300)
-    for w in workers.values():
-        w.wait(30)
-    stop_all()
-    err = head.stderr()
-    got = results(out)
+    rc, got, err = run_head_p0_d0(CLEAVE, TOPOLOGY, MODEL, REQ, WORK, "compute=int8")
     expect("P/D across processes under int8: mono int8's tokens, text and logits hashes", rc == 0 and got == want,
-           f"rc={rc} {err[-1500:]}")
-    sent = stats_of(workers["p0"].stderr(), "p0/prefill/0").get("kv_blocks_sent", 0)
-    expect("the prefill node sent its int8 KV to the decoder", sent > 0, workers["p0"].stderr()[-800:])
+           f"rc={rc} {err['head'][-1500:]}")
+    sent = stats_of(err["p0"], "p0/prefill/0").get("kv_blocks_sent", 0)
+    expect("the prefill node sent its int8 KV to the decoder", sent > 0, err["p0"][-800:])
     p = subprocess.run([CLEAVE, "topology", "check", TOPOLOGY, "--set", "compute=int8"], capture_output=True,
                        text=True, timeout=60)
     expect("`topology check` names the compute", p.returncode == 0 and ", compute int8" in p.stdout,

@@ -1,7 +1,8 @@
 """Processes for the multi-process tests (check_nodes.py, check_epd.py, ...): a
 process's stdout lines arrive on a queue, its stderr goes to a file, and
 stop_all() kills every one still running; results(), stats_of() and
-mono_results() read what the heads and `cleave generate` wrote; make_model()
+mono_results() read what the heads and `cleave generate` wrote;
+run_head_p0_d0() runs tests/nodes/cluster.lua's smallest cluster; make_model()
 writes a test model; post_completion() and mono_answers() ask an HTTP server."""
 import json
 import os
@@ -122,6 +123,28 @@ def mono_results(cleave, model, req, *flags):
                        capture_output=True, text=True, timeout=300)
     expect("mono run of " + os.path.basename(req), p.returncode == 0, p.stderr)
     return results(out)
+
+
+def run_head_p0_d0(cleave, topology, model, req, work, *sets):
+    """tests/nodes/cluster.lua's head (router + KV store, serving the requests
+    file req), prefill node p0 and decode node d0 on loopback, one thread
+    each, with --set sets (e.g. "compute=int8"), run until the head is done.
+    (head's exit status, its results(), {"head" | "p0" | "d0": stderr})."""
+    common = ["--topology", topology, "-m", model, "-t", "1"] + [a for s in sets for a in ("--set", s)]
+    out = os.path.join(work, "out.jsonl")
+    head = NodeProcess([cleave, "node", *common, "--name", "head", "--requests", req, "--out", out,
+                        "--wait-stages", "2"], os.path.join(work, "head.err"))
+    m = head.wait_line(r"listening on ([0-9.]+):(\d+)")
+    expect("head prints its port", m is not None, head.stderr())
+    port = m.group(2) if m else "1"
+    workers = {name: NodeProcess([cleave, "node", *common, "--name", name, "--set", f"head_port={port}",
+                                  "--join-timeout", "20", "--no-rejoin"], os.path.join(work, name + ".err"))
+               for name in ("p0", "d0")}
+    rc = head.wait(300)
+    for w in workers.values():
+        w.wait(30)
+    stop_all()
+    return rc, results(out), {"head": head.stderr(), **{n: w.stderr() for n, w in workers.items()}}
 
 
 def make_model(cleave, vocab, out, *shape):

@@ -20,7 +20,8 @@ reference, each activation row that meets a Q8_0 matrix as cleave does; the
 bound is looser (1e-2) because a float32 activation that lands within
 rounding of a quantisation step's midpoint may round the other way than the
 float64 one, moving that product by d|w|; the same margin rule holds
-against the exact (unquantised) reference. Exit status 0 on success, 1 on any
+against the exact (unquantised) reference. Cases with --block-size 8, 32 or
+128 hold the same bounds (the reference has no KV blocks). Exit status 0 on success, 1 on any
 failure, with the case, step and values printed.
 """
 
@@ -66,6 +67,12 @@ CASES = [
     ("dense_q8_0_int8", DENSE, "q8_0", 111, 1017, 1e-2, ("f32", "f32"), "int8"),
     ("hd32_q8_0_int8_kv_q8_0", HD32, "q8_0", 112, 1018, 1e-2, ("q8_0", "q8_0"), "int8"),
     ("moe_q8_0_int8", MOE, "q8_0", 113, 1019, 1e-2, ("f32", "f32"), "int8"),
+    # --block-size: attention reduces block by block, so another size sums in
+    # another order; the reference has no blocks, and the bound is the same.
+    # 12 + 32 positions: 6 blocks of 8, 2 of 32, one of 128.
+    ("gqa_f32_block8", GQA, "f32", 114, 1020, 1e-4, ("f32", "f32"), "exact", ("--block-size", "8")),
+    ("hd32_kv_q8_0_block32", HD32, "f32", 115, 1021, 1e-3, ("q8_0", "q8_0"), "exact", ("--block-size", "32")),
+    ("dense_f16_block128", DENSE, "f16", 116, 1022, 1e-3, ("f32", "f32"), "exact", ("--block-size", "128")),
 ]
 TYPE_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
 
@@ -144,6 +151,7 @@ def run_case(args, case):
     name, arch, wtype, seed, pseed, tol = case[:6]
     kv_types = case[6] if len(case) > 6 else ("f32", "f32")
     compute = case[7] if len(case) > 7 else "exact"
+    extra = list(case[8]) if len(case) > 8 else []
     model = os.path.join(args.workdir, f"{name}.gguf")
     logits_path = os.path.join(args.workdir, f"{name}.logits.bin")
     for p in (model, logits_path):
@@ -168,7 +176,7 @@ def run_case(args, case):
     prompt = [int(t) for t in np.random.default_rng(pseed).integers(3, min(32000, V), size=args.prompt_len)]
     cmd = [args.cleave, "generate", "-m", model, "--prompt-ids", ",".join(map(str, prompt)),
            "-n", str(args.steps), "--temp", "0", "--json", "--logits", logits_path,
-           "-t", str(args.threads), "-ctk", kv_types[0], "-ctv", kv_types[1], "--compute", compute]
+           "-t", str(args.threads), "-ctk", kv_types[0], "-ctv", kv_types[1], "--compute", compute, *extra]
     out, t_gen = run(cmd, args.timeout)
     js = parse_json(out)
     for k in ("prompt_ids", "generated_ids"):
