@@ -122,6 +122,7 @@ int run_run_batch_command(CLI::App* cmd) {
 
   jobs::JobOptions jo;
   jo.job_dir = a.job_dir.empty() ? a.output + ".job" : a.job_dir;
+  jo.settings = job_settings(*model, mmproj.get(), a.topo.numerics);
   jo.input_path = a.input;
   jo.output_path = a.output;
   jo.parse.media_root = a.media_path;

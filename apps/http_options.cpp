@@ -112,6 +112,7 @@ Status serve_through(server::Server& srv, const HttpArgs& a, const ServedFiles& 
     jobs::BatchServiceOptions bo;
     bo.dir = a.batch_dir;
     bo.parse.media_root = a.media_path;
+    bo.settings = f.settings;
     auto service = jobs::BatchService::open(bo);
     if (!service.ok()) return service.status();
     (*service)->attach(srv);

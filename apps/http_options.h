@@ -41,6 +41,9 @@ struct ServedFiles {
   std::shared_ptr<const Tokenizer> tokenizer;
   std::string model_path;
   int32_t context = 0, prefill_chunk = 512;
+  // The Batch API's jobs::JobOptions::settings (empty: a batch continued
+  // after a restart is not checked against the settings it ran with).
+  std::string settings;
 };
 
 // Starts the HTTP server (answering /health with 503 until serve() is

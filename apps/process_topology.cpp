@@ -1,10 +1,11 @@
 #include "apps/process_topology.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "model/make_model.h"  // dtype_from_name
-#include "storage/block.h"       // kKvBlockSizes
+#include "storage/block.h"       // kKvBlockSizes, checksum_bytes
 
 namespace cleave {
 
@@ -40,6 +41,22 @@ void apply_numerics(const NumericsArgs& a, EngineOptions& eo) {
   eo.block_size = a.block_size;
   eo.compute = *compute_from_name(a.compute);
   eo.device = a.device;
+}
+
+std::string numerics_settings(const NumericsArgs& a) {
+  return "KV " + a.k + " K / " + a.v + " V in blocks of " + std::to_string(a.block_size) + ", compute " +
+         a.compute + ", device " + a.device.substr(0, a.device.find(':'));
+}
+
+std::string job_settings(const GgufFile& model, const GgufFile* mmproj, const NumericsArgs& numerics) {
+  auto hex = [](uint64_t v) {
+    char b[17];
+    std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+    return std::string(b);
+  };
+  std::string s = "model " + hex(checksum_bytes(model.data(), model.file_size()));
+  if (mmproj) s += ", mmproj " + hex(checksum_bytes(mmproj->data(), mmproj->file_size()));
+  return s + ", " + numerics_settings(numerics);
 }
 
 void add_process_topology_options(CLI::App* cmd, ProcessTopologyArgs& a) {

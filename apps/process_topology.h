@@ -28,6 +28,14 @@ void add_numerics_options(CLI::App* cmd, NumericsArgs& a);
 // Sets eo's cache types and compute from the flags (their spellings checked
 // by CLI; a model without Q8_0 weights refuses int8 when the engine is made).
 void apply_numerics(const NumericsArgs& a, EngineOptions& eo);
+// The flags' arithmetic in words ("KV f32 K / f32 V in blocks of 16,
+// compute exact, device cpu"): what, beside the model, decides the tokens
+// (a job resumed under other words is refused). The device's kind only: any
+// GPU gives the same bits.
+std::string numerics_settings(const NumericsArgs& a);
+// jobs::JobOptions::settings: the model's and the mmproj's (null: none)
+// bytes, hashed as the engine fingerprints them, and numerics_settings.
+std::string job_settings(const GgufFile& model, const GgufFile* mmproj, const NumericsArgs& numerics);
 
 struct ProcessTopologyArgs {
   std::string topology = "mono";

@@ -66,6 +66,7 @@ int run_serve_command(CLI::App* cmd) {
   }
   f.context = a.topo.ctx;
   f.prefill_chunk = a.topo.ubatch;
+  if (!a.http.batch_dir.empty()) f.settings = job_settings(*f.model, f.mmproj.get(), a.topo.numerics);
   PipelineOptions po = process_pipeline_options(a.topo, f.mmproj);
   if (!a.http.batch_dir.empty()) {
     // Batches resume after a restart with their KV read back from disk.

@@ -131,6 +131,7 @@ void BatchService::Impl::run_one(const std::shared_ptr<BatchState>& b) {
   jo.endpoint = b->endpoint;
   jo.parse = options.parse;
   jo.max_in_flight = options.max_in_flight;
+  jo.settings = options.settings;
   jo.on_progress = [this, b](const JobMeta& m) {
     std::lock_guard<std::mutex> lock(mu);
     b->meta = m;

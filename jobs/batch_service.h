@@ -29,6 +29,9 @@ struct BatchServiceOptions {
   std::string dir;
   server::ParseOptions parse;  // image limits and the local media directory
   int32_t max_in_flight = 64;  // requests of the running batch in the front end at once
+  // JobOptions::settings of every batch: one continued after a restart under
+  // other settings fails, naming both (empty: not checked).
+  std::string settings;
 };
 
 class BatchService {

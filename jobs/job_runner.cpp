@@ -129,6 +129,7 @@ Status JobRunner::Impl::open_job() {
     meta.input_fingerprint = input.fingerprint;
     meta.input_path = options.input_path;
     meta.output_path = options.output_path;
+    meta.settings = options.settings;
     meta.endpoint = input.endpoint();
     meta.created_at = unix_now();
     meta.total = input.lines.size();
@@ -142,6 +143,12 @@ Status JobRunner::Impl::open_job() {
     if (meta.output_path != options.output_path)
       return Status(Code::invalid_argument, "job directory " + options.job_dir + " writes its output to " +
                                                 meta.output_path + ", not " + options.output_path);
+    if (!meta.settings.empty() && !options.settings.empty() && meta.settings != options.settings)
+      return Status(Code::invalid_argument,
+                    "job directory " + options.job_dir + " was run with " + meta.settings + ", not " +
+                        options.settings + ": its remaining lines would differ from an uninterrupted run's; "
+                        "continue it with the same model and flags, or use another --job-dir");
+    if (meta.settings.empty()) meta.settings = options.settings;  // a journal from before settings were kept
   }
   ++meta.runs;
   auto out = ResultLog::open(options.output_path, meta.output_bytes);

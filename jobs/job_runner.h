@@ -43,6 +43,12 @@ namespace cleave::jobs {
 struct JobOptions {
   std::string job_dir;  // journal, input errors; created when absent
   std::string input_path, output_path;
+  // What decides a line's tokens besides the input: the model's fingerprint
+  // and the flags that change the arithmetic (run-batch: job_settings()).
+  // A job directory first run with other settings is refused, since its
+  // remaining lines would not have the tokens an uninterrupted run writes.
+  // Empty: not checked.
+  std::string settings;
   server::ParseOptions parse;      // image limits, local media directory
   // The Batch API's "endpoint": a line whose url differs gets an error
   // record; empty: each line names its own.

@@ -74,7 +74,8 @@ std::string batch_object_json(const JobMeta& m, const std::string& id, const std
         {"recomputed_tokens", m.recomputed_tokens},
         {"input", m.input_path},
         {"output", m.output_path},
-        {"input_fingerprint", m.input_fingerprint}}}};
+        {"input_fingerprint", m.input_fingerprint},
+        {"settings", m.settings}}}};
   return o.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 

@@ -43,6 +43,9 @@ std::optional<JobStatus> parse_job_status(const std::string& name);
 struct JobMeta {
   std::string input_fingerprint;  // 32 hex digits: XXH3-128 of the input file's bytes
   std::string input_path, output_path;
+  // What decides a line's tokens besides the input (JobOptions::settings),
+  // as the first run had it; empty in journals written before it was kept.
+  std::string settings;
   std::string endpoint;           // "/v1/chat/completions", "/v1/completions" or "mixed"
   JobStatus status = JobStatus::validating;
   std::string error;              // why the job failed (status failed)

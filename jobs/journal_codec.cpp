@@ -280,6 +280,7 @@ std::string encode_meta(const JobMeta& m) {
                    {"input_fingerprint", string_value(m.input_fingerprint)},
                    {"input_path", string_value(m.input_path)},
                    {"output_path", string_value(m.output_path)},
+                   {"settings", string_value(m.settings)},
                    {"endpoint", string_value(m.endpoint)},
                    {"status", job_status_name(m.status)},
                    {"error", string_value(m.error)},
@@ -311,6 +312,7 @@ Result<JobMeta> decode_meta(const std::string& value) {
   f.text("input_fingerprint", m.input_fingerprint);
   f.text("input_path", m.input_path);
   f.text("output_path", m.output_path);
+  f.text("settings", m.settings);  // absent in older journals
   f.text("endpoint", m.endpoint);
   std::string status;
   f.text("status", status);

@@ -424,6 +424,14 @@ if args.mode == "input":
     fp = st.get("cleave", {}).get("input_fingerprint", "?")
     check(r.returncode == 1 and fp in r.stderr and "fingerprint" in r.stderr and r.stderr.count("\n") == 1,
           f"another input for the job dir: exit {r.returncode}, {r.stderr.strip()}")
+    # The same job under another --block-size (or -ctk, --compute, model)
+    # would write its remaining lines with other bits: refused in one line
+    # naming both settings; the status names the settings it ran with.
+    r = run(batch_cmd(inp, os.path.join(WORK, "ref.jsonl"), os.path.join(WORK, "ref.job")) + ["--block-size", "32"])
+    settings = st.get("cleave", {}).get("settings", "")
+    check(r.returncode == 1 and "in blocks of 16" in settings and settings in r.stderr and
+          "in blocks of 32" in r.stderr and r.stderr.count("\n") == 1,
+          f"the job under another --block-size: exit {r.returncode}, {r.stderr.strip()} (settings {settings!r})")
     dup = os.path.join(WORK, "dup.jsonl")
     with open(inp) as f, open(dup, "w") as g:
         g.write(f.read().replace("req-0002", "req-0001"))

@@ -276,3 +276,36 @@ TEST_CASE("job runner: lines whose url is not the batch's endpoint get an error 
   CHECK(again->status == JobStatus::cancelled);
   CHECK(read_output(c.output_path).size() == lines);
 }
+
+TEST_CASE("job runner: a job directory first run under other settings is refused, naming both; the same continue") {
+  TempDir dir("runner_settings");
+  const std::string input = write_input(dir, 4);
+  JobOptions o = job_options(dir, input, "out");
+  o.settings = "model 00aa, KV f32 K / f32 V in blocks of 16, compute exact, device cpu";
+  {
+    auto first = JobRunner::open(o, model().served);
+    REQUIRE_MESSAGE(first.ok(), first.status().to_string());
+    CHECK((*first)->meta().settings == o.settings);
+  }
+  JobOptions other = o;
+  other.settings = "model 00aa, KV f32 K / f32 V in blocks of 64, compute exact, device cpu";
+  auto refused = JobRunner::open(other, model().served);
+  REQUIRE(!refused.ok());
+  CHECK(refused.status().code() == Code::invalid_argument);
+  CHECK(jobs_test::mentions(refused.status(), "was run with " + o.settings + ", not " + other.settings));
+  auto same = JobRunner::open(o, model().served);
+  REQUIRE_MESSAGE(same.ok(), same.status().to_string());
+  CHECK((*same)->meta().runs == 2);  // the refused open counted no run
+  same = Status(Code::aborted, "closed");
+  // A journal from before settings were kept (none recorded) takes the run's.
+  JobOptions old = job_options(dir, input, "old");
+  {
+    auto r = JobRunner::open(old, model().served);
+    REQUIRE(r.ok());
+    CHECK((*r)->meta().settings.empty());
+  }
+  old.settings = other.settings;
+  auto adopted = JobRunner::open(old, model().served);
+  REQUIRE_MESSAGE(adopted.ok(), adopted.status().to_string());
+  CHECK((*adopted)->meta().settings == other.settings);
+}
