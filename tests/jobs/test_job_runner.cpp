@@ -277,7 +277,7 @@ TEST_CASE("job runner: lines whose url is not the batch's endpoint get an error 
   CHECK(read_output(c.output_path).size() == lines);
 }
 
-TEST_CASE("job runner: a job directory first run under other settings is refused, naming both; the same continue") {
+TEST_CASE("job runner: a job directory first run under other settings is refused naming both, and the same settings continue") {
   TempDir dir("runner_settings");
   const std::string input = write_input(dir, 4);
   JobOptions o = job_options(dir, input, "out");
