@@ -192,6 +192,31 @@ compare(longRef, text, 'long after kill -9');
 check((await client.files.retrieve(b.input_file_id)).id === b.input_file_id, 'the input file is gone after the restart');
 check((await client.batches.list()).data.length === 3, 'the restarted server does not list the 3 batches');
 console.log(`serve: killed at ${before.request_counts.completed}/300, restarted, completed exactly once`);
+
+// 4b. Killed mid-batch, then started on the same directory under another
+// --block-size: its remaining lines would have other bits, so the server
+// refuses to start (the directory's KV tier was made for the other layout),
+// in one line; started again as before, the batch completes exactly once.
+const mixed = makeInput('mixed', 300, 4);
+const mixedRef = reference(mixed);
+b = await runBatch(client, mixed);
+await waitFor(client, b.id, (x) => x.request_counts.completed >= 10, 'mixed starts');
+await stop(s.head, 'SIGKILL');
+let refused = '';
+try {
+  s = await startServe(cfg, [...extra, '--batch-dir', dir, '--block-size', '32']);
+  await stopAll(s);
+} catch (e) {
+  refused = String(e.message);
+}
+check(refused.includes('stderr: cleave: error: invalid_argument: rocksdb tier') &&
+  refused.includes('was made for model fingerprint') && refused.trimEnd().split('\n').length === 1,
+  `started under another --block-size: ${refused || 'it served'}`);
+s = await startServe(cfg, [...extra, '--batch-dir', dir]);
+client = new OpenAI({ baseURL: `${s.baseUrl}/v1`, apiKey: KEY, maxRetries: 0 });
+b = await waitFor(client, b.id, (x) => x.status === 'completed', 'mixed after the refused start');
+compare(mixedRef, await (await client.files.content(b.output_file_id)).text(), 'mixed after a refused start');
+console.log('serve: refused to continue a batch under another --block-size; as before, it completed exactly once');
 await stopAll(s);
 
 // 5. A cluster head serves the Batch API too.
