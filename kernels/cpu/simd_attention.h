@@ -63,8 +63,11 @@ struct Queries {
 //   their chains run side by side.
 template <class V, class LK, class LV, int GG>
 void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, const uint8_t* Vb,
-                float* s, PrefetchCursor<V>& pf) {
+                float* s, PrefetchCursor<V>& pf_io) {
   using vec = typename V::vec;
+  // The cursor in locals for the block (it steps once per position; through
+  // the reference every step reloaded and stored it).
+  PrefetchCursor<V> pf = pf_io;
   const int64_t hd = a->head_dim;
   const int64_t hv = hd / V::W * V::W;
   const size_t sstride = size_t(a->block_size) + 32;  // GG rows of scores, each padded by 32
@@ -146,15 +149,23 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
         }
     }
   }
-  // Online softmax over the block, per query over its own positions.
-  float alpha[GG];
+  // Online softmax over the block, per query over its own positions. Each
+  // step runs for every query before the next step, so the queries' chains
+  // (max, exp, sum: each a long latency) overlap instead of running one
+  // query after another; a query's operations and their order are the same
+  // either way. The GG rescale factors come from one vexp (lane g: query
+  // g's), which is lane-wise: each lane is sexp's value for that argument.
+  static_assert(GG <= V::W, "one lane of the rescale vector per query");
+  float alpha[GG], m_new[GG], mg[GG];
+  int32_t lenp[GG];
+  const vec sc = V::set1(a->scale);
+#pragma GCC unroll 8
   for (int g = 0; g < GG; ++g) {
     const int32_t len = qs.len[g];
-    const int32_t lenp = (len + V::W - 1) / V::W * V::W;
+    lenp[g] = (len + V::W - 1) / V::W * V::W;
     float* sg = s + size_t(g) * sstride;
-    const vec sc = V::set1(a->scale);
     vec mx = V::set1(-__builtin_inff());
-    for (int32_t t = 0; t < lenp; t += V::W) {
+    for (int32_t t = 0; t < lenp[g]; t += V::W) {
       if (t + V::W > len)
         for (int32_t u = len; u < t + V::W; ++u) sg[u] = -__builtin_inff();
       const vec x = V::mul(V::loadu(sg + t), sc);
@@ -162,18 +173,34 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
       mx = V::max(mx, x);
     }
     const float tmax = V::hmax(mx);
-    const float mg = *qs.m[g];
-    const float m_new = mg > tmax ? mg : tmax;
-    alpha[g] = mg == -__builtin_inff() ? 0.0f : sexp<V>(mg - m_new);
-    const vec mv = V::set1(m_new);
-    for (int32_t t = 0; t < lenp; t += V::W) V::storeu(sg + t, vexp<V>(V::sub(V::loadu(sg + t), mv)));
+    mg[g] = *qs.m[g];
+    m_new[g] = mg[g] > tmax ? mg[g] : tmax;
+  }
+  {
+    float d[V::W] = {};
+#pragma GCC unroll 8
+    for (int g = 0; g < GG; ++g) d[g] = mg[g] - m_new[g];
+    float e[V::W];
+    V::storeu(e, vexp<V>(V::loadu(d)));
+#pragma GCC unroll 8
+    for (int g = 0; g < GG; ++g) alpha[g] = mg[g] == -__builtin_inff() ? 0.0f : e[g];
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < GG; ++g) {
+    float* sg = s + size_t(g) * sstride;
+    const vec mv = V::set1(m_new[g]);
+    for (int32_t t = 0; t < lenp[g]; t += V::W) V::storeu(sg + t, vexp<V>(V::sub(V::loadu(sg + t), mv)));
+  }
+#pragma GCC unroll 8
+  for (int g = 0; g < GG; ++g) {
+    float* sg = s + size_t(g) * sstride;
     // Padding lanes held -inf; vexp clamps its argument (exp(-87), not 0),
     // so they are zeroed before the sum.
-    for (int32_t u = len; u < lenp; ++u) sg[u] = 0.0f;
+    for (int32_t u = qs.len[g]; u < lenp[g]; ++u) sg[u] = 0.0f;
     vec sum = V::zero();
-    for (int32_t t = 0; t < lenp; t += V::W) sum = V::add(sum, V::loadu(sg + t));
+    for (int32_t t = 0; t < lenp[g]; t += V::W) sum = V::add(sum, V::loadu(sg + t));
     *qs.l[g] = *qs.l[g] * alpha[g] + V::hsum(sum);
-    *qs.m[g] = m_new;
+    *qs.m[g] = m_new[g];
   }
   // out = out * alpha + sum_t p[t] v[t], per element in t order, C
   // W-chunks of every query per pass (up to VC: AVX-512 has the registers
@@ -239,6 +266,7 @@ void attn_block(const AttnArgs* a, const Queries<GG>& qs, const uint8_t* K, cons
       qs.out[g][k] = o;
     }
   }
+  pf_io = pf;
 }
 
 // The rows' queries that read one kv head: `count` of them, query j's
