@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -190,6 +191,20 @@ struct Stash {
     return responders.at(i);
   }
 };
+
+// A handler that counts each responder's on_close in `closes`, opens an
+// SSE stream with one event for /stream (any other target waits), and
+// stashes every responder for the test to answer or inspect.
+inline HttpHandler stashing_handler(Stash& stash, std::atomic<int>& closes) {
+  return [&stash, &closes](HttpRequest req, std::shared_ptr<HttpResponder> res) {
+    res->on_close([&closes] { ++closes; });
+    if (req.target == "/stream") {
+      res->start_stream();
+      res->write_event("data: 1\n\n");
+    }
+    stash.add(res);
+  };
+}
 
 inline nlohmann::json error_of(const Reply& r) {
   CHECK(r.header("content-type") == "application/json");

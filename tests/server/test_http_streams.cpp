@@ -72,14 +72,7 @@ TEST_CASE("http: an SSE stream arrives in order in the exact wire format, then t
 TEST_CASE("http: a client that leaves mid-stream or while waiting fires on_close once and closed() turns true") {
   Stash stash;
   std::atomic<int> closes{0};
-  auto server = start_server([&](HttpRequest req, std::shared_ptr<HttpResponder> res) {
-    res->on_close([&] { ++closes; });
-    if (req.target == "/stream") {
-      res->start_stream();
-      res->write_event("data: 1\n\n");
-    }
-    stash.add(res);
-  });
+  auto server = start_server(stashing_handler(stash, closes));
   {
     Client c(server->port());
     c.send("GET /stream HTTP/1.1\r\nHost: x\r\n\r\n");
@@ -166,14 +159,7 @@ TEST_CASE("http: the answer may come later from another thread, streamed events 
 TEST_CASE("http: responders outlive the server, its destructor does not hang and later calls are dropped") {
   Stash stash;
   std::atomic<int> closes{0};
-  auto server = start_server([&](HttpRequest req, std::shared_ptr<HttpResponder> res) {
-    res->on_close([&] { ++closes; });
-    if (req.target == "/stream") {
-      res->start_stream();
-      res->write_event("data: 1\n\n");
-    }
-    stash.add(res);
-  });
+  auto server = start_server(stashing_handler(stash, closes));
   Client waiting(server->port());
   Client streaming(server->port());
   Client idle(server->port());
