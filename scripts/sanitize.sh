@@ -16,9 +16,10 @@
 #       ASan + UBSan. Roughly an hour on 2 cores from cold: a developer's run
 #       before a change to actors/, server/ or jobs/.
 #   scripts/sanitize.sh tsan        [BUILD_DIR=build-tsan]
-#       tsan-storage, then the in-process actor tests, the HTTP server and
-#       the job runner against CAF built with TSan (.ci/caf_tsan.sh; 8-12
-#       min once, then cached). Roughly half an hour from cold.
+#       tsan-storage, then every case of the in-process actor tests, the
+#       HTTP server and the job runner against CAF built with TSan
+#       (.ci/caf_tsan.sh; 8-12 min once, then cached). About 50 min from
+#       cold, 35 of them the actor tests.
 #
 # The packages come from scripts/setup.sh (run it, or scripts/test.sh, first).
 set -euo pipefail
@@ -98,17 +99,12 @@ case $mode in
       exit 1
     fi
     export LD_LIBRARY_PATH=$caf_tsan TSAN_OPTIONS=halt_on_error=1
-    # mono, colocated, pd and E/P/D pipelines (shutdown, stats, corrupt
-    # messages, no decoder left, images, router policies), KV streams
-    # between actors, a killed vision encoder, the KV data socket and the
-    # stream protocol.
-    "$build/tests/test_actors" \
-      -tc="pipeline shutdown*,pipeline stats*,pipeline: a corrupt*,pipeline failure: with no*,pipeline images*,stage core*,router policies*,pipeline kv stream*,vision pipeline failure*,vision pipeline: bad*,kv socket*,kv stream*,resume*"
-    # The HTTP server's threads, the metrics registry, the routes over
-    # colocated actors with streams that leave early.
-    "$build/tests/test_server" -tc="http*,*metrics*,server*"
-    # The job runner: front-end callbacks against the runner's own thread.
-    "$build/tests/test_jobs" -tc="job runner*"
+    # Every case: the pipelines of each kind, the router's policies, P:D
+    # role switches, drain, autoscale, KV streams and sockets, experts,
+    # pipeline stages; the HTTP server's threads and routes; the job runner.
+    for t in test_actors test_server test_jobs; do
+      (cd "$build/tests" && "./$t" --no-intro=true)
+    done
     ;;
   *) usage ;;
 esac
