@@ -11,6 +11,7 @@
 #include <unordered_set>
 
 #include "actors/actor_pipeline.h"
+#include "actors/cost_budget.h"
 #include "actors/hosted.h"
 #include "actors/slo_predictor.h"
 #include "actors/stage_core.h"
@@ -129,6 +130,7 @@ class MonoPipeline final : public Pipeline {
       st = validate_request(request, e.context(), e.config().n_vocab, e.config().dim);
     }
     if (!st.ok()) return st;
+    if (Status cost = check_cost_policy(request, ""); !cost.ok()) return cost;  // no router here
     std::lock_guard<std::mutex> lock(mu_);
     ++requests_;
     if (stop_) return Status(Code::unavailable, "pipeline is shutting down");

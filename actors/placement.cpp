@@ -181,12 +181,14 @@ class CostAware final : public PlacementPolicy {
  public:
   std::string_view name() const override { return "cost_aware"; }
   int32_t pick(const PlacementRequest& r, const std::vector<Candidate>& cs) override {
-    // Lower is better: seconds x cost among the feasible, else seconds.
+    // Within the budget first; among those, lower is better: seconds x
+    // cost among the feasible, else seconds; over the budget: its cost.
     const Candidate* best = nullptr;
     double best_key = 0;
-    bool best_feasible = false;
-    auto better = [&](const Candidate& c, double key, bool feasible) {
+    bool best_feasible = false, best_in_budget = false;
+    auto better = [&](const Candidate& c, double key, bool feasible, bool in_budget) {
       if (!best) return true;
+      if (in_budget != best_in_budget) return in_budget;
       if (feasible != best_feasible) return feasible;
       if (key != best_key) return key < best_key;
       if (c.in_flight != best->in_flight) return c.in_flight < best->in_flight;
@@ -197,18 +199,23 @@ class CostAware final : public PlacementPolicy {
     for (const Candidate& c : cs) {
       double key = 0;
       bool feasible = true;
+      const bool in_budget = r.max_cost <= 0 || c.predicted_cost < 0 || c.predicted_cost <= r.max_cost;
       if (!predicted) {
         key = double(c.in_flight + 1) * c.cost;
       } else if (c.predicted_s < 0) {
         continue;
+      } else if (!in_budget) {
+        feasible = false;
+        key = c.predicted_cost;
       } else {
         feasible = r.limit_s <= 0 || c.predicted_s <= r.limit_s;
         key = feasible ? c.predicted_s * c.cost : c.predicted_s;
       }
-      if (better(c, key, feasible)) {
+      if (better(c, key, feasible, in_budget)) {
         best = &c;
         best_key = key;
         best_feasible = feasible;
+        best_in_budget = in_budget;
       }
     }
     return best ? best->stage : -1;

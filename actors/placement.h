@@ -28,9 +28,14 @@
 //                        role's mean measured rate) and scores 1 / (seconds
 //                        x its node's cost), among the candidates that meet
 //                        the request's limit (PlacementRequest::limit_s);
-//                        when none does, the fastest. While no candidate is
-//                        predicted: the fewest (in flight + 1) x cost. Ties
-//                        to fewer in flight, then the lowest index.
+//                        when none does, the fastest. A request with a cost
+//                        budget (PlacementRequest::max_cost) goes to a
+//                        candidate whose predicted cost is within it
+//                        (Candidate::predicted_cost, actors/cost_budget.h),
+//                        by the same rule among those; when none is, to
+//                        the cheapest. While no candidate is predicted: the
+//                        fewest (in flight + 1) x cost. Ties to fewer in
+//                        flight, then the lowest index.
 #pragma once
 
 #include <cstdint>
@@ -69,6 +74,10 @@ struct PlacementRequest {
   // cost_aware: the most seconds Candidate::predicted_s may be (the
   // request's TTFT or TPOT goal for the role placed); 0 = none.
   double limit_s = 0;
+  // cost_aware: what is left of the request's cost budget for this
+  // placement (GenerateRequest::max_cost less what its prefill is predicted
+  // to cost, for a hand-off); 0 = none.
+  double max_cost = 0;
 };
 // prompt_block_hashes over the request's tokens (and images' content
 // hashes, for the blocks they cover), with its load.
@@ -86,6 +95,9 @@ struct Candidate {
   // the request's predicted seconds there (< 0: nothing to predict from).
   double cost = 1.0;
   double predicted_s = -1;
+  // cost_aware with a budget: what serving the rest of the request here is
+  // predicted to cost (< 0: nothing to predict from; counts as within it).
+  double predicted_cost = -1;
 };
 
 class PlacementPolicy {

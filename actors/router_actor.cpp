@@ -323,6 +323,7 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
   }
   if (Status st = check_priority_allowed(request, s.config.scheduling_policy); !st.ok())
     return to_error(st);
+  if (Status st = check_cost_policy(request, s.config.placement.policy); !st.ok()) return to_error(st);
   if (s.pending.count(id))
     return to_error(Status(Code::invalid_argument,
                            "request id " + std::to_string(id) + " is already in flight"));
@@ -340,11 +341,17 @@ caf::result<bool> admit(router_pointer self, GenerateRequest request, std::vecto
   }
   const bool resumed = !generated.empty();
   // A resumed request has started already: its goals were checked then.
-  if (!resumed)
+  if (!resumed) {
     if (Status st = s.slo.check(request, live_stages(s, true), live_stages(s, false)); !st.ok()) {
       ++s.rejected_slo;
       return to_error(st);
     }
+    if (Status st = check_cost(s.slo, request, cost_stages(s, true), cost_stages(s, false), s.config.disaggregated);
+        !st.ok()) {
+      ++s.rejected_cost;
+      return to_error(st);
+    }
+  }
   RouterState::Pending p;
   p.request = std::move(request);
   p.generated = std::move(generated);
@@ -576,7 +583,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                                                    {"admitted", s.admitted},
                                                                    {"rejected_busy", s.rejected_busy},
                                                                    {"rejected_unavailable", s.rejected_unavailable},
-                                                                   {"rejected_slo", s.rejected_slo},
+                                                                   {"rejected_slo", s.rejected_slo}, {"rejected_cost", s.rejected_cost},
                                                                    {"cancelled", s.cancelled},
                                                                    {"resumes", s.resumes},
                                                                    {"queue_depth", s.pending.size()},

@@ -48,9 +48,45 @@ std::vector<Candidate> candidates(const RouterState& s, bool entry, const std::v
   return out;
 }
 
+// A request with a cost budget (cost_budget.h): what the rest of it is
+// predicted to cost on each candidate, and what is left of the budget. An
+// entry candidate is priced with the decode that follows it (itself when
+// colocated, the cheapest decoder in P/D); a hand-off with what its
+// prefill was predicted to cost already spent.
+void predict_cost(const RouterState& s, RouterState::Pending& p, bool entry, const std::vector<int32_t>& peers,
+                  PlacementRequest& r, std::vector<Candidate>& cs) {
+  const GenerateRequest& q = p.request;
+  auto cost_stage = [&](int32_t i) {
+    const auto& st = s.stages[size_t(i)];
+    return CostStage{i, st.cost, st.in_flight};
+  };
+  const int64_t tokens = decode_tokens(q, int64_t(p.generated.size()));
+  std::optional<double> cheapest_decode;  // P/D entry: the decoder that would follow
+  if (entry && s.config.disaggregated) {
+    const std::vector<int32_t> decoders = live_stages(s, false);
+    for (int32_t i : decoders)
+      if (auto d = decode_cost(s.slo, cost_stage(i), tokens, decoders); d && (!cheapest_decode || *d < *cheapest_decode))
+        cheapest_decode = d;
+  }
+  for (Candidate& c : cs) {
+    const CostStage cs_i = cost_stage(c.stage);
+    std::optional<double> cost;
+    if (entry) {
+      const auto pre = prefill_cost(s.slo, cs_i, int64_t(q.prompt.size()), peers);
+      const auto dec = s.config.disaggregated ? cheapest_decode : decode_cost(s.slo, cs_i, tokens, peers);
+      if (pre && dec) cost = *pre + *dec;
+    } else {
+      cost = decode_cost(s.slo, cs_i, tokens, peers);
+    }
+    c.predicted_cost = cost.value_or(-1);
+  }
+  // Over budget already: every candidate is over what is left, so the cheapest is taken.
+  r.max_cost = entry ? q.max_cost : std::max(q.max_cost - p.cost_spent, 1e-12);
+}
+
 // cost_aware: the request's predicted seconds on each candidate (TTFT on an
 // entry stage, TPOT on a continuing one) and the most it may take there.
-void predict(const RouterState& s, const RouterState::Pending& p, bool entry, PlacementRequest& r,
+void predict(const RouterState& s, RouterState::Pending& p, bool entry, PlacementRequest& r,
              std::vector<Candidate>& cs) {
   const std::vector<int32_t> peers = live_stages(s, entry);
   const GenerateRequest& q = p.request;
@@ -61,6 +97,7 @@ void predict(const RouterState& s, const RouterState::Pending& p, bool entry, Pl
   }
   const double elapsed_ms = std::chrono::duration<double, std::milli>(Clock::now() - p.admitted_at).count();
   r.limit_s = placement_limit_s(q, entry, elapsed_ms, int64_t(p.generated.size()));
+  if (q.max_cost > 0) predict_cost(s, p, entry, peers, r, cs);
 }
 
 // The chosen stage's store starts fetching the prompt blocks other stores
@@ -87,6 +124,15 @@ std::vector<int32_t> live_stages(const RouterState& s, bool entry) {
   std::vector<int32_t> out;
   for (int32_t i = 0; i < int32_t(s.stages.size()); ++i)
     if (serves(s.stages[size_t(i)], entry)) out.push_back(i);
+  return out;
+}
+
+std::vector<CostStage> cost_stages(const RouterState& s, bool entry) {
+  std::vector<CostStage> out;
+  for (int32_t i : live_stages(s, entry)) {
+    const auto& st = s.stages[size_t(i)];
+    out.push_back(CostStage{i, st.cost, st.in_flight});
+  }
   return out;
 }
 
@@ -123,6 +169,12 @@ int32_t place_on_stage(router_pointer self, RouterState::Pending& p, bool entry)
   }
   const int32_t i = policy.pick(r, cs);
   if (i < 0) return i;
+  if (entry && p.request.max_cost > 0 && s.config.disaggregated) {
+    const auto& st = s.stages[size_t(i)];
+    p.cost_spent = prefill_cost(s.slo, CostStage{i, st.cost, st.in_flight}, int64_t(p.request.prompt.size()),
+                                live_stages(s, true))
+                       .value_or(0);
+  }
   policy.placed(r, i);
   p.stage = i;
   p.load_blocks = r.load_blocks;

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "actors/actor_types.h"
+#include "actors/cost_budget.h"
 #include "actors/slo_predictor.h"
 
 namespace cleave::actors::router_detail {
@@ -57,6 +58,7 @@ struct RouterState {
     int32_t last_token_stage = -1;
     std::string encode_origin;  // reported with the first token
     double encode_seconds = 0;
+    double cost_spent = 0;  // max_cost: its prefill's predicted cost, placed in P/D
   };
   RouterConfig config;
   std::shared_ptr<EventSinks> sinks;
@@ -87,6 +89,7 @@ struct RouterState {
   uint64_t scale_ups = 0, scale_downs = 0, encoder_ups = 0, encoder_downs_scaled = 0;
   Clock::time_point epoch = Clock::now();
   uint64_t requests = 0, admitted = 0, rejected_busy = 0, rejected_unavailable = 0, rejected_slo = 0;
+  uint64_t rejected_cost = 0;  // over their max_cost (cost_budget.h)
   uint64_t cancelled = 0;
   uint64_t resumes = 0;
   uint64_t finished = 0, failed = 0, tokens = 0, handoffs = 0, direct_handoffs = 0, replacements = 0;
@@ -109,6 +112,8 @@ void replace(router_pointer self, uint64_t id);
 
 // router_placement.cpp
 std::vector<int32_t> live_stages(const RouterState& s, bool entry);
+// The same stages with their nodes' costs and loads (cost_budget.h).
+std::vector<CostStage> cost_stages(const RouterState& s, bool entry);
 bool any_alive(const RouterState& s, bool entry);
 // Places the pending request on a live stage of the role; -1 when none.
 int32_t place_on_stage(router_pointer self, RouterState::Pending& p, bool entry);

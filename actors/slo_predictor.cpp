@@ -117,28 +117,31 @@ std::optional<double> SloPredictor::tpot(int32_t stage) const {
   return it->second;
 }
 
+// `measure` of `stage`, or while it has none the mean over those `peers` that have one.
+template <class Measure>
+std::optional<double> own_or_mean(int32_t stage, const std::vector<int32_t>& peers, Measure measure) {
+  if (auto v = measure(stage)) return v;
+  double sum = 0;
+  int n = 0;
+  for (int32_t p : peers)
+    if (auto v = measure(p)) sum += *v, ++n;
+  if (n == 0) return std::nullopt;
+  return sum / n;
+}
+
+std::optional<double> SloPredictor::estimate_prefill_rate(int32_t stage, const std::vector<int32_t>& peers) const {
+  return own_or_mean(stage, peers, [this](int32_t s) { return prefill_rate(s); });
+}
+
 std::optional<double> SloPredictor::estimate_ttft(int32_t stage, int64_t prompt_tokens,
                                                   const std::vector<int32_t>& peers) const {
-  auto rate = prefill_rate(stage);
-  if (!rate) {
-    double sum = 0;
-    int n = 0;
-    for (int32_t p : peers)
-      if (auto r = prefill_rate(p)) sum += *r, ++n;
-    if (n == 0) return std::nullopt;
-    rate = sum / n;
-  }
+  const auto rate = estimate_prefill_rate(stage, peers);
+  if (!rate) return std::nullopt;
   return double(queued_tokens(stage) + prompt_tokens) / *rate;
 }
 
 std::optional<double> SloPredictor::estimate_tpot(int32_t stage, const std::vector<int32_t>& peers) const {
-  if (auto t = tpot(stage)) return t;
-  double sum = 0;
-  int n = 0;
-  for (int32_t p : peers)
-    if (auto t = tpot(p)) sum += *t, ++n;
-  if (n == 0) return std::nullopt;
-  return sum / n;
+  return own_or_mean(stage, peers, [this](int32_t s) { return tpot(s); });
 }
 
 Status SloPredictor::check(const GenerateRequest& r, const std::vector<int32_t>& entry,

@@ -73,6 +73,9 @@ class SloPredictor {
   // among `peers` (its queue still counts); none while none is measured.
   std::optional<double> estimate_ttft(int32_t stage, int64_t prompt_tokens,
                                       const std::vector<int32_t>& peers) const;
+  // The measured prefill rate of `stage`, or while it is unmeasured the
+  // mean of the measured ones among `peers`; none while none is measured.
+  std::optional<double> estimate_prefill_rate(int32_t stage, const std::vector<int32_t>& peers) const;
   std::optional<double> estimate_tpot(int32_t stage, const std::vector<int32_t>& peers) const;
 
   // ok when every goal of `r` can be met on some stage of `entry` (TTFT) and

@@ -46,7 +46,7 @@ const std::unordered_set<std::string>& known_keys() {
       "id",          "prompt", "prompt_ids",     "images",        "add_bos", "max_tokens",
       "temperature", "top_k",  "top_p",          "min_p",         "seed",    "repeat_penalty",
       "repeat_last_n", "stop", "ignore_eos",     "prefill_chunk", "priority", "ttft_target_ms", "tpot_target_ms",
-      "deadline_ms"};
+      "deadline_ms", "max_cost"};
   return keys;
 }
 
@@ -131,7 +131,7 @@ Result<GenerateRequest> parse_object(const json& j, const RequestContext& ctx) {
   }
   for (auto [key, out] : {std::pair{"ttft_target_ms", &r.ttft_target_ms},
                           std::pair{"tpot_target_ms", &r.tpot_target_ms},
-                          std::pair{"deadline_ms", &r.deadline_ms}}) {
+                          std::pair{"deadline_ms", &r.deadline_ms}, std::pair{"max_cost", &r.max_cost}}) {
     if (!j.contains(key)) continue;
     auto v = number_field(j, key, 0, 1e9);
     if (!v.ok()) return v.status();

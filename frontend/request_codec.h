@@ -21,6 +21,9 @@
 //                   numbers in [0, 1e9], default 0 (none): goals the router
 //                   checks on arrival; a request that cannot meet one fails
 //                   at once with a `rejected` error naming the prediction
+//   "max_cost"      number in [0, 1e9], default 0 (none): a cost budget in
+//                   cost-seconds; needs the cost_aware router (refused
+//                   otherwise), `rejected` when the cheapest prediction is over it
 // (SamplingParams' defaults, llama.cpp's, except max_tokens). Any other key
 // is refused, naming it: a field that would be ignored is an error.
 //

@@ -35,6 +35,8 @@ Status validate_request(const GenerateRequest& request, int32_t context, int32_t
     if (!std::isfinite(v) || v < 0 || v > 1e9)
       return Status(Code::out_of_range, std::string("request: ") + name + " must be in [0, 1e9] ms, got " +
                                             std::to_string(v));
+  if (!std::isfinite(request.max_cost) || request.max_cost < 0 || request.max_cost > 1e9)
+    return Status(Code::out_of_range, "request: max_cost must be in [0, 1e9], got " + std::to_string(request.max_cost));
   int64_t prev_end = 0;
   for (size_t i = 0; i < request.images.size(); ++i) {
     const PromptImage& im = request.images[i];

@@ -58,12 +58,17 @@ struct GenerateRequest {
   // serving it late (actors/slo_predictor.h). deadline_ms bounds the whole
   // request, counted as TTFT + (max_tokens - 1) x TPOT.
   double ttft_target_ms = 0, tpot_target_ms = 0, deadline_ms = 0;
+  // Cost budget, in cost-seconds (a stage on a node of `cost = c` charges c
+  // per second of its work for the request; actors/cost_budget.h); 0: none.
+  // Only the cost_aware router reads it: it refuses at once (Code::rejected)
+  // a request whose cheapest predicted cost exceeds it and places within it.
+  double max_cost = 0;
 };
 
 // invalid_argument / out_of_range naming the problem: empty prompt, prompt
 // longer than the context, token outside [0, n_vocab), prefill_chunk < 1,
-// max_tokens < 0, a goal (ttft_target_ms, tpot_target_ms, deadline_ms)
-// not finite or outside [0, 1e9]; images out of prompt order, overlapping, empty
+// max_tokens < 0, a goal (ttft_target_ms, tpot_target_ms, deadline_ms) or
+// max_cost not finite or outside [0, 1e9]; images out of prompt order, overlapping, empty
 // (n_tokens < 1) or reaching past the prompt, embeddings neither empty nor
 // n_tokens x n_embd floats. n_embd is the language model's width; 0 (a
 // router that has no model) checks only that the size is a multiple of

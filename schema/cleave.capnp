@@ -76,6 +76,7 @@ struct GenerateRequest {
   ttftTargetMs @11 :Float64;  # service goals in ms, 0: none (the router rejects early)
   tpotTargetMs @12 :Float64;
   deadlineMs @13 :Float64;
+  maxCost @14 :Float64;       # cost budget in cost-seconds, 0: none (cost_aware router)
 }
 
 # Router -> vision_encoder: the images of one request that need embeddings

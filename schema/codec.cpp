@@ -129,6 +129,7 @@ Status validate(const GenerateRequest& r) {
   CLEAVE_RETURN_IF_ERROR(check_seconds("ttft_target_ms", r.ttft_target_ms));
   CLEAVE_RETURN_IF_ERROR(check_seconds("tpot_target_ms", r.tpot_target_ms));
   CLEAVE_RETURN_IF_ERROR(check_seconds("deadline_ms", r.deadline_ms));
+  CLEAVE_RETURN_IF_ERROR(check_seconds("max_cost", r.max_cost));
   return validate(r.sampling);
 }
 

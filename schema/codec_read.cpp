@@ -107,6 +107,7 @@ GenerateRequest get(wire::GenerateRequest::Reader r) {
   out.ttft_target_ms = r.getTtftTargetMs();
   out.tpot_target_ms = r.getTpotTargetMs();
   out.deadline_ms = r.getDeadlineMs();
+  out.max_cost = r.getMaxCost();
   return out;
 }
 

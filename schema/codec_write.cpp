@@ -137,6 +137,7 @@ void put(wire::GenerateRequest::Builder b, const GenerateRequest& r) {
   b.setTtftTargetMs(r.ttft_target_ms);
   b.setTpotTargetMs(r.tpot_target_ms);
   b.setDeadlineMs(r.deadline_ms);
+  b.setMaxCost(r.max_cost);
 }
 
 void put(wire::EncodeRequest::Builder b, const msg::EncodeRequest& m) {

@@ -392,6 +392,9 @@ ServerMetrics::ServerMetrics()
       rejected_slo_(registry_.counter("cleave_requests_rejected_slo_total",
                                       "Requests refused on arrival: a deadline or TTFT / TPOT target "
                                       "the router predicts they cannot meet.")),
+      rejected_cost_(registry_.counter("cleave_requests_rejected_cost_total",
+                                       "Requests refused on arrival: a cost budget (max_cost) under "
+                                       "the cheapest cost the router predicts.")),
       encoder_cache_hits_(
           registry_.counter("cleave_encoder_cache_hits_total",
                             "Images served from a vision encoder's embedding cache.")),
@@ -572,6 +575,7 @@ void ServerMetrics::update_from_stats(const std::vector<msg::Stats>& stats) {
       mirror(stage_deaths_, {}, s, "stage_downs");
       mirror(replacements_, {}, s, "replacements");
       mirror(rejected_slo_, {}, s, "rejected_slo");
+      mirror(rejected_cost_, {}, s, "rejected_cost");
     } else if (model_actor(s.actor, "kv_store")) {
       mirror(kv_failures_, {"store_corrupt"}, s, "store_corrupt_detected");
       for (const auto& [name, value] : s.counters) {  // tier_hops_A_B: the store's own LRU moves

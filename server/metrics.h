@@ -51,6 +51,7 @@
 //   cleave_stage_deaths_total                              router stage_downs
 //   cleave_replacements_total                              router replacements
 //   cleave_requests_rejected_slo_total                     router, mono  rejected_slo
+//   cleave_requests_rejected_cost_total                    router rejected_cost
 //   cleave_encoder_cache_hits_total                        encoder cache_hits
 //   cleave_stage_steps_total{stage}                        stage, encoder  steps
 //   cleave_stage_step_seconds_total{stage}                 stage    step_us / 1e6
@@ -309,6 +310,7 @@ class ServerMetrics {
   prom::Counter& stage_deaths_;
   prom::Counter& replacements_;
   prom::Counter& rejected_slo_;
+  prom::Counter& rejected_cost_;
   prom::Counter& encoder_cache_hits_;
   prom::Counter& stage_steps_;
   prom::Counter& stage_step_seconds_;

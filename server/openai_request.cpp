@@ -132,7 +132,7 @@ void no_text_marker(const std::string& text, const std::string& param) {
 const std::set<std::string> kCommon = {
     "model", "max_tokens", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
     "repetition_penalty", "stop", "seed", "n", "ignore_eos", "stream", "stream_options", "user", "logit_bias",
-    "logprobs", "priority", "ttft_target_ms", "tpot_target_ms", "deadline_ms"};
+    "logprobs", "priority", "ttft_target_ms", "tpot_target_ms", "deadline_ms", "max_cost"};
 
 void parse_common(const json& j, ParsedRequest& p) {
   SamplingParams& s = p.sampling;
@@ -170,7 +170,7 @@ void parse_common(const json& j, ParsedRequest& p) {
   if (auto v = opt(j, "priority")) p.priority = int32_t(int_of(*v, "priority", INT32_MIN, INT32_MAX));
   for (auto [key, out] : {std::pair{"ttft_target_ms", &p.ttft_target_ms},
                           std::pair{"tpot_target_ms", &p.tpot_target_ms},
-                          std::pair{"deadline_ms", &p.deadline_ms}})
+                          std::pair{"deadline_ms", &p.deadline_ms}, std::pair{"max_cost", &p.max_cost}})
     if (auto v = opt(j, key)) *out = number_of(*v, key, 0, 1e9);
   if (auto v = opt(j, "stream")) p.stream = bool_of(*v, "stream");
   if (auto v = opt(j, "stream_options")) {
@@ -523,6 +523,7 @@ ApiResult<GenerateRequest> build_generate_request(ParsedRequest p, const PromptC
   r.ttft_target_ms = p.ttft_target_ms;
   r.tpot_target_ms = p.tpot_target_ms;
   r.deadline_ms = p.deadline_ms;
+  r.max_cost = p.max_cost;
   const Status s = validate_request(r, ctx.context, tok.n_vocab());
   if (!s.ok()) {
     ApiError e = from_status(s);

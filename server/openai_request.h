@@ -27,6 +27,10 @@
 //                      numbers in [0, 1e9], 0: none: goals the router checks
 //                      on arrival against its predictions; one that cannot
 //                      be met is refused at once with 429 (slo_unattainable)
+//   max_cost           number in [0, 1e9], 0: none: a cost budget in
+//                      cost-seconds (actors/cost_budget.h); needs the
+//                      cost_aware router (400 otherwise), 429
+//                      (slo_unattainable) when the cheapest prediction is over it
 //   stream             bool; stream_options {"include_usage": bool} only with stream
 //   user               string: metadata only (OpenAI's abuse-monitoring id),
 //                      accepted and not used; the one accepted field that
@@ -128,6 +132,7 @@ struct ParsedRequest {
   bool ignore_eos = false;
   int32_t priority = 0;
   double ttft_target_ms = 0, tpot_target_ms = 0, deadline_ms = 0;
+  double max_cost = 0;
 };
 
 // The OpenAI sampling defaults (temperature 1, top_p 1, top_k off, min_p 0,

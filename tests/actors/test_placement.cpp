@@ -182,24 +182,39 @@ TEST_CASE("kv_aware: the block table is bounded (LRU)") {
   CHECK(p->pick(b, {{0, 0, 0}, {2, 0, 0}}) == 2);
 }
 
+namespace {
+
+// A cost_aware candidate: its node's cost, the request's predicted seconds
+// there and, with a budget, its predicted cost (< 0: none).
+Candidate priced(int32_t stage, int32_t in_flight, double cost, double predicted, double predicted_cost = -1) {
+  Candidate x{stage, in_flight, 0};
+  x.cost = cost;
+  x.predicted_s = predicted;
+  x.predicted_cost = predicted_cost;
+  return x;
+}
+
+PlacementRequest limited(double limit_s, double max_cost = 0) {
+  PlacementRequest r;
+  r.limit_s = limit_s;
+  r.max_cost = max_cost;
+  return r;
+}
+
+struct PickRow {
+  PlacementRequest r;
+  std::vector<Candidate> cs;
+  int32_t want;
+};
+
+}  // namespace
+
 TEST_CASE("cost_aware: the best predicted seconds x cost among those within the limit") {
   auto p = policy("cost_aware");
   auto c = [](int32_t stage, int32_t in_flight, double cost, double predicted) {
-    Candidate x{stage, in_flight, 0};
-    x.cost = cost;
-    x.predicted_s = predicted;
-    return x;
+    return priced(stage, in_flight, cost, predicted);
   };
-  auto limited = [](double limit) {
-    PlacementRequest r;
-    r.limit_s = limit;
-    return r;
-  };
-  struct Row {
-    PlacementRequest r;
-    std::vector<Candidate> cs;
-    int32_t want;
-  };
+  using Row = PickRow;
   const PlacementRequest any;
   for (const Row& row : {
            // Equal speed: the cheaper node.
@@ -232,6 +247,36 @@ TEST_CASE("cost_aware: the best predicted seconds x cost among those within the 
   weighted.policy = "cost_aware";
   weighted.decode_weight = 2;
   CHECK_FALSE(make_placement_policy(weighted).ok());
+}
+
+TEST_CASE("cost_aware with a budget: within it first, by the same rule; none within: the cheapest") {
+  auto p = policy("cost_aware");
+  auto c = [](int32_t stage, double cost, double predicted, double predicted_cost) {
+    return priced(stage, 0, cost, predicted, predicted_cost);
+  };
+  auto req = [](double max_cost, double limit = 0) { return limited(limit, max_cost); };
+  using Row = PickRow;
+  for (const Row& row : {
+           // Without a budget the score decides: 0.05 x 3 < 0.2 x 1.
+           Row{req(0), {c(0, 3.0, 0.05, 0.9), c(1, 1.0, 0.2, 0.4)}, 0},
+           // A budget of 0.5 leaves only stage 1 (0.4), though its score is worse.
+           Row{req(0.5), {c(0, 3.0, 0.05, 0.9), c(1, 1.0, 0.2, 0.4)}, 1},
+           // Both within: the score again.
+           Row{req(1.0), {c(0, 3.0, 0.05, 0.9), c(1, 1.0, 0.2, 0.4)}, 0},
+           // Within the budget beats within the limit: stage 0 meets the
+           // 0.1 s limit but not the budget, stage 1 the budget only.
+           Row{req(0.5, 0.1), {c(0, 3.0, 0.05, 0.9), c(1, 1.0, 0.2, 0.4)}, 1},
+           // Among those within: within the limit, then the score.
+           Row{req(0.5, 0.25), {c(0, 1.0, 0.3, 0.3), c(1, 2.0, 0.2, 0.45), c(2, 9.0, 0.01, 5)}, 1},
+           // None within: the cheapest, not the fastest.
+           Row{req(0.1), {c(0, 3.0, 0.05, 0.9), c(1, 1.0, 0.2, 0.4), c(2, 2.0, 0.3, 0.6)}, 1},
+           // A cost that cannot be predicted counts as within.
+           Row{req(0.1), {c(0, 3.0, 0.05, -1), c(1, 1.0, 0.2, 0.4)}, 0},
+           // Cold (nothing predicted): the budget does not reorder (in flight + 1) x cost.
+           Row{req(0.1), {c(0, 3.0, -1, -1), c(1, 1.0, -1, -1)}, 1},
+       }) {
+    CHECK(p->pick(row.r, row.cs) == row.want);
+  }
 }
 
 TEST_CASE("make_placement_policy refuses unknown names and misplaced or bad weights") {

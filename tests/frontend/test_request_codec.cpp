@@ -58,7 +58,7 @@ TEST_CASE("request lines: every field is read") {
       R"({"id": 18446744073709551615, "prompt_ids": [0, 2147483647], "max_tokens": 5, "temperature": 0,
           "top_k": 3, "top_p": 0.5, "min_p": 0.25, "repeat_penalty": 1.5, "repeat_last_n": 9,
           "seed": 42, "stop": ["x", "yz"], "ignore_eos": true, "prefill_chunk": 7, "priority": -3,
-          "ttft_target_ms": 250, "tpot_target_ms": 12.5, "deadline_ms": 1e6})");
+          "ttft_target_ms": 250, "tpot_target_ms": 12.5, "deadline_ms": 1e6, "max_cost": 0.75})");
   CHECK(r.request_id == UINT64_MAX);
   CHECK(r.prompt == std::vector<int32_t>{0, 2147483647});
   CHECK(r.sampling.max_tokens == 5);
@@ -76,6 +76,7 @@ TEST_CASE("request lines: every field is read") {
   CHECK(r.ttft_target_ms == 250);
   CHECK(r.tpot_target_ms == 12.5);
   CHECK(r.deadline_ms == 1e6);
+  CHECK(r.max_cost == 0.75);
   CHECK(parse_ok(R"({"id": 1, "prompt_ids": [1], "stop": "one"})").sampling.stop ==
         std::vector<std::string>{"one"});
 }
@@ -108,6 +109,7 @@ TEST_CASE("request lines: bad input names the field, nothing is truncated or ign
            Row{R"({"id": 1, "prompt_ids": [1], "ttft_target_ms": -5})", "\"ttft_target_ms\" -5 is outside"},
            Row{R"({"id": 1, "prompt_ids": [1], "tpot_target_ms": "fast"})", "\"tpot_target_ms\" must be a number"},
            Row{R"({"id": 1, "prompt_ids": [1], "deadline_ms": 2e9})", "\"deadline_ms\" 2e+09 is outside"},
+           Row{R"({"id": 1, "prompt_ids": [1], "max_cost": -0.5})", "\"max_cost\" -0.5 is outside"},
            Row{R"({"id": 1, "prompt_ids": [1], "seed": -3})", "\"seed\" must be an unsigned integer"},
            Row{R"({"id": 1, "prompt_ids": [1], "stop": [1]})", "\"stop\" must be a list of strings"},
            Row{R"({"id": 1, "prompt_ids": [1], "ignore_eos": 1})", "\"ignore_eos\" must be true or false"},

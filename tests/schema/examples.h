@@ -84,6 +84,7 @@ inline GenerateRequest request() {
   r.ttft_target_ms = 250.5;
   r.tpot_target_ms = 0.125;
   r.deadline_ms = 9000;
+  r.max_cost = 2.75;
   return r;
 }
 

@@ -77,6 +77,7 @@ void check_same(const GenerateRequest& a, const GenerateRequest& b) {
   CHECK(same_bits(a.ttft_target_ms, b.ttft_target_ms));
   CHECK(same_bits(a.tpot_target_ms, b.tpot_target_ms));
   CHECK(same_bits(a.deadline_ms, b.deadline_ms));
+  CHECK(same_bits(a.max_cost, b.max_cost));
 }
 void check_same(const msg::StreamEvent& a, const msg::StreamEvent& b) {
   CHECK(a.kind == b.kind);
@@ -535,6 +536,9 @@ TEST_CASE("codec: decoded values are validated") {
   CHECK(code_of(r) == Code::invalid_argument);
   r = examples::request();
   r.deadline_ms = INFINITY;
+  CHECK(code_of(r) == Code::invalid_argument);
+  r = examples::request();
+  r.max_cost = -0.5;
   CHECK(code_of(r) == Code::invalid_argument);
   r = examples::request();
   r.sampling.stop.assign(codec::kMaxListEntries + 1, "x");

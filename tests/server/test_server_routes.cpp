@@ -203,6 +203,48 @@ TEST_CASE("server: concurrent streams over colocated actors, half of them leavin
   srv->reset();
 }
 
+namespace {
+
+ServedModelArgs shapes_lm() {
+  ServedModelArgs a;
+  a.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
+  a.tokenizer = std::move(*Tokenizer::from_gguf(*a.model));
+  a.model_path = kShapes + "shapes-lm-f32.gguf";
+  return a;
+}
+
+// The shapes LM served over HTTP (an ephemeral port, /metrics on) by a
+// pipeline of `po`; the server stops before the pipeline goes.
+struct ServedShapes {
+  ServedModelArgs args = shapes_lm();
+  std::unique_ptr<Pipeline> pipeline;
+  std::unique_ptr<Server> server;
+  int port = 0;
+};
+
+std::unique_ptr<ServedShapes> serve_shapes(const PipelineOptions& po) {
+  auto s = std::make_unique<ServedShapes>();
+  ServeOptions o;
+  o.http.port = 0;
+  o.metrics = true;
+  auto srv = Server::start(o);
+  REQUIRE(srv.ok());
+  auto pipeline = Pipeline::create(s->args.model, s->args.tokenizer, po);
+  REQUIRE(pipeline.ok());
+  s->pipeline = std::move(*pipeline);
+  s->server = std::move(*srv);
+  s->server->ready(*describe_served_model(s->args), *s->pipeline);
+  s->port = s->server->port();
+  return s;
+}
+
+// A greedy 4-token completion of the shapes prompt with `field` added.
+std::string shapes_body(const std::string& field) {
+  return R"({"prompt":"how many shapes","max_tokens":4,"temperature":0,"ignore_eos":true,)" + field + "}";
+}
+
+}  // namespace
+
 TEST_CASE("server: \"priority\" is refused under fcfs and, under the priority policy, runs ahead of a busy stream") {
   ServedModelArgs a;
   a.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
@@ -275,27 +317,15 @@ TEST_CASE("server: \"priority\" is refused under fcfs and, under the priority po
 }
 
 TEST_CASE("server: a TTFT, TPOT or deadline goal that cannot be met is refused at once with 429") {
-  ServedModelArgs a;
-  a.model = *GgufFile::open(kShapes + "shapes-lm-f32.gguf");
-  a.tokenizer = std::move(*Tokenizer::from_gguf(*a.model));
-  a.model_path = kShapes + "shapes-lm-f32.gguf";
-  auto body_with = [](const std::string& goal) {
-    return R"({"prompt":"how many shapes","max_tokens":4,"temperature":0,"ignore_eos":true,)" + goal + "}";
-  };
+  auto body_with = shapes_body;
   // mono predicts in the pipeline's own loop, colocated and pd in the router.
   for (Topology topology : {Topology::mono, Topology::colocated, Topology::pd}) {
     CAPTURE(int(topology));
-    ServeOptions o;
-    o.http.port = 0;
-    o.metrics = true;
-    auto srv = Server::start(o);
-    REQUIRE(srv.ok());
     PipelineOptions po;
     po.topology = topology;
-    auto pipeline = Pipeline::create(a.model, a.tokenizer, po);
-    REQUIRE(pipeline.ok());
-    (*srv)->ready(*describe_served_model(a), **pipeline);
-    const int port = (*srv)->port();
+    auto served = serve_shapes(po);
+    auto& pipeline = served->pipeline;
+    const int port = served->port;
     // Cold: nothing measured yet, so nothing is predicted and the goal is not checked.
     auto [cold, cold_body] = http(port, "POST", "/v1/completions", body_with(R"("ttft_target_ms":0.001)"));
     CHECK(cold == 200);
@@ -324,11 +354,64 @@ TEST_CASE("server: a TTFT, TPOT or deadline goal that cannot be met is refused a
       CHECK(b == 400);
     }
     uint64_t rejected = 0;
-    for (const auto& s : (*pipeline)->stats()) rejected += s.get("rejected_slo");
+    for (const auto& s : pipeline->stats()) rejected += s.get("rejected_slo");
     CHECK(rejected == 3);
     auto [m, metrics] = http(port, "GET", "/metrics");
     CHECK(metrics.find("cleave_requests_rejected_slo_total 3") != std::string::npos);
-    srv->reset();
+    served.reset();
+  }
+}
+
+TEST_CASE("server: a max_cost under the cheapest prediction is refused with 429, and only cost_aware takes one") {
+  auto body_with = shapes_body;
+  struct Case {
+    Topology topology;
+    const char* policy;  // "" : the default router (or none: mono)
+  };
+  for (const Case& c : {Case{Topology::mono, ""}, Case{Topology::colocated, ""}, Case{Topology::pd, ""},
+                        Case{Topology::colocated, "cost_aware"}, Case{Topology::pd, "cost_aware"}}) {
+    CAPTURE(int(c.topology));
+    CAPTURE(c.policy);
+    PipelineOptions po;
+    po.topology = c.topology;
+    if (*c.policy) po.placement.policy = c.policy;
+    auto served = serve_shapes(po);
+    const int port = served->port;
+    if (!*c.policy) {
+      // No router, or one that does not read costs: the budget is refused, named.
+      auto [b, b_body] = http(port, "POST", "/v1/completions", body_with(R"("max_cost":5)"));
+      CHECK(b == 400);
+      CHECK(b_body.find("max_cost: a cost budget needs router policy 'cost_aware'") != std::string::npos);
+      auto [ok, ok_body] = http(port, "POST", "/v1/completions", body_with(R"("max_cost":0)"));
+      CHECK(ok == 200);  // 0 is no budget
+      continue;
+    }
+    // Cold: nothing measured, nothing predicted: admitted.
+    auto [cold, cold_body] = http(port, "POST", "/v1/completions", body_with(R"("max_cost":1e-9)"));
+    CHECK(cold == 200);
+    // Measured now: no stage prefills and decodes this in a nanosecond.
+    auto [t, t_body] = http(port, "POST", "/v1/completions", body_with(R"("max_cost":1e-9)"));
+    CHECK(t == 429);
+    CHECK(t_body.find("slo_unattainable") != std::string::npos);
+    CHECK(t_body.find("cannot meet its max_cost 1e-09: the cheapest prediction is") != std::string::npos);
+    CHECK(t_body.find("+ decode of 3 tokens") != std::string::npos);
+    // A budget of a cost-hour: served, with the tokens asked for.
+    auto [ok, ok_body] = http(port, "POST", "/v1/chat/completions",
+                              R"({"messages":[{"role":"user","content":"hi"}],"max_tokens":4,"ignore_eos":true,"max_cost":3600})");
+    CHECK(ok == 200);
+    CHECK(nlohmann::json::parse(ok_body)["usage"]["completion_tokens"] == 4);
+    for (const char* bad : {R"("max_cost":-1)", R"("max_cost":"cheap")", R"("max_cost":2e9)"}) {
+      CAPTURE(bad);
+      auto [b, b_body] = http(port, "POST", "/v1/completions", body_with(bad));
+      CHECK(b == 400);
+      CHECK(b_body.find("max_cost") != std::string::npos);
+    }
+    uint64_t rejected = 0, rejected_slo = 0;
+    for (const auto& s : served->pipeline->stats()) rejected += s.get("rejected_cost"), rejected_slo += s.get("rejected_slo");
+    CHECK(rejected == 1);
+    CHECK(rejected_slo == 0);
+    auto [m, metrics] = http(port, "GET", "/metrics");
+    CHECK(metrics.find("cleave_requests_rejected_cost_total 1") != std::string::npos);
   }
 }
 
