@@ -65,7 +65,8 @@ void predict_cost(const RouterState& s, RouterState::Pending& p, bool entry, con
   if (entry && s.config.disaggregated) {
     const std::vector<int32_t> decoders = live_stages(s, false);
     for (int32_t i : decoders)
-      if (auto d = decode_cost(s.slo, cost_stage(i), tokens, decoders); d && (!cheapest_decode || *d < *cheapest_decode))
+      if (auto d = decode_cost(s.slo, cost_stage(i), tokens, decoders);
+          d && (!cheapest_decode || *d < *cheapest_decode))
         cheapest_decode = d;
   }
   for (Candidate& c : cs) {

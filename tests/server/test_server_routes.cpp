@@ -407,7 +407,8 @@ TEST_CASE("server: a max_cost under the cheapest prediction is refused with 429,
       CHECK(b_body.find("max_cost") != std::string::npos);
     }
     uint64_t rejected = 0, rejected_slo = 0;
-    for (const auto& s : served->pipeline->stats()) rejected += s.get("rejected_cost"), rejected_slo += s.get("rejected_slo");
+    for (const auto& s : served->pipeline->stats())
+      rejected += s.get("rejected_cost"), rejected_slo += s.get("rejected_slo");
     CHECK(rejected == 1);
     CHECK(rejected_slo == 0);
     auto [m, metrics] = http(port, "GET", "/metrics");
