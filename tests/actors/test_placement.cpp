@@ -249,7 +249,7 @@ TEST_CASE("cost_aware: the best predicted seconds x cost among those within the 
   CHECK_FALSE(make_placement_policy(weighted).ok());
 }
 
-TEST_CASE("cost_aware with a budget: within it first, by the same rule; none within: the cheapest") {
+TEST_CASE("cost_aware with a budget: within it first, by the same rule, and when none is within, the cheapest") {
   auto p = policy("cost_aware");
   auto c = [](int32_t stage, double cost, double predicted, double predicted_cost) {
     return priced(stage, 0, cost, predicted, predicted_cost);
