@@ -43,6 +43,15 @@ std::optional<double> decode_cost(const SloPredictor& slo, const CostStage& s, i
   return double(tokens) * *tpot / double(std::max(0, s.in_flight) + 1) * s.cost;
 }
 
+std::optional<std::pair<double, CostStage>> cheapest_decode(const SloPredictor& slo,
+                                                            const std::vector<CostStage>& stages, int64_t tokens) {
+  const std::vector<int32_t> peers = indices(stages);
+  std::optional<std::pair<double, CostStage>> best;
+  for (const CostStage& s : stages)
+    if (auto d = decode_cost(slo, s, tokens, peers); d && (!best || *d < best->first)) best = {{*d, s}};
+  return best;
+}
+
 std::optional<CostQuote> cheapest_cost(const SloPredictor& slo, const GenerateRequest& r,
                                        const std::vector<CostStage>& entry,
                                        const std::vector<CostStage>& continuing, bool disaggregated) {
@@ -59,16 +68,13 @@ std::optional<CostQuote> cheapest_cost(const SloPredictor& slo, const GenerateRe
     }
     return best;
   }
-  std::optional<CostQuote> pre, dec;
+  std::optional<CostQuote> pre;
   for (const CostStage& s : entry)
     if (auto p = prefill_cost(slo, s, prompt, entry_peers); p && (!pre || *p < pre->prefill))
       pre = CostQuote{*p, *p, 0, s, {}};
-  const std::vector<int32_t> cont_peers = indices(continuing);
-  for (const CostStage& s : continuing)
-    if (auto d = decode_cost(slo, s, tokens, cont_peers); d && (!dec || *d < dec->decode))
-      dec = CostQuote{*d, 0, *d, {}, s};
+  const auto dec = cheapest_decode(slo, continuing, tokens);
   if (!pre || !dec) return std::nullopt;
-  return CostQuote{pre->prefill + dec->decode, pre->prefill, dec->decode, pre->entry, dec->decoder};
+  return CostQuote{pre->prefill + dec->first, pre->prefill, dec->first, pre->entry, dec->second};
 }
 
 Status check_cost_policy(const GenerateRequest& r, std::string_view policy) {

@@ -24,6 +24,7 @@
 #include <cstdint>
 #include <optional>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "actors/slo_predictor.h"
@@ -51,6 +52,11 @@ std::optional<double> prefill_cost(const SloPredictor& slo, const CostStage& s, 
 // neither it nor any of `peers` has a measured TPOT.
 std::optional<double> decode_cost(const SloPredictor& slo, const CostStage& s, int64_t tokens,
                                   const std::vector<int32_t>& peers);
+
+// The cheapest predicted decode of `tokens` among `stages` (each priced
+// against the others as peers) and where; none while none can be priced.
+std::optional<std::pair<double, CostStage>> cheapest_decode(const SloPredictor& slo,
+                                                            const std::vector<CostStage>& stages, int64_t tokens);
 
 struct CostQuote {
   double total = 0, prefill = 0, decode = 0;

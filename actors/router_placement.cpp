@@ -53,28 +53,19 @@ std::vector<Candidate> candidates(const RouterState& s, bool entry, const std::v
 // entry candidate is priced with the decode that follows it (itself when
 // colocated, the cheapest decoder in P/D); a hand-off with what its
 // prefill was predicted to cost already spent.
-void predict_cost(const RouterState& s, RouterState::Pending& p, bool entry, const std::vector<int32_t>& peers,
-                  PlacementRequest& r, std::vector<Candidate>& cs) {
+void predict_cost(const RouterState& s, const RouterState::Pending& p, bool entry,
+                  const std::vector<int32_t>& peers, PlacementRequest& r, std::vector<Candidate>& cs) {
   const GenerateRequest& q = p.request;
-  auto cost_stage = [&](int32_t i) {
-    const auto& st = s.stages[size_t(i)];
-    return CostStage{i, st.cost, st.in_flight};
-  };
   const int64_t tokens = decode_tokens(q, int64_t(p.generated.size()));
-  std::optional<double> cheapest_decode;  // P/D entry: the decoder that would follow
-  if (entry && s.config.disaggregated) {
-    const std::vector<int32_t> decoders = live_stages(s, false);
-    for (int32_t i : decoders)
-      if (auto d = decode_cost(s.slo, cost_stage(i), tokens, decoders);
-          d && (!cheapest_decode || *d < *cheapest_decode))
-        cheapest_decode = d;
-  }
+  std::optional<double> follow;  // P/D entry: the cheapest decoder that would follow
+  if (entry && s.config.disaggregated)
+    if (auto d = cheapest_decode(s.slo, cost_stages(s, false), tokens)) follow = d->first;
   for (Candidate& c : cs) {
-    const CostStage cs_i = cost_stage(c.stage);
+    const CostStage cs_i = cost_stage(s, c.stage);
     std::optional<double> cost;
     if (entry) {
       const auto pre = prefill_cost(s.slo, cs_i, int64_t(q.prompt.size()), peers);
-      const auto dec = s.config.disaggregated ? cheapest_decode : decode_cost(s.slo, cs_i, tokens, peers);
+      const auto dec = s.config.disaggregated ? follow : decode_cost(s.slo, cs_i, tokens, peers);
       if (pre && dec) cost = *pre + *dec;
     } else {
       cost = decode_cost(s.slo, cs_i, tokens, peers);
@@ -87,7 +78,7 @@ void predict_cost(const RouterState& s, RouterState::Pending& p, bool entry, con
 
 // cost_aware: the request's predicted seconds on each candidate (TTFT on an
 // entry stage, TPOT on a continuing one) and the most it may take there.
-void predict(const RouterState& s, RouterState::Pending& p, bool entry, PlacementRequest& r,
+void predict(const RouterState& s, const RouterState::Pending& p, bool entry, PlacementRequest& r,
              std::vector<Candidate>& cs) {
   const std::vector<int32_t> peers = live_stages(s, entry);
   const GenerateRequest& q = p.request;
@@ -128,12 +119,14 @@ std::vector<int32_t> live_stages(const RouterState& s, bool entry) {
   return out;
 }
 
+CostStage cost_stage(const RouterState& s, int32_t i) {
+  const auto& st = s.stages[size_t(i)];
+  return CostStage{i, st.cost, st.in_flight};
+}
+
 std::vector<CostStage> cost_stages(const RouterState& s, bool entry) {
   std::vector<CostStage> out;
-  for (int32_t i : live_stages(s, entry)) {
-    const auto& st = s.stages[size_t(i)];
-    out.push_back(CostStage{i, st.cost, st.in_flight});
-  }
+  for (int32_t i : live_stages(s, entry)) out.push_back(cost_stage(s, i));
   return out;
 }
 
@@ -170,12 +163,9 @@ int32_t place_on_stage(router_pointer self, RouterState::Pending& p, bool entry)
   }
   const int32_t i = policy.pick(r, cs);
   if (i < 0) return i;
-  if (entry && p.request.max_cost > 0 && s.config.disaggregated) {
-    const auto& st = s.stages[size_t(i)];
-    p.cost_spent = prefill_cost(s.slo, CostStage{i, st.cost, st.in_flight}, int64_t(p.request.prompt.size()),
-                                live_stages(s, true))
-                       .value_or(0);
-  }
+  if (entry && p.request.max_cost > 0 && s.config.disaggregated)
+    p.cost_spent =
+        prefill_cost(s.slo, cost_stage(s, i), int64_t(p.request.prompt.size()), live_stages(s, true)).value_or(0);
   policy.placed(r, i);
   p.stage = i;
   p.load_blocks = r.load_blocks;

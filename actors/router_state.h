@@ -112,7 +112,9 @@ void replace(router_pointer self, uint64_t id);
 
 // router_placement.cpp
 std::vector<int32_t> live_stages(const RouterState& s, bool entry);
-// The same stages with their nodes' costs and loads (cost_budget.h).
+// Stage i, or the live stages of the role, with their nodes' costs and
+// loads (cost_budget.h).
+CostStage cost_stage(const RouterState& s, int32_t i);
 std::vector<CostStage> cost_stages(const RouterState& s, bool entry);
 bool any_alive(const RouterState& s, bool entry);
 // Places the pending request on a live stage of the role; -1 when none.
