@@ -112,7 +112,7 @@ struct ClusterSpec {
   // ahead of it (the stage fetches when it takes the request).
   bool kv_preload = true;
   // cluster { cache_type_k = "f16", cache_type_v = "q8_0" }: the KV cache's
-  // element types on every node (llama.cpp's -ctk / -ctv; f32, f16, q8_0).
+  // element types on every node (llama.cpp's -ctk / -ctv; f32, f16, q8_0, q4_0).
   // Cluster-wide: blocks move between nodes only between equal layouts.
   DType cache_type_k = DType::F32, cache_type_v = DType::F32;
   // cluster { block_size = 64 }: token positions per KV block on every node

@@ -238,7 +238,8 @@ int lua_cluster(lua_State* L) {
       if (std::strcmp(name, "f32") == 0) cache_types[i] = DType::F32;
       else if (std::strcmp(name, "f16") == 0) cache_types[i] = DType::F16;
       else if (std::strcmp(name, "q8_0") == 0) cache_types[i] = DType::Q8_0;
-      else raise(L, "%s: unknown %s '%s' (expected f32, f16 or q8_0)", what, field, name);
+      else if (std::strcmp(name, "q4_0") == 0) cache_types[i] = DType::Q4_0;
+      else raise(L, "%s: unknown %s '%s' (expected f32, f16, q8_0 or q4_0)", what, field, name);
     }
   }
 

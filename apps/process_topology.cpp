@@ -4,19 +4,19 @@
 #include <cstdio>
 #include <thread>
 
-#include "model/make_model.h"  // dtype_from_name
+#include "kernels/backend.h"     // kv_type_from_name
 #include "storage/block.h"       // kKvBlockSizes, checksum_bytes
 
 namespace cleave {
 
 void add_numerics_options(CLI::App* cmd, NumericsArgs& a) {
-  const auto types = CLI::IsMember({"f32", "f16", "q8_0"});
+  const auto types = CLI::IsMember({"f32", "f16", "q8_0", "q4_0"});
   // -ctk / -ctv are rewritten to these by rewrite_short_flags (CLI11 takes
   // one-letter short names only).
   cmd->add_option("--cache-type-k", a.k,
-                  "KV cache type for K: f32 (exact), f16 or q8_0 (head_dim a multiple of 32)")
+                  "KV cache type for K: f32 (exact), f16, q8_0 or q4_0 (these two: head_dim a multiple of 32)")
       ->check(types);
-  cmd->add_option("--cache-type-v", a.v, "KV cache type for V: f32, f16 or q8_0")->check(types);
+  cmd->add_option("--cache-type-v", a.v, "KV cache type for V: f32, f16, q8_0 or q4_0")->check(types);
   cmd->add_option("--block-size", a.block_size,
                   "token positions per KV block: 8, 16 (the default), 32, 64 or 128; longer blocks "
                   "read long contexts faster, shorter ones share prefixes more finely")
@@ -36,8 +36,8 @@ void add_numerics_options(CLI::App* cmd, NumericsArgs& a) {
 }
 
 void apply_numerics(const NumericsArgs& a, EngineOptions& eo) {
-  eo.cache_type_k = *dtype_from_name(a.k);
-  eo.cache_type_v = *dtype_from_name(a.v);
+  eo.cache_type_k = *kv_type_from_name(a.k);
+  eo.cache_type_v = *kv_type_from_name(a.v);
   eo.block_size = a.block_size;
   eo.compute = *compute_from_name(a.compute);
   eo.device = a.device;

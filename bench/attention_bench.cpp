@@ -111,7 +111,7 @@ void evict_caches() {
 int run_attention_section(const AttentionOptions& o) {
   std::vector<DType> types;
   for (const std::string& name : o.kv_types) {
-    auto t = dtype_from_name(name);
+    auto t = kv_type_from_name(name);
     if (!t.ok()) {
       std::fprintf(stderr, "--kv-types: %s\n", t.status().message().c_str());
       return 2;

@@ -161,7 +161,7 @@ int run_batched_section(const BatchedOptions& o) {
         return 2;
       }
       if (*compute == Compute::int8 && spec.type != DType::Q8_0) continue;  // int8 is Q8_0's
-      auto kvt = dtype_from_name(kv);
+      auto kvt = kv_type_from_name(kv);
       if (!kvt.ok()) {
         std::fprintf(stderr, "%s\n", kvt.status().to_string().c_str());
         return 2;

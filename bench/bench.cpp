@@ -405,7 +405,7 @@ int main(int argc, char** argv) {
   app.add_option("--kv-types", bo.kv_types,
                  "--batched / --attention: KV cache types (-ctk / -ctv) to run")
       ->delimiter(',')
-      ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "q4_0"}));
   bool attention = false;
   bench::AttentionOptions ao;
   app.add_flag("--attention", attention,

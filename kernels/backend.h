@@ -40,8 +40,8 @@ struct MatmulJob {
 // `block_size` consecutive token positions of K and V for every layer;
 // each (block, layer) part is contiguous so a layer can be moved on its own.
 // Layout: [block][layer][k=0|v=1][kv_head][slot] rows of head_dim elements,
-// K rows in k_type and V rows in v_type (F32, F16, or Q8_0 blocks of 32
-// along head_dim; llama.cpp's -ctk / -ctv).
+// K rows in k_type and V rows in v_type (F32, F16, or Q8_0 / Q4_0 blocks
+// of 32 along head_dim; llama.cpp's -ctk / -ctv).
 struct PagedKv {
   uint8_t* data = nullptr;
   DType k_type = DType::F32, v_type = DType::F32;
@@ -66,10 +66,12 @@ struct PagedKv {
            size_t(slot) * v_row_bytes();
   }
 };
-// The element types a KV cache may hold (F32, F16, Q8_0), and whether a
-// head_dim suits them (Q8_0: a multiple of 32). invalid_argument naming the
-// type and `what` ("cache type k") otherwise.
+// The element types a KV cache may hold (F32, F16, Q8_0, Q4_0), and
+// whether a head_dim suits them (Q8_0, Q4_0: a multiple of 32).
+// invalid_argument naming the type and `what` ("cache type k") otherwise.
 Status check_kv_type(DType t, int32_t head_dim, const char* what);
+// -ctk / -ctv / cache_type_k spellings (llama.cpp's): f32, f16, q8_0, q4_0.
+Result<DType> kv_type_from_name(const std::string& name);
 
 // One query row of attention: the token at absolute position `pos` of a
 // sequence whose blocks are block_table[0..n_blocks). It attends keys at

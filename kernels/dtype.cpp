@@ -1,4 +1,4 @@
-// Scalar dtype conversions and Q8_0 (de)quantisation, bit-exact with ggml.
+// Scalar dtype conversions and Q8_0 / Q4_0 (de)quantisation, bit-exact with ggml.
 #include "kernels/dtype.h"
 
 #include <cmath>
@@ -101,6 +101,38 @@ void quantize_row_q8_0(const float* x, int64_t cols, void* out) {
   }
 }
 
+void quantize_row_q4_0(const float* x, int64_t cols, void* out) {
+  uint8_t* o = static_cast<uint8_t*>(out);
+  const int64_t nb = cols / kQ8Block;
+  for (int64_t b = 0; b < nb; ++b) {
+    const float* xb = x + b * kQ8Block;
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < kQ8Block; ++j)
+      if (amax < std::fabs(xb[j])) {
+        amax = std::fabs(xb[j]);
+        max = xb[j];
+      }
+    const float d = max / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const uint16_t dh = fp32_to_fp16(d);
+    uint8_t* ob = o + b * kQ4BlockBytes;
+    std::memcpy(ob, &dh, 2);
+    // x / d + 8.5 is in [0.5, 16.5] for finite x: truncated, at most 15
+    // (ggml's MIN(15, (int8_t)(...))); a NaN stores 0 rather than UB.
+    auto q = [&](float v) -> uint8_t {
+      float p = v * id;
+#if defined(__x86_64__) || defined(__i386__)
+      __asm__("" : "+x"(p));  // the product rounded before the add (no fma under -march=native)
+#else
+      p = *static_cast<volatile float*>(&p);
+#endif
+      const float t = p + 8.5f;
+      return t >= 0.0f ? (t < 16.0f ? uint8_t(t) : uint8_t(15)) : uint8_t(0);
+    };
+    for (int j = 0; j < kQ8Block / 2; ++j) ob[2 + j] = uint8_t(q(xb[j]) | (q(xb[j + kQ8Block / 2]) << 4));
+  }
+}
+
 void dequantize_row(DType t, const void* row, int64_t cols, float* out) {
   const uint8_t* p = static_cast<const uint8_t*>(row);
   switch (t) {
@@ -130,6 +162,20 @@ void dequantize_row(DType t, const void* row, int64_t cols, float* out) {
         const float d = fp16_to_fp32(dh);
         for (int j = 0; j < kQ8Block; ++j) {
           out[b * kQ8Block + j] = static_cast<float>(static_cast<int8_t>(pb[2 + j])) * d;
+        }
+      }
+      return;
+    }
+    case DType::Q4_0: {
+      const int64_t nb = cols / kQ8Block;
+      for (int64_t b = 0; b < nb; ++b) {
+        const uint8_t* pb = p + b * kQ4BlockBytes;
+        uint16_t dh;
+        std::memcpy(&dh, pb, 2);
+        const float d = fp16_to_fp32(dh);
+        for (int j = 0; j < kQ8Block / 2; ++j) {
+          out[b * kQ8Block + j] = static_cast<float>(int(pb[2 + j] & 15) - 8) * d;
+          out[b * kQ8Block + j + kQ8Block / 2] = static_cast<float>(int(pb[2 + j] >> 4) - 8) * d;
         }
       }
       return;

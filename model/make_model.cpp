@@ -84,6 +84,8 @@ struct Gen {
         case DType::Q8_0:
           quantize_row_q8_0(row.data(), cols, out);
           break;
+        case DType::Q4_0:  // a KV cache type only; validate_spec refuses it for weights
+          return Status(Code::invalid_argument, "make-model: Q4_0 is not a weight type");
       }
     }
     w.add_tensor(name, type, std::move(ne), std::move(data));

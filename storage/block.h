@@ -30,7 +30,7 @@ inline bool is_kv_block_size(int64_t n) {
 
 // How a block's bytes are laid out; matches kernels' PagedKv:
 // [layer][k=0|v=1][kv_head][slot] rows of head_dim elements within one block,
-// K rows in k_type and V rows in v_type (F32, F16 or Q8_0). The types are
+// K rows in k_type and V rows in v_type (F32, F16, Q8_0 or Q4_0). The types are
 // part of the fingerprint, so blocks of different types never mix.
 struct KvLayout {
   DType k_type = DType::F32, v_type = DType::F32;

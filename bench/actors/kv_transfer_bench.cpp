@@ -31,6 +31,7 @@
 #include "actors/kv_socket.h"
 #include "actors/kv_stream.h"
 #include "bench/stats.h"
+#include "kernels/backend.h"  // kv_type_from_name
 
 extern char** environ;
 
@@ -44,7 +45,7 @@ namespace {
 DType g_kv_type = DType::F32;
 
 // A llama-8B-like block (32 layers, 8 KV heads of 128, 16 tokens): 4 MiB in
-// F32, 2 MiB in F16, 1.06 MiB in Q8_0.
+// F32, 2 MiB in F16, 1.06 MiB in Q8_0, 0.56 MiB in Q4_0.
 KvLayout bench_layout() {
   KvLayout l;
   l.k_type = l.v_type = g_kv_type;
@@ -156,7 +157,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(4, 4096));
   std::string kv_type = "f32";
   app.add_option("--kv-type", kv_type, "KV cache type of K and V rows (-ctk / -ctv): the same tokens, fewer bytes")
-      ->check(CLI::IsMember({"f32", "f16", "q8_0"}));
+      ->check(CLI::IsMember({"f32", "f16", "q8_0", "q4_0"}));
   app.add_option("--reps", reps, "transfers per chunk size and path (median reported)")
       ->check(CLI::Range(1, 100));
   app.add_option("--chunks", chunks, "chunk sizes in bytes")->delimiter(',');
@@ -168,7 +169,7 @@ int main(int argc, char** argv) {
       ->check(CLI::IsMember({"socket", "shared"}));
   app.add_option("--serve", serve_streams, "internal: be the sending process for N streams");
   CLI11_PARSE(app, argc, argv);
-  g_kv_type = kv_type == "f16" ? DType::F16 : kv_type == "q8_0" ? DType::Q8_0 : DType::F32;
+  g_kv_type = *kv_type_from_name(kv_type);
   g_shared = transport == "shared";
   if (g_shared) chunks = {chunks.front()};  // one region per stream: no chunks
   retain_freed_memory();  // as `cleave node` does

@@ -91,6 +91,7 @@ void store_kv_row(const cpu::Kernels& k, DType t, const float* x, int32_t head_d
     case DType::F32: std::memcpy(out, x, size_t(head_dim) * 4); return;
     case DType::F16: k.f16_row(x, head_dim, out); return;
     case DType::Q8_0: k.q8_0_row(x, head_dim, out); return;
+    case DType::Q4_0: quantize_row_q4_0(x, head_dim, out); return;  // scalar, every ISA
     case DType::BF16: break;
   }
   CLEAVE_CHECK(false);
@@ -147,8 +148,7 @@ class CpuBackend final : public Backend {
   }
 
   bool supports(Op op, DType t) const override {
-    if (op == Op::kv_write || op == Op::attention)
-      return t == DType::F32 || t == DType::F16 || t == DType::Q8_0;
+    if (op == Op::kv_write || op == Op::attention) return kv_dtype_known(uint32_t(t));
     return t == DType::F32 || t == DType::F16 || t == DType::BF16 || t == DType::Q8_0;
   }
 

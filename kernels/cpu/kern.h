@@ -13,7 +13,7 @@
 namespace cleave::cpu {
 
 // Weight type codes (the DType values).
-enum WeightCode : int { kWF32 = 0, kWF16 = 1, kWQ8 = 8, kWBF16 = 30 };
+enum WeightCode : int { kWF32 = 0, kWF16 = 1, kWQ4 = 2, kWQ8 = 8, kWBF16 = 30 };  // kWQ4: KV only
 
 struct PanelMatmulArgs;  // kernels/cpu/panels.h
 

@@ -87,6 +87,12 @@ struct V {
     const __m256i i = _mm256_cvtepi8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
     return _mm256_mul_ps(_mm256_cvtepi32_ps(i), d);
   }
+  // W Q4_0 values: the nibbles at bit `shift` (0 or 4) of W bytes, (q - 8) d.
+  static vec load_q4(const uint8_t* q, int shift, vec d) {
+    __m256i i = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(q)));
+    i = _mm256_and_si256(_mm256_srl_epi32(i, _mm_cvtsi32_si128(shift)), _mm256_set1_epi32(15));
+    return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(i, _mm256_set1_epi32(8))), d);
+  }
   static float f16(uint16_t h) { return _cvtsh_ss(h); }
   // W floats to f16 at p, rounded to nearest even; true when one is a NaN
   // (the hardware quiets NaNs, fp32_to_fp16 keeps their payload).

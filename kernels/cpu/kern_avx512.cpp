@@ -90,6 +90,12 @@ struct V {
     const __m512i i = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
     return _mm512_mul_ps(_mm512_cvtepi32_ps(i), d);
   }
+  // W Q4_0 values: the nibbles at bit `shift` (0 or 4) of W bytes, (q - 8) d.
+  static vec load_q4(const uint8_t* q, int shift, vec d) {
+    __m512i i = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(q)));
+    i = _mm512_and_si512(_mm512_srl_epi32(i, _mm_cvtsi32_si128(shift)), _mm512_set1_epi32(15));
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(i, _mm512_set1_epi32(8))), d);
+  }
   static float f16(uint16_t h) { return _cvtsh_ss(h); }
   // W floats to f16 at p, rounded to nearest even; true when one is a NaN
   // (the hardware quiets NaNs, fp32_to_fp16 keeps their payload).

@@ -67,6 +67,7 @@ struct V {
     CLEAVE_LANES(cleave::bf16_to_fp32(h[i]));
   }
   static vec load_q8(const int8_t* q, vec d) { CLEAVE_LANES(float(q[i]) * d.v[i]); }
+  static vec load_q4(const uint8_t* q, int shift, vec d) { CLEAVE_LANES(float(int((q[i] >> shift) & 15) - 8) * d.v[i]); }
   static vec pow2n(vec n) {
     vec r;
     for (int i = 0; i < 8; ++i) {

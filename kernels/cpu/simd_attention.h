@@ -414,6 +414,9 @@ void attn_v(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
     case cleave::cpu::kWQ8:
       attn_t<V, LK, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
       return;
+    case cleave::cpu::kWQ4:
+      attn_t<V, LK, LQ4<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
+      return;
     default: __builtin_trap();
   }
 }
@@ -431,6 +434,9 @@ void attn_k(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
       return;
     case cleave::cpu::kWQ8:
       attn_v<V, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
+      return;
+    case cleave::cpu::kWQ4:
+      attn_v<V, LQ4<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
       return;
     default: __builtin_trap();
   }

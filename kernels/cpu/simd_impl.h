@@ -114,6 +114,26 @@ struct LQ8 {
   }
 };
 
+// Q4_0 (KV only): 18-byte blocks (fp16 d, 16 bytes: value j in the low
+// nibble of byte j, value j + 16 in the high one, each (q - 8) d, exact in
+// F32); W divides 16, k is a multiple of W.
+template <class V>
+struct LQ4 {
+  static constexpr int kBlock = 32;
+  static constexpr bool kPrefetchInScores = true;
+  static const uint8_t* addr(const uint8_t* row, int64_t k) { return row + (k >> 5) * 18; }
+  using Scale = typename V::vec;
+  static Scale scale(const uint8_t* row, int64_t k) { return V::set1(V::f16(load_u16(addr(row, k)))); }
+  static typename V::vec load(const uint8_t* row, int64_t k, Scale d) {
+    return V::load_q4(addr(row, k) + 2 + (k & 15), (k & 16) ? 4 : 0, d);
+  }
+  static typename V::vec load(const uint8_t* row, int64_t k) { return load(row, k, scale(row, k)); }
+  static float at(const uint8_t* row, int64_t k) {
+    const uint8_t* blk = addr(row, k);
+    return float(int((blk[2 + (k & 15)] >> ((k & 16) ? 4 : 0)) & 15) - 8) * V::f16(load_u16(blk));
+  }
+};
+
 // ---- matmul ----------------------------------------------------------------
 // Over 16-row panels (kernels/cpu/panels.h): each output is one FMA chain
 // over k in order, in lane r % 16 of a panel's vector(s).

@@ -174,7 +174,7 @@ __global__ void topk_gating_kernel(const float* __restrict__ logits, int64_t n, 
 }
 
 // PagedKv as the kernels address it: K rows in k_type, V rows in v_type
-// (F32, F16 or Q8_0), laid out as PagedKv::offset lays them.
+// (F32, F16, Q8_0 or Q4_0), laid out as PagedKv::offset lays them.
 struct KvDev {
   uint8_t* data;
   int32_t n_blocks, block_size, n_layers, n_kv_heads, head_dim;
@@ -205,6 +205,11 @@ __device__ __forceinline__ float load_kv(const uint8_t* row, DType t, int32_t c)
     return f;
   }
   if (t == DType::F16) return __half2float(reinterpret_cast<const __half*>(row)[c]);
+  if (t == DType::Q4_0) {  // f16 scale, value j in the low nibble of byte j, j + 16 in the high one
+    const uint8_t* b = row + size_t(c / 32) * 18;
+    const int q = (b[2 + c % 16] >> (c % 32 < 16 ? 0 : 4)) & 15;
+    return __half2float(*reinterpret_cast<const __half*>(b)) * float(q - 8);
+  }
   const uint8_t* b = row + size_t(c / 32) * 34;  // Q8_0: f16 scale, 32 int8
   return __half2float(*reinterpret_cast<const __half*>(b)) * float(int8_t(b[2 + c % 32]));
 }
@@ -220,6 +225,23 @@ __device__ __forceinline__ void store_kv(uint8_t* row, DType t, int32_t c, float
     else memcpy(row + size_t(c) * 4, &x, 4);
   } else if (t == DType::F16) {
     reinterpret_cast<__half*>(row)[c] = __float2half_rn(x);
+  } else if (t == DType::Q4_0) {
+    // quantize_row_q4_0 (kernels/dtype.cpp): the block's first element of
+    // largest |x| (the lowest lane among the equal), d = that / -8, q =
+    // min(15, trunc(x / d + 8.5)) (NaN: 0), lanes j and j + 16 in byte j.
+    const float amax = warp_max(fabsf(x));
+    int first = fabsf(x) == amax ? int(c % 32) : 32;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, off));
+    const float m = __shfl_sync(0xffffffffu, x, first & 31);
+    const float d = __fdiv_rn(m, -8.0f);
+    const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
+    const float tq = __fadd_rn(__fmul_rn(x, id), 8.5f);
+    const int q = tq >= 0.0f ? (tq < 16.0f ? int(tq) : 15) : 0;
+    const int hi = __shfl_down_sync(0xffffffffu, q, 16);
+    uint8_t* b = row + size_t(c / 32) * 18;
+    if (c % 32 == 0) *reinterpret_cast<__half*>(b) = __float2half_rn(d);
+    if (c % 32 < 16) b[2 + c % 32] = uint8_t(q | (hi << 4));
   } else {
     const float amax = warp_max(fabsf(x));
     const float d = __fdiv_rn(amax, 127.0f);
@@ -359,10 +381,9 @@ class CudaBackend final : public Backend {
     c.shareable = true;
     return c;
   }
-  // The KV kernels store and read F32, F16 and Q8_0 caches (the CPU's).
+  // The KV kernels store and read F32, F16, Q8_0 and Q4_0 caches (the CPU's).
   bool supports(Op op, DType t) const override {
-    if (op == Op::kv_write || op == Op::attention)
-      return t == DType::F32 || t == DType::F16 || t == DType::Q8_0;
+    if (op == Op::kv_write || op == Op::attention) return kv_dtype_known(uint32_t(t));
     return dtype_known(static_cast<uint32_t>(t));
   }
 
@@ -586,10 +607,10 @@ class CudaBackend final : public Backend {
 
   static void check_kv(const PagedKv& kv, const char* op) {
     for (DType t : {kv.k_type, kv.v_type}) {
-      if (t != DType::F32 && t != DType::F16 && t != DType::Q8_0)
+      if (!kv_dtype_known(uint32_t(t)))
         fail((std::string(op) + ": a KV cache type the cuda backend does not store").c_str());
-      if (t == DType::Q8_0 && kv.head_dim % 32 != 0)
-        fail((std::string(op) + ": a Q8_0 KV cache needs head_dim a multiple of 32").c_str());
+      if ((t == DType::Q8_0 || t == DType::Q4_0) && kv.head_dim % 32 != 0)
+        fail((std::string(op) + ": a Q8_0 or Q4_0 KV cache needs head_dim a multiple of 32").c_str());
     }
   }
 

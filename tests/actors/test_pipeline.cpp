@@ -137,7 +137,8 @@ TEST_CASE("pipeline invariant: every KV cache type is bit-identical across mono,
   // P/D moves each prompt's KV; the bytes a block takes follow its type.
   std::map<std::string, double> bytes_per_block;
   for (auto [kt, vt] : {std::pair{DType::F32, DType::F32}, std::pair{DType::F16, DType::F16},
-                        std::pair{DType::Q8_0, DType::Q8_0}, std::pair{DType::F32, DType::Q8_0}}) {
+                        std::pair{DType::Q8_0, DType::Q8_0}, std::pair{DType::F32, DType::Q8_0},
+                        std::pair{DType::Q4_0, DType::Q4_0}, std::pair{DType::Q8_0, DType::Q4_0}}) {
     const std::string what = std::string(dtype_name(kt)) + "/" + dtype_name(vt);
     CAPTURE(what);
     PipelineOptions mono = base_options(Topology::mono);
@@ -162,11 +163,14 @@ TEST_CASE("pipeline invariant: every KV cache type is bit-identical across mono,
   // A block: 2 layers x 16 tokens x one kv head x (K row + V row) of 32 elements,
   // plus the record's header and framing (the same for every type).
   const double f32 = bytes_per_block["F32/F32"], f16 = bytes_per_block["F16/F16"],
-               q8 = bytes_per_block["Q8_0/Q8_0"], mixed = bytes_per_block["F32/Q8_0"];
+               q8 = bytes_per_block["Q8_0/Q8_0"], mixed = bytes_per_block["F32/Q8_0"],
+               q4 = bytes_per_block["Q4_0/Q4_0"], q8q4 = bytes_per_block["Q8_0/Q4_0"];
   const double row = 2 * 16;  // rows of K (or of V) per block
   CHECK(f32 - f16 == doctest::Approx(row * (128 - 64) * 2));
   CHECK(f32 - q8 == doctest::Approx(row * (128 - 34) * 2));
   CHECK(f32 - mixed == doctest::Approx(row * (128 - 34)));
+  CHECK(f32 - q4 == doctest::Approx(row * (128 - 18) * 2));
+  CHECK(f32 - q8q4 == doctest::Approx(row * ((128 - 34) + (128 - 18))));
 }
 
 TEST_CASE("pipeline failure: a decode actor killed mid-generation, its sequences finish elsewhere identical") {

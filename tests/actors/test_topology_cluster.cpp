@@ -223,8 +223,11 @@ TEST_CASE("cluster cache types: -ctk / -ctv for every node, named in the summary
   CHECK(q.cache_type_v == DType::F16);
   CHECK(topology_summary(q).find("KV cache Q8_0 K / F16 V") != std::string::npos);
   CHECK(load_ok("cluster { cache_type_v = 'f16' }\n" + kHead).cache_type_k == DType::F32);
+  const ClusterSpec q4 = load_ok("cluster { cache_type_k = 'q8_0', cache_type_v = 'q4_0' }\n" + kHead);
+  CHECK(q4.cache_type_v == DType::Q4_0);
+  CHECK(topology_summary(q4).find("KV cache Q8_0 K / Q4_0 V") != std::string::npos);
   expect_error("cluster { cache_type_k = 'bf16' }\n" + kHead, 1,
-               "unknown cache_type_k 'bf16' (expected f32, f16 or q8_0)");
+               "unknown cache_type_k 'bf16' (expected f32, f16, q8_0 or q4_0)");
   expect_error("cluster { cache_type_v = 8 }\n" + kHead, 1, "cache_type_v");
 }
 

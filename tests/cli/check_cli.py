@@ -586,7 +586,7 @@ def kv_logits(model_path, *flags):
 base, err = kv_logits(kvm)
 expect("generate with F32 KV", base is not None, err)
 for flags in (["-ctk", "f16", "-ctv", "f16"], ["-ctk", "q8_0", "-ctv", "q8_0"], ["--cache-type-k", "q8_0"],
-              ["-ctv", "f16"]):
+              ["-ctv", "f16"], ["-ctk", "q4_0", "-ctv", "q4_0"], ["-ctk", "q8_0", "-ctv", "q4_0"]):
     got, err = kv_logits(kvm, *flags)
     again, _ = kv_logits(kvm, *flags)
     expect("generate " + " ".join(flags) + ": other logits than F32 KV, the same twice",
@@ -595,7 +595,9 @@ expect_error("-ctk q8_0 on head_dim 16", ["generate", "-m", model, "--prompt-ids
              "cache type k q8_0 needs head_dim a multiple of 32 (it is 16)")
 expect_error("-ctv bf16", ["generate", "-m", model, "--prompt-ids", "1,2", "-ctv", "bf16"], 2,
              "--cache-type-v", "bf16")
-expect_error("serve -ctk q4_0", ["serve", "-m", model, "-ctk", "q4_0"], 2, "--cache-type-k", "q4_0")
+expect_error("-ctv q4_0 on head_dim 16", ["generate", "-m", model, "--prompt-ids", "1,2", "-ctv", "q4_0"], 1,
+             "cache type v q4_0 needs head_dim a multiple of 32 (it is 16)")
+expect_error("serve -ctk q5_0", ["serve", "-m", model, "-ctk", "q5_0"], 2, "--cache-type-k", "q5_0")
 
 # --block-size (vLLM's spelling): positions per KV block, the tile attention
 # reduces over. A 46-position run is 6, 3, 2 or 1 blocks of 8, 16, 32 or 64:

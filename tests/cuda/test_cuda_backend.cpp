@@ -114,6 +114,7 @@ std::vector<uint8_t> encode(DType t, const std::vector<float>& w, int64_t rows, 
         }
         break;
       case DType::Q8_0: quantize_row_q8_0(src, cols, dst); break;
+      case DType::Q4_0: quantize_row_q4_0(src, cols, dst); break;
     }
   }
   return out;
@@ -492,6 +493,9 @@ TEST_CASE("cuda kv_write + attention against cpu - chunked prefill and batching 
       {16, 2, 4, 64, 50, DType::Q8_0, DType::Q8_0},
       {32, 1, 8, 128, 70, DType::Q8_0, DType::F16},
       {7, 1, 2, 32, 20, DType::Q8_0, DType::F32},  // F32 V rows off a 4-byte boundary
+      {16, 2, 4, 64, 50, DType::Q4_0, DType::Q4_0},
+      {32, 1, 8, 128, 70, DType::Q8_0, DType::Q4_0},
+      {7, 1, 2, 32, 20, DType::Q4_0, DType::F32},  // F32 V rows off a 4-byte boundary
   };
   for (const AttnCase& c : cases) {
     CAPTURE(int(c.k_type));

@@ -63,6 +63,7 @@ inline Weights make_weights(DType t, int64_t rows, int64_t cols, uint32_t seed, 
         }
         break;
       case DType::Q8_0: quantize_row_q8_0(src, cols, dst); break;
+      case DType::Q4_0: quantize_row_q4_0(src, cols, dst); break;
     }
   }
   w.deq.resize(size_t(rows * cols));

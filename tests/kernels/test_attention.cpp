@@ -60,13 +60,15 @@ struct Cfg {
   int32_t heads = 6, nkv = 2, hd = 48, bs = 16, layers = 2, layer = 1;
 };
 
-// The KV types a head_dim allows (Q8_0 needs a multiple of 32).
+// The KV types a head_dim allows (Q8_0 and Q4_0 need a multiple of 32).
 std::vector<std::pair<DType, DType>> kv_types(int32_t hd) {
   std::vector<std::pair<DType, DType>> v = {{DType::F32, DType::F32}, {DType::F16, DType::F16},
                                             {DType::F32, DType::F16}};
   if (hd % 32 == 0) {
     v.push_back({DType::Q8_0, DType::Q8_0});
     v.push_back({DType::F16, DType::Q8_0});
+    v.push_back({DType::Q4_0, DType::Q4_0});
+    v.push_back({DType::Q8_0, DType::Q4_0});  // llama.cpp's usual pair: K is the more sensitive
   }
   return v;
 }
@@ -177,6 +179,7 @@ std::vector<uint8_t> encoded(DType t, const float* x, int32_t hd) {
       std::memcpy(out.data() + 2 * j, &h, 2);
     }
   if (t == DType::Q8_0) quantize_row_q8_0(x, hd, out.data());
+  if (t == DType::Q4_0) quantize_row_q4_0(x, hd, out.data());
   return out;
 }
 
@@ -325,7 +328,7 @@ TEST_CASE("attention: a decode batch mixing sequences equals each alone") {
   }
 }
 
-// F16 and Q8_0 KV. The kernel must be exact on the values stored (as F32 is
+// F16, Q8_0 and Q4_0 KV. The kernel must be exact on the values stored (as F32 is
 // on its own), and the answer must lie within a bound derived from the
 // quantisation error of the stored rows against the unquantised reference.
 // For one query row and head, with d_t the score error of position t
@@ -334,8 +337,10 @@ TEST_CASE("attention: a decode batch mixing sequences equals each alone") {
 //   o' - o = sum_t (p'_t - p_t) v'_t + sum_t p_t (v'_t - v_t), so
 //   |o' - o|_inf <= (e^2D - 1) max_t |v'_t|_inf + max_t |v'_t - v_t|_inf.
 // Each stored element's error is itself bounded: F16 by 2^-11 |x| (normal
-// range), Q8_0 by half its block's step, max|x| / 254.
-TEST_CASE("attention over F16 and Q8_0 KV: exact on the stored values, within the derived bound") {
+// range), Q8_0 by half its block's step, max|x| / 254, Q4_0 by a whole
+// step, max|x| / 8 (the element opposite the largest may sit at -8 steps,
+// which Q4_0's top, +7, misses by one).
+TEST_CASE("attention over F16, Q8_0 and Q4_0 KV: exact on the stored values, within the derived bound") {
   for (const Cfg& c : attention_shapes()) {
     for (auto [kt, vt] : kv_types(c.hd)) {
       if (kt == DType::F32 && vt == DType::F32) continue;
@@ -361,6 +366,13 @@ TEST_CASE("attention over F16 and Q8_0 KV: exact on the stored values, within th
               for (size_t j = e / 32 * 32; j < e / 32 * 32 + 32; ++j) amax = std::max(amax, std::fabs((*orig)[j]));
               // Half a step, the step rounded to F16 (relative 2^-11) on top.
               REQUIRE(std::fabs(y - x) <= amax / 254 + amax / 127 * 128 * std::ldexp(1.0f, -11) + 1e-7f);
+            }
+            if (t == DType::Q4_0) {
+              float amax = 0;
+              for (size_t j = e / 32 * 32; j < e / 32 * 32 + 32; ++j) amax = std::max(amax, std::fabs((*orig)[j]));
+              // At most a step (amax / 8: the top of the range is 7 steps
+              // above the middle, the bottom 8), the F16 scale's rounding on top.
+              REQUIRE(std::fabs(y - x) <= amax / 8 + amax / 8 * 8 * std::ldexp(1.0f, -11) + 1e-7f);
             }
           }
         }

@@ -132,6 +132,72 @@ TEST_CASE("dtype: quantize_row_q8_0 matches a hand-computed block") {
   for (int j = 32; j < 64; ++j) CHECK(back[j] == 0.0f);
 }
 
+TEST_CASE("dtype: quantize_row_q4_0 matches hand-computed blocks (ggml's quantize_row_q4_0_ref)") {
+  std::vector<float> x(96, 0.0f);
+  for (int j = 0; j < 32; ++j) x[j] = (j - 16) * 0.25f;  // the largest |x| is -4 (j = 0): d = 0.5
+  x[32] = 2.0f, x[33] = -2.0f, x[34] = 1.0f;             // the largest is +2: d = -0.25
+  // x[64..95] all zero: d = -0 (0 / -8), every q 8.
+  std::vector<uint8_t> q(3 * kQ4BlockBytes);
+  quantize_row_q4_0(x.data(), 96, q.data());
+  CHECK(dtype_row_bytes(DType::Q4_0, 96) == 3 * 18);
+  uint16_t dh;
+  std::memcpy(&dh, q.data(), 2);
+  CHECK(dh == fp32_to_fp16(0.5f));
+  // q = trunc(x / d + 8.5), at most 15: value j in the low nibble of byte
+  // j, value j + 16 in the high one.
+  for (int j = 0; j < 16; ++j) {
+    const int lo = (j + 1) / 2, hi = std::min(15, 8 + (j + 1) / 2);
+    CHECK(q[2 + j] == (lo | (hi << 4)));
+  }
+  std::memcpy(&dh, q.data() + 18, 2);
+  CHECK(dh == fp32_to_fp16(-0.25f));
+  CHECK((q[18 + 2] & 15) == 0);   // 2 / -0.25 + 8.5 = 0.5
+  CHECK((q[18 + 3] & 15) == 15);  // -2 / -0.25 + 8.5 = 16.5: 16, clamped to 15
+  CHECK((q[18 + 4] & 15) == 4);   // 4.5
+  CHECK((q[18 + 5] & 15) == 8);
+  std::memcpy(&dh, q.data() + 36, 2);
+  CHECK(dh == fp32_to_fp16(-0.0f));
+  for (int j = 0; j < 16; ++j) CHECK(q[36 + 2 + j] == 0x88);
+
+  std::vector<float> back(96);
+  dequantize_row(DType::Q4_0, q.data(), 96, back.data());
+  CHECK(back[0] == -4.0f);
+  CHECK(back[31] == 3.5f);   // 3.75 clamped to the top step, half a step off
+  CHECK(back[17] == 0.5f);   // 0.25: half a step, rounded up
+  CHECK(back[32] == 2.0f);
+  CHECK(back[33] == -1.75f);  // -2 is a full step off: the other end of the range has 7 steps, not 8
+  CHECK(back[34] == 1.0f);
+  for (int j = 64; j < 96; ++j) CHECK(back[j] == 0.0f);
+}
+
+TEST_CASE("dtype: Q4_0 values within half a step of x, a whole one at the clamped end") {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> u(-3.0f, 3.0f);
+  const int64_t cols = 256;
+  std::vector<float> x(cols), y(cols);
+  for (auto& v : x) v = u(rng);
+  std::vector<uint8_t> buf(dtype_row_bytes(DType::Q4_0, cols));
+  quantize_row_q4_0(x.data(), cols, buf.data());
+  dequantize_row(DType::Q4_0, buf.data(), cols, y.data());
+  int clamped = 0;
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    float amax = 0, max = 0;
+    for (int j = 0; j < 32; ++j)
+      if (std::fabs(x[b * 32 + j]) > amax) amax = std::fabs(x[b * 32 + j]), max = x[b * 32 + j];
+    const float d = max / -8;  // a step; the values are (q - 8) d for q in 0..15
+    for (int j = 0; j < 32; ++j) {
+      // x / d in [-8, 8]: up to 7.5 it rounds to the nearest step; above,
+      // q = 15 is the top, r - 7 steps off (at most one).
+      const double r = double(x[b * 32 + j]) / d;
+      const double steps = r <= 7.499 ? 0.5 : r - 7;
+      clamped += r > 7.499;
+      // The F16 scale: (q - 8) steps of relative 2^-11 on top.
+      CHECK(std::fabs(y[b * 32 + j] - x[b * 32 + j]) <= std::fabs(d) * (steps * 1.0001 + 8 * std::ldexp(1.0, -11)) + 1e-6);
+    }
+  }
+  CHECK(clamped >= 1);  // the seed reaches the clamped end
+}
+
 TEST_CASE("dtype: dequantize_row for every type") {
   std::mt19937 rng(3);
   std::uniform_real_distribution<float> u(-3.0f, 3.0f);

@@ -12,7 +12,7 @@ forcing on cleave's own tokens). Checks, per step and vocab entry:
   F16/BF16/Q8_0 models:  max |cleave - reference| <= 1e-3, ids == reference argmax
 (the reference dequantises the very values stored in the file, so the only
 error left is cleave's float32 arithmetic). Cases with a KV cache type
-(-ctk / -ctv F16, Q8_0) round K and V in the reference as the cache stores
+(-ctk / -ctv F16, Q8_0, Q4_0) round K and V in the reference as the cache stores
 them, under the same bound; against the F32-KV reference, every step whose
 top-2 margin exceeds twice the step's largest logit error must keep its id
 (the rest are reported). Cases with --compute int8 quantise, in the
@@ -73,6 +73,9 @@ CASES = [
     ("gqa_f32_block8", GQA, "f32", 114, 1020, 1e-4, ("f32", "f32"), "exact", ("--block-size", "8")),
     ("hd32_kv_q8_0_block32", HD32, "f32", 115, 1021, 1e-3, ("q8_0", "q8_0"), "exact", ("--block-size", "32")),
     ("dense_f16_block128", DENSE, "f16", 116, 1022, 1e-3, ("f32", "f32"), "exact", ("--block-size", "128")),
+    # Q4_0 KV (4.5 bits a value): both, and llama.cpp's usual Q8_0 K with Q4_0 V.
+    ("hd32_kv_q4_0", HD32, "f32", 117, 1023, 1e-3, ("q4_0", "q4_0")),
+    ("hd32_f16_kv_q8_0_q4_0", HD32, "f16", 118, 1024, 1e-3, ("q8_0", "q4_0")),
 ]
 TYPE_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0"}
 

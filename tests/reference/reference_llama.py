@@ -53,16 +53,36 @@ def kv_round(x, kind):
     in float64: the float32 value (what cleave computes) rounded to F16
     (nearest even, numpy's astype), or quantised to Q8_0 as ggml does it:
     per 32 elements d = max|x| / 127 in float32, q = roundf(x / d) (halves
-    away from zero), the value q * fp16(d)."""
+    away from zero), the value q * fp16(d); or to Q4_0 (q4_blocks)."""
     if kind == "f32":
         return x
     x32 = np.asarray(x, dtype=np.float32)
     if kind == "f16":
         return x32.astype(np.float16).astype(np.float64)
+    if kind == "q4_0":
+        q, d = q4_blocks(x32)
+        return (q * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
     if kind != "q8_0":
         raise ValueError(f"unknown KV type {kind!r}")
     q, d = q8_blocks(x32)
     return (q * d.astype(np.float16).astype(np.float64)).reshape(x.shape)
+
+
+def q4_blocks(x32):
+    """x32 (..., n) float32, n a multiple of 32, per 32 elements as ggml's
+    quantize_row_q4_0_ref: m = the first element of largest |x|, d = m / -8
+    in float32, q = min(15, trunc(x * (1 / d) + 8.5)) with the product and
+    the sum each rounded to float32. Returns q - 8 (..., n/32, 32) float64
+    and d (..., n/32, 1) float32."""
+    b = x32.reshape(*x32.shape[:-1], -1, 32)
+    first = np.argmax(np.abs(b), axis=-1)[..., None]  # argmax: the first of equal maxima
+    m = np.take_along_axis(b, first, axis=-1)
+    d = (m / np.float32(-8)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(d != 0, np.float32(1) / d, np.float32(0)).astype(np.float32)
+    t = ((b * inv).astype(np.float32) + np.float32(8.5)).astype(np.float32)
+    q = np.minimum(np.trunc(t.astype(np.float64)), 15)
+    return q - 8, d
 
 
 def q8_blocks(x32):

@@ -386,14 +386,15 @@ TEST_CASE("rocksdb tier: threads inserting and reading the same keys") {
   CHECK(t.usage_bytes() == 32 * (kRecordHeaderBytes + small_layout().block_bytes()));
 }
 
-TEST_CASE("rocksdb tier: F16 and Q8_0 blocks are stored at their size and read back, other types are foreign") {
+TEST_CASE("rocksdb tier: F16, Q8_0 and Q4_0 blocks are stored at their size and read back, other types are foreign") {
   for (auto [kt, vt] : {std::pair{DType::F16, DType::F16}, std::pair{DType::Q8_0, DType::Q8_0},
-                        std::pair{DType::F16, DType::Q8_0}}) {
+                        std::pair{DType::F16, DType::Q8_0}, std::pair{DType::Q4_0, DType::Q4_0},
+                        std::pair{DType::Q8_0, DType::Q4_0}}) {
     const std::string types = std::string(dtype_name(kt)) + "/" + dtype_name(vt);
     CAPTURE(types);
     TempDir dir;
     KvLayout l = small_layout();
-    l.head_dim = 32;  // Q8_0 rows are 32-element blocks
+    l.head_dim = 32;  // Q8_0 and Q4_0 rows are 32-element blocks
     l.k_type = kt;
     l.v_type = vt;
     // Rows of K and V: 2 layers x 2 heads x 4 tokens each; bytes per row by type.
