@@ -91,7 +91,7 @@ void store_kv_row(const cpu::Kernels& k, DType t, const float* x, int32_t head_d
     case DType::F32: std::memcpy(out, x, size_t(head_dim) * 4); return;
     case DType::F16: k.f16_row(x, head_dim, out); return;
     case DType::Q8_0: k.q8_0_row(x, head_dim, out); return;
-    case DType::Q4_0: quantize_row_q4_0(x, head_dim, out); return;  // scalar, every ISA
+    case DType::Q4_0: k.q4_0_row(x, head_dim, out); return;
     case DType::BF16: break;
   }
   CLEAVE_CHECK(false);

@@ -80,6 +80,8 @@ struct Kernels {
   void (*f16_row)(const float* x, int64_t count, uint8_t* out);
   // cols (a multiple of 32) floats to Q8_0 blocks, quantize_row_q8_0 (kernels/dtype.h) bit for bit.
   void (*q8_0_row)(const float* x, int64_t cols, uint8_t* out);
+  // The same into Q4_0 blocks (the KV cache's), quantize_row_q4_0 bit for bit.
+  void (*q4_0_row)(const float* x, int64_t cols, uint8_t* out);
   // Rotary embedding of one row's n_heads heads in place: pair (2j, 2j+1)
   // of each head becomes (x0 c - x1 s, x0 s + x1 c), from cs = (c0, c0, c1,
   // c1, ...) and sn = (-s0, s0, -s1, s1, ...) of head_dim floats each; the

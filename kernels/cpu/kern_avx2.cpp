@@ -140,6 +140,23 @@ struct V {
       __builtin_memcpy(q + h + 4, &hi, 4);
     }
   }
+  // Q4_0's values of 32 floats: q[j] = min(15, trunc(x[j] id + 8.5)) (the
+  // product rounded first; at least 0), packed as byte j = q[j] | q[j + 16] << 4.
+  static void round_q4_32(const float* x, float id, uint8_t* qs) {
+    const __m256 idv = _mm256_set1_ps(id), off = _mm256_set1_ps(8.5f);
+    const __m256i top = _mm256_set1_epi32(15), zero = _mm256_setzero_si256();
+    __m256i q[4];
+    for (int h = 0; h < 4; ++h) {
+      __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + 8 * h), idv);
+      keep(p);
+      q[h] = _mm256_min_epi32(_mm256_max_epi32(_mm256_cvttps_epi32(_mm256_add_ps(p, off)), zero), top);
+    }
+    const __m256i a = _mm256_or_si256(q[0], _mm256_slli_epi32(q[2], 4));  // bytes 0-7
+    const __m256i b = _mm256_or_si256(q[1], _mm256_slli_epi32(q[3], 4));  // bytes 8-15
+    const __m256i p16 = _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xD8);  // a0-7 | b0-7
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs),
+                     _mm_packus_epi16(_mm256_castsi256_si128(p16), _mm256_extracti128_si256(p16, 1)));
+  }
   static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   static void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
   static float sqrt1(float x) { return __builtin_sqrtf(x); }

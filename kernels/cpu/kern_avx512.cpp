@@ -132,6 +132,20 @@ struct V {
       _mm_storeu_si128(reinterpret_cast<__m128i*>(q + h), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(t)));
     }
   }
+  // Q4_0's values of 32 floats: q[j] = min(15, trunc(x[j] id + 8.5)) (the
+  // product rounded first; at least 0), packed as byte j = q[j] | q[j + 16] << 4.
+  static void round_q4_32(const float* x, float id, uint8_t* qs) {
+    const __m512 idv = _mm512_set1_ps(id), off = _mm512_set1_ps(8.5f);
+    const __m512i top = _mm512_set1_epi32(15), zero = _mm512_setzero_si512();
+    __m512i q[2];
+    for (int h = 0; h < 2; ++h) {
+      __m512 p = _mm512_mul_ps(_mm512_loadu_ps(x + 16 * h), idv);
+      keep(p);
+      q[h] = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvttps_epi32(_mm512_add_ps(p, off)), zero), top);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qs),
+                     _mm512_cvtepi32_epi8(_mm512_or_si512(q[0], _mm512_slli_epi32(q[1], 4))));
+  }
   static void prefetch(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0); }
   static void prefetch_l2(const uint8_t* p) { _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T1); }
   static float sqrt1(float x) { return __builtin_sqrtf(x); }

@@ -84,6 +84,7 @@ struct V {
     return false;
   }
   static void round_q8_32(const float* x, float id, int8_t* q) { (void)x, (void)id, (void)q; }
+  static void round_q4_32(const float* x, float id, uint8_t* q) { (void)x, (void)id, (void)q; }
   // W floats to f16 at p by the portable formula; never asks for a redo.
   static bool store_f16(const float* x, uint8_t* p) {
     for (int i = 0; i < 8; ++i) {

@@ -700,6 +700,35 @@ void q8_0_row_k(const float* x, int64_t cols, uint8_t* out) {
   }
 }
 
+// quantize_row_q4_0 (kernels/dtype.h) bit for bit, a 32-value block at a
+// time: the first element of the largest |x|, d = it / -8, id = 1 / d and
+// min(15, trunc(x id + 8.5)); a block holding a NaN or an infinity, or
+// whose 1 / d overflows, goes through quantize_row_q4_0.
+template <class V>
+void q4_0_row_k(const float* x, int64_t cols, uint8_t* out) {
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + b * 32;
+    uint8_t* ob = out + b * 18;
+    float amax = 0.0f;
+    if (!V::amax32(xb, &amax)) {
+      cleave::quantize_row_q4_0(xb, 32, ob);
+      continue;
+    }
+    int first = 0;
+    while (first < 31 && !(__builtin_fabsf(xb[first]) == amax)) ++first;
+    // A block of zeros keeps the formula's +0 (its -0s are never "larger").
+    const float d = (amax == 0.0f ? 0.0f : xb[first]) / -8.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    if (!(__builtin_fabsf(id) <= 3.40282347e+38f)) {  // d subnormal: x id overflows
+      cleave::quantize_row_q4_0(xb, 32, ob);
+      continue;
+    }
+    const uint16_t dh = cleave::fp32_to_fp16(d);
+    __builtin_memcpy(ob, &dh, 2);
+    V::round_q4_32(xb, id, ob + 2);
+  }
+}
+
 // Rotary embedding of n_heads heads of head_dim floats (pairs (2j, 2j+1)),
 // with cs = cos duplicated per pair and sn = sin negated in the even lane:
 // x' = x cs + swap_pairs(x) sn, which is (x0 c - x1 s, x0 s + x1 c) with the
@@ -771,4 +800,5 @@ void axpy_row_k(float* o, float w, const float* y, int64_t n) {
                                        &softmax_row_k<V>, &silu_mul_k<V>, &attn_k<V>,      \
                                        &layer_norm_row_k<V>, &gelu_k<V>, &add_k<V>,     \
                                        &hsums_check<V>, &f16_row_k<V>, &q8_0_row_k<V>,  \
-                                       &rope_rows_k<V>, &widen_row_k<V>, &axpy_row_k<V>};
+                                       &q4_0_row_k<V>, &rope_rows_k<V>, &widen_row_k<V>, \
+                                       &axpy_row_k<V>};

@@ -592,6 +592,46 @@ TEST_CASE("q8_0_row stores quantize_row_q8_0's bytes on every ISA: ties, zeros, 
   }
 }
 
+TEST_CASE("q4_0_row stores quantize_row_q4_0's bytes on every ISA: ties, the clamp, zeros, non-finite blocks") {
+  std::vector<float> x;
+  std::mt19937 rng(13);
+  auto block = [&](auto gen) {
+    for (int j = 0; j < 32; ++j) x.push_back(gen(j));
+  };
+  // Largest -8 (d = 1, id = 1): x + 8.5 at every half step, then +8 (16.5,
+  // clamped to 15) and values equal in |x| to the largest (the first wins).
+  block([](int j) { return j == 0 ? -8.0f : float(j % 17 - 8) + (j % 2 ? 0.5f : 0.0f); });
+  block([](int j) { return j == 4 ? 8.0f : j == 9 ? -8.0f : j == 2 ? 8.0f : float(j) * 0.25f - 4.0f; });
+  block([](int j) { return j == 31 ? -3.0f : 3.0f * float(j) / 31.0f; });  // the last is the first largest
+  block([](int) { return 0.0f; });
+  block([](int j) { return j % 2 ? -0.0f : 0.0f; });
+  block([](int j) { return j % 2 ? 0.0f : -0.0f; });  // -0 first: d is still 0 / -8
+  block([](int j) { return j == 3 ? std::numeric_limits<float>::quiet_NaN() : float(j); });
+  block([](int j) { return j == 7 ? -std::numeric_limits<float>::infinity() : float(j); });
+  block([](int j) { return j == 9 ? std::numeric_limits<float>::max() : 1.0f; });
+  block([](int j) { return float(j) * 1e-42f; });  // f32 denormals: d subnormal
+  std::uniform_real_distribution<float> u(-1.0f, 1.0f);
+  for (int b = 0; b < 200; ++b) {
+    const float scale = std::ldexp(1.0f, int(rng() % 40) - 20);
+    block([&](int) { return u(rng) * scale; });
+  }
+  const int64_t cols = int64_t(x.size());
+  std::vector<uint8_t> want(size_t(cols / 32) * 18);
+  quantize_row_q4_0(x.data(), cols, want.data());
+  for (Isa isa : isas()) {
+    const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
+                            : isa == Isa::avx2 ? cpu::kKernelsAvx2
+                                               : cpu::kKernelsScalar;
+    std::vector<uint8_t> got(want.size(), 0xAB);
+    k.q4_0_row(x.data(), cols, got.data());
+    size_t bad = 0, first = 0;
+    for (size_t b = 0; b < want.size() / 18; ++b)
+      if (std::memcmp(got.data() + b * 18, want.data() + b * 18, 18) != 0 && bad++ == 0) first = b;
+    INFO(std::string(isa_name(isa)) << ": " << bad << " blocks differ, the first " << first);
+    CHECK(bad == 0);
+  }
+}
+
 TEST_CASE("matmul batch invariance: long rows (x rows in several passes)") {
   // cols past 1024 and n past what one x pass keeps in L2, ragged cols.
   for (Isa isa : isas()) {
