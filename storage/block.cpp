@@ -23,7 +23,7 @@ Status KvLayout::validate() const {
   CLEAVE_RETURN_IF_ERROR(positive("n_kv_heads", n_kv_heads));
   CLEAVE_RETURN_IF_ERROR(positive("head_dim", head_dim));
   for (auto [t, what] : {std::pair{k_type, "kv layout: k_type"}, std::pair{v_type, "kv layout: v_type"}}) {
-    if (!kv_dtype_known(uint32_t(t)))
+    if (!dtype_known(uint32_t(t)) && !kv_dtype_known(uint32_t(t)))  // no type at all; check_kv_type names the rest
       return Status(Code::invalid_argument, std::string(what) + " " + std::to_string(uint32_t(t)) +
                                                 " is not a type id");
     CLEAVE_RETURN_IF_ERROR(check_kv_type(t, head_dim, what));
