@@ -234,7 +234,7 @@ __device__ __forceinline__ void store_kv(uint8_t* row, DType t, int32_t c, float
 #pragma unroll
     for (int off = 16; off > 0; off >>= 1) first = min(first, __shfl_xor_sync(0xffffffffu, first, off));
     const float m = __shfl_sync(0xffffffffu, x, first & 31);
-    const float d = __fdiv_rn(m, -8.0f);
+    const float d = __fdiv_rn(amax == 0.0f ? 0.0f : m, -8.0f);  // zeros: the formula's +0, whatever -0s
     const float id = d != 0.0f ? __fdiv_rn(1.0f, d) : 0.0f;
     const float tq = __fadd_rn(__fmul_rn(x, id), 8.5f);
     const int q = tq >= 0.0f ? (tq < 16.0f ? int(tq) : 15) : 0;
