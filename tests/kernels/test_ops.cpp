@@ -489,13 +489,18 @@ TEST_CASE("topk_gating vs reference - ties and batch invariance") {
   }
 }
 
+namespace {
+// The kernel table an ISA runs.
+const cpu::Kernels& kernels_of(Isa isa) {
+  return isa == Isa::avx512 ? cpu::kKernelsAvx512 : isa == Isa::avx2 ? cpu::kKernelsAvx2 : cpu::kKernelsScalar;
+}
+}  // namespace
+
 TEST_CASE("combined horizontal sums equal hsum bit for bit") {
   // Attention reduces many positions' accumulators at once; each must get
   // exactly V::hsum's additions, so a score's bits match whatever the block.
   for (Isa isa : isas()) {
-    const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
-                            : isa == Isa::avx2 ? cpu::kKernelsAvx2
-                                               : cpu::kKernelsScalar;
+    const cpu::Kernels& k = kernels_of(isa);
     for (int n = 1; n <= 24; ++n) {
       for (uint32_t seed = 0; seed < 20; ++seed) {
         // Mixed magnitudes so that a different addition order shows up.
@@ -539,9 +544,7 @@ TEST_CASE("f16_row stores fp32_to_fp16's bits on every ISA, NaN payloads, ties a
     std::memcpy(want.data() + 2 * i, &h, 2);
   }
   for (Isa isa : isas()) {
-    const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
-                            : isa == Isa::avx2 ? cpu::kKernelsAvx2
-                                               : cpu::kKernelsScalar;
+    const cpu::Kernels& k = kernels_of(isa);
     for (size_t count : {x.size(), x.size() - 5, size_t(7), size_t(1)}) {
       std::vector<uint8_t> got(count * 2, 0xAB);
       k.f16_row(x.data(), int64_t(count), got.data());
@@ -579,9 +582,7 @@ TEST_CASE("q8_0_row stores quantize_row_q8_0's bytes on every ISA: ties, zeros, 
   std::vector<uint8_t> want(size_t(cols / 32) * 34);
   quantize_row_q8_0(x.data(), cols, want.data());
   for (Isa isa : isas()) {
-    const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
-                            : isa == Isa::avx2 ? cpu::kKernelsAvx2
-                                               : cpu::kKernelsScalar;
+    const cpu::Kernels& k = kernels_of(isa);
     std::vector<uint8_t> got(want.size(), 0xAB);
     k.q8_0_row(x.data(), cols, got.data());
     size_t bad = 0, first = 0;
@@ -619,9 +620,7 @@ TEST_CASE("q4_0_row stores quantize_row_q4_0's bytes on every ISA: ties, the cla
   std::vector<uint8_t> want(size_t(cols / 32) * 18);
   quantize_row_q4_0(x.data(), cols, want.data());
   for (Isa isa : isas()) {
-    const cpu::Kernels& k = isa == Isa::avx512 ? cpu::kKernelsAvx512
-                            : isa == Isa::avx2 ? cpu::kKernelsAvx2
-                                               : cpu::kKernelsScalar;
+    const cpu::Kernels& k = kernels_of(isa);
     std::vector<uint8_t> got(want.size(), 0xAB);
     k.q4_0_row(x.data(), cols, got.data());
     size_t bad = 0, first = 0;
