@@ -461,7 +461,7 @@ class HeadNode final : public Node {
     for (const auto& m : models_) {
       const msg::Stats s = m->router_stats();
       n += int32_t(s.get("alive_prefill") + s.get("alive_decode") + s.get("alive_colocated") +
-                   s.get("alive_vision_encoder"));
+                   s.get("alive_vision_encoder") - s.get("stores_pending"));
     }
     return n;
   }

@@ -86,7 +86,9 @@ class Node : public Frontend {
   // Head: the bound "HOST:PORT"; worker: the head's "HOST:PORT".
   virtual std::string address() const = 0;
   // Head: live stages and vision encoders attached to the router (local and
-  // remote). Worker: the stages and encoders it spawned.
+  // remote; in a KV pool, a stage once the router also has its store, which
+  // kv_aware placement and preloads need). Worker: the stages and encoders
+  // it spawned.
   virtual int32_t stages() = 0;
   // Worker: the head went away (its router is down). Head: always false.
   virtual bool lost_head() const = 0;

@@ -571,9 +571,12 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
           alive_encoders += e.alive;
           parked_encoders += e.alive && e.parked;
         }
-        uint64_t active_entry = 0, parked_entry = 0;
+        uint64_t active_entry = 0, parked_entry = 0, stores_pending = 0;
         for (const auto& st : s.stages) {
           if (!st.alive || st.draining) continue;
+          // In a KV pool a stage sends its store apart from its attach; until
+          // it comes, placement there neither counts nor preloads its blocks.
+          stores_pending += s.config.kv_index && !st.store;
           if (st.entry) ++(st.parked ? parked_entry : active_entry);
           if (st.kind == ActorKind::prefill) ++alive_prefill;
           if (st.kind == ActorKind::decode) ++alive_decode;
@@ -622,6 +625,7 @@ router_actor::behavior_type router_fn(router_pointer self, RouterConfig config,
                                                                    {"alive_prefill", alive_prefill},
                                                                    {"alive_decode", alive_decode},
                                                                    {"alive_colocated", alive_colocated},
+                                                                   {"stores_pending", stores_pending},
                                                                    {"alive_vision_encoder", alive_encoders},
                                                                    {"encodes", s.encodes},
                                                                    {"encoder_downs", s.encoder_downs},

@@ -235,7 +235,8 @@ CLI::App* add_node_command(CLI::App& app) {
   cmd->add_option("--requests", g_args.requests, "head: JSONL requests to run, then exit")
       ->check(CLI::ExistingFile);
   cmd->add_option("--out", g_args.out, "head: JSONL results of --requests");
-  cmd->add_option("--wait-stages", g_args.wait_stages, "head: stages to wait for before --requests")
+  cmd->add_option("--wait-stages", g_args.wait_stages,
+                  "head: stages to wait for before --requests (in a KV pool, each with its store known)")
       ->check(CLI::Range(1, 1 << 20));
   cmd->add_option("--wait-timeout", g_args.wait_timeout_s, "head: seconds to wait for those stages")
       ->check(CLI::Range(0.0, 3600.0));

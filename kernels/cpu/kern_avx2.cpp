@@ -9,6 +9,7 @@ namespace {
 struct V {
   using vec = __m256;
   static constexpr int W = 8;
+  static constexpr bool kOneKvLoader = false;  // attention: a loader per KV type pair
   // Matmul microkernel: up to 6 x rows by np_for(rows) panels of 16 outputs
   // (two vectors each): at most 12 accumulators of the 16 registers.
   static constexpr int MR = 6;

@@ -12,6 +12,7 @@ namespace {
 struct V {
   using vec = __m512;
   static constexpr int W = 16;
+  static constexpr bool kOneKvLoader = false;  // attention: a loader per KV type pair
   // Matmul microkernel: up to 12 x rows by np_for(rows) panels of 16 outputs
   // (one vector each): 8 independent chains at 1-2 rows (decode streams 8
   // panels), 24 accumulators at 6 and 12. Twelve rows by two panels widen

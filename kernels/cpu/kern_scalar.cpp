@@ -13,6 +13,10 @@ struct V {
     float v[8];
   };
   static constexpr int W = 8;
+  // Attention: one loader for every KV type pair (simd_attention.h, LAnyKv):
+  // this table is for checks, and its instantiations per pair made the
+  // sanitizer builds' compile of this file take minutes.
+  static constexpr bool kOneKvLoader = true;
   static constexpr int MR = 2;
   static constexpr int np_for(int mi) { return mi == 1 ? 2 : 1; }
 #define CLEAVE_LANES(expr) \

@@ -400,6 +400,36 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
     }
 }
 
+// A KV row of any cache type, the type read at run time (set by attn_k
+// for the call): the scalar table's one instantiation for every K and V
+// pair, where the AVX ones take one per pair. It loads the same values as
+// the typed loaders (each conversion is exact) a W-step at a time, each
+// with its own scale, so a query's operations are theirs.
+template <class V, int Which>  // 0: K rows, 1: V rows
+struct LAnyKv {
+  static inline thread_local int type = cleave::cpu::kWF32;
+  static constexpr int kBlock = 1;
+  static constexpr bool kPrefetchInScores = true;
+  struct Scale {};
+  static Scale scale(const uint8_t*, int64_t) { return {}; }
+  static typename V::vec load(const uint8_t* row, int64_t k, Scale = {}) {
+    switch (type) {
+      case cleave::cpu::kWF16: return LF16<V>::load(row, k);
+      case cleave::cpu::kWQ8: return LQ8<V>::load(row, k);
+      case cleave::cpu::kWQ4: return LQ4<V>::load(row, k);
+      default: return LF32<V>::load(row, k);
+    }
+  }
+  static float at(const uint8_t* row, int64_t k) {
+    switch (type) {
+      case cleave::cpu::kWF16: return LF16<V>::at(row, k);
+      case cleave::cpu::kWQ8: return LQ8<V>::at(row, k);
+      case cleave::cpu::kWQ4: return LQ4<V>::at(row, k);
+      default: return LF32<V>::at(row, k);
+    }
+  }
+};
+
 template <class V, class LK>
 void attn_v(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
             const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch,
@@ -425,20 +455,27 @@ template <class V>
 void attn_k(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
             const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch,
             const AttnNext* next) {
-  switch (a->k_type) {
-    case cleave::cpu::kWF32:
-      attn_v<V, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-      return;
-    case cleave::cpu::kWF16:
-      attn_v<V, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-      return;
-    case cleave::cpu::kWQ8:
-      attn_v<V, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-      return;
-    case cleave::cpu::kWQ4:
-      attn_v<V, LQ4<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-      return;
-    default: __builtin_trap();
+  if constexpr (V::kOneKvLoader) {
+    LAnyKv<V, 0>::type = a->k_type;
+    LAnyKv<V, 1>::type = a->v_type;
+    attn_t<V, LAnyKv<V, 0>, LAnyKv<V, 1>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch,
+                                          next);
+  } else {
+    switch (a->k_type) {
+      case cleave::cpu::kWF32:
+        attn_v<V, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
+        return;
+      case cleave::cpu::kWF16:
+        attn_v<V, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
+        return;
+      case cleave::cpu::kWQ8:
+        attn_v<V, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
+        return;
+      case cleave::cpu::kWQ4:
+        attn_v<V, LQ4<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
+        return;
+      default: __builtin_trap();
+    }
   }
 }
 
