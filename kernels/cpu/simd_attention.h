@@ -401,10 +401,10 @@ void attn_t(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_he
 }
 
 // A KV row of any cache type, the type read at run time (set by attn_k
-// for the call): the scalar table's one instantiation for every K and V
-// pair, where the AVX ones take one per pair. It loads the same values as
-// the typed loaders (each conversion is exact) a W-step at a time, each
-// with its own scale, so a query's operations are theirs.
+// for the call): the scalar table's one loader for every K and V pair, and
+// the AVX tables' for the pairs without typed loaders (attn_k). It loads
+// the same values as the typed loaders (each conversion is exact) a W-step
+// at a time, each with its own scale, so a query's operations are theirs.
 template <class V, int Which>  // 0: K rows, 1: V rows
 struct LAnyKv {
   static inline thread_local int type = cleave::cpu::kWF32;
@@ -430,53 +430,33 @@ struct LAnyKv {
   }
 };
 
-template <class V, class LK>
-void attn_v(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
-            const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch,
-            const AttnNext* next) {
-  switch (a->v_type) {
-    case cleave::cpu::kWF32:
-      attn_t<V, LK, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-      return;
-    case cleave::cpu::kWF16:
-      attn_t<V, LK, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-      return;
-    case cleave::cpu::kWQ8:
-      attn_t<V, LK, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-      return;
-    case cleave::cpu::kWQ4:
-      attn_t<V, LK, LQ4<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-      return;
-    default: __builtin_trap();
-  }
-}
-
 template <class V>
 void attn_k(const AttnArgs* a, const float* q, int64_t row_stride, int32_t kv_head, int32_t n_kv,
             const int32_t* block_table, const int32_t* pos, int32_t R, float* out, float* scratch,
             const AttnNext* next) {
-  if constexpr (V::kOneKvLoader) {
-    LAnyKv<V, 0>::type = a->k_type;
-    LAnyKv<V, 1>::type = a->v_type;
-    attn_t<V, LAnyKv<V, 0>, LAnyKv<V, 1>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch,
+  auto run = [&](auto lk, auto lv) {
+    attn_t<V, decltype(lk), decltype(lv)>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch,
                                           next);
-  } else {
-    switch (a->k_type) {
-      case cleave::cpu::kWF32:
-        attn_v<V, LF32<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-        return;
-      case cleave::cpu::kWF16:
-        attn_v<V, LF16<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-        return;
-      case cleave::cpu::kWQ8:
-        attn_v<V, LQ8<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-        return;
-      case cleave::cpu::kWQ4:
-        attn_v<V, LQ4<V>>(a, q, row_stride, kv_head, n_kv, block_table, pos, R, out, scratch, next);
-        return;
-      default: __builtin_trap();
+  };
+  const int kt = a->k_type, vt = a->v_type;
+  if constexpr (!V::kOneKvLoader) {
+    // Typed loaders for one type in K and V, and for llama.cpp's usual
+    // Q8_0 K with Q4_0 V; each pair is an instantiation of the whole kernel,
+    // so the other pairs share the runtime-typed one.
+    if (kt == vt) {
+      switch (kt) {
+        case cleave::cpu::kWF32: return run(LF32<V>{}, LF32<V>{});
+        case cleave::cpu::kWF16: return run(LF16<V>{}, LF16<V>{});
+        case cleave::cpu::kWQ8: return run(LQ8<V>{}, LQ8<V>{});
+        case cleave::cpu::kWQ4: return run(LQ4<V>{}, LQ4<V>{});
+        default: __builtin_trap();
+      }
     }
+    if (kt == cleave::cpu::kWQ8 && vt == cleave::cpu::kWQ4) return run(LQ8<V>{}, LQ4<V>{});
   }
+  LAnyKv<V, 0>::type = kt;
+  LAnyKv<V, 1>::type = vt;
+  run(LAnyKv<V, 0>{}, LAnyKv<V, 1>{});
 }
 
 }  // namespace
