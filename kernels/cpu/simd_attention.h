@@ -1,6 +1,6 @@
 // The CPU attention kernels, written once over the SIMD traits struct V.
 // Included only by kernels/cpu/simd_impl.h, after the helpers it uses (V,
-// min_of, vexp, sexp, the LF32 / LF16 / LQ8 loaders) are defined in the same
+// min_of, vexp, sexp, the LF32 / LF16 / LQ8 / LQ4 loaders) are defined in the same
 // translation unit's anonymous namespace; the same linkage rules hold (see
 // simd_impl.h and kern.h).
 #pragma once

@@ -657,77 +657,8 @@ void hsums_check(const float* acc, int n, float* combined, float* single) {
 
 }  // namespace
 
-// count floats to f16 (kernels/dtype.h's fp32_to_fp16, bit for bit: the
-// hardware's round to nearest even, with NaN lanes redone by the formula).
-template <class V>
-void f16_row_k(const float* x, int64_t count, uint8_t* out) {
-  int64_t i = 0;
-  for (; i + V::W <= count; i += V::W)
-    if (V::store_f16(x + i, out + 2 * i))
-      for (int j = 0; j < V::W; ++j) {
-        const uint16_t h = cleave::fp32_to_fp16(x[i + j]);
-        __builtin_memcpy(out + 2 * (i + j), &h, 2);
-      }
-  for (; i < count; ++i) {
-    const uint16_t h = cleave::fp32_to_fp16(x[i]);
-    __builtin_memcpy(out + 2 * i, &h, 2);
-  }
-}
-
-// quantize_row_q8_0 (kernels/dtype.h) bit for bit, a 32-value block at a
-// time: the same amax, d = amax / 127, id = 1 / d and roundf(x id); a
-// block holding a NaN or an infinity, or whose 1 / d overflows, goes
-// through quantize_row_q8_0.
-template <class V>
-void q8_0_row_k(const float* x, int64_t cols, uint8_t* out) {
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    const float* xb = x + b * 32;
-    uint8_t* ob = out + b * 34;
-    float amax = 0.0f;
-    if (!V::amax32(xb, &amax)) {
-      cleave::quantize_row_q8_0(xb, 32, ob);
-      continue;
-    }
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    if (!(id <= 3.40282347e+38f)) {  // d subnormal: x id is out of int8's range, which each ISA converts its own way
-      cleave::quantize_row_q8_0(xb, 32, ob);
-      continue;
-    }
-    const uint16_t dh = cleave::fp32_to_fp16(d);
-    __builtin_memcpy(ob, &dh, 2);
-    V::round_q8_32(xb, id, reinterpret_cast<int8_t*>(ob + 2));
-  }
-}
-
-// quantize_row_q4_0 (kernels/dtype.h) bit for bit, a 32-value block at a
-// time: the first element of the largest |x|, d = it / -8, id = 1 / d and
-// min(15, trunc(x id + 8.5)); a block holding a NaN or an infinity, or
-// whose 1 / d overflows, goes through quantize_row_q4_0.
-template <class V>
-void q4_0_row_k(const float* x, int64_t cols, uint8_t* out) {
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    const float* xb = x + b * 32;
-    uint8_t* ob = out + b * 18;
-    float amax = 0.0f;
-    if (!V::amax32(xb, &amax)) {
-      cleave::quantize_row_q4_0(xb, 32, ob);
-      continue;
-    }
-    int first = 0;
-    while (first < 31 && !(__builtin_fabsf(xb[first]) == amax)) ++first;
-    // A block of zeros keeps the formula's +0 (its -0s are never "larger").
-    const float d = (amax == 0.0f ? 0.0f : xb[first]) / -8.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    if (!(__builtin_fabsf(id) <= 3.40282347e+38f)) {  // d subnormal: x id overflows
-      cleave::quantize_row_q4_0(xb, 32, ob);
-      continue;
-    }
-    const uint16_t dh = cleave::fp32_to_fp16(d);
-    __builtin_memcpy(ob, &dh, 2);
-    V::round_q4_32(xb, id, ob + 2);
-  }
-}
+// The KV cache's row writers (same V).
+#include "kernels/cpu/simd_kv_rows.h"
 
 // Rotary embedding of n_heads heads of head_dim floats (pairs (2j, 2j+1)),
 // with cs = cos duplicated per pair and sn = sin negated in the even lane:
